@@ -1,0 +1,130 @@
+// kvcache::Client: the C++ client library inference workers use to talk to kvcached.
+//
+// One Client holds one gRPC channel to one daemon (TCP "host:port" or
+// "unix:///path/to.sock") and acts in one namespace. It is thread-safe: any
+// number of threads may call any method at once. Every call has a deadline
+// (ClientOptions::timeout unless the call says otherwise). Only idempotent
+// calls are retried on UNAVAILABLE (RegisterModel, Lookup without a lease,
+// Fetch, ReleaseLease, Evict, the admin calls); Append and leasing Lookups are
+// never retried, since a retry could double their effect.
+//
+// Every byte a Fetch hands back has been verified against the XXH3-64 checksum
+// the server recorded when the block was appended (and which Append computed
+// and sent from the caller's bytes), so a returned OK means the bytes are
+// exactly those some worker appended. A mismatch is DATA_LOSS.
+//
+// Errors are absl::Status values carrying the server's gRPC code and message.
+#ifndef KVCACHE_CLIENT_CLIENT_H_
+#define KVCACHE_CLIENT_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvcache/v1/admin.pb.h"
+#include "kvcache/v1/kvcache.pb.h"
+
+namespace kvcache {
+
+struct ClientOptions {
+  std::string target = "localhost:50051";  // or "unix:///tmp/kvcached.sock"
+  std::string ns;                          // namespace; empty means "default"
+  absl::Duration timeout = absl::Seconds(30);
+  int max_attempts = 3;                             // for idempotent calls
+  uint64_t max_message_bytes = uint64_t{64} << 20;  // must match the server's limit
+  uint64_t append_chunk_bytes = uint64_t{1} << 20;  // size of kv_chunk messages
+};
+
+struct LookupOptions {
+  bool acquire_lease = false;
+  absl::Duration lease_ttl = absl::ZeroDuration();  // zero: server default
+};
+
+struct LookupResult {
+  uint64_t matched_tokens = 0;
+  std::vector<v1::BlockDescriptor> blocks;
+  uint64_t lease_id = 0;  // 0: no lease
+  absl::Time lease_expires = absl::InfinitePast();
+};
+
+struct AppendOptions {
+  uint64_t start_token = 0;  // block-aligned, not beyond the cached prefix
+  v1::AppendHints hints;
+  bool send_checksums = true;  // let the server verify every block
+};
+
+struct AppendResult {
+  uint32_t stored_blocks = 0;
+  uint32_t deduplicated_blocks = 0;
+  uint64_t stored_bytes = 0;
+  uint64_t cached_tokens = 0;
+};
+
+struct FetchResult {
+  uint64_t matched_tokens = 0;
+  uint32_t blocks = 0;
+  uint64_t bytes = 0;  // bytes written to the output
+};
+
+struct EvictResult {
+  uint64_t evicted_blocks = 0;
+  uint64_t evicted_bytes = 0;
+};
+
+class Client {
+ public:
+  // Creates the channel; does not wait for the server to be up.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  virtual ~Client() = default;
+
+  // Waits until the channel is connected or `timeout` passes (UNAVAILABLE).
+  virtual absl::Status WaitForReady(absl::Duration timeout) = 0;
+
+  virtual absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
+      std::string_view model_id, const v1::ModelLayout& layout) = 0;
+
+  virtual absl::StatusOr<LookupResult> Lookup(std::string_view model_id,
+                                              std::span<const uint32_t> tokens,
+                                              const LookupOptions& options = {}) = 0;
+
+  // OK with *released=false when the lease had already expired.
+  virtual absl::StatusOr<bool> ReleaseLease(uint64_t lease_id) = 0;
+
+  // Appends the KV of the whole blocks of tokens[options.start_token:].
+  // REQUIRES: kv.size() == whole_blocks * block_bytes (the server checks it).
+  virtual absl::StatusOr<AppendResult> Append(std::string_view model_id,
+                                              std::span<const uint32_t> tokens,
+                                              std::span<const std::byte> kv,
+                                              const AppendOptions& options = {}) = 0;
+
+  // Fetches the KV of the longest cached prefix of `tokens` into `out`, block
+  // after block. INVALID_ARGUMENT (and nothing useful in `out`) when `out` is
+  // smaller than the prefix; DATA_LOSS when a checksum does not match.
+  virtual absl::StatusOr<FetchResult> Fetch(std::string_view model_id,
+                                            std::span<const uint32_t> tokens,
+                                            std::span<std::byte> out) = 0;
+  // As Fetch, for exactly the blocks a Lookup leased.
+  virtual absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
+                                                 std::span<std::byte> out) = 0;
+
+  virtual absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
+                                                  std::span<const uint32_t> tokens) = 0;
+  virtual absl::StatusOr<EvictResult> EvictModel(std::string_view model_id) = 0;
+
+  virtual absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() = 0;
+  virtual absl::StatusOr<v1::ListModelsResponse> ListModels(std::string_view ns = "") = 0;
+  virtual absl::StatusOr<v1::GetStatsResponse> GetStats() = 0;
+};
+
+// XXH3-64 of `bytes`: the checksum kvcached records for a block.
+uint64_t BlockChecksum(std::span<const std::byte> bytes);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_CLIENT_CLIENT_H_
