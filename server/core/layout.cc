@@ -33,8 +33,8 @@ namespace {
 
 absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi) {
   if (value < lo || value > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.", field, " is ", value, "; it must be in ", lo, "..", hi));
+    return absl::InvalidArgumentError(absl::StrCat("layout.", std::string(field), " is ", value,
+                                                   "; it must be in ", lo, "..", hi));
   }
   return absl::OkStatus();
 }
@@ -65,20 +65,20 @@ uint64_t ModelLayout::TokenBytes() const {
 
 std::string ModelLayout::ToString() const {
   return absl::StrCat("layers=", num_layers, " kv_heads=", num_kv_heads, " head_dim=", head_dim,
-                      " dtype=", DTypeName(dtype), " block_tokens=", block_tokens);
+                      " dtype=", std::string(DTypeName(dtype)), " block_tokens=", block_tokens);
 }
 
 absl::Status ValidateIdentifier(std::string_view field, std::string_view id) {
   if (id.empty() || id.size() > 128) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be 1..128 characters; got ", id.size()));
+        absl::StrCat(std::string(field), " must be 1..128 characters; got ", id.size()));
   }
   for (char c : id) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " may only contain [A-Za-z0-9._:/-]; got \"", id, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(field), " may only contain [A-Za-z0-9._:/-]; got \"", std::string(id), "\""));
     }
   }
   return absl::OkStatus();

@@ -1,0 +1,43 @@
+// Server configuration: one validated kvcache.v1.ServerConfig value.
+//
+// Built once at start-up: the embedded defaults, overlaid by a JSON file
+// (proto3 JSON mapping) if given, overlaid by command-line flags; then
+// Validate()d and logged. Nothing else in the daemon reads files, flags or
+// the environment for settings. docs/configuration.md describes every field.
+#ifndef KVCACHE_SERVER_CONFIG_CONFIG_H_
+#define KVCACHE_SERVER_CONFIG_CONFIG_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kvcache/v1/config.pb.h"
+
+namespace kvcache {
+
+// Listener value that switches a listener off.
+inline constexpr std::string_view kDisabled = "none";
+
+// The embedded default configuration: every field set to its default.
+v1::ServerConfig DefaultConfig();
+
+// Fills every unset (zero or empty) field of `config` with its default.
+void ApplyDefaults(v1::ServerConfig* config);
+
+// Parses JSON text into a config (unknown fields are errors), then applies
+// defaults. INVALID_ARGUMENT naming the problem.
+absl::StatusOr<v1::ServerConfig> ParseConfigJson(std::string_view json);
+
+// Reads and parses a JSON file. NOT_FOUND / INVALID_ARGUMENT with the path.
+absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path);
+
+// INVALID_ARGUMENT naming the field, its value and the allowed range.
+// REQUIRES: defaults applied.
+absl::Status ValidateConfig(const v1::ServerConfig& config);
+
+// Multi-line JSON with every field, for logs and --print-default-config.
+std::string ConfigToJson(const v1::ServerConfig& config);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CONFIG_CONFIG_H_

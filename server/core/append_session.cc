@@ -1,0 +1,203 @@
+// Cache::BeginAppend and AppendSession: the write path.
+//
+// Begin (under the lock) validates the request, matches the cached prefix,
+// and pins (holds references to) every block that is already cached, so
+// capacity eviction cannot take the prefix the append extends. Write (no
+// lock) allocates each new block when its first byte arrives, copies and
+// hashes. Commit (under the lock) re-checks the path and inserts every new
+// block, or none.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/cache.h"
+
+namespace kvcache {
+
+struct AppendSession::HashState {
+  HashState() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
+  ~HashState() { XXH3_freeState(state); }
+  XXH3_state_t* state;
+};
+
+absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
+    const ModelKey& model, std::vector<Token> tokens, uint64_t start_token,
+    const AppendHints& hints, std::vector<uint64_t> block_checksums) {
+  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  if (hints.ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("hints.ttl_seconds must not be negative");
+  }
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  const uint32_t bt = m.layout.block_tokens;
+  if (start_token % bt != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start_token ", start_token, " is not a multiple of block_tokens (", bt, ")"));
+  }
+  if (start_token > tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start_token ", start_token, " is past the end of tokens (", tokens.size(), " tokens)"));
+  }
+  const uint64_t start_block = start_token / bt;
+  const uint64_t num_blocks = (tokens.size() - start_token) / bt;
+  if (!block_checksums.empty() && block_checksums.size() != num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("block_checksums has ", block_checksums.size(),
+                                                   " entries; the append carries ", num_blocks,
+                                                   " blocks"));
+  }
+  std::vector<IndexNode*> path;
+  MatchLocked(m, tokens, &path);
+  if (path.size() < start_block) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("start_token ", start_token, " is beyond the cached prefix of ",
+                     path.size() * bt, " tokens; resend from token ", path.size() * bt));
+  }
+  std::vector<BlockRef> pinned;
+  pinned.reserve(path.size());
+  for (IndexNode* n : path) pinned.push_back(n->payload);
+  std::vector<bool> cached(num_blocks);
+  for (uint64_t i = 0; i < num_blocks; ++i) cached[i] = start_block + i < path.size();
+  return std::unique_ptr<AppendSession>(
+      new AppendSession(this, model, m.layout, std::move(tokens), start_block, num_blocks, hints,
+                        std::move(block_checksums), std::move(pinned), std::move(cached)));
+}
+
+AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
+                             std::vector<Token> tokens, uint64_t start_block, uint64_t num_blocks,
+                             AppendHints hints, std::vector<uint64_t> checksums,
+                             std::vector<BlockRef> pinned, std::vector<bool> cached)
+    : cache_(cache),
+      model_(std::move(model)),
+      layout_(layout),
+      tokens_(std::move(tokens)),
+      start_block_(start_block),
+      num_blocks_(num_blocks),
+      hints_(hints),
+      checksums_(std::move(checksums)),
+      block_bytes_(layout.BlockBytes()),
+      expected_bytes_(num_blocks * layout.BlockBytes()),
+      pinned_(std::move(pinned)),
+      cached_(std::move(cached)),
+      new_blocks_(num_blocks),
+      hash_(std::make_unique<HashState>()) {}
+
+AppendSession::~AppendSession() = default;
+
+absl::Status AppendSession::Fail(absl::Status status) {
+  status_ = status;
+  new_blocks_.clear();  // frees what was written
+  return status;
+}
+
+absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
+  if (!status_.ok()) return status_;
+  if (bytes.size() > expected_bytes_ - received_bytes_) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("kv bytes exceed the expected ",
+                                                        expected_bytes_, " (", num_blocks_,
+                                                        " blocks of ", block_bytes_, " bytes)")));
+  }
+  while (!bytes.empty()) {
+    const uint64_t block = received_bytes_ / block_bytes_;
+    const uint64_t offset = received_bytes_ % block_bytes_;
+    const uint64_t n = std::min<uint64_t>(bytes.size(), block_bytes_ - offset);
+    if (!cached_[block]) {
+      if (offset == 0) {
+        absl::StatusOr<BlockRef> payload = cache_->AllocatePayload(block_bytes_);
+        if (!payload.ok()) return Fail(payload.status());
+        new_blocks_[block] = *std::move(payload);
+        XXH3_64bits_reset(hash_->state);
+      }
+      std::memcpy(new_blocks_[block]->mutable_data().data() + offset, bytes.data(), n);
+      XXH3_64bits_update(hash_->state, bytes.data(), n);
+      if (offset + n == block_bytes_) {
+        const uint64_t checksum = XXH3_64bits_digest(hash_->state);
+        if (!checksums_.empty() && checksums_[block] != checksum) {
+          return Fail(absl::DataLossError(absl::StrCat(
+              "block ", start_block_ + block, " does not match its block_checksums entry (got ",
+              checksum, ", expected ", checksums_[block], ")")));
+        }
+        new_blocks_[block]->Seal(checksum);
+      }
+    }
+    received_bytes_ += n;
+    bytes = bytes.subspan(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AppendResult> AppendSession::Commit() {
+  if (!status_.ok()) return status_;
+  if (received_bytes_ != expected_bytes_) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("kv carried ", received_bytes_, " bytes; expected ", expected_bytes_, " (",
+                     num_blocks_, " blocks of ", block_bytes_, " bytes)")));
+  }
+  const uint32_t bt = layout_.block_tokens;
+  const std::span<const Token> tokens(tokens_);
+  auto block_tokens = [&](uint64_t b) { return tokens.subspan(b * bt, bt); };
+
+  AppendResult result;
+  std::vector<BlockRef> unused;  // duplicates that lost a race; freed after the lock
+  absl::MutexLock lock(&cache_->mu_);
+  auto state = cache_->FindModelLocked(model_);
+  if (!state.ok()) return Fail(state.status());
+  Cache::ModelState& m = **state;
+
+  // First pass: the prefix must still be there, and so must every block we
+  // skipped because it was cached.
+  IndexNode* node = nullptr;
+  uint64_t b = 0;
+  for (; b < start_block_ + num_blocks_; ++b) {
+    IndexNode* child = m.index.FindChild(node, block_tokens(b));
+    if (child == nullptr) break;
+    node = child;
+  }
+  const uint64_t present = b;
+  for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
+    if (i < start_block_ || cached_[i - start_block_]) {
+      return Fail(absl::AbortedError(absl::StrCat(
+          "block ", i, " of the prefix was evicted while the append streamed; retry the append")));
+    }
+  }
+  // Second pass: insert what is missing.
+  const absl::Time expires = hints_.ttl == absl::ZeroDuration()
+                                 ? absl::InfiniteFuture()
+                                 : cache_->clock_->Now() + hints_.ttl;
+  std::vector<IndexNode*> touched;
+  for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
+    BlockRef& payload = new_blocks_[i - start_block_];
+    if (i < present) {
+      ++result.deduplicated_blocks;
+      if (payload != nullptr) unused.push_back(std::move(payload));
+      continue;
+    }
+    IndexNode* child = m.index.AddChild(node, block_tokens(i), payload);
+    if (child == nullptr) break;  // a token-hash collision: stop caching here
+    child->expires = expires;
+    child->priority = hints_.priority;
+    child->workload = static_cast<uint8_t>(hints_.workload);
+    cache_->policy_->Insert(child);
+    ++result.stored_blocks;
+    result.stored_bytes += payload->size();
+    node = child;
+  }
+  // Touch the whole path leaf-first (a parent is never colder than its child).
+  for (IndexNode* n = node; n != nullptr; n = n->parent) touched.push_back(n);
+  for (IndexNode* n : touched) cache_->policy_->Touch(n);
+  m.bytes += result.stored_bytes;
+  m.appended_blocks += result.stored_blocks;
+  m.deduplicated_blocks += result.deduplicated_blocks;
+  cache_->payload_bytes_ += result.stored_bytes;
+  uint64_t depth = 0;
+  for (IndexNode* n = node; n != nullptr; n = n->parent) ++depth;
+  result.cached_tokens = depth * bt;
+  new_blocks_.clear();
+  status_ = absl::FailedPreconditionError("append already committed");
+  return result;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,57 @@
+// BlockPayload: the bytes of one cached block, in the host-memory pool.
+//
+// A payload is written once by the append that created it, sealed with its
+// XXH3-64 checksum, and immutable from then on. It is shared through BlockRef
+// (a std::shared_ptr): the prefix index holds one reference, and every lease,
+// in-flight fetch and in-flight append holds more. Memory returns to the pool
+// when the last reference drops, so a fetch never reads freed memory, even if
+// the block is evicted while it streams.
+//
+// Thread-safety: a sealed payload is read-only and may be read concurrently.
+// Writing (mutable_data) is for the single owner before Seal().
+#ifndef KVCACHE_SERVER_CORE_BLOCK_H_
+#define KVCACHE_SERVER_CORE_BLOCK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "server/core/slab_pool.h"
+
+namespace kvcache {
+
+// XXH3-64 of `bytes`; the checksum every block carries end to end.
+uint64_t Checksum(std::span<const std::byte> bytes);
+
+class BlockPayload {
+ public:
+  // Takes ownership of `allocation` (from `pool`), of which `size` bytes are used.
+  // REQUIRES: size <= allocation.bytes; `pool` outlives this payload.
+  BlockPayload(SlabPool* pool, Allocation allocation, uint64_t size)
+      : pool_(pool), allocation_(allocation), size_(size) {}
+  ~BlockPayload() { pool_->Free(allocation_); }
+  BlockPayload(const BlockPayload&) = delete;
+  BlockPayload& operator=(const BlockPayload&) = delete;
+
+  std::span<std::byte> mutable_data() { return {allocation_.data, size_}; }
+  std::span<const std::byte> data() const { return {allocation_.data, size_}; }
+  uint64_t size() const { return size_; }
+  // Bytes of pool memory this payload holds (its size class).
+  uint64_t footprint() const { return allocation_.bytes; }
+
+  void Seal(uint64_t checksum) { checksum_ = checksum; }
+  uint64_t checksum() const { return checksum_; }
+
+ private:
+  SlabPool* const pool_;
+  const Allocation allocation_;
+  const uint64_t size_;
+  uint64_t checksum_ = 0;
+};
+
+using BlockRef = std::shared_ptr<BlockPayload>;
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_BLOCK_H_

@@ -1,0 +1,308 @@
+#include "server/core/cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+
+Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
+             std::unique_ptr<EvictionPolicy> policy, Clock* clock)
+    : options_(options), pool_(std::move(pool)), clock_(clock), policy_(std::move(policy)) {}
+
+Cache::~Cache() {
+  absl::MutexLock lock(&mu_);
+  leases_.clear();
+  for (auto& [key, state] : models_) {
+    state->index.Clear([this](IndexNode* n) { policy_->Erase(n); });
+  }
+}
+
+absl::Status Cache::CheckTokenCount(size_t n) const {
+  if (n > options_.max_tokens_per_request) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens has ", n, " entries; the limit (max_tokens_per_request) is ",
+                     options_.max_tokens_per_request));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Cache::ModelState*> Cache::FindModelLocked(const ModelKey& model) const {
+  auto it = models_.find(model);
+  if (it == models_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "model \"", model.model_id, "\" is not registered in namespace \"", model.ns, "\""));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, ModelLayout layout) {
+  if (auto s = ValidateIdentifier("namespace", model.ns); !s.ok()) return s;
+  if (auto s = ValidateIdentifier("model_id", model.model_id); !s.ok()) return s;
+  if (layout.block_tokens == 0) layout.block_tokens = kDefaultBlockTokens;
+  if (auto s = layout.Validate(); !s.ok()) return s;
+  const SlabPoolStats pool = pool_->GetStats();
+  if (pool_->RoundedSize(layout.BlockBytes()) > pool.capacity_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("one block of this layout takes ", layout.BlockBytes(),
+                     " bytes, more than the host tier's capacity of ", pool.capacity_bytes));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(model);
+  if (it != models_.end()) {
+    if (it->second->layout != layout) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("model \"", model.model_id, "\" is registered with another layout (",
+                       it->second->layout.ToString(), "); requested ", layout.ToString()));
+    }
+    return RegisterResult{.created = false, .layout = layout};
+  }
+  if (models_.size() >= options_.max_models) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_models (", options_.max_models, ") models are registered already"));
+  }
+  auto state = std::make_unique<ModelState>(model, layout);
+  by_index_.emplace(&state->index, state.get());
+  models_.emplace(model, std::move(state));
+  return RegisterResult{.created = true, .layout = layout};
+}
+
+absl::StatusOr<ModelLayout> Cache::GetLayout(const ModelKey& model) const {
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  return (*state)->layout;
+}
+
+std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<ModelKey, ModelLayout>> out;
+  for (const auto& [key, state] : models_) out.emplace_back(key, state->layout);
+  return out;
+}
+
+void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens,
+                        std::vector<IndexNode*>* path) {
+  state.index.Match(tokens, path);
+  const absl::Time now = clock_->Now();
+  auto expired = std::find_if(path->begin(), path->end(),
+                              [now](const IndexNode* n) { return n->expires <= now; });
+  if (expired != path->end()) {
+    std::vector<BlockRef> dropped;  // released when this function returns; refs only
+    RemoveSubtreeLocked(state, *expired, &dropped);
+    path->erase(expired, path->end());
+  }
+  // Leaf-first, so that a parent is never colder than its children.
+  for (auto it = path->rbegin(); it != path->rend(); ++it) policy_->Touch(*it);
+}
+
+EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
+                                       std::vector<BlockRef>* dropped) {
+  EvictResult result;
+  state.index.RemoveSubtree(node, [&](IndexNode* n) {
+    policy_->Erase(n);
+    ++result.evicted_blocks;
+    result.evicted_bytes += n->payload->size();
+    dropped->push_back(std::move(n->payload));
+  });
+  state.bytes -= result.evicted_bytes;
+  state.evicted_blocks += result.evicted_blocks;
+  payload_bytes_ -= result.evicted_bytes;
+  return result;
+}
+
+absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<const Token> tokens,
+                                           const LeaseRequest& lease) {
+  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  if (lease.ttl < absl::ZeroDuration() || lease.ttl > options_.max_lease_ttl) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease_ttl_ms must be at most ",
+                     absl::ToInt64Milliseconds(options_.max_lease_ttl), " (max_lease_ttl_ms)"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  std::vector<IndexNode*> path;
+  MatchLocked(m, tokens, &path);
+
+  LookupResult result;
+  const uint32_t bt = m.layout.block_tokens;
+  result.matched_tokens = path.size() * bt;
+  m.hit_tokens += result.matched_tokens;
+  m.miss_tokens += (tokens.size() / bt) * bt - result.matched_tokens;
+  result.blocks.reserve(path.size());
+  for (const IndexNode* n : path) {
+    result.blocks.push_back({.index = n->depth,
+                             .key = n->key,
+                             .checksum = n->payload->checksum(),
+                             .bytes = n->payload->size()});
+  }
+  if (lease.acquire && !path.empty()) {
+    const absl::Time now = clock_->Now();
+    ExpireLeasesLocked(now);
+    Lease l{.model = model, .matched_tokens = result.matched_tokens};
+    const absl::Duration ttl =
+        lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl;
+    l.expires = now + std::min(ttl, options_.max_lease_ttl);  // max_lease_ttl caps every lease
+    for (IndexNode* n : path) l.blocks.push_back(n->payload);
+    uint64_t id;
+    do {
+      id = absl::Uniform<uint64_t>(lease_ids_);
+    } while (id == 0 || leases_.contains(id));
+    result.lease_id = id;
+    result.lease_expires = l.expires;
+    leases_.emplace(id, std::move(l));
+  }
+  return result;
+}
+
+bool Cache::ReleaseLease(uint64_t lease_id) {
+  Lease released;  // its references drop after the lock
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked(clock_->Now());
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return false;
+  released = std::move(it->second);
+  leases_.erase(it);
+  return true;
+}
+
+void Cache::ExpireLeasesLocked(absl::Time now) {
+  absl::erase_if(leases_, [now](const auto& entry) { return entry.second.expires <= now; });
+}
+
+void Cache::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked(clock_->Now());
+}
+
+absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model,
+                                              std::span<const Token> tokens) {
+  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  std::vector<IndexNode*> path;
+  MatchLocked(**state, tokens, &path);
+  FetchPlan plan{.layout = (*state)->layout,
+                 .matched_tokens = path.size() * (*state)->layout.block_tokens};
+  plan.blocks.reserve(path.size());
+  for (IndexNode* n : path) plan.blocks.push_back(n->payload);
+  return plan;
+}
+
+absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ExpireLeasesLocked(clock_->Now());
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
+  }
+  if (it->second.model != model) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_id ", lease_id, " belongs to model \"",
+                                                   it->second.model.model_id, "\", not \"",
+                                                   model.model_id, "\""));
+  }
+  return FetchPlan{.layout = (*state)->layout,
+                   .matched_tokens = it->second.matched_tokens,
+                   .blocks = it->second.blocks};
+}
+
+absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
+                                               std::span<const Token> tokens) {
+  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  std::vector<BlockRef> dropped;
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  const uint32_t bt = (*state)->layout.block_tokens;
+  if (tokens.empty() || tokens.size() % bt != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix has ", tokens.size(),
+                                                   " tokens; it must be a non-zero multiple of ",
+                                                   "the model's block_tokens (", bt, ")"));
+  }
+  std::vector<IndexNode*> path;
+  (*state)->index.Match(tokens, &path);
+  if (path.size() * bt != tokens.size()) return EvictResult{};
+  return RemoveSubtreeLocked(**state, path.back(), &dropped);
+}
+
+absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
+  std::vector<BlockRef> dropped;
+  absl::MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  EvictResult result;
+  m.index.Clear([&](IndexNode* n) {
+    policy_->Erase(n);
+    ++result.evicted_blocks;
+    result.evicted_bytes += n->payload->size();
+    dropped.push_back(std::move(n->payload));
+  });
+  m.bytes -= result.evicted_bytes;
+  m.evicted_blocks += result.evicted_blocks;
+  payload_bytes_ -= result.evicted_bytes;
+  return result;
+}
+
+bool Cache::EvictOneForSpace() {
+  std::vector<BlockRef> dropped;  // freed after the lock is released
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked(clock_->Now());
+  // Evictable: a leaf that only the index references (use_count is exact
+  // here: new references are only taken under mu_).
+  IndexNode* victim = policy_->PickVictim(
+      [](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1; });
+  if (victim == nullptr) return false;
+  ModelState& state = *by_index_.at(victim->index);
+  RemoveSubtreeLocked(state, victim, &dropped);
+  ++capacity_evictions_;
+  return true;
+}
+
+absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
+  while (true) {
+    absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
+    if (a.ok()) return std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
+    if (!absl::IsResourceExhausted(a.status())) return a.status();
+    if (!EvictOneForSpace()) {
+      const SlabPoolStats s = pool_->GetStats();
+      absl::MutexLock lock(&mu_);
+      ++rejected_appends_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "host tier is full: capacity_bytes ", s.capacity_bytes, ", ", s.reserved_bytes,
+          " reserved, and no block can be evicted (all leased, being fetched or appended to)"));
+    }
+  }
+}
+
+CacheStats Cache::GetStats() const {
+  CacheStats stats;
+  stats.host_pool = pool_->GetStats();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, m] : models_) {
+    stats.models.push_back({.model = key,
+                            .layout = m->layout,
+                            .blocks = m->index.num_blocks(),
+                            .tokens = m->index.num_blocks() * m->layout.block_tokens,
+                            .bytes = m->bytes,
+                            .hit_tokens = m->hit_tokens,
+                            .miss_tokens = m->miss_tokens,
+                            .appended_blocks = m->appended_blocks,
+                            .deduplicated_blocks = m->deduplicated_blocks,
+                            .evicted_blocks = m->evicted_blocks});
+    stats.blocks += m->index.num_blocks();
+  }
+  stats.payload_bytes = payload_bytes_;
+  stats.active_leases = leases_.size();
+  stats.capacity_evictions = capacity_evictions_;
+  stats.rejected_appends = rejected_appends_;
+  return stats;
+}
+
+}  // namespace kvcache

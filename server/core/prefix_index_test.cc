@@ -1,0 +1,351 @@
+// Unit tests for PrefixIndex: whole-block matching, child storage (inline and
+// map), subtree removal order, chained keys, duplicates, deep chains, and a
+// randomized comparison with a reference set of block prefixes.
+#include "server/core/prefix_index.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/core/slab_pool.h"
+
+namespace kvcache {
+namespace {
+
+constexpr uint32_t kBt = 16;
+
+// The tokens of block `id`: distinct ids give distinct blocks.
+std::vector<Token> Block(uint32_t id) {
+  std::vector<Token> block(kBt);
+  for (uint32_t t = 0; t < kBt; ++t) block[t] = id * 1024 + t;
+  return block;
+}
+
+std::vector<Token> Seq(const std::vector<uint32_t>& ids) {
+  std::vector<Token> tokens;
+  for (uint32_t id : ids) {
+    std::vector<Token> b = Block(id);
+    tokens.insert(tokens.end(), b.begin(), b.end());
+  }
+  return tokens;
+}
+
+uint32_t IdOf(const IndexNode& node) { return node.tokens[0] / 1024; }
+
+// The block ids on the path from the root to `node`.
+std::vector<uint32_t> PathOf(const IndexNode* node) {
+  std::vector<uint32_t> ids;
+  for (; node != nullptr; node = node->parent) ids.push_back(IdOf(*node));
+  std::reverse(ids.begin(), ids.end());
+  return ids;
+}
+
+class PrefixIndexTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto pool = SlabPool::Create(
+        {.capacity_bytes = 1 << 20, .slab_bytes = 64 << 10, .min_class_bytes = 64});
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    auto allocation = pool_->Allocate(64);
+    ASSERT_TRUE(allocation.ok()) << allocation.status();
+    // The index never reads payloads, so every node shares this one.
+    payload_ = std::make_shared<BlockPayload>(pool_.get(), *allocation, 64);
+  }
+
+  // Adds the blocks of `ids` that are missing; returns the last node.
+  IndexNode* Insert(const std::vector<uint32_t>& ids) {
+    IndexNode* node = nullptr;
+    for (uint32_t id : ids) {
+      const std::vector<Token> block = Block(id);
+      IndexNode* child = index_.FindChild(node, block);
+      if (child == nullptr) child = index_.AddChild(node, block, payload_);
+      EXPECT_NE(child, nullptr);
+      node = child;
+    }
+    return node;
+  }
+
+  size_t MatchLength(const std::vector<Token>& tokens) {
+    std::vector<IndexNode*> path;
+    index_.Match(tokens, &path);
+    return path.size();
+  }
+
+  std::unique_ptr<SlabPool> pool_;
+  BlockRef payload_;
+  PrefixIndex index_{kBt};
+};
+
+TEST_F(PrefixIndexTest, MatchesWholeBlocksOnly) {
+  Insert({1, 2, 3});
+  EXPECT_EQ(index_.num_blocks(), 3u);
+  EXPECT_EQ(index_.block_tokens(), kBt);
+
+  std::vector<Token> tokens = Seq({1, 2, 3});
+  tokens.insert(tokens.end(), {7, 7, 7, 7, 7});  // trailing partial block
+  std::vector<IndexNode*> path;
+  index_.Match(tokens, &path);
+  ASSERT_EQ(path.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(path[i]->depth, i);
+    EXPECT_EQ(path[i]->tokens, Block(i + 1));
+    EXPECT_EQ(path[i]->parent, i == 0 ? nullptr : path[i - 1]);
+    EXPECT_EQ(path[i]->index, &index_);
+  }
+  EXPECT_TRUE(path[2]->is_leaf());
+  EXPECT_FALSE(path[0]->is_leaf());
+
+  // The third block's tokens are there but incomplete: only two blocks match.
+  std::vector<Token> partial = Seq({1, 2, 3});
+  partial.resize(3 * kBt - 1);
+  EXPECT_EQ(MatchLength(partial), 2u);
+  EXPECT_EQ(MatchLength({}), 0u);
+  std::vector<Token> short_block = Block(1);
+  short_block.pop_back();
+  EXPECT_EQ(MatchLength(short_block), 0u);
+  EXPECT_EQ(MatchLength(Seq({2})), 0u);  // a block is only found at its depth
+
+  // Match appends to what the path already holds.
+  std::vector<IndexNode*> appended = {nullptr};
+  index_.Match(Seq({1}), &appended);
+  EXPECT_EQ(appended.size(), 2u);
+}
+
+TEST_F(PrefixIndexTest, DivergenceInsideABlockStopsBeforeIt) {
+  Insert({1, 2, 3});
+  for (uint32_t pos : {0u, 7u, kBt - 1}) {
+    std::vector<Token> tokens = Seq({1, 2, 3});
+    tokens[kBt + pos] += 1;  // block 1 differs at one token
+    EXPECT_EQ(MatchLength(tokens), 1u) << "pos " << pos;
+  }
+  std::vector<Token> tokens = Seq({1, 2, 3});
+  tokens[2 * kBt + 9] = 0;
+  EXPECT_EQ(MatchLength(tokens), 2u);
+}
+
+TEST_F(PrefixIndexTest, ManySiblingsMoveToTheMapAndStayFindable) {
+  // Give each sibling a child first, so growing the parent's storage must
+  // carry whole subtrees along.
+  constexpr uint32_t kSiblings = 20;
+  for (uint32_t i = 0; i < kSiblings; ++i) {
+    Insert({100 + i, 500 + i});
+    Insert({1, 200 + i, 600 + i});
+  }
+  EXPECT_EQ(index_.num_blocks(), 2 * kSiblings + 1 + 2 * kSiblings);
+  IndexNode* one = index_.FindChild(nullptr, Block(1));
+  ASSERT_NE(one, nullptr);
+  EXPECT_EQ(one->num_children, kSiblings);
+  EXPECT_NE(one->child_map, nullptr);
+  for (uint32_t i = 0; i < kSiblings; ++i) {
+    EXPECT_EQ(MatchLength(Seq({100 + i, 500 + i})), 2u) << i;
+    EXPECT_EQ(MatchLength(Seq({1, 200 + i, 600 + i})), 3u) << i;
+    IndexNode* child = index_.FindChild(one, Block(200 + i));
+    ASSERT_NE(child, nullptr);
+    EXPECT_EQ(child->parent, one);
+  }
+  // Remove every other sibling in map mode; the rest stay.
+  for (uint32_t i = 0; i < kSiblings; i += 2) {
+    index_.RemoveSubtree(index_.FindChild(one, Block(200 + i)), [](IndexNode*) {});
+  }
+  EXPECT_EQ(one->num_children, kSiblings / 2);
+  for (uint32_t i = 0; i < kSiblings; ++i) {
+    EXPECT_EQ(MatchLength(Seq({1, 200 + i, 600 + i})), i % 2 == 0 ? 1u : 3u) << i;
+  }
+  // Re-adding works in map mode too.
+  Insert({1, 200, 600});
+  EXPECT_EQ(MatchLength(Seq({1, 200, 600})), 3u);
+}
+
+TEST_F(PrefixIndexTest, InlineRemovalKeepsTheOtherSiblings) {
+  for (uint32_t i = 0; i < IndexNode::kInlineChildren; ++i) Insert({1, 10 + i});
+  IndexNode* one = index_.FindChild(nullptr, Block(1));
+  EXPECT_EQ(one->child_map, nullptr);
+  index_.RemoveSubtree(index_.FindChild(one, Block(11)), [](IndexNode*) {});
+  EXPECT_EQ(one->num_children, IndexNode::kInlineChildren - 1);
+  for (uint32_t i = 0; i < IndexNode::kInlineChildren; ++i) {
+    EXPECT_EQ(MatchLength(Seq({1, 10 + i})), i == 1 ? 1u : 2u) << i;
+  }
+  Insert({1, 11});
+  Insert({1, 14});  // fills the slots again, then grows
+  Insert({1, 15});
+  for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(MatchLength(Seq({1, 10 + i})), 2u) << i;
+}
+
+TEST_F(PrefixIndexTest, RemoveSubtreeReportsChildrenBeforeParents) {
+  Insert({1, 2, 3, 4});
+  Insert({1, 2, 5});
+  for (uint32_t i = 0; i < 6; ++i) Insert({1, 2, 6, 20 + i});
+  Insert({1, 7});
+  Insert({8});
+  const uint64_t before = index_.num_blocks();
+  ASSERT_EQ(before, 4 + 1 + 1 + 6 + 1 + 1u);
+
+  IndexNode* two = index_.FindChild(index_.FindChild(nullptr, Block(1)), Block(2));
+  ASSERT_NE(two, nullptr);
+  std::vector<std::vector<uint32_t>> removed;
+  absl::flat_hash_set<const IndexNode*> seen;
+  index_.RemoveSubtree(two, [&](IndexNode* n) {
+    // A node's children were all reported before it; its parent is still alive.
+    for (const auto& c : n->inline_children) EXPECT_EQ(c, nullptr);
+    EXPECT_TRUE(n->child_map == nullptr || n->child_map->empty());
+    EXPECT_FALSE(seen.contains(n->parent)) << "parent reported before child";
+    EXPECT_NE(n->payload, nullptr);
+    seen.insert(n);
+    removed.push_back(PathOf(n));
+  });
+  EXPECT_EQ(removed.size(), 1 + 3 + 1 + 6u);
+  EXPECT_EQ(removed.back(), (std::vector<uint32_t>{1, 2}));
+  EXPECT_THAT(removed, ::testing::Contains(std::vector<uint32_t>{1, 2, 6, 25}));
+  EXPECT_EQ(index_.num_blocks(), before - removed.size());
+  EXPECT_EQ(MatchLength(Seq({1, 2, 3, 4})), 1u);
+  EXPECT_EQ(MatchLength(Seq({1, 7})), 2u);
+  EXPECT_EQ(MatchLength(Seq({8})), 1u);
+
+  size_t cleared = 0;
+  index_.Clear([&](IndexNode*) { ++cleared; });
+  EXPECT_EQ(cleared, 3u);
+  EXPECT_EQ(index_.num_blocks(), 0u);
+  EXPECT_EQ(MatchLength(Seq({1})), 0u);
+}
+
+TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
+  IndexNode* a = Insert({1, 3});
+  IndexNode* b = Insert({2, 3});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->tokens_hash, b->tokens_hash);  // same block tokens...
+  EXPECT_NE(a->key, b->key);                  // ...under different parents
+  const uint64_t k1 = PrefixIndex::ChainKey(0, Block(1));
+  EXPECT_EQ(a->parent->key, k1);
+  EXPECT_EQ(a->key, PrefixIndex::ChainKey(k1, Block(3)));
+  EXPECT_NE(PrefixIndex::ChainKey(0, Block(3)), a->key);  // depth matters too
+
+  // Keys are a function of the tokens alone: another index agrees.
+  PrefixIndex other(kBt);
+  IndexNode* p = other.AddChild(nullptr, Block(1), payload_);
+  IndexNode* c = other.AddChild(p, Block(3), payload_);
+  EXPECT_EQ(c->key, a->key);
+  EXPECT_EQ(c->depth, 1u);
+}
+
+TEST_F(PrefixIndexTest, AddChildRefusesDuplicates) {
+  IndexNode* first = index_.AddChild(nullptr, Block(1), payload_);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(index_.AddChild(nullptr, Block(1), payload_), nullptr);
+  EXPECT_EQ(index_.num_blocks(), 1u);
+  EXPECT_EQ(index_.FindChild(nullptr, Block(1)), first);
+  // The same in map mode.
+  for (uint32_t i = 0; i < 10; ++i)
+    ASSERT_NE(index_.AddChild(first, Block(10 + i), payload_), nullptr);
+  IndexNode* seven = index_.FindChild(first, Block(17));
+  EXPECT_EQ(index_.AddChild(first, Block(17), payload_), nullptr);
+  EXPECT_EQ(index_.FindChild(first, Block(17)), seven);
+  EXPECT_EQ(index_.num_blocks(), 11u);
+  EXPECT_EQ(first->num_children, 10u);
+}
+
+TEST_F(PrefixIndexTest, DeepChainRemovesWithoutRecursion) {
+  constexpr uint32_t kDepth = 100'000;
+  std::vector<Token> tokens;
+  tokens.reserve(size_t{kDepth} * kBt);
+  IndexNode* node = nullptr;
+  for (uint32_t i = 0; i < kDepth; ++i) {
+    const std::vector<Token> block = Block(i);
+    node = index_.AddChild(node, block, payload_);
+    ASSERT_NE(node, nullptr);
+    tokens.insert(tokens.end(), block.begin(), block.end());
+  }
+  EXPECT_EQ(index_.num_blocks(), kDepth);
+  EXPECT_EQ(MatchLength(tokens), kDepth);
+
+  int64_t expected_depth = kDepth - 1;
+  index_.RemoveSubtree(index_.FindChild(nullptr, Block(0)), [&](IndexNode* n) {
+    EXPECT_EQ(n->depth, expected_depth);  // leaf first, root block last
+    --expected_depth;
+  });
+  EXPECT_EQ(expected_depth, -1);
+  EXPECT_EQ(index_.num_blocks(), 0u);
+
+  // The destructor takes the same path.
+  auto deep = std::make_unique<PrefixIndex>(kBt);
+  node = nullptr;
+  for (uint32_t i = 0; i < kDepth; ++i) node = deep->AddChild(node, Block(i), payload_);
+  deep.reset();
+}
+
+// The reference: the set of cached prefixes, as block-id vectors. Every prefix
+// of a member is a member.
+size_t ReferenceMatch(const std::set<std::vector<uint32_t>>& ref,
+                      const std::vector<uint32_t>& ids) {
+  size_t k = 0;
+  while (k < ids.size() && ref.contains(std::vector<uint32_t>(ids.begin(), ids.begin() + k + 1))) {
+    ++k;
+  }
+  return k;
+}
+
+TEST_F(PrefixIndexTest, RandomOperationsAgreeWithReference) {
+  std::mt19937_64 rng(20240601);
+  std::set<std::vector<uint32_t>> ref;
+  // Six block ids per level: enough siblings to use both inline and map storage.
+  auto random_ids = [&](size_t min_depth, size_t max_depth) {
+    std::vector<uint32_t> ids(min_depth + rng() % (max_depth - min_depth + 1));
+    for (auto& id : ids) id = 1 + rng() % 6;
+    return ids;
+  };
+  for (int op = 0; op < 5000; ++op) {
+    const int kind = rng() % 10;
+    if (kind < 4) {  // insert
+      const std::vector<uint32_t> ids = random_ids(1, 5);
+      IndexNode* last = Insert(ids);
+      ASSERT_NE(last, nullptr);
+      EXPECT_EQ(PathOf(last), ids);
+      for (size_t k = 1; k <= ids.size(); ++k) ref.emplace(ids.begin(), ids.begin() + k);
+    } else if (kind < 6) {  // remove a subtree
+      const std::vector<uint32_t> prefix = random_ids(1, 3);
+      std::vector<IndexNode*> path;
+      index_.Match(Seq(prefix), &path);
+      auto first = ref.lower_bound(prefix);
+      auto last = first;
+      while (last != ref.end() && last->size() >= prefix.size() &&
+             std::equal(prefix.begin(), prefix.end(), last->begin())) {
+        ++last;
+      }
+      std::set<std::vector<uint32_t>> expected(first, last);
+      if (path.size() != prefix.size()) {
+        EXPECT_TRUE(expected.empty()) << "reference holds a prefix the index lacks";
+        continue;
+      }
+      std::set<std::vector<uint32_t>> removed;
+      index_.RemoveSubtree(path.back(), [&](IndexNode* n) { removed.insert(PathOf(n)); });
+      EXPECT_EQ(removed, expected);
+      ref.erase(first, last);
+    } else {  // match, with a partial trailing block
+      const std::vector<uint32_t> ids = random_ids(0, 6);
+      std::vector<Token> tokens = Seq(ids);
+      tokens.resize(tokens.size() + rng() % kBt, 7);
+      std::vector<IndexNode*> path;
+      index_.Match(tokens, &path);
+      ASSERT_EQ(path.size(), ReferenceMatch(ref, ids)) << "op " << op;
+      for (size_t i = 0; i < path.size(); ++i) {
+        EXPECT_EQ(path[i]->depth, i);
+        EXPECT_EQ(IdOf(*path[i]), ids[i]);
+      }
+    }
+    ASSERT_EQ(index_.num_blocks(), ref.size()) << "op " << op;
+  }
+  size_t cleared = 0;
+  index_.Clear([&](IndexNode*) { ++cleared; });
+  EXPECT_EQ(cleared, ref.size());
+  EXPECT_EQ(index_.num_blocks(), 0u);
+}
+
+}  // namespace
+}  // namespace kvcache

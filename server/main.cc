@@ -1,0 +1,189 @@
+// kvcached: the KV-cache daemon.
+//
+// Builds the configuration (embedded defaults < --config file < flags),
+// validates and logs it, creates the host-memory cache, starts the metrics
+// endpoint and the gRPC server, and serves until SIGTERM or SIGINT, which
+// drain in-flight calls (up to drain_timeout_seconds) and exit 0.
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "server/config/config.h"
+#include "server/core/cache.h"
+#include "server/core/eviction_policy.h"
+#include "server/core/slab_pool.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/server.h"
+
+#ifndef KVCACHE_VERSION
+#define KVCACHE_VERSION "dev"
+#endif
+
+namespace kvcache {
+namespace {
+
+struct Flags {
+  std::string config_path;
+  std::string listen;
+  std::string unix_socket;
+  std::string metrics_address;
+  uint64_t capacity_bytes = 0;
+  uint64_t slab_bytes = 0;
+  std::string log_level;
+  bool print_default_config = false;
+};
+
+// Flags override the file; an empty/zero flag leaves the file's value.
+void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
+  if (!f.listen.empty()) c->mutable_listen()->set_tcp_address(f.listen);
+  if (!f.unix_socket.empty()) c->mutable_listen()->set_unix_socket(f.unix_socket);
+  if (!f.metrics_address.empty()) c->mutable_listen()->set_metrics_address(f.metrics_address);
+  if (f.capacity_bytes != 0) c->mutable_host_tier()->set_capacity_bytes(f.capacity_bytes);
+  if (f.slab_bytes != 0) c->mutable_host_tier()->set_slab_bytes(f.slab_bytes);
+  if (!f.log_level.empty()) c->mutable_logging()->set_level(f.log_level);
+}
+
+std::string Enabled(const std::string& value) { return value == kDisabled ? "" : value; }
+
+// The signals that stop the daemon, handled by sigwait() on the main thread.
+sigset_t StopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+
+int Serve(const v1::ServerConfig& config) {
+  sigset_t signals = StopSignals();
+  spdlog::set_level(spdlog::level::from_str(config.logging().level()));
+  spdlog::info("kvcached {} starting with config:\n{}", KVCACHE_VERSION, ConfigToJson(config));
+
+  SlabPoolOptions pool_options{.capacity_bytes = config.host_tier().capacity_bytes(),
+                               .slab_bytes = config.host_tier().slab_bytes()};
+  auto pool = SlabPool::Create(pool_options);
+  if (!pool.ok()) {
+    spdlog::error("host tier: {}", pool.status().ToString());
+    return 2;
+  }
+  const v1::LimitsConfig& limits = config.limits();
+  CacheOptions cache_options{.max_tokens_per_request = limits.max_tokens_per_request(),
+                             .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
+                             .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
+                             .max_models = limits.max_models()};
+  Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get());
+
+  auto stats_source = [&cache] { return cache.GetStats(); };
+  std::unique_ptr<Metrics> metrics;
+  const std::string metrics_address = Enabled(config.listen().metrics_address());
+  if (metrics_address.empty()) {
+    metrics = Metrics::CreateUnexposed(stats_source);
+  } else {
+    auto started = Metrics::Start(metrics_address, stats_source);
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().ToString());
+      return 2;
+    }
+    metrics = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics", metrics_address);
+  }
+
+  GrpcServerOptions server_options{
+      .tcp_address = Enabled(config.listen().tcp_address()),
+      .unix_socket = Enabled(config.listen().unix_socket()),
+      .max_message_bytes = limits.max_message_bytes(),
+      .cache_service = {.fetch_chunk_bytes = limits.fetch_chunk_bytes(),
+                        .max_concurrent_streams = limits.max_concurrent_streams()},
+      .identity = {.version = KVCACHE_VERSION,
+                   .git_revision = KVCACHE_GIT_REVISION,
+                   .start_time = absl::Now(),
+                   .listen_addresses = {},
+                   .cuda_built = KVCACHE_CUDA_BUILT != 0}};
+  auto server = GrpcServer::Start(server_options, &cache, metrics.get());
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return 2;
+  }
+  for (const std::string& address : (*server)->listen_addresses()) {
+    spdlog::info("serving kvcache.v1 on {}", address);
+  }
+
+  std::atomic<bool> stopping{false};
+  std::thread maintenance([&] {
+    while (!stopping.load()) {
+      cache.ExpireLeases();
+      for (int i = 0; i < 10 && !stopping.load(); ++i) absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received {}, draining for up to {} s", strsignal(signal_number),
+               config.drain_timeout_seconds());
+  (*server)->Shutdown(absl::Seconds(config.drain_timeout_seconds()));
+  (*server)->Wait();
+  stopping = true;
+  maintenance.join();
+  server->reset();  // before the cache: in-flight fetches hold its blocks
+  spdlog::info("kvcached stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvcache
+
+int main(int argc, char** argv) {
+  // Block the stop signals before any thread exists, so every thread inherits
+  // the mask and only the main thread's sigwait() sees them.
+  sigset_t signals = kvcache::StopSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  using kvcache::Flags;
+  Flags flags;
+  CLI::App app{
+      "kvcached: a shared, tiered, prefix-aware KV cache daemon for LLM inference.\n"
+      "Settings come from the embedded defaults, then --config, then the flags below."};
+  app.add_option("-c,--config", flags.config_path, "JSON config file (kvcache.v1.ServerConfig)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--listen", flags.listen,
+                 "TCP address HOST:PORT, or 'none' (default 0.0.0.0:50051)");
+  app.add_option("--unix-socket", flags.unix_socket,
+                 "Unix socket path, or 'none' (default /tmp/kvcached.sock)");
+  app.add_option("--metrics-address", flags.metrics_address,
+                 "Prometheus endpoint HOST:PORT, or 'none' (default 0.0.0.0:9464)");
+  app.add_option("--capacity-bytes", flags.capacity_bytes,
+                 "Host-memory tier capacity in bytes (default 1 GiB)");
+  app.add_option("--slab-bytes", flags.slab_bytes, "Slab size in bytes (default 4 MiB)");
+  app.add_option("--log-level", flags.log_level, "trace, debug, info, warn or error");
+  app.add_flag("--print-default-config", flags.print_default_config,
+               "Print the embedded default configuration as JSON and exit");
+  app.set_version_flag("--version", std::string("kvcached ") + KVCACHE_VERSION);
+  CLI11_PARSE(app, argc, argv);
+
+  if (flags.print_default_config) {
+    std::puts(kvcache::ConfigToJson(kvcache::DefaultConfig()).c_str());
+    return 0;
+  }
+  kvcache::v1::ServerConfig config = kvcache::DefaultConfig();
+  if (!flags.config_path.empty()) {
+    auto loaded = kvcache::LoadConfigFile(flags.config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "kvcached: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *std::move(loaded);
+  }
+  kvcache::ApplyFlags(flags, &config);
+  if (auto status = kvcache::ValidateConfig(config); !status.ok()) {
+    std::fprintf(stderr, "kvcached: invalid configuration: %s\n",
+                 std::string(status.message()).c_str());
+    return 2;
+  }
+  return kvcache::Serve(config);
+}

@@ -1,0 +1,174 @@
+#include "server/metrics/metrics.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+std::string CodeName(absl::StatusCode code) {
+  std::string name = absl::StatusCodeToString(code);
+  return name.empty() ? absl::StrCat(static_cast<int>(code)) : name;
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  return MetricFamily{.name = std::move(name), .help = std::move(help), .type = type, .metric = {}};
+}
+
+void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (family.type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  family.metric.push_back(std::move(m));
+}
+
+// Reads a CacheStats snapshot at scrape time.
+class CacheCollector final : public prometheus::Collectable {
+ public:
+  explicit CacheCollector(Metrics::StatsSource source) : source_(std::move(source)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const CacheStats s = source_();
+    auto blocks = Family("kvcached_model_blocks", "Blocks cached per model", MetricType::Gauge);
+    auto bytes =
+        Family("kvcached_model_bytes", "Payload bytes cached per model", MetricType::Gauge);
+    auto hits = Family("kvcached_lookup_hit_tokens_total", "Tokens Lookup found cached, per model",
+                       MetricType::Counter);
+    auto misses = Family("kvcached_lookup_miss_tokens_total",
+                         "Whole-block tokens Lookup did not find, per model", MetricType::Counter);
+    auto appended = Family("kvcached_appended_blocks_total", "Blocks stored by Append, per model",
+                           MetricType::Counter);
+    auto dedup = Family("kvcached_deduplicated_blocks_total",
+                        "Appended blocks that were already cached, per model", MetricType::Counter);
+    auto evicted =
+        Family("kvcached_model_evicted_blocks_total",
+               "Blocks removed (capacity, explicit or expiry), per model", MetricType::Counter);
+    for (const ModelStats& m : s.models) {
+      std::vector<ClientMetric::Label> l = {{"namespace", m.model.ns}, {"model", m.model.model_id}};
+      AddSample(blocks, l, static_cast<double>(m.blocks));
+      AddSample(bytes, l, static_cast<double>(m.bytes));
+      AddSample(hits, l, static_cast<double>(m.hit_tokens));
+      AddSample(misses, l, static_cast<double>(m.miss_tokens));
+      AddSample(appended, l, static_cast<double>(m.appended_blocks));
+      AddSample(dedup, l, static_cast<double>(m.deduplicated_blocks));
+      AddSample(evicted, l, static_cast<double>(m.evicted_blocks));
+    }
+    const std::vector<ClientMetric::Label> host = {{"tier", "host"}};
+    auto capacity = Family("kvcached_tier_capacity_bytes", "Capacity of a tier", MetricType::Gauge);
+    AddSample(capacity, host, static_cast<double>(s.host_pool.capacity_bytes));
+    auto used =
+        Family("kvcached_tier_used_bytes", "Bytes of a tier reserved by slabs", MetricType::Gauge);
+    AddSample(used, host, static_cast<double>(s.host_pool.reserved_bytes));
+    auto payload = Family("kvcached_tier_payload_bytes", "Bytes of cached block payloads in a tier",
+                          MetricType::Gauge);
+    AddSample(payload, host, static_cast<double>(s.payload_bytes));
+    auto tier_blocks = Family("kvcached_tier_blocks", "Blocks cached in a tier", MetricType::Gauge);
+    AddSample(tier_blocks, host, static_cast<double>(s.blocks));
+    auto evictions = Family("kvcached_capacity_evictions_total",
+                            "Blocks evicted to make room for new ones", MetricType::Counter);
+    AddSample(evictions, {}, static_cast<double>(s.capacity_evictions));
+    auto rejected = Family("kvcached_rejected_appends_total",
+                           "Appends refused because nothing could be evicted", MetricType::Counter);
+    AddSample(rejected, {}, static_cast<double>(s.rejected_appends));
+    auto leases =
+        Family("kvcached_active_leases", "Leases currently pinning blocks", MetricType::Gauge);
+    AddSample(leases, {}, static_cast<double>(s.active_leases));
+    return {blocks,   bytes, hits,    misses,      appended,  dedup,    evicted,
+            capacity, used,  payload, tier_blocks, evictions, rejected, leases};
+  }
+
+ private:
+  Metrics::StatsSource source_;
+};
+
+}  // namespace
+
+struct Metrics::Impl {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::shared_ptr<CacheCollector> collector;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  prometheus::Family<prometheus::Counter>* rpcs = nullptr;
+  prometheus::Family<prometheus::Histogram>* latency = nullptr;
+  prometheus::Family<prometheus::Counter>* payload = nullptr;
+};
+
+Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Metrics::~Metrics() = default;
+
+std::unique_ptr<Metrics> Metrics::CreateUnexposed(StatsSource stats) {
+  auto impl = std::make_unique<Impl>();
+  impl->collector = std::make_shared<CacheCollector>(std::move(stats));
+  impl->rpcs = &prometheus::BuildCounter()
+                    .Name("kvcached_rpcs_total")
+                    .Help("Finished RPCs by method and status code")
+                    .Register(*impl->registry);
+  impl->latency = &prometheus::BuildHistogram()
+                       .Name("kvcached_rpc_latency_seconds")
+                       .Help("RPC latency by method, from the first byte to the status")
+                       .Register(*impl->registry);
+  impl->payload = &prometheus::BuildCounter()
+                       .Name("kvcached_rpc_payload_bytes_total")
+                       .Help("KV payload bytes moved by Append and Fetch")
+                       .Register(*impl->registry);
+  return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& address,
+                                                        StatsSource stats) {
+  std::unique_ptr<Metrics> metrics = CreateUnexposed(std::move(stats));
+  try {
+    metrics->impl_->exposer = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics exposer cannot listen on ", address, ": ", e.what()));
+  }
+  metrics->impl_->exposer->RegisterCollectable(metrics->impl_->registry);
+  metrics->impl_->exposer->RegisterCollectable(metrics->impl_->collector);
+  return metrics;
+}
+
+void Metrics::OnRpcDone(std::string_view method, absl::StatusCode code, absl::Duration latency,
+                        uint64_t bytes) {
+  const std::string m(method);
+  impl_->rpcs->Add({{"method", m}, {"code", CodeName(code)}}).Increment();
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+      0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   10};
+  impl_->latency->Add({{"method", m}}, kBuckets).Observe(absl::ToDoubleSeconds(latency));
+  if (bytes > 0) impl_->payload->Add({{"method", m}}).Increment(static_cast<double>(bytes));
+}
+
+std::string Metrics::Render() const {
+  std::vector<MetricFamily> families = impl_->registry->Collect();
+  std::vector<MetricFamily> cache = impl_->collector->Collect();
+  families.insert(families.end(), cache.begin(), cache.end());
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+int Metrics::port() const {
+  if (impl_->exposer == nullptr) return 0;
+  auto ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,75 @@
+#include "server/rpc/admin_service.h"
+
+#include "absl/time/clock.h"
+#include "server/rpc/proto_convert.h"
+
+namespace kvcache {
+
+grpc::ServerUnaryReactor* AdminService::Finish(grpc::CallbackServerContext* ctx,
+                                               std::string_view method, absl::Time start) {
+  observer_->OnRpcDone(method, absl::StatusCode::kOk, absl::Now() - start, 0);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                      const v1::GetServerInfoRequest*,
+                                                      v1::GetServerInfoResponse* response) {
+  const absl::Time start = absl::Now();
+  response->set_version(identity_.version);
+  response->set_git_revision(identity_.git_revision);
+  response->set_start_time_unix_ms(absl::ToUnixMillis(identity_.start_time));
+  response->set_uptime_seconds(absl::ToInt64Seconds(start - identity_.start_time));
+  for (const std::string& a : identity_.listen_addresses) response->add_listen_addresses(a);
+  response->set_cuda_built(identity_.cuda_built);
+  return Finish(ctx, "GetServerInfo", start);
+}
+
+grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* ctx,
+                                                   const v1::ListModelsRequest* request,
+                                                   v1::ListModelsResponse* response) {
+  const absl::Time start = absl::Now();
+  for (const auto& [key, layout] : cache_->ListModels()) {
+    if (!request->namespace_().empty() && request->namespace_() != key.ns) continue;
+    v1::ModelInfo* info = response->add_models();
+    info->set_namespace_(key.ns);
+    info->set_model_id(key.model_id);
+    *info->mutable_layout() = ToProto(layout);
+    info->set_block_bytes(layout.BlockBytes());
+  }
+  return Finish(ctx, "ListModels", start);
+}
+
+grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ctx,
+                                                 const v1::GetStatsRequest*,
+                                                 v1::GetStatsResponse* response) {
+  const absl::Time start = absl::Now();
+  const CacheStats stats = cache_->GetStats();
+  for (const ModelStats& m : stats.models) {
+    v1::ModelStats* out = response->add_models();
+    out->set_namespace_(m.model.ns);
+    out->set_model_id(m.model.model_id);
+    out->set_blocks(m.blocks);
+    out->set_tokens(m.tokens);
+    out->set_bytes(m.bytes);
+    out->set_hit_tokens(m.hit_tokens);
+    out->set_miss_tokens(m.miss_tokens);
+    out->set_appended_blocks(m.appended_blocks);
+    out->set_deduplicated_blocks(m.deduplicated_blocks);
+    out->set_evicted_blocks(m.evicted_blocks);
+  }
+  v1::TierStats* host = response->add_tiers();
+  host->set_name("host");
+  host->set_capacity_bytes(stats.host_pool.capacity_bytes);
+  host->set_used_bytes(stats.host_pool.reserved_bytes);
+  host->set_payload_bytes(stats.payload_bytes);
+  host->set_slab_bytes(stats.host_pool.slab_bytes);
+  host->set_blocks(stats.blocks);
+  response->set_active_leases(stats.active_leases);
+  response->set_capacity_evictions(stats.capacity_evictions);
+  response->set_rejected_appends(stats.rejected_appends);
+  return Finish(ctx, "GetStats", start);
+}
+
+}  // namespace kvcache

@@ -1,0 +1,50 @@
+// AdminService: the kvcache.v1.Admin gRPC service (server info, models, stats).
+// Read-only; thread-safe. The Cache and RpcObserver must outlive it.
+#ifndef KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
+#define KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kvcache/v1/admin.grpc.pb.h"
+#include "server/core/cache.h"
+#include "server/rpc/rpc_observer.h"
+
+namespace kvcache {
+
+struct ServerIdentity {
+  std::string version;
+  std::string git_revision;
+  absl::Time start_time;
+  std::vector<std::string> listen_addresses;
+  bool cuda_built = false;
+};
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  AdminService(ServerIdentity identity, const Cache* cache, RpcObserver* observer)
+      : identity_(std::move(identity)), cache_(cache), observer_(observer) {}
+
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::GetServerInfoResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+ private:
+  grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, std::string_view method,
+                                   absl::Time start);
+
+  const ServerIdentity identity_;
+  const Cache* const cache_;
+  RpcObserver* const observer_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_

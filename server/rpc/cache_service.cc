@@ -1,0 +1,355 @@
+#include "server/rpc/cache_service.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/rpc/proto_convert.h"
+#include "server/rpc/status_convert.h"
+
+namespace kvcache {
+
+CacheService::CacheService(const CacheServiceOptions& options, Cache* cache, RpcObserver* observer)
+    : options_(options), cache_(cache), observer_(observer) {}
+
+bool CacheService::AcquireStream() {
+  int current = active_streams_.load();
+  do {
+    if (current >= static_cast<int>(options_.max_concurrent_streams)) return false;
+  } while (!active_streams_.compare_exchange_weak(current, current + 1));
+  return true;
+}
+
+namespace {
+
+absl::Status StreamLimitError(uint32_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "max_concurrent_streams (", limit, ") Append/Fetch streams are in flight; retry later"));
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CacheService::FinishUnary(grpc::CallbackServerContext* ctx,
+                                                    std::string_view method, absl::Time start,
+                                                    const absl::Status& status) {
+  observer_->OnRpcDone(method, status.code(), absl::Now() - start, 0);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CacheService::RegisterModel(grpc::CallbackServerContext* ctx,
+                                                      const v1::RegisterModelRequest* request,
+                                                      v1::RegisterModelResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    auto key = ToModelKey(request->namespace_(), request->model_id());
+    if (!key.ok()) return key.status();
+    auto layout = FromProto(request->layout());
+    if (!layout.ok()) return layout.status();
+    auto result = cache_->RegisterModel(*key, *layout);
+    if (!result.ok()) return result.status();
+    response->set_created(result->created);
+    *response->mutable_layout() = ToProto(result->layout);
+    response->set_block_bytes(result->layout.BlockBytes());
+    return absl::OkStatus();
+  }();
+  return FinishUnary(ctx, "RegisterModel", start, status);
+}
+
+grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
+                                               const v1::LookupRequest* request,
+                                               v1::LookupResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    auto key = ToModelKey(request->namespace_(), request->model_id());
+    if (!key.ok()) return key.status();
+    LeaseRequest lease{.acquire = request->acquire_lease(),
+                       .ttl = absl::Milliseconds(request->lease_ttl_ms())};
+    auto result = cache_->Lookup(*key, TokensOf(request->tokens()), lease);
+    if (!result.ok()) return result.status();
+    response->set_matched_tokens(result->matched_tokens);
+    for (const BlockInfo& b : result->blocks) {
+      v1::BlockDescriptor* d = response->add_blocks();
+      d->set_index(b.index);
+      d->set_key(b.key);
+      d->set_checksum(b.checksum);
+      d->set_bytes(b.bytes);
+    }
+    if (result->lease_id != 0) {
+      response->set_lease_id(result->lease_id);
+      response->set_lease_expires_unix_ms(absl::ToUnixMillis(result->lease_expires));
+    }
+    return absl::OkStatus();
+  }();
+  return FinishUnary(ctx, "Lookup", start, status);
+}
+
+grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* ctx,
+                                                     const v1::ReleaseLeaseRequest* request,
+                                                     v1::ReleaseLeaseResponse* response) {
+  const absl::Time start = absl::Now();
+  response->set_released(cache_->ReleaseLease(request->lease_id()));
+  return FinishUnary(ctx, "ReleaseLease", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
+                                              const v1::EvictRequest* request,
+                                              v1::EvictResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    auto key = ToModelKey(request->namespace_(), request->model_id());
+    if (!key.ok()) return key.status();
+    absl::StatusOr<EvictResult> result;
+    switch (request->target_case()) {
+      case v1::EvictRequest::kPrefix:
+        result = cache_->EvictPrefix(*key, TokensOf(request->prefix().tokens()));
+        break;
+      case v1::EvictRequest::kWholeModel:
+        if (!request->whole_model()) {
+          return absl::InvalidArgumentError("whole_model must be true when it is the target");
+        }
+        result = cache_->EvictModel(*key);
+        break;
+      default:
+        return absl::InvalidArgumentError("target must be set: prefix or whole_model");
+    }
+    if (!result.ok()) return result.status();
+    response->set_evicted_blocks(result->evicted_blocks);
+    response->set_evicted_bytes(result->evicted_bytes);
+    return absl::OkStatus();
+  }();
+  return FinishUnary(ctx, "Evict", start, status);
+}
+
+// --- Append -------------------------------------------------------------------
+
+class AppendReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
+ public:
+  AppendReactor(CacheService* service, grpc::CallbackServerContext* ctx,
+                v1::AppendResponse* response)
+      : service_(service), ctx_(ctx), response_(response) {
+    if (!service_->AcquireStream()) {
+      Done(StreamLimitError(service_->options_.max_concurrent_streams));
+      return;
+    }
+    holds_stream_ = true;
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client closed its side: a clean end commits; a broken stream
+      // (cancelled, reset) stores nothing.
+      if (ctx_->IsCancelled()) return Done(absl::CancelledError("append stream broke off"));
+      if (session_ == nullptr)
+        return Done(absl::InvalidArgumentError("append stream had no header"));
+      auto result = session_->Commit();
+      if (!result.ok()) return Done(result.status());
+      response_->set_stored_blocks(result->stored_blocks);
+      response_->set_deduplicated_blocks(result->deduplicated_blocks);
+      response_->set_stored_bytes(result->stored_bytes);
+      response_->set_cached_tokens(result->cached_tokens);
+      return Done(absl::OkStatus());
+    }
+    absl::Status status = Handle();
+    if (!status.ok()) return Done(status);
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    if (holds_stream_) service_->ReleaseStream();
+    service_->observer_->OnRpcDone("Append", status_.code(), absl::Now() - start_, bytes_);
+    delete this;
+  }
+
+ private:
+  absl::Status Handle() {
+    if (session_ == nullptr) {
+      if (!request_.has_header()) {
+        return absl::InvalidArgumentError("the first message of an append must be its header");
+      }
+      v1::AppendHeader& h = *request_.mutable_header();
+      auto key = ToModelKey(h.namespace_(), h.model_id());
+      if (!key.ok()) return key.status();
+      std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
+      std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
+      auto session = service_->cache_->BeginAppend(*key, std::move(tokens), h.start_token(),
+                                                   FromProto(h.hints()), std::move(checksums));
+      if (!session.ok()) return session.status();
+      session_ = *std::move(session);
+      return absl::OkStatus();
+    }
+    if (request_.msg_case() != v1::AppendRequest::kKvChunk) {
+      return absl::InvalidArgumentError("after the header an append carries only kv_chunk");
+    }
+    const std::string& chunk = request_.kv_chunk();
+    bytes_ += chunk.size();
+    return session_->Write(std::as_bytes(std::span<const char>(chunk.data(), chunk.size())));
+  }
+
+  void Done(const absl::Status& status) {
+    status_ = status;
+    session_.reset();  // an uncommitted session frees its blocks
+    Finish(ToGrpcStatus(status));
+  }
+
+  CacheService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::AppendResponse* const response_;
+  const absl::Time start_ = absl::Now();
+  v1::AppendRequest request_;
+  std::unique_ptr<AppendSession> session_;
+  bool holds_stream_ = false;
+  uint64_t bytes_ = 0;
+  absl::Status status_;
+};
+
+grpc::ServerReadReactor<v1::AppendRequest>* CacheService::Append(grpc::CallbackServerContext* ctx,
+                                                                 v1::AppendResponse* response) {
+  return new AppendReactor(this, ctx, response);
+}
+
+// --- Fetch --------------------------------------------------------------------
+
+namespace {
+
+uint8_t* PutVarint(uint8_t* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<uint8_t>(v) | 0x80;
+    v >>= 7;
+  }
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
+// Encodes a FetchResponse whose `data` is `size` bytes of `block` at
+// `offset`, without copying them: the data slice holds a reference to the
+// block and points into its memory.
+grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint32_t block_index, const BlockRef& block,
+                             uint64_t offset, uint64_t size) {
+  uint8_t head[64];
+  uint8_t* p = head;
+  *p++ = 0x08;  // matched_tokens = 1, varint
+  p = PutVarint(p, matched_tokens);
+  *p++ = 0x10;  // block_index = 2
+  p = PutVarint(p, block_index);
+  *p++ = 0x18;  // block_bytes = 3
+  p = PutVarint(p, block->size());
+  *p++ = 0x20;  // block_checksum = 4
+  p = PutVarint(p, block->checksum());
+  *p++ = 0x28;  // offset = 5
+  p = PutVarint(p, offset);
+  *p++ = 0x7A;  // data = 15, length-delimited
+  p = PutVarint(p, size);
+  grpc::Slice slices[2] = {
+      grpc::Slice(head, static_cast<size_t>(p - head)),
+      grpc::Slice(
+          const_cast<std::byte*>(block->data().data()) + offset, size,
+          [](void* ref) { delete static_cast<BlockRef*>(ref); }, new BlockRef(block))};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+}  // namespace
+
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  FetchReactor(CacheService* service, grpc::CallbackServerContext* ctx,
+               const grpc::ByteBuffer* raw_request)
+      : service_(service) {
+    if (!service_->AcquireStream()) {
+      Done(StreamLimitError(service_->options_.max_concurrent_streams));
+      return;
+    }
+    holds_stream_ = true;
+    (void)ctx;
+    if (absl::Status status = Prepare(raw_request); !status.ok()) {
+      Done(status);
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Done(absl::CancelledError("fetch stream broke off"));
+    WriteNext();
+  }
+
+  void OnDone() override {
+    if (holds_stream_) service_->ReleaseStream();
+    service_->observer_->OnRpcDone("Fetch", status_.code(), absl::Now() - start_, bytes_);
+    delete this;
+  }
+
+ private:
+  absl::Status Prepare(const grpc::ByteBuffer* raw_request) {
+    v1::FetchRequest request;
+    grpc::ByteBuffer copy(*raw_request);  // shares the slices
+    grpc::Status parsed = grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, &request);
+    if (!parsed.ok()) return absl::InvalidArgumentError("FetchRequest does not parse");
+    auto key = ToModelKey(request.namespace_(), request.model_id());
+    if (!key.ok()) return key.status();
+    chunk_bytes_ = service_->options_.fetch_chunk_bytes;
+    if (request.max_chunk_bytes() != 0) {
+      if (request.max_chunk_bytes() < 4096) {
+        return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes is ",
+                                                       request.max_chunk_bytes(),
+                                                       "; it must be 0 (default) or >= 4096"));
+      }
+      chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, request.max_chunk_bytes());
+    }
+    absl::StatusOr<FetchPlan> plan;
+    if (request.lease_id() != 0) {
+      if (!request.tokens().empty()) {
+        return absl::InvalidArgumentError("set either tokens or lease_id, not both");
+      }
+      plan = service_->cache_->PrepareFetchLease(*key, request.lease_id());
+    } else {
+      plan = service_->cache_->PrepareFetch(*key, TokensOf(request.tokens()));
+    }
+    if (!plan.ok()) return plan.status();
+    plan_ = *std::move(plan);
+    return absl::OkStatus();
+  }
+
+  void WriteNext() {
+    if (block_ >= plan_.blocks.size()) return Done(absl::OkStatus());
+    const BlockRef& block = plan_.blocks[block_];
+    const uint64_t size = std::min(chunk_bytes_, block->size() - offset_);
+    buffer_ =
+        EncodeChunk(plan_.matched_tokens, static_cast<uint32_t>(block_), block, offset_, size);
+    bytes_ += size;
+    offset_ += size;
+    if (offset_ == block->size()) {
+      ++block_;
+      offset_ = 0;
+    }
+    StartWrite(&buffer_);
+  }
+
+  void Done(const absl::Status& status) {
+    status_ = status;
+    Finish(ToGrpcStatus(status));
+  }
+
+  CacheService* const service_;
+  const absl::Time start_ = absl::Now();
+  FetchPlan plan_;
+  uint64_t chunk_bytes_ = 0;
+  size_t block_ = 0;
+  uint64_t offset_ = 0;
+  grpc::ByteBuffer buffer_;
+  bool holds_stream_ = false;
+  uint64_t bytes_ = 0;
+  absl::Status status_;
+};
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Fetch(grpc::CallbackServerContext* ctx,
+                                                                const grpc::ByteBuffer* request) {
+  return new FetchReactor(this, ctx, request);
+}
+
+}  // namespace kvcache

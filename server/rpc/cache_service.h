@@ -1,0 +1,74 @@
+// CacheService: the kvcache.v1.Cache gRPC service, on the callback API.
+//
+// It translates messages to core calls and errors to gRPC statuses; the
+// Cache decides everything. Append is a client-streaming reactor feeding an
+// AppendSession; Fetch is a raw server-streaming reactor that sends block
+// payloads as gRPC slices pointing into pool memory, so a fetched byte is
+// copied only by the transport. Append and Fetch streams count against
+// max_concurrent_streams.
+//
+// Thread-safe; the Cache and RpcObserver must outlive the service.
+#ifndef KVCACHE_SERVER_RPC_CACHE_SERVICE_H_
+#define KVCACHE_SERVER_RPC_CACHE_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/core/cache.h"
+#include "server/rpc/rpc_observer.h"
+
+namespace kvcache {
+
+struct CacheServiceOptions {
+  uint64_t fetch_chunk_bytes = uint64_t{1} << 20;
+  uint32_t max_concurrent_streams = 256;
+};
+
+using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
+    v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_ReleaseLease<
+        v1::Cache::WithCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
+            v1::Cache::WithCallbackMethod_Evict<v1::Cache::Service>>>>>>;
+
+class CacheService final : public CacheServiceBase {
+ public:
+  CacheService(const CacheServiceOptions& options, Cache* cache, RpcObserver* observer);
+
+  grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
+                                          const v1::RegisterModelRequest* request,
+                                          v1::RegisterModelResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* ctx,
+                                         const v1::ReleaseLeaseRequest* request,
+                                         v1::ReleaseLeaseResponse* response) override;
+  grpc::ServerReadReactor<v1::AppendRequest>* Append(grpc::CallbackServerContext* ctx,
+                                                     v1::AppendResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx, const v1::EvictRequest* request,
+                                  v1::EvictResponse* response) override;
+
+  // Streams in flight now.
+  int active_streams() const { return active_streams_.load(); }
+
+ private:
+  friend class AppendReactor;
+  friend class FetchReactor;
+
+  // Takes a stream slot; false (and nothing taken) when all are in use.
+  bool AcquireStream();
+  void ReleaseStream() { active_streams_.fetch_sub(1); }
+  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, std::string_view method,
+                                        absl::Time start, const absl::Status& status);
+
+  const CacheServiceOptions options_;
+  Cache* const cache_;
+  RpcObserver* const observer_;
+  std::atomic<int> active_streams_{0};
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_RPC_CACHE_SERVICE_H_

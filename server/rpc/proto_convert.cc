@@ -1,0 +1,81 @@
+#include "server/rpc/proto_convert.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+
+absl::StatusOr<ModelLayout> FromProto(const v1::ModelLayout& layout) {
+  ModelLayout out;
+  out.num_layers = layout.num_layers();
+  out.num_kv_heads = layout.num_kv_heads();
+  out.head_dim = layout.head_dim();
+  out.block_tokens = layout.block_tokens();
+  switch (layout.dtype()) {
+    case v1::DTYPE_FP16:
+      out.dtype = DType::kFp16;
+      break;
+    case v1::DTYPE_BF16:
+      out.dtype = DType::kBf16;
+      break;
+    case v1::DTYPE_FP32:
+      out.dtype = DType::kFp32;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layout.dtype is ", v1::DType_Name(layout.dtype()), " (",
+          static_cast<int>(layout.dtype()), "); it must be DTYPE_FP16, DTYPE_BF16 or DTYPE_FP32"));
+  }
+  return out;
+}
+
+v1::ModelLayout ToProto(const ModelLayout& layout) {
+  v1::ModelLayout out;
+  out.set_num_layers(layout.num_layers);
+  out.set_num_kv_heads(layout.num_kv_heads);
+  out.set_head_dim(layout.head_dim);
+  out.set_block_tokens(layout.block_tokens);
+  switch (layout.dtype) {
+    case DType::kFp16:
+      out.set_dtype(v1::DTYPE_FP16);
+      break;
+    case DType::kBf16:
+      out.set_dtype(v1::DTYPE_BF16);
+      break;
+    case DType::kFp32:
+      out.set_dtype(v1::DTYPE_FP32);
+      break;
+  }
+  return out;
+}
+
+absl::StatusOr<ModelKey> ToModelKey(std::string_view ns, std::string_view model_id) {
+  ModelKey key{.ns = ns.empty() ? std::string(kDefaultNamespace) : std::string(ns),
+               .model_id = std::string(model_id)};
+  if (auto s = ValidateIdentifier("namespace", key.ns); !s.ok()) return s;
+  if (auto s = ValidateIdentifier("model_id", key.model_id); !s.ok()) return s;
+  return key;
+}
+
+AppendHints FromProto(const v1::AppendHints& hints) {
+  AppendHints out;
+  switch (hints.workload()) {
+    case v1::WORKLOAD_KIND_CHAT:
+      out.workload = WorkloadKind::kChat;
+      break;
+    case v1::WORKLOAD_KIND_CODE:
+      out.workload = WorkloadKind::kCode;
+      break;
+    case v1::WORKLOAD_KIND_DOCUMENT:
+      out.workload = WorkloadKind::kDocument;
+      break;
+    default:
+      out.workload = WorkloadKind::kUnspecified;
+  }
+  out.priority = hints.priority();
+  out.ttl = absl::Seconds(hints.ttl_seconds());
+  return out;
+}
+
+}  // namespace kvcache

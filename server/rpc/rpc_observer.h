@@ -1,0 +1,30 @@
+// RpcObserver: how the RPC layer reports each finished call, so the metrics
+// module can count it without the RPC layer linking a metrics library.
+#ifndef KVCACHE_SERVER_RPC_RPC_OBSERVER_H_
+#define KVCACHE_SERVER_RPC_RPC_OBSERVER_H_
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace kvcache {
+
+// Thread-safe: called concurrently from gRPC threads.
+class RpcObserver {
+ public:
+  virtual ~RpcObserver() = default;
+  // `method` is e.g. "Lookup"; `bytes` the payload bytes moved (Append, Fetch).
+  virtual void OnRpcDone(std::string_view method, absl::StatusCode code, absl::Duration latency,
+                         uint64_t bytes) = 0;
+};
+
+// Ignores everything.
+class NullRpcObserver final : public RpcObserver {
+ public:
+  void OnRpcDone(std::string_view, absl::StatusCode, absl::Duration, uint64_t) override {}
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_RPC_RPC_OBSERVER_H_

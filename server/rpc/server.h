@@ -1,0 +1,60 @@
+// GrpcServer: the daemon's gRPC front door.
+//
+// Listens on TCP and/or a Unix socket, serves kvcache.v1.Cache and
+// kvcache.v1.Admin, the standard grpc.health.v1 health service and server
+// reflection, with the configured message-size limit. Shutdown() stops
+// accepting calls, lets in-flight ones finish until the deadline, then
+// cancels the rest.
+#ifndef KVCACHE_SERVER_RPC_SERVER_H_
+#define KVCACHE_SERVER_RPC_SERVER_H_
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/cache.h"
+#include "server/rpc/admin_service.h"
+#include "server/rpc/cache_service.h"
+#include "server/rpc/rpc_observer.h"
+
+namespace kvcache {
+
+struct GrpcServerOptions {
+  std::string tcp_address;  // empty: no TCP
+  std::string unix_socket;  // empty: no Unix socket
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+  CacheServiceOptions cache_service;
+  ServerIdentity identity;  // listen_addresses is filled in by Start()
+};
+
+class GrpcServer {
+ public:
+  // UNAVAILABLE when a listener cannot bind; INVALID_ARGUMENT with no listener.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(GrpcServerOptions options, Cache* cache,
+                                                           RpcObserver* observer);
+  ~GrpcServer();
+
+  const std::vector<std::string>& listen_addresses() const { return listen_addresses_; }
+  int tcp_port() const { return tcp_port_; }
+
+  void Shutdown(absl::Duration drain);
+  void Wait();
+
+ private:
+  GrpcServer() = default;
+
+  std::unique_ptr<CacheService> cache_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> listen_addresses_;
+  int tcp_port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_RPC_SERVER_H_
