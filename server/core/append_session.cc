@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   if (hints.ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("hints.ttl_seconds must not be negative");
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
@@ -142,7 +142,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
 
   AppendResult result;
   std::vector<BlockRef> unused;  // duplicates that lost a race; freed after the lock
-  absl::MutexLock lock(&cache_->mu_);
+  MutexLock lock(&cache_->mu_);
   auto state = cache_->FindModelLocked(model_);
   if (!state.ok()) return Fail(state.status());
   Cache::ModelState& m = **state;

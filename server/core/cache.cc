@@ -12,7 +12,7 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
     : options_(options), pool_(std::move(pool)), clock_(clock), policy_(std::move(policy)) {}
 
 Cache::~Cache() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   leases_.clear();
   for (auto& [key, state] : models_) {
     state->index.Clear([this](IndexNode* n) { policy_->Erase(n); });
@@ -48,7 +48,7 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
         absl::StrCat("one block of this layout takes ", layout.BlockBytes(),
                      " bytes, more than the host tier's capacity of ", pool.capacity_bytes));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = models_.find(model);
   if (it != models_.end()) {
     if (it->second->layout != layout) {
@@ -69,14 +69,14 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
 }
 
 absl::StatusOr<ModelLayout> Cache::GetLayout(const ModelKey& model) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   return (*state)->layout;
 }
 
 std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<std::pair<ModelKey, ModelLayout>> out;
   for (const auto& [key, state] : models_) out.emplace_back(key, state->layout);
   return out;
@@ -120,7 +120,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
         absl::StrCat("lease_ttl_ms must be at most ",
                      absl::ToInt64Milliseconds(options_.max_lease_ttl), " (max_lease_ttl_ms)"));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
@@ -143,9 +143,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
     const absl::Time now = clock_->Now();
     ExpireLeasesLocked(now);
     Lease l{.model = model, .matched_tokens = result.matched_tokens};
-    const absl::Duration ttl =
-        lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl;
-    l.expires = now + std::min(ttl, options_.max_lease_ttl);  // max_lease_ttl caps every lease
+    l.expires = now + (lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl);
     for (IndexNode* n : path) l.blocks.push_back(n->payload);
     uint64_t id;
     do {
@@ -160,7 +158,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
 
 bool Cache::ReleaseLease(uint64_t lease_id) {
   Lease released;  // its references drop after the lock
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return false;
@@ -174,14 +172,14 @@ void Cache::ExpireLeasesLocked(absl::Time now) {
 }
 
 void Cache::ExpireLeases() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
 }
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model,
                                               std::span<const Token> tokens) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   std::vector<IndexNode*> path;
@@ -194,7 +192,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model,
 }
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ExpireLeasesLocked(clock_->Now());
@@ -216,7 +214,7 @@ absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
                                                std::span<const Token> tokens) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   std::vector<BlockRef> dropped;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   const uint32_t bt = (*state)->layout.block_tokens;
@@ -233,7 +231,7 @@ absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
 
 absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
   std::vector<BlockRef> dropped;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
@@ -252,7 +250,7 @@ absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
 
 bool Cache::EvictOneForSpace() {
   std::vector<BlockRef> dropped;  // freed after the lock is released
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
   // Evictable: a leaf that only the index references (use_count is exact
   // here: new references are only taken under mu_).
@@ -272,7 +270,7 @@ absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
     if (!absl::IsResourceExhausted(a.status())) return a.status();
     if (!EvictOneForSpace()) {
       const SlabPoolStats s = pool_->GetStats();
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ++rejected_appends_;
       return absl::ResourceExhaustedError(absl::StrCat(
           "host tier is full: capacity_bytes ", s.capacity_bytes, ", ", s.reserved_bytes,
@@ -284,7 +282,7 @@ absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
 CacheStats Cache::GetStats() const {
   CacheStats stats;
   stats.host_pool = pool_->GetStats();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const auto& [key, m] : models_) {
     stats.models.push_back({.model = key,
                             .layout = m->layout,

@@ -36,13 +36,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/core/block.h"
 #include "server/core/cache_stats.h"
 #include "server/core/clock.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/layout.h"
+#include "server/core/mutex.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
 
@@ -201,7 +201,7 @@ class Cache {
   const std::unique_ptr<SlabPool> pool_;
   Clock* const clock_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<ModelKey, std::unique_ptr<ModelState>> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_ ABSL_GUARDED_BY(mu_);

@@ -3,9 +3,9 @@
 #define KVCACHE_SERVER_CORE_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/core/mutex.h"
 
 namespace kvcache {
 
@@ -32,16 +32,16 @@ class ManualClock final : public Clock {
   explicit ManualClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50))
       : now_(start) {}
   absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return now_;
   }
   void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     now_ += d;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -6,7 +6,8 @@
 // carves its chunks lazily (a bump index) and keeps freed chunks on an
 // intrusive singly linked list threaded through the chunks themselves. Each
 // class keeps an intrusive doubly linked list of its slabs that still have a
-// free chunk, so Allocate() and Free() are O(1) for class sizes.
+// free chunk, so Allocate() and Free() are O(1) for class sizes. Under ASan
+// free chunks are poisoned, so a stale read of pool memory is reported.
 //
 // Large runs are their own page-aligned mappings, unmapped on Free().
 //
@@ -35,7 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "server/core/mutex.h"
 
 #if defined(__has_include) && __has_include(<sanitizer/asan_interface.h>)
 #include <sanitizer/asan_interface.h>  // no-op macros unless built with ASan
@@ -43,10 +44,6 @@
 #ifndef ASAN_POISON_MEMORY_REGION
 #define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
 #define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#endif
-
-#ifdef ABSL_HAVE_THREAD_SANITIZER
-#include <sanitizer/tsan_interface.h>
 #endif
 
 namespace kvcache {
@@ -91,30 +88,6 @@ void Unmap(std::byte* data, uint64_t bytes) {
   munmap(data, bytes);
 }
 
-// Holds an absl::Mutex. Debian's Abseil is built without TSan, so the
-// annotations inside absl::Mutex are compiled out; under TSan this adds the
-// happens-before edges the lock provides, so TSan sees no false races.
-class ABSL_SCOPED_LOCKABLE PoolLock {
- public:
-  explicit PoolLock(absl::Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
-    mu_->Lock();
-#ifdef ABSL_HAVE_THREAD_SANITIZER
-    __tsan_acquire(mu_);
-#endif
-  }
-  ~PoolLock() ABSL_UNLOCK_FUNCTION() {
-#ifdef ABSL_HAVE_THREAD_SANITIZER
-    __tsan_release(mu_);
-#endif
-    mu_->Unlock();
-  }
-  PoolLock(const PoolLock&) = delete;
-  PoolLock& operator=(const PoolLock&) = delete;
-
- private:
-  absl::Mutex* const mu_;
-};
-
 // One class slab; on its class's partial list while 0 < live < chunk_count
 // (or just after TakeSlab), on the free-slab list while live == 0. Owned by SlabPoolImpl::slabs_;
 // guarded by SlabPoolImpl::mu_.
@@ -138,7 +111,7 @@ class SlabPoolImpl final : public SlabPool {
         partial_(std::countr_zero(options.slab_bytes) - min_class_shift_ + 1, nullptr) {}
 
   ~SlabPoolImpl() override {
-    PoolLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto& [base, slab] : slabs_) Unmap(slab->base, options_.slab_bytes);
     for (auto& [data, bytes] : runs_) Unmap(data, bytes);
   }
@@ -151,7 +124,7 @@ class SlabPoolImpl final : public SlabPool {
                                                      options_.capacity_bytes));
     }
     const uint64_t rounded = RoundedSize(bytes);
-    PoolLock lock(&mu_);
+    MutexLock lock(&mu_);
     absl::StatusOr<Allocation> result =
         rounded > options_.slab_bytes ? AllocateRun(rounded) : AllocateChunk(rounded);
     if (result.ok()) {
@@ -164,7 +137,7 @@ class SlabPoolImpl final : public SlabPool {
   }
 
   void Free(Allocation allocation) override {
-    PoolLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (allocation.bytes > options_.slab_bytes) {
       FreeRun(allocation);
     } else {
@@ -183,7 +156,7 @@ class SlabPoolImpl final : public SlabPool {
   }
 
   SlabPoolStats GetStats() const override {
-    PoolLock lock(&mu_);
+    MutexLock lock(&mu_);
     return SlabPoolStats{options_.capacity_bytes, options_.slab_bytes, reserved_bytes_,
                          allocated_bytes_,        live_allocations_,   failed_allocations_};
   }
@@ -326,7 +299,7 @@ class SlabPoolImpl final : public SlabPool {
   const SlabPoolOptions options_;
   const int min_class_shift_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   // Every mapped class slab (in use or free), by base address.
   absl::flat_hash_map<uintptr_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(mu_);
   // Per class (index log2(size / min_class_bytes)): head of its slabs with a free chunk.

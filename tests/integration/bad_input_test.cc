@@ -1,0 +1,276 @@
+// A table of bad requests: each must get its specific error code and a
+// message naming what was wrong, and must leave the cache exactly as it was.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/kv_pattern.h"
+
+namespace kvcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kBlockTokens = 16;
+
+v1::ModelLayout GoodLayout() {
+  v1::ModelLayout l;
+  l.set_num_layers(2);
+  l.set_num_kv_heads(2);
+  l.set_head_dim(32);
+  l.set_dtype(v1::DTYPE_FP16);
+  l.set_block_tokens(kBlockTokens);
+  return l;
+}
+
+struct BadCase {
+  std::string name;
+  absl::StatusCode code;
+  std::string message;  // a substring the error must contain
+  std::function<absl::Status(Client&, v1::Cache::Stub&)> call;
+};
+
+// Sends an Append stream by hand (the client library would refuse some of these).
+absl::Status RawAppend(v1::Cache::Stub& stub, const v1::AppendHeader& header,
+                       const std::vector<std::string>& chunks, bool header_first = true) {
+  grpc::ClientContext ctx;
+  v1::AppendResponse response;
+  auto writer = stub.Append(&ctx, &response);
+  v1::AppendRequest msg;
+  if (header_first) {
+    *msg.mutable_header() = header;
+    writer->Write(msg);
+  }
+  for (const std::string& c : chunks) {
+    msg.set_kv_chunk(c);
+    if (!writer->Write(msg)) break;
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+v1::AppendHeader Header(const std::vector<uint32_t>& tokens, uint64_t start = 0) {
+  v1::AppendHeader h;
+  h.set_model_id("m");
+  for (uint32_t t : tokens) h.add_tokens(t);
+  h.set_start_token(start);
+  return h;
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = DaemonProcess::Start({.extra_flags = {"--config", WriteConfig()}});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    client_ = daemon_->NewClient();
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    stub_ = v1::Cache::NewStub(
+        grpc::CreateCustomChannel(daemon_->unix_target(), grpc::InsecureChannelCredentials(), args));
+    auto r = client_->RegisterModel("m", GoodLayout());
+    ASSERT_TRUE(r.ok()) << r.status();
+    block_bytes_ = r->block_bytes();
+    cached_ = MakeTokens(1, 3 * kBlockTokens);
+    ASSERT_TRUE(client_->Append("m", cached_, MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3)).ok());
+  }
+  void TearDown() override {
+    client_.reset();
+    stub_.reset();
+    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+  }
+  static std::string WriteConfig() {
+    // Small limits, so the limit checks are cheap to reach.
+    static const std::string path = [] {
+      std::string p = "/tmp/kvcached-bad-input-config.json";
+      std::FILE* f = std::fopen(p.c_str(), "w");
+      std::fputs(R"({"limits": {"max_tokens_per_request": 4096, "max_message_bytes": 1048576,
+                     "fetch_chunk_bytes": 65536}})",
+                 f);
+      std::fclose(f);
+      return p;
+    }();
+    return path;
+  }
+  // Everything observable about the cache's contents.
+  std::string Snapshot() {
+    auto stats = client_->GetStats();
+    EXPECT_TRUE(stats.ok());
+    v1::GetStatsResponse s = *stats;
+    for (auto& m : *s.mutable_models()) {  // lookups by the check itself move these
+      m.clear_hit_tokens();
+      m.clear_miss_tokens();
+    }
+    std::vector<std::byte> out(3 * block_bytes_);
+    auto fetched = client_->Fetch("m", cached_, out);
+    EXPECT_TRUE(fetched.ok());
+    EXPECT_TRUE(out == MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3));
+    auto models = client_->ListModels();
+    return s.DebugString() + models->DebugString();
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<v1::Cache::Stub> stub_;
+  uint64_t block_bytes_ = 0;
+  std::vector<uint32_t> cached_;
+};
+
+TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
+  const uint64_t bb = block_bytes_;
+  const auto fresh = MakeTokens(2, 2 * kBlockTokens);
+  const auto fresh_kv = MakeKv(fresh, kBlockTokens, bb, 0, 2);
+  auto bytes = [](const std::vector<std::byte>& v, size_t from, size_t n) {
+    return std::string(reinterpret_cast<const char*>(v.data()) + from, n);
+  };
+  auto with_layout = [](std::function<void(v1::ModelLayout&)> edit) {
+    v1::ModelLayout l = GoodLayout();
+    edit(l);
+    return l;
+  };
+  auto register_layout = [](Client& c, const v1::ModelLayout& l, const std::string& id = "new") {
+    return c.RegisterModel(id, l).status();
+  };
+  std::vector<BadCase> cases = {
+      {"zero layers", absl::StatusCode::kInvalidArgument, "layout.num_layers",
+       [&](Client& c, auto&) {
+         return register_layout(c, with_layout([](auto& l) { l.set_num_layers(0); }));
+       }},
+      {"huge head_dim", absl::StatusCode::kInvalidArgument, "layout.head_dim",
+       [&](Client& c, auto&) {
+         return register_layout(c, with_layout([](auto& l) { l.set_head_dim(100000); }));
+       }},
+      {"no dtype", absl::StatusCode::kInvalidArgument, "layout.dtype",
+       [&](Client& c, auto&) {
+         return register_layout(c, with_layout([](auto& l) { l.set_dtype(v1::DTYPE_UNSPECIFIED); }));
+       }},
+      {"block_tokens not a power of two", absl::StatusCode::kInvalidArgument, "power of two",
+       [&](Client& c, auto&) {
+         return register_layout(c, with_layout([](auto& l) { l.set_block_tokens(48); }));
+       }},
+      {"block_tokens too small", absl::StatusCode::kInvalidArgument, "layout.block_tokens",
+       [&](Client& c, auto&) {
+         return register_layout(c, with_layout([](auto& l) { l.set_block_tokens(8); }));
+       }},
+      {"same id, other layout", absl::StatusCode::kAlreadyExists, "another layout",
+       [&](Client& c, auto&) {
+         return register_layout(c, with_layout([](auto& l) { l.set_head_dim(64); }), "m");
+       }},
+      {"bad model id", absl::StatusCode::kInvalidArgument, "model_id",
+       [&](Client& c, auto&) { return register_layout(c, GoodLayout(), "has space"); }},
+      {"lookup unknown model", absl::StatusCode::kNotFound, "not registered",
+       [&](Client& c, auto&) { return c.Lookup("nope", fresh).status(); }},
+      {"fetch unknown model", absl::StatusCode::kNotFound, "not registered",
+       [&](Client& c, auto&) {
+         std::vector<std::byte> out(4096);
+         return c.Fetch("nope", fresh, out).status();
+       }},
+      {"too many tokens", absl::StatusCode::kInvalidArgument, "max_tokens_per_request",
+       [&](Client& c, auto&) { return c.Lookup("m", MakeTokens(3, 5000)).status(); }},
+      {"lease ttl too long", absl::StatusCode::kInvalidArgument, "lease_ttl_ms",
+       [&](Client& c, auto&) {
+         return c.Lookup("m", cached_, {.acquire_lease = true, .lease_ttl = absl::Hours(100)})
+             .status();
+       }},
+      {"append too few bytes", absl::StatusCode::kInvalidArgument, "expected",
+       [&](Client&, auto& stub) {
+         return RawAppend(stub, Header(fresh), {bytes(fresh_kv, 0, bb + 10)});
+       }},
+      {"append too many bytes", absl::StatusCode::kInvalidArgument, "exceed",
+       [&](Client&, auto& stub) {
+         return RawAppend(stub, Header(fresh), {bytes(fresh_kv, 0, 2 * bb), "extra"});
+       }},
+      {"append unaligned start", absl::StatusCode::kInvalidArgument, "multiple of block_tokens",
+       [&](Client&, auto& stub) { return RawAppend(stub, Header(fresh, 5), {}); }},
+      {"append start past end", absl::StatusCode::kInvalidArgument, "past the end",
+       [&](Client&, auto& stub) { return RawAppend(stub, Header(fresh, 64), {}); }},
+      {"append start beyond cached prefix", absl::StatusCode::kFailedPrecondition,
+       "beyond the cached prefix",
+       [&](Client&, auto& stub) {
+         return RawAppend(stub, Header(fresh, 16), {bytes(fresh_kv, bb, bb)});
+       }},
+      {"append without header", absl::StatusCode::kInvalidArgument, "header",
+       [&](Client&, auto& stub) {
+         return RawAppend(stub, Header(fresh), {bytes(fresh_kv, 0, bb)}, false);
+       }},
+      {"append checksum mismatch", absl::StatusCode::kDataLoss, "block_checksums",
+       [&](Client&, auto& stub) {
+         v1::AppendHeader h = Header(fresh);
+         h.add_block_checksums(BlockChecksum(std::span(fresh_kv).first(bb)));
+         h.add_block_checksums(12345);  // wrong for block 1
+         return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
+       }},
+      {"append checksum count", absl::StatusCode::kInvalidArgument, "block_checksums has 1",
+       [&](Client&, auto& stub) {
+         v1::AppendHeader h = Header(fresh);
+         h.add_block_checksums(1);
+         return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
+       }},
+      {"oversized message", absl::StatusCode::kResourceExhausted, "",
+       [&](Client&, auto& stub) {
+         return RawAppend(stub, Header(fresh), {std::string(2 << 20, 'x')});
+       }},
+      {"evict unaligned prefix", absl::StatusCode::kInvalidArgument, "multiple",
+       [&](Client& c, auto&) { return c.EvictPrefix("m", std::span(cached_).first(20)).status(); }},
+      {"evict unknown model", absl::StatusCode::kNotFound, "not registered",
+       [&](Client& c, auto&) { return c.EvictModel("nope").status(); }},
+      {"fetch unknown lease", absl::StatusCode::kNotFound, "lease_id",
+       [&](Client& c, auto&) {
+         std::vector<std::byte> out(4096);
+         return c.FetchLease("m", 42, out).status();
+       }},
+      {"fetch tiny chunk size", absl::StatusCode::kInvalidArgument, "max_chunk_bytes",
+       [&](Client&, auto& stub) {
+         grpc::ClientContext ctx;
+         v1::FetchRequest req;
+         req.set_model_id("m");
+         for (uint32_t t : cached_) req.add_tokens(t);
+         req.set_max_chunk_bytes(100);
+         auto reader = stub.Fetch(&ctx, req);
+         v1::FetchResponse r;
+         while (reader->Read(&r)) {
+         }
+         grpc::Status s = reader->Finish();
+         return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+       }},
+  };
+  const std::string before = Snapshot();
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::Status s = c.call(*client_, *stub_);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+    EXPECT_EQ(Snapshot(), before) << "the cache changed";
+  }
+}
+
+TEST_F(BadInputTest, BrokenAppendStreamStoresNothing) {
+  const std::string before = Snapshot();
+  const auto fresh = MakeTokens(9, 4 * kBlockTokens);
+  const auto kv = MakeKv(fresh, kBlockTokens, block_bytes_, 0, 4);
+  {
+    grpc::ClientContext ctx;
+    v1::AppendResponse response;
+    auto writer = stub_->Append(&ctx, &response);
+    v1::AppendRequest msg;
+    *msg.mutable_header() = Header(fresh);
+    ASSERT_TRUE(writer->Write(msg));
+    // Two whole blocks and a bit, then the worker dies.
+    msg.set_kv_chunk(std::string(reinterpret_cast<const char*>(kv.data()), 2 * block_bytes_ + 7));
+    ASSERT_TRUE(writer->Write(msg));
+    ctx.TryCancel();
+    EXPECT_FALSE(writer->Finish().ok());
+  }
+  // The server may still be unwinding the stream.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(Snapshot(), before);
+  EXPECT_EQ(client_->Lookup("m", fresh)->matched_tokens, 0u);
+}
+
+}  // namespace
+}  // namespace kvcache::testing

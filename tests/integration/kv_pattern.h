@@ -1,0 +1,56 @@
+// Deterministic KV payloads for tests: the bytes of a block are a function of
+// the block's token prefix, so any misplaced or corrupted byte is caught.
+#ifndef KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
+#define KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
+
+#include <xxhash.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace kvcache::testing {
+
+// Fills `out` with the pattern for the block that ends at token `end` of
+// `tokens` (the pattern depends on the whole prefix tokens[0, end)).
+inline void FillBlock(std::span<const uint32_t> tokens, size_t end, std::span<std::byte> out) {
+  uint64_t state = XXH3_64bits(tokens.data(), end * sizeof(uint32_t)) | 1;
+  size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    std::memcpy(out.data() + i, &state, 8);
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(state >> (8 * (i % 8)));
+}
+
+// The KV of blocks [first_block, first_block + n) of `tokens`.
+inline std::vector<std::byte> MakeKv(std::span<const uint32_t> tokens, uint32_t block_tokens,
+                                     uint64_t block_bytes, size_t first_block, size_t n) {
+  std::vector<std::byte> kv(n * block_bytes);
+  for (size_t b = 0; b < n; ++b) {
+    FillBlock(tokens, (first_block + b + 1) * block_tokens,
+              std::span<std::byte>(kv).subspan(b * block_bytes, block_bytes));
+  }
+  return kv;
+}
+
+// Random-looking but reproducible tokens.
+inline std::vector<uint32_t> MakeTokens(uint64_t seed, size_t n) {
+  std::vector<uint32_t> t(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : t) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = static_cast<uint32_t>(s % 50000);
+  }
+  return t;
+}
+
+}  // namespace kvcache::testing
+
+#endif  // KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
