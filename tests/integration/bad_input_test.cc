@@ -1,8 +1,8 @@
 // A table of bad requests: each must get its specific error code and a
 // message naming what was wrong, and must leave the cache exactly as it was.
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <functional>
 
@@ -71,13 +71,14 @@ class BadInputTest : public ::testing::Test {
     client_ = daemon_->NewClient();
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
-    stub_ = v1::Cache::NewStub(
-        grpc::CreateCustomChannel(daemon_->unix_target(), grpc::InsecureChannelCredentials(), args));
+    stub_ = v1::Cache::NewStub(grpc::CreateCustomChannel(daemon_->unix_target(),
+                                                         grpc::InsecureChannelCredentials(), args));
     auto r = client_->RegisterModel("m", GoodLayout());
     ASSERT_TRUE(r.ok()) << r.status();
     block_bytes_ = r->block_bytes();
     cached_ = MakeTokens(1, 3 * kBlockTokens);
-    ASSERT_TRUE(client_->Append("m", cached_, MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3)).ok());
+    ASSERT_TRUE(
+        client_->Append("m", cached_, MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3)).ok());
   }
   void TearDown() override {
     client_.reset();
@@ -147,7 +148,8 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
        }},
       {"no dtype", absl::StatusCode::kInvalidArgument, "layout.dtype",
        [&](Client& c, auto&) {
-         return register_layout(c, with_layout([](auto& l) { l.set_dtype(v1::DTYPE_UNSPECIFIED); }));
+         return register_layout(c,
+                                with_layout([](auto& l) { l.set_dtype(v1::DTYPE_UNSPECIFIED); }));
        }},
       {"block_tokens not a power of two", absl::StatusCode::kInvalidArgument, "power of two",
        [&](Client& c, auto&) {

@@ -86,9 +86,9 @@ TEST(ConcurrencyTest, SixteenWorkersNeverSeeWrongBytes) {
           }
         }
         std::vector<std::byte> out(blocks * bb);
-        absl::StatusOr<FetchResult> fetched =
-            leased && lookup->lease_id != 0 ? client->FetchLease("m", lookup->lease_id, out)
-                                            : client->Fetch("m", seq, out);
+        absl::StatusOr<FetchResult> fetched = leased && lookup->lease_id != 0
+                                                  ? client->FetchLease("m", lookup->lease_id, out)
+                                                  : client->Fetch("m", seq, out);
         if (!fetched.ok()) return fail("fetch: " + fetched.status().ToString());
         ++c.fetches;
         if (leased && lookup->lease_id != 0 && fetched->matched_tokens != lookup->matched_tokens) {
@@ -106,7 +106,8 @@ TEST(ConcurrencyTest, SixteenWorkersNeverSeeWrongBytes) {
         }
         if (rng() % 50 == 0) {
           ++c.evicts;
-          auto e = client->EvictPrefix("m", std::span(seq).first(kBlockTokens * (1 + rng() % blocks)));
+          auto e =
+              client->EvictPrefix("m", std::span(seq).first(kBlockTokens * (1 + rng() % blocks)));
           if (!e.ok()) return fail("evict: " + e.status().ToString());
         }
       }

@@ -35,7 +35,8 @@ class DaemonTest : public ::testing::Test {
   void TearDown() override {
     if (daemon_ != nullptr) {
       client_.reset();
-      EXPECT_EQ(daemon_->Stop(), 0) << "kvcached did not drain cleanly; log " << daemon_->log_path();
+      EXPECT_EQ(daemon_->Stop(), 0)
+          << "kvcached did not drain cleanly; log " << daemon_->log_path();
     }
   }
   uint64_t Register(const std::string& model, const v1::ModelLayout& layout) {
@@ -188,9 +189,7 @@ TEST_F(DaemonTest, NamespacesDoNotShareBlocks) {
 }
 
 // Capacity of 8 slabs of 64 KiB; 16 KiB blocks (1 layer, K+V, 1 head, 128 dims, fp32, 16 tokens).
-DaemonOptions SmallCapacity() {
-  return {.capacity_bytes = 8 * 65536, .slab_bytes = 65536};
-}
+DaemonOptions SmallCapacity() { return {.capacity_bytes = 8 * 65536, .slab_bytes = 65536}; }
 
 TEST_F(DaemonTest, LeasedBlocksSurviveCapacityEviction) {
   StartDaemon(SmallCapacity());
