@@ -1,0 +1,428 @@
+// kvcache::Client over gRPC: one channel, deadlines on every call, retries
+// with backoff for idempotent calls, checksummed Append and verified Fetch.
+#include "kvcache/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "fetch_assembler.h"
+#include "kvcache/v1/admin.grpc.pb.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+
+namespace kvcache {
+namespace {
+
+constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+// Room in a message for everything but the payload bytes.
+constexpr uint64_t kMessageOverhead = 4096;
+constexpr std::string_view kDefaultNamespace = "default";
+
+// Abseil 20220623 as Debian builds it has its own string_view type.
+absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+absl::Status ToAbslStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// What the client needs of a model's layout.
+struct LayoutInfo {
+  uint64_t block_bytes = 0;
+  uint32_t block_tokens = 0;
+};
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
+      : options_(options),
+        ns_(options.ns),
+        channel_(std::move(channel)),
+        cache_(v1::Cache::NewStub(channel_)),
+        admin_(v1::Admin::NewStub(channel_)),
+        rng_(std::random_device{}()) {}
+
+  absl::Status WaitForReady(absl::Duration timeout) override {
+    const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+    channel_->GetState(/*try_to_connect=*/true);
+    if (channel_->WaitForConnected(deadline)) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("kvcached at ", options_.target,
+                                               " is not reachable after ",
+                                               absl::FormatDuration(timeout)));
+  }
+
+  absl::StatusOr<v1::RegisterModelResponse> RegisterModel(std::string_view model_id,
+                                                          const v1::ModelLayout& layout) override {
+    v1::RegisterModelRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    *req.mutable_layout() = layout;
+    v1::RegisterModelResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return cache_->RegisterModel(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    if (resp.block_bytes() > 0 && resp.layout().block_tokens() > 0) {
+      absl::MutexLock lock(&mu_);
+      layouts_[std::string(model_id)] =
+          LayoutInfo{resp.block_bytes(), resp.layout().block_tokens()};
+    }
+    return resp;
+  }
+
+  absl::StatusOr<LookupResult> Lookup(std::string_view model_id, std::span<const uint32_t> tokens,
+                                      const LookupOptions& options) override {
+    v1::LookupRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    req.set_acquire_lease(options.acquire_lease);
+    if (options.acquire_lease && options.lease_ttl > absl::ZeroDuration()) {
+      req.set_lease_ttl_ms(static_cast<uint32_t>(
+          std::min<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), UINT32_MAX)));
+    }
+    v1::LookupResponse resp;
+    auto call = [&](grpc::ClientContext* ctx) { return cache_->Lookup(ctx, req, &resp); };
+    // A leasing Lookup pins blocks; repeating it could leak a lease.
+    absl::Status s = options.acquire_lease ? CallOnce(call) : CallWithRetry(call);
+    if (!s.ok()) return s;
+    LookupResult result;
+    result.matched_tokens = resp.matched_tokens();
+    result.blocks.assign(resp.blocks().begin(), resp.blocks().end());
+    result.lease_id = resp.lease_id();
+    if (resp.lease_id() != 0)
+      result.lease_expires = absl::FromUnixMillis(resp.lease_expires_unix_ms());
+    return result;
+  }
+
+  absl::StatusOr<bool> ReleaseLease(uint64_t lease_id) override {
+    v1::ReleaseLeaseRequest req;
+    req.set_lease_id(lease_id);
+    v1::ReleaseLeaseResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return cache_->ReleaseLease(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp.released();
+  }
+
+  absl::StatusOr<AppendResult> Append(std::string_view model_id, std::span<const uint32_t> tokens,
+                                      std::span<const std::byte> kv,
+                                      const AppendOptions& options) override;
+
+  absl::StatusOr<FetchResult> Fetch(std::string_view model_id, std::span<const uint32_t> tokens,
+                                    std::span<std::byte> out) override {
+    v1::FetchRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    return DoFetch(model_id, req, out);
+  }
+
+  absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
+                                         std::span<std::byte> out) override {
+    v1::FetchRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    req.set_lease_id(lease_id);
+    return DoFetch(model_id, req, out);
+  }
+
+  absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
+                                          std::span<const uint32_t> tokens) override {
+    v1::EvictRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    req.mutable_prefix()->mutable_tokens()->Add(tokens.begin(), tokens.end());
+    return DoEvict(req);
+  }
+
+  absl::StatusOr<EvictResult> EvictModel(std::string_view model_id) override {
+    v1::EvictRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    req.set_whole_model(true);
+    return DoEvict(req);
+  }
+
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() override {
+    v1::GetServerInfoRequest req;
+    v1::GetServerInfoResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->GetServerInfo(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::ListModelsResponse> ListModels(std::string_view ns) override {
+    v1::ListModelsRequest req;
+    req.set_namespace_(std::string(ns));
+    v1::ListModelsResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->ListModels(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::GetStatsResponse> GetStats() override {
+    v1::GetStatsRequest req;
+    v1::GetStatsResponse resp;
+    absl::Status s =
+        CallWithRetry([&](grpc::ClientContext* ctx) { return admin_->GetStats(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+ private:
+  // Runs `attempt` once under the call deadline.
+  template <typename F>
+  absl::Status CallOnce(F&& attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    return ToAbslStatus(attempt(&ctx));
+  }
+
+  // Runs `attempt` until it returns anything but UNAVAILABLE, max_attempts
+  // times at most, all within one deadline, with jittered exponential backoff.
+  template <typename F>
+  absl::Status CallWithRetry(F&& attempt) {
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    absl::Duration backoff = kInitialBackoff;
+    for (int i = 1;; ++i) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      grpc::Status s = attempt(&ctx);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || i >= options_.max_attempts) {
+        return ToAbslStatus(s);
+      }
+      const absl::Duration sleep = Jitter(backoff);
+      if (absl::Now() + sleep >= deadline) return ToAbslStatus(s);
+      absl::SleepFor(sleep);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+    }
+  }
+
+  absl::Duration Jitter(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    std::uniform_real_distribution<double> dist(0.8, 1.2);
+    return d * dist(rng_);
+  }
+
+  absl::StatusOr<EvictResult> DoEvict(const v1::EvictRequest& req) {
+    v1::EvictResponse resp;
+    absl::Status s =
+        CallWithRetry([&](grpc::ClientContext* ctx) { return cache_->Evict(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return EvictResult{resp.evicted_blocks(), resp.evicted_bytes()};
+  }
+
+  absl::StatusOr<FetchResult> DoFetch(std::string_view model_id, v1::FetchRequest& req,
+                                      std::span<std::byte> out);
+  grpc::Status FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
+                         std::span<std::byte> out, const LayoutInfo& layout,
+                         std::optional<FetchResult>* result, bool* layout_mismatch);
+
+  // The layout of `model_id` in this client's namespace: cached, or asked of
+  // the server (ListModels) on first use or when `refresh`.
+  absl::StatusOr<LayoutInfo> GetLayout(std::string_view model_id, bool refresh);
+  void ForgetLayout(std::string_view model_id) {
+    absl::MutexLock lock(&mu_);
+    layouts_.erase(AsAbsl(model_id));
+  }
+
+  const ClientOptions options_;
+  const std::string ns_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Cache::Stub> cache_;
+  const std::unique_ptr<v1::Admin::Stub> admin_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, LayoutInfo> layouts_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<LayoutInfo> ClientImpl::GetLayout(std::string_view model_id, bool refresh) {
+  if (!refresh) {
+    absl::MutexLock lock(&mu_);
+    auto it = layouts_.find(AsAbsl(model_id));
+    if (it != layouts_.end()) return it->second;
+  }
+  const std::string_view ns = ns_.empty() ? kDefaultNamespace : std::string_view(ns_);
+  absl::StatusOr<v1::ListModelsResponse> models = ListModels(ns);
+  if (!models.ok()) return models.status();
+  for (const v1::ModelInfo& m : models->models()) {
+    const std::string_view m_ns = m.namespace_().empty() ? kDefaultNamespace : m.namespace_();
+    if (m.model_id() != model_id || m_ns != ns) continue;
+    if (m.block_bytes() == 0 || m.layout().block_tokens() == 0) {
+      return absl::InternalError(absl::StrCat("ListModels reports model '", AsAbsl(model_id),
+                                              "' with block_bytes=", m.block_bytes(),
+                                              " block_tokens=", m.layout().block_tokens()));
+    }
+    LayoutInfo info{m.block_bytes(), m.layout().block_tokens()};
+    absl::MutexLock lock(&mu_);
+    layouts_[std::string(model_id)] = info;
+    return info;
+  }
+  return absl::NotFoundError(absl::StrCat("model '", AsAbsl(model_id),
+                                          "' is not registered in namespace '", AsAbsl(ns), "'"));
+}
+
+absl::StatusOr<AppendResult> ClientImpl::Append(std::string_view model_id,
+                                                std::span<const uint32_t> tokens,
+                                                std::span<const std::byte> kv,
+                                                const AppendOptions& options) {
+  v1::AppendRequest header_msg;
+  v1::AppendHeader& header = *header_msg.mutable_header();
+  header.set_namespace_(ns_);
+  header.set_model_id(std::string(model_id));
+  header.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  header.set_start_token(options.start_token);
+  *header.mutable_hints() = options.hints;
+
+  if (options.send_checksums) {
+    absl::StatusOr<LayoutInfo> layout = GetLayout(model_id, /*refresh=*/false);
+    if (!layout.ok()) return layout.status();
+    const uint64_t rest =
+        tokens.size() > options.start_token ? tokens.size() - options.start_token : 0;
+    const uint64_t blocks = rest / layout->block_tokens;
+    if (kv.size() != blocks * layout->block_bytes) {
+      // The cached layout may be stale (the model was registered anew).
+      layout = GetLayout(model_id, /*refresh=*/true);
+      if (!layout.ok()) return layout.status();
+    }
+    const uint64_t want = rest / layout->block_tokens * layout->block_bytes;
+    if (kv.size() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Append: kv holds ", kv.size(), " bytes but tokens[", options.start_token,
+                       ":] (", rest, " tokens) has ", rest / layout->block_tokens,
+                       " whole blocks of ", layout->block_bytes, " bytes = ", want, " bytes"));
+    }
+    header.mutable_block_checksums()->Reserve(static_cast<int>(rest / layout->block_tokens));
+    for (uint64_t off = 0; off < kv.size(); off += layout->block_bytes) {
+      header.add_block_checksums(BlockChecksum(kv.subspan(off, layout->block_bytes)));
+    }
+  }
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  v1::AppendResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::AppendRequest>> writer = cache_->Append(&ctx, &resp);
+  bool ok = writer->Write(header_msg);
+  const uint64_t chunk =
+      std::min(options_.append_chunk_bytes, options_.max_message_bytes - kMessageOverhead);
+  v1::AppendRequest chunk_msg;
+  for (uint64_t off = 0; ok && off < kv.size(); off += chunk) {
+    const uint64_t n = std::min<uint64_t>(chunk, kv.size() - off);
+    chunk_msg.set_kv_chunk(reinterpret_cast<const char*>(kv.data() + off), n);
+    ok = writer->Write(chunk_msg);
+  }
+  // A failed Write means the stream is broken; Finish() says why.
+  if (ok) writer->WritesDone();
+  absl::Status s = ToAbslStatus(writer->Finish());
+  if (!s.ok()) {
+    if (s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInvalidArgument ||
+        s.code() == absl::StatusCode::kDataLoss) {
+      ForgetLayout(model_id);  // in case the layout we split by is stale
+    }
+    return s;
+  }
+  return AppendResult{resp.stored_blocks(), resp.deduplicated_blocks(), resp.stored_bytes(),
+                      resp.cached_tokens()};
+}
+
+grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
+                                   std::span<std::byte> out, const LayoutInfo& layout,
+                                   std::optional<FetchResult>* result, bool* layout_mismatch) {
+  internal::FetchAssembler assembler(out, layout.block_bytes, layout.block_tokens);
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader = cache_->Fetch(ctx, req);
+  v1::FetchResponse msg;
+  absl::Status local;
+  while (reader->Read(&msg)) {
+    local = assembler.Add(msg);
+    if (!local.ok()) break;
+  }
+  if (!local.ok()) {
+    ctx->TryCancel();
+    reader->Finish().IgnoreError();
+    *layout_mismatch = assembler.layout_mismatch();
+    return grpc::Status(static_cast<grpc::StatusCode>(local.code()), std::string(local.message()));
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return s;
+  local = assembler.Finish();
+  if (!local.ok()) {
+    return grpc::Status(static_cast<grpc::StatusCode>(local.code()), std::string(local.message()));
+  }
+  *result = assembler.result();
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<FetchResult> ClientImpl::DoFetch(std::string_view model_id, v1::FetchRequest& req,
+                                                std::span<std::byte> out) {
+  const uint64_t max_chunk = options_.max_message_bytes - kMessageOverhead;
+  req.set_max_chunk_bytes(static_cast<uint32_t>(std::min<uint64_t>(max_chunk, UINT32_MAX)));
+  for (int layout_try = 0;; ++layout_try) {
+    absl::StatusOr<LayoutInfo> layout = GetLayout(model_id, /*refresh=*/layout_try > 0);
+    if (!layout.ok()) return layout.status();
+    std::optional<FetchResult> result;
+    bool layout_mismatch = false;
+    absl::Status s = CallWithRetry([&](grpc::ClientContext* ctx) {
+      return FetchOnce(ctx, req, out, *layout, &result, &layout_mismatch);
+    });
+    if (layout_mismatch && layout_try == 0) continue;  // layout changed: refresh once
+    if (!s.ok()) return s;
+    return *result;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("ClientOptions.target is empty");
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.timeout must be positive, is ",
+                                                   absl::FormatDuration(options.timeout)));
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.max_attempts must be >= 1, is ", options.max_attempts));
+  }
+  if (options.max_message_bytes < 2 * kMessageOverhead || options.max_message_bytes > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.max_message_bytes must be in [",
+                                                   2 * kMessageOverhead, ", ", INT_MAX, "], is ",
+                                                   options.max_message_bytes));
+  }
+  if (options.append_chunk_bytes == 0) {
+    return absl::InvalidArgumentError("ClientOptions.append_chunk_bytes must be positive");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  // Each Client gets its own connection, so several clients in one process
+  // (threads of a worker, the benchmark) do not share one TCP stream.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create a channel to '", options.target, "'"));
+  }
+  return std::make_unique<ClientImpl>(options, std::move(channel));
+}
+
+uint64_t BlockChecksum(std::span<const std::byte> bytes) {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+}  // namespace kvcache

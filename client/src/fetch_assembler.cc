@@ -1,0 +1,159 @@
+#include "fetch_assembler.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvcache::internal {
+
+FetchAssembler::FetchAssembler(std::span<std::byte> out, uint64_t expected_block_bytes,
+                               uint32_t block_tokens)
+    : out_(out),
+      expected_block_bytes_(expected_block_bytes),
+      block_tokens_(block_tokens),
+      state_(XXH3_createState()) {}
+
+FetchAssembler::~FetchAssembler() { XXH3_freeState(state_); }
+
+absl::Status FetchAssembler::Fail(absl::Status status) {
+  failed_ = status;
+  return status;
+}
+
+absl::Status FetchAssembler::StartStream(const v1::FetchResponse& msg) {
+  started_ = true;
+  matched_tokens_ = msg.matched_tokens();
+  if (matched_tokens_ % block_tokens_ != 0) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("Fetch: server reported matched_tokens=", matched_tokens_,
+                     ", not a multiple of the model's block_tokens=", block_tokens_)));
+  }
+  expected_blocks_ = matched_tokens_ / block_tokens_;
+  if (expected_blocks_ == 0) return absl::OkStatus();
+  if (msg.block_bytes() != expected_block_bytes_) {
+    layout_mismatch_ = true;
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("Fetch: server sends blocks of ", msg.block_bytes(),
+                     " bytes but the model's layout has ", expected_block_bytes_)));
+  }
+  // Check the whole prefix fits before writing a byte of it.
+  const uint64_t needed = expected_blocks_ * expected_block_bytes_;
+  if (needed / expected_block_bytes_ != expected_blocks_ || needed > out_.size()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("Fetch: out holds ", out_.size(), " bytes but the cached prefix (",
+                     matched_tokens_, " tokens, ", expected_blocks_, " blocks of ",
+                     expected_block_bytes_, " bytes) needs ", needed)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FetchAssembler::StartBlock(const v1::FetchResponse& msg) {
+  if (blocks_done_ >= expected_blocks_) {
+    return Fail(
+        absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(), " arrived after all ",
+                                         expected_blocks_, " blocks of the prefix")));
+  }
+  if (msg.block_index() != blocks_done_) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("Fetch: expected block ", blocks_done_, ", got block ", msg.block_index())));
+  }
+  if (msg.offset() != 0) {
+    return Fail(absl::DataLossError(absl::StrCat(
+        "Fetch: block ", msg.block_index(), " starts at offset ", msg.offset(), " instead of 0")));
+  }
+  XXH3_64bits_reset(state_);
+  in_block_ = true;
+  block_offset_ = 0;
+  block_checksum_ = msg.block_checksum();
+  return absl::OkStatus();
+}
+
+absl::Status FetchAssembler::Add(const v1::FetchResponse& msg) {
+  if (!failed_.ok()) return failed_;
+  if (!started_) {
+    if (absl::Status s = StartStream(msg); !s.ok()) return s;
+  } else if (msg.matched_tokens() != matched_tokens_) {
+    return Fail(absl::DataLossError(absl::StrCat("Fetch: matched_tokens changed mid-stream from ",
+                                                 matched_tokens_, " to ", msg.matched_tokens())));
+  }
+  if (expected_blocks_ == 0) {
+    if (!msg.data().empty()) {
+      return Fail(absl::DataLossError(
+          absl::StrCat("Fetch: server sent ", msg.data().size(), " bytes for an empty prefix")));
+    }
+    return absl::OkStatus();
+  }
+  if (msg.block_bytes() != expected_block_bytes_) {
+    return Fail(
+        absl::DataLossError(absl::StrCat("Fetch: block_bytes changed mid-stream from ",
+                                         expected_block_bytes_, " to ", msg.block_bytes())));
+  }
+  if (!in_block_) {
+    if (absl::Status s = StartBlock(msg); !s.ok()) return s;
+  } else if (msg.block_index() != blocks_done_ || msg.offset() != block_offset_ ||
+             msg.block_checksum() != block_checksum_) {
+    return Fail(absl::DataLossError(absl::StrFormat(
+        "Fetch: expected block %u at offset %u with checksum %016x, got block %u at offset %u "
+        "with checksum %016x",
+        blocks_done_, block_offset_, block_checksum_, msg.block_index(), msg.offset(),
+        msg.block_checksum())));
+  }
+  const std::string& data = msg.data();
+  if (data.size() > expected_block_bytes_ - block_offset_) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("Fetch: chunk of ", data.size(), " bytes at offset ", block_offset_,
+                     " overruns block ", blocks_done_, " of ", expected_block_bytes_, " bytes")));
+  }
+  const uint64_t at = uint64_t{blocks_done_} * expected_block_bytes_ + block_offset_;
+  // StartStream checked the whole prefix fits; this guards the arithmetic anyway.
+  if (at > out_.size() || data.size() > out_.size() - at) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "Fetch: out holds ", out_.size(), " bytes, too small for block ", blocks_done_)));
+  }
+  if (!data.empty()) {
+    std::memcpy(out_.data() + at, data.data(), data.size());
+    XXH3_64bits_update(state_, data.data(), data.size());
+  }
+  block_offset_ += data.size();
+  if (block_offset_ == expected_block_bytes_) {
+    const uint64_t got = XXH3_64bits_digest(state_);
+    if (got != block_checksum_) {
+      return Fail(absl::DataLossError(
+          absl::StrFormat("Fetch: block %u checksum mismatch: bytes hash to %016x, server "
+                          "recorded %016x",
+                          blocks_done_, got, block_checksum_)));
+    }
+    ++blocks_done_;
+    in_block_ = false;
+    block_offset_ = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FetchAssembler::Finish() {
+  if (!failed_.ok()) return failed_;
+  if (in_block_) {
+    return Fail(absl::DataLossError(absl::StrCat("Fetch: stream ended inside block ", blocks_done_,
+                                                 " after ", block_offset_, " of ",
+                                                 expected_block_bytes_, " bytes")));
+  }
+  if (blocks_done_ != expected_blocks_) {
+    return Fail(absl::DataLossError(absl::StrCat("Fetch: stream ended after ", blocks_done_, " of ",
+                                                 expected_blocks_, " blocks (", matched_tokens_,
+                                                 " tokens)")));
+  }
+  return absl::OkStatus();
+}
+
+FetchResult FetchAssembler::result() const {
+  FetchResult r;
+  r.matched_tokens = matched_tokens_;
+  r.blocks = blocks_done_;
+  r.bytes = uint64_t{blocks_done_} * expected_block_bytes_;
+  return r;
+}
+
+}  // namespace kvcache::internal

@@ -1,0 +1,74 @@
+// FetchAssembler: reassembles and verifies the blocks of one Fetch stream.
+//
+// A Fetch stream carries the blocks of a prefix in order, each in one or more
+// chunks (kvcache.proto, FetchResponse). The assembler copies every chunk to
+// out[block_index * block_bytes + offset], and refuses anything that is not
+// exactly the next expected byte of the stream: a gap, an overlap, a block out
+// of order, a chunk past its block, a field that changes between the chunks of
+// one block, or a block whose bytes do not hash (XXH3-64) to the checksum the
+// server recorded. Those are DATA_LOSS. A chunk that would land past the end
+// of `out` is INVALID_ARGUMENT (the caller's buffer is too small).
+//
+// Not thread-safe: one assembler serves one stream on one thread. `out` must
+// outlive it. After Add() or Finish() fails the assembler stays failed.
+#ifndef KVCACHE_CLIENT_SRC_FETCH_ASSEMBLER_H_
+#define KVCACHE_CLIENT_SRC_FETCH_ASSEMBLER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "kvcache/client.h"
+#include "kvcache/v1/kvcache.pb.h"
+
+struct XXH3_state_s;
+
+namespace kvcache::internal {
+
+class FetchAssembler {
+ public:
+  // `expected_block_bytes` and `block_tokens` are the model's layout as the
+  // client knows it; when the stream disagrees on block_bytes, Add() returns
+  // FAILED_PRECONDITION and layout_mismatch() turns true, so the caller can
+  // refresh its layout and retry.
+  // REQUIRES: expected_block_bytes > 0, block_tokens > 0.
+  FetchAssembler(std::span<std::byte> out, uint64_t expected_block_bytes, uint32_t block_tokens);
+  ~FetchAssembler();
+  FetchAssembler(const FetchAssembler&) = delete;
+  FetchAssembler& operator=(const FetchAssembler&) = delete;
+
+  // Takes the next message of the stream.
+  absl::Status Add(const v1::FetchResponse& msg);
+  // The stream ended with OK: checks that it ended on a block boundary and
+  // carried exactly matched_tokens / block_tokens blocks.
+  absl::Status Finish();
+
+  bool layout_mismatch() const { return layout_mismatch_; }
+  // Valid after Finish() returned OK.
+  FetchResult result() const;
+
+ private:
+  absl::Status Fail(absl::Status status);
+  absl::Status StartStream(const v1::FetchResponse& msg);
+  absl::Status StartBlock(const v1::FetchResponse& msg);
+
+  std::span<std::byte> out_;
+  const uint64_t expected_block_bytes_;
+  const uint32_t block_tokens_;
+  XXH3_state_s* state_;
+
+  absl::Status failed_;
+  bool layout_mismatch_ = false;
+  bool started_ = false;
+  uint64_t matched_tokens_ = 0;
+  uint64_t expected_blocks_ = 0;
+  uint32_t blocks_done_ = 0;
+  bool in_block_ = false;      // a block has been started and is not complete
+  uint64_t block_offset_ = 0;  // bytes of the current block received so far
+  uint64_t block_checksum_ = 0;
+};
+
+}  // namespace kvcache::internal
+
+#endif  // KVCACHE_CLIENT_SRC_FETCH_ASSEMBLER_H_

@@ -1,0 +1,169 @@
+#include "fetch_assembler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace kvcache::internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBlockBytes = 64;
+constexpr uint32_t kBlockTokens = 16;
+
+std::vector<std::byte> Pattern(size_t n, uint8_t seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::byte(static_cast<uint8_t>(seed + i * 7));
+  return v;
+}
+
+// The messages a correct server sends for `blocks`, `chunk` bytes at a time.
+std::vector<v1::FetchResponse> Stream(const std::vector<std::vector<std::byte>>& blocks,
+                                      uint64_t chunk) {
+  std::vector<v1::FetchResponse> msgs;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const uint64_t sum = BlockChecksum(blocks[b]);
+    for (uint64_t off = 0; off < blocks[b].size(); off += chunk) {
+      v1::FetchResponse m;
+      m.set_matched_tokens(blocks.size() * kBlockTokens);
+      m.set_block_index(static_cast<uint32_t>(b));
+      m.set_block_bytes(blocks[b].size());
+      m.set_block_checksum(sum);
+      m.set_offset(off);
+      const uint64_t n = std::min<uint64_t>(chunk, blocks[b].size() - off);
+      m.set_data(reinterpret_cast<const char*>(blocks[b].data() + off), n);
+      msgs.push_back(std::move(m));
+    }
+  }
+  return msgs;
+}
+
+absl::Status Feed(FetchAssembler& a, const std::vector<v1::FetchResponse>& msgs) {
+  for (const auto& m : msgs) {
+    if (absl::Status s = a.Add(m); !s.ok()) return s;
+  }
+  return a.Finish();
+}
+
+class FetchAssemblerTest : public ::testing::Test {
+ protected:
+  std::vector<std::vector<std::byte>> blocks_ = {Pattern(kBlockBytes, 1), Pattern(kBlockBytes, 2),
+                                                 Pattern(kBlockBytes, 3)};
+  std::vector<std::byte> out_ = std::vector<std::byte>(3 * kBlockBytes);
+};
+
+TEST_F(FetchAssemblerTest, ReassemblesChunkedBlocks) {
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{10}, kBlockBytes}) {
+    std::fill(out_.begin(), out_.end(), std::byte{0});
+    FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+    ASSERT_TRUE(Feed(a, Stream(blocks_, chunk)).ok()) << chunk;
+    EXPECT_EQ(a.result().matched_tokens, 3 * kBlockTokens);
+    EXPECT_EQ(a.result().blocks, 3u);
+    EXPECT_EQ(a.result().bytes, 3 * kBlockBytes);
+    for (size_t b = 0; b < 3; ++b) {
+      EXPECT_EQ(std::memcmp(out_.data() + b * kBlockBytes, blocks_[b].data(), kBlockBytes), 0);
+    }
+  }
+}
+
+TEST_F(FetchAssemblerTest, EmptyPrefix) {
+  FetchAssembler a(std::span<std::byte>(), kBlockBytes, kBlockTokens);
+  EXPECT_TRUE(a.Finish().ok());
+  EXPECT_EQ(a.result().matched_tokens, 0u);
+  EXPECT_EQ(a.result().blocks, 0u);
+}
+
+TEST_F(FetchAssemblerTest, CorruptByteIsDataLoss) {
+  auto msgs = Stream(blocks_, 16);
+  msgs[5].mutable_data()->at(3) ^= 1;
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  absl::Status s = Feed(a, msgs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("block 1 checksum mismatch"));
+}
+
+TEST_F(FetchAssemblerTest, GapIsDataLoss) {
+  auto msgs = Stream(blocks_, 16);
+  msgs.erase(msgs.begin() + 1);
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  EXPECT_EQ(Feed(a, msgs).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(FetchAssemblerTest, OutOfOrderBlocksAreDataLoss) {
+  auto msgs = Stream(blocks_, kBlockBytes);
+  std::swap(msgs[1], msgs[2]);
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  absl::Status s = Feed(a, msgs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("expected block 1, got block 2"));
+}
+
+TEST_F(FetchAssemblerTest, TruncatedStreamIsDataLoss) {
+  auto msgs = Stream(blocks_, 16);
+  msgs.pop_back();
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  EXPECT_THAT(Feed(a, msgs).message(), HasSubstr("ended inside block 2"));
+
+  msgs = Stream(blocks_, kBlockBytes);
+  msgs.pop_back();  // ends on a block boundary, one block short
+  FetchAssembler b(out_, kBlockBytes, kBlockTokens);
+  absl::Status s = Feed(b, msgs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("after 2 of 3 blocks"));
+}
+
+TEST_F(FetchAssemblerTest, ChecksumChangingWithinBlockIsDataLoss) {
+  auto msgs = Stream(blocks_, 16);
+  msgs[1].set_block_checksum(msgs[1].block_checksum() + 1);
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  EXPECT_EQ(Feed(a, msgs).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(FetchAssemblerTest, ChunkOverrunningBlockIsDataLoss) {
+  auto msgs = Stream(blocks_, 16);
+  msgs[3].mutable_data()->append("x");
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  EXPECT_THAT(Feed(a, msgs).message(), HasSubstr("overruns block 0"));
+}
+
+TEST_F(FetchAssemblerTest, ExtraBlockIsDataLoss) {
+  auto msgs = Stream(blocks_, kBlockBytes);
+  for (auto& m : msgs) m.set_matched_tokens(2 * kBlockTokens);
+  std::vector<std::byte> out(2 * kBlockBytes);
+  FetchAssembler a(out, kBlockBytes, kBlockTokens);
+  EXPECT_EQ(Feed(a, msgs).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(FetchAssemblerTest, SmallOutIsInvalidArgumentBeforeAnyWrite) {
+  std::vector<std::byte> out(2 * kBlockBytes, std::byte{0x55});
+  FetchAssembler a(out, kBlockBytes, kBlockTokens);
+  absl::Status s = a.Add(Stream(blocks_, 16)[0]);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("out holds 128 bytes"));
+  EXPECT_EQ(out[0], std::byte{0x55});
+  EXPECT_EQ(a.Finish().code(), absl::StatusCode::kInvalidArgument);  // stays failed
+}
+
+TEST_F(FetchAssemblerTest, OtherBlockBytesIsLayoutMismatch) {
+  FetchAssembler a(out_, kBlockBytes / 2, kBlockTokens);
+  EXPECT_EQ(a.Add(Stream(blocks_, 16)[0]).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(a.layout_mismatch());
+}
+
+TEST_F(FetchAssemblerTest, MatchedTokensNotWholeBlocksIsDataLoss) {
+  auto msgs = Stream(blocks_, kBlockBytes);
+  msgs[0].set_matched_tokens(kBlockTokens + 1);
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  EXPECT_EQ(a.Add(msgs[0]).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(BlockChecksumTest, IsXxh3) {
+  // XXH3_64bits of the empty input, from the xxHash reference.
+  EXPECT_EQ(BlockChecksum({}), 0x2D06800538D394C2ull);
+}
+
+}  // namespace
+}  // namespace kvcache::internal

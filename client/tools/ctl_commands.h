@@ -1,0 +1,58 @@
+// The subcommands of kvcachectl, apart from their command-line wiring so each
+// is a plain function of a Client, its inputs and the output streams.
+//
+// Every command prints a human-readable report (aligned tables) to `out`, or
+// with `json` one line of JSON (proto3 JSON mapping, proto field names: 64-bit
+// counters are strings). Errors go to `err` as "kvcachectl: CMD: CODE: message".
+// Each returns the process exit code (kExit*).
+#ifndef KVCACHE_CLIENT_TOOLS_CTL_COMMANDS_H_
+#define KVCACHE_CLIENT_TOOLS_CTL_COMMANDS_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvcache/client.h"
+
+namespace kvcache::ctl {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;       // the RPC failed or the input was bad
+inline constexpr int kExitUsage = 2;       // bad command line
+inline constexpr int kExitNotServing = 3;  // status: the health service says NOT_SERVING
+
+struct Context {
+  Client* client = nullptr;
+  std::string target;
+  std::string ns;
+  absl::Duration timeout;
+  bool json = false;
+  std::ostream* out = nullptr;
+  std::ostream* err = nullptr;
+};
+
+// Server version, uptime, addresses, and grpc.health.v1 status.
+int RunStatus(const Context& ctx);
+// Per-model and per-tier tables and global counters.
+int RunStats(const Context& ctx);
+// Registered models and their layouts; `ctx.ns` empty lists every namespace.
+int RunModels(const Context& ctx);
+// The longest cached prefix of `tokens` (no lease is taken).
+int RunLookup(const Context& ctx, std::string_view model, const std::vector<uint32_t>& tokens);
+// Evicts the prefix `tokens` (and every block below it), or, with `all`,
+// everything cached for the model.
+int RunEvict(const Context& ctx, std::string_view model, const std::vector<uint32_t>& tokens,
+             bool all);
+
+// Parses token ids separated by commas and/or whitespace; "a-b" is the
+// inclusive range a..b. INVALID_ARGUMENT names the first bad item.
+absl::StatusOr<std::vector<uint32_t>> ParseTokens(std::string_view text);
+// ParseTokens of a file's contents ("-" reads standard input).
+absl::StatusOr<std::vector<uint32_t>> ReadTokensFile(const std::string& path);
+
+}  // namespace kvcache::ctl
+
+#endif  // KVCACHE_CLIENT_TOOLS_CTL_COMMANDS_H_

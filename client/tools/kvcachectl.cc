@@ -1,0 +1,151 @@
+// kvcachectl: the operators' command-line tool for a running kvcached.
+//
+//   kvcachectl [--target HOST:PORT|unix:///PATH] [--namespace NS] [--timeout S] [--json] CMD ...
+//
+// Reads nothing from the environment: everything it uses is on its command line.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "ctl_commands.h"
+#include "kvcache/client.h"
+
+namespace {
+
+using kvcache::ctl::kExitError;
+using kvcache::ctl::kExitUsage;
+
+constexpr const char* kDescription =
+    "kvcachectl: inspect and administer a running kvcached (the KV cache daemon).\n"
+    "\n"
+    "Exit codes: 0 success; 1 the call failed (the message names the gRPC code);\n"
+    "2 bad command line; 3 `status` found the daemon NOT_SERVING.";
+
+constexpr const char* kTokensHelp =
+    "token ids separated by commas or spaces; A-B is the inclusive range A..B "
+    "(e.g. 1,2,3 or 0-1023)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app(kDescription, "kvcachectl");
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the subcommand too
+
+  std::string target = "localhost:50051";
+  std::string ns;
+  double timeout_s = 10;
+  bool json = false;
+  app.add_option("-t,--target", target, "daemon address: HOST:PORT or unix:///path/to.sock")
+      ->capture_default_str();
+  app.add_option("-n,--namespace", ns,
+                 "namespace to act in; empty means \"default\" (for `models`: every namespace)");
+  app.add_option("--timeout", timeout_s, "deadline of each call, in seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--json", json,
+               "print one line of JSON (proto3 JSON, proto field names) instead "
+               "of tables");
+
+  CLI::App* status = app.add_subcommand(
+      "status", "server version, uptime, addresses, CUDA support and grpc.health.v1 status");
+  CLI::App* stats = app.add_subcommand(
+      "stats", "per-tier capacity/usage and per-model blocks, bytes, hits, appends, evictions");
+  CLI::App* models =
+      app.add_subcommand("models", "registered models and their KV layouts and block sizes");
+
+  CLI::App* lookup = app.add_subcommand(
+      "lookup", "longest cached prefix of a token sequence: matched tokens and blocks (no lease)");
+  std::string lookup_model, lookup_tokens_text, lookup_tokens_file;
+  lookup->add_option("-m,--model", lookup_model, "model id")->required();
+  auto* lt = lookup->add_option("--tokens", lookup_tokens_text, kTokensHelp);
+  auto* lf = lookup->add_option("--tokens-file", lookup_tokens_file,
+                                "file of token ids (same syntax as --tokens; - for stdin)");
+  lt->excludes(lf);
+
+  CLI::App* evict = app.add_subcommand(
+      "evict",
+      "remove a cached prefix (its last block and every block below it) or a whole "
+      "model's cache; the registration stays");
+  std::string evict_model, evict_tokens_text, evict_tokens_file;
+  bool evict_all = false;
+  evict->add_option("-m,--model", evict_model, "model id")->required();
+  auto* ep = evict->add_option("--prefix-tokens", evict_tokens_text,
+                               std::string("the block-aligned prefix to evict: ") + kTokensHelp);
+  auto* epf = evict->add_option("--prefix-tokens-file", evict_tokens_file,
+                                "file of the prefix's token ids (- for stdin)");
+  auto* ea = evict->add_flag("--all", evict_all, "evict everything cached for the model");
+  ep->excludes(epf)->excludes(ea);
+  epf->excludes(ea);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitUsage;
+  }
+
+  kvcache::ClientOptions options;
+  options.target = target;
+  options.ns = ns;
+  options.timeout = absl::Seconds(timeout_s);
+  absl::StatusOr<std::unique_ptr<kvcache::Client>> client = kvcache::Client::Connect(options);
+  if (!client.ok()) {
+    std::cerr << "kvcachectl: " << client.status().message() << '\n';
+    return kExitUsage;
+  }
+  kvcache::ctl::Context ctx;
+  ctx.client = client->get();
+  ctx.target = target;
+  ctx.ns = ns;
+  ctx.timeout = options.timeout;
+  ctx.json = json;
+  ctx.out = &std::cout;
+  ctx.err = &std::cerr;
+
+  auto tokens_of = [](const std::string& text,
+                      const std::string& file) -> absl::StatusOr<std::vector<uint32_t>> {
+    return file.empty() ? kvcache::ctl::ParseTokens(text) : kvcache::ctl::ReadTokensFile(file);
+  };
+
+  if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
+  if (stats->parsed()) return kvcache::ctl::RunStats(ctx);
+  if (models->parsed()) return kvcache::ctl::RunModels(ctx);
+  if (lookup->parsed()) {
+    if (lt->count() + lf->count() == 0) {
+      std::cerr << "kvcachectl: lookup: give the sequence with --tokens or --tokens-file\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<std::vector<uint32_t>> tokens =
+        tokens_of(lookup_tokens_text, lookup_tokens_file);
+    if (!tokens.ok()) {
+      std::cerr << "kvcachectl: lookup: " << tokens.status().message() << '\n';
+      return kExitUsage;
+    }
+    return kvcache::ctl::RunLookup(ctx, lookup_model, *tokens);
+  }
+  if (evict->parsed()) {
+    if (ep->count() + epf->count() + ea->count() == 0) {
+      std::cerr << "kvcachectl: evict: give --prefix-tokens, --prefix-tokens-file or --all\n";
+      return kExitUsage;
+    }
+    std::vector<uint32_t> tokens;
+    if (!evict_all) {
+      absl::StatusOr<std::vector<uint32_t>> parsed =
+          tokens_of(evict_tokens_text, evict_tokens_file);
+      if (!parsed.ok()) {
+        std::cerr << "kvcachectl: evict: " << parsed.status().message() << '\n';
+        return kExitUsage;
+      }
+      if (parsed->empty()) {
+        std::cerr << "kvcachectl: evict: the prefix is empty; use --all to evict the whole "
+                     "model\n";
+        return kExitUsage;
+      }
+      tokens = *std::move(parsed);
+    }
+    return kvcache::ctl::RunEvict(ctx, evict_model, tokens, evict_all);
+  }
+  return kExitError;
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing kvcached needs on Debian 12.
+# Idempotent: packages already present are left alone. Needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git curl
+  # libraries
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libspdlog-dev prometheus-cpp-dev libcli11-dev libzstd-dev libxxhash-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # peers the tests and benchmarks talk to
+  python3 python3-grpcio python3-protobuf prometheus redis-server redis-tools memcached
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "setup-debian: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,267 @@
+// The closed-loop load modes of kvcache-bench: append, fetch, lookup, mixed.
+//
+// N client threads each run operations back to back for --duration seconds.
+// append: every op appends a new sequence of --blocks-per-seq blocks.
+// fetch / lookup: each thread first appends --working-set sequences, then
+//   fetches (verifying every byte) or looks up a random one of them.
+// mixed: each op is an append of a new sequence (replacing the thread's
+//   oldest), a lookup or a fetch, drawn with the --mix weights.
+#include <atomic>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/time/clock.h"
+#include "bench_common.h"
+
+namespace kvcache::bench {
+namespace {
+
+struct ThreadResult {
+  OpStats append, lookup, fetch;
+  uint64_t partial = 0;  // lookups/fetches that found less than the whole sequence
+  uint64_t corrupt = 0;  // fetched blocks whose bytes are not the pattern
+  std::string setup_error;
+};
+
+class LoadRunner {
+ public:
+  LoadRunner(const BenchOptions& opts, uint64_t block_bytes, uint64_t run_key)
+      : opts_(opts), block_bytes_(block_bytes), run_key_(run_key) {}
+
+  void Run(Client& client, int thread, absl::Barrier* start, ThreadResult* r);
+  std::atomic<bool>& stop() { return stop_; }
+
+ private:
+  uint64_t SeqKey(int thread, uint64_t n) const { return run_key_ ^ (uint64_t(thread) << 40) ^ n; }
+  absl::Status Append(Client& client, uint64_t seq_key, ThreadResult* r);
+  void Lookup(Client& client, uint64_t seq_key, ThreadResult* r);
+  void Fetch(Client& client, uint64_t seq_key, ThreadResult* r);
+
+  const BenchOptions& opts_;
+  const uint64_t block_bytes_;
+  const uint64_t run_key_;
+  std::atomic<bool> stop_{false};
+};
+
+absl::Status LoadRunner::Append(Client& client, uint64_t seq_key, ThreadResult* r) {
+  const size_t n_tokens = size_t{opts_.blocks_per_seq} * opts_.block_tokens;
+  const std::vector<uint32_t> tokens = SequenceTokens(seq_key, n_tokens);
+  std::vector<std::byte> kv(opts_.blocks_per_seq * block_bytes_);
+  for (uint32_t b = 0; b < opts_.blocks_per_seq; ++b) {
+    FillBlock(seq_key, b, std::span(kv).subspan(b * block_bytes_, block_bytes_));
+  }
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<AppendResult> res = client.Append(opts_.model, tokens, kv);
+  if (!res.ok()) {
+    r->append.Error(res.status().code());
+    return res.status();
+  }
+  r->append.Record(absl::Now() - t0, kv.size());
+  return absl::OkStatus();
+}
+
+void LoadRunner::Lookup(Client& client, uint64_t seq_key, ThreadResult* r) {
+  const size_t n_tokens = size_t{opts_.blocks_per_seq} * opts_.block_tokens;
+  const std::vector<uint32_t> tokens = SequenceTokens(seq_key, n_tokens);
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<LookupResult> res = client.Lookup(opts_.model, tokens);
+  if (!res.ok()) {
+    r->lookup.Error(res.status().code());
+    return;
+  }
+  r->lookup.Record(absl::Now() - t0, 0);
+  if (res->matched_tokens != n_tokens) ++r->partial;
+}
+
+void LoadRunner::Fetch(Client& client, uint64_t seq_key, ThreadResult* r) {
+  const size_t n_tokens = size_t{opts_.blocks_per_seq} * opts_.block_tokens;
+  const std::vector<uint32_t> tokens = SequenceTokens(seq_key, n_tokens);
+  std::vector<std::byte> out(opts_.blocks_per_seq * block_bytes_);
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<FetchResult> res = client.Fetch(opts_.model, tokens, out);
+  if (!res.ok()) {
+    r->fetch.Error(res.status().code());
+    if (res.status().code() == absl::StatusCode::kDataLoss) {
+      std::fprintf(stderr, "fetch: %s\n", res.status().ToString().c_str());
+    }
+    return;
+  }
+  r->fetch.Record(absl::Now() - t0, res->bytes);
+  if (res->matched_tokens != n_tokens) ++r->partial;
+  if (!opts_.verify) return;
+  for (uint32_t b = 0; b < res->blocks; ++b) {
+    const int64_t bad =
+        CheckBlock(seq_key, b, std::span(out).subspan(b * block_bytes_, block_bytes_));
+    if (bad >= 0) {
+      ++r->corrupt;
+      std::fprintf(stderr, "fetch: WRONG BYTES in block %u of sequence %016llx at offset %lld\n", b,
+                   static_cast<unsigned long long>(seq_key), static_cast<long long>(bad));
+    }
+  }
+}
+
+void LoadRunner::Run(Client& client, int thread, absl::Barrier* start, ThreadResult* r) {
+  std::mt19937_64 rng(run_key_ + thread);
+  std::vector<uint64_t> ring;  // the thread's sequences, oldest replaced first
+  uint64_t next_seq = 0;
+  size_t ring_next = 0;
+  if (opts_.mode != "append") {
+    for (uint32_t i = 0; i < opts_.working_set; ++i) {
+      const uint64_t key = SeqKey(thread, next_seq++);
+      if (absl::Status s = Append(client, key, r); !s.ok()) {
+        r->setup_error = absl::StrCat("setup append: ", s.ToString());
+        break;
+      }
+      ring.push_back(key);
+    }
+    r->append = OpStats();  // setup appends are not measured
+  }
+  std::vector<int> weights = {100, 0, 0};
+  if (opts_.mode == "fetch") weights = {0, 0, 100};
+  if (opts_.mode == "lookup") weights = {0, 100, 0};
+  if (opts_.mode == "mixed") {
+    std::vector<std::string> parts = absl::StrSplit(opts_.mix, ',');
+    for (size_t i = 0; i < 3 && i < parts.size(); ++i) {
+      if (!absl::SimpleAtoi(parts[i], &weights[i])) weights[i] = 0;
+    }
+  }
+  std::discrete_distribution<int> pick(weights.begin(), weights.end());
+  start->Block();
+  if (!r->setup_error.empty()) return;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const int op = pick(rng);
+    if (op == 0) {
+      const uint64_t key = SeqKey(thread, next_seq++);
+      if (!Append(client, key, r).ok()) continue;
+      if (ring.size() < std::max<uint32_t>(opts_.working_set, 1)) {
+        ring.push_back(key);
+      } else {
+        ring[ring_next++ % ring.size()] = key;
+      }
+      continue;
+    }
+    if (ring.empty()) continue;
+    const uint64_t key = ring[rng() % ring.size()];
+    if (op == 1) {
+      Lookup(client, key, r);
+    } else {
+      Fetch(client, key, r);
+    }
+  }
+}
+
+}  // namespace
+
+int RunLoad(const BenchOptions& opts) {
+  absl::StatusOr<v1::DType> dtype = ParseDType(opts.dtype);
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "kvcache-bench: %s\n", std::string(dtype.status().message()).c_str());
+    return 2;
+  }
+  if (opts.mode == "mixed") {
+    std::vector<std::string> parts = absl::StrSplit(opts.mix, ',');
+    int w = 0, sum = 0;
+    bool ok = parts.size() == 3;
+    for (const auto& p : parts) ok = ok && absl::SimpleAtoi(p, &w) && w >= 0 && (sum += w) >= 0;
+    if (!ok || sum == 0) {
+      std::fprintf(stderr, "kvcache-bench: --mix '%s' must be three non-negative weights A,L,F\n",
+                   opts.mix.c_str());
+      return 2;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Client>> main_client = ConnectClient(opts);
+  if (!main_client.ok()) {
+    std::fprintf(stderr, "kvcache-bench: %s\n", main_client.status().ToString().c_str());
+    return 1;
+  }
+  v1::ModelLayout layout;
+  layout.set_num_layers(opts.layers);
+  layout.set_num_kv_heads(opts.kv_heads);
+  layout.set_head_dim(opts.head_dim);
+  layout.set_dtype(*dtype);
+  layout.set_block_tokens(opts.block_tokens);
+  absl::StatusOr<v1::RegisterModelResponse> reg = (*main_client)->RegisterModel(opts.model, layout);
+  if (!reg.ok()) {
+    std::fprintf(stderr, "kvcache-bench: RegisterModel(%s): %s\n", opts.model.c_str(),
+                 reg.status().ToString().c_str());
+    return 1;
+  }
+  const uint64_t block_bytes = reg->block_bytes();
+  const uint64_t run_key =
+      opts.seed != 0 ? opts.seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  std::printf(
+      "mode=%s target=%s clients=%d%s duration=%.1fs model=%s block=%u tokens x %llu "
+      "bytes, %u blocks/seq (%.2f MiB per sequence)\n",
+      opts.mode.c_str(), opts.target.c_str(), opts.clients,
+      opts.shared_client ? " (one shared Client)" : "", opts.duration_s, opts.model.c_str(),
+      reg->layout().block_tokens(), static_cast<unsigned long long>(block_bytes),
+      opts.blocks_per_seq, opts.blocks_per_seq * block_bytes / 1048576.0);
+
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < opts.clients && !opts.shared_client; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> c = ConnectClient(opts);
+    if (!c.ok()) {
+      std::fprintf(stderr, "kvcache-bench: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    // Idempotent; also gives the client the layout it splits appends by.
+    if (auto r = (*c)->RegisterModel(opts.model, layout); !r.ok()) {
+      std::fprintf(stderr, "kvcache-bench: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    clients.push_back(*std::move(c));
+  }
+
+  LoadRunner runner(opts, block_bytes, run_key);
+  std::vector<ThreadResult> results(opts.clients);
+  absl::Barrier start(opts.clients + 1);  // outlives every thread that blocks on it
+  std::vector<std::thread> threads;
+  for (int i = 0; i < opts.clients; ++i) {
+    Client& c = opts.shared_client ? **main_client : *clients[i];
+    threads.emplace_back([&, i, cptr = &c] { runner.Run(*cptr, i, &start, &results[i]); });
+  }
+  start.Block();
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(opts.duration_s));
+  runner.stop() = true;
+  for (auto& t : threads) t.join();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+
+  ThreadResult total;
+  for (const ThreadResult& r : results) {
+    if (!r.setup_error.empty()) {
+      std::fprintf(stderr, "kvcache-bench: %s\n", r.setup_error.c_str());
+      return 1;
+    }
+    total.append.Merge(r.append);
+    total.lookup.Merge(r.lookup);
+    total.fetch.Merge(r.fetch);
+    total.partial += r.partial;
+    total.corrupt += r.corrupt;
+  }
+  std::printf("elapsed %.2fs\n", seconds);
+  PrintOpTable({{"append", &total.append}, {"lookup", &total.lookup}, {"fetch", &total.fetch}},
+               seconds);
+  if (total.lookup.count() + total.fetch.count() > 0) {
+    std::printf("partial hits (sequence partly evicted): %llu\n",
+                static_cast<unsigned long long>(total.partial));
+  }
+  if (opts.verify && total.fetch.count() > 0) {
+    std::printf("verified fetched blocks against the pattern: %s\n",
+                total.corrupt == 0 ? "all correct" : absl::StrCat(total.corrupt, " WRONG").c_str());
+  }
+  PrintServerStats(**main_client, opts.model);
+  uint64_t data_loss = 0;
+  for (OpStats* s : {&total.append, &total.lookup, &total.fetch}) {
+    auto it = s->errors().find(absl::StatusCode::kDataLoss);
+    if (it != s->errors().end()) data_loss += it->second;
+  }
+  return total.corrupt == 0 && data_loss == 0 ? 0 : 1;
+}
+
+}  // namespace kvcache::bench
