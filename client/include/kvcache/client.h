@@ -5,8 +5,9 @@
 // number of threads may call any method at once. Every call has a deadline
 // (ClientOptions::timeout unless the call says otherwise). Only idempotent
 // calls are retried on UNAVAILABLE (RegisterModel, Lookup without a lease,
-// Fetch, ReleaseLease, Evict, the admin calls); Append and leasing Lookups are
-// never retried, since a retry could double their effect.
+// Fetch, ReleaseLease, Evict, the admin calls). A leasing Lookup is never
+// retried (a retry could leave an orphan lease), nor is Append (a retry resends
+// the whole payload; dedup makes it safe, so the caller may choose to).
 //
 // Every byte a Fetch hands back has been verified against the XXH3-64 checksum
 // the server recorded when the block was appended (and which Append computed
