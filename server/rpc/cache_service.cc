@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/rpc/append_decoder.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -127,10 +128,9 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
 
 // --- Append -------------------------------------------------------------------
 
-class AppendReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
+class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  AppendReactor(CacheService* service, grpc::CallbackServerContext* ctx,
-                v1::AppendResponse* response)
+  AppendReactor(CacheService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response)
       : service_(service), ctx_(ctx), response_(response) {
     if (!service_->AcquireStream()) {
       Done(StreamLimitError(service_->options_.max_concurrent_streams));
@@ -145,15 +145,10 @@ class AppendReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
       // The client closed its side: a clean end commits; a broken stream
       // (cancelled, reset) stores nothing.
       if (ctx_->IsCancelled()) return Done(absl::CancelledError("append stream broke off"));
-      if (session_ == nullptr)
+      if (session_ == nullptr) {
         return Done(absl::InvalidArgumentError("append stream had no header"));
-      auto result = session_->Commit();
-      if (!result.ok()) return Done(result.status());
-      response_->set_stored_blocks(result->stored_blocks);
-      response_->set_deduplicated_blocks(result->deduplicated_blocks);
-      response_->set_stored_bytes(result->stored_bytes);
-      response_->set_cached_tokens(result->cached_tokens);
-      return Done(absl::OkStatus());
+      }
+      return Commit();
     }
     absl::Status status = Handle();
     if (!status.ok()) return Done(status);
@@ -168,27 +163,50 @@ class AppendReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
 
  private:
   absl::Status Handle() {
-    if (session_ == nullptr) {
-      if (!request_.has_header()) {
-        return absl::InvalidArgumentError("the first message of an append must be its header");
-      }
-      v1::AppendHeader& h = *request_.mutable_header();
-      auto key = ToModelKey(h.namespace_(), h.model_id());
-      if (!key.ok()) return key.status();
-      std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
-      std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
-      auto session = service_->cache_->BeginAppend(*key, std::move(tokens), h.start_token(),
-                                                   FromProto(h.hints()), std::move(checksums));
-      if (!session.ok()) return session.status();
-      session_ = *std::move(session);
-      return absl::OkStatus();
+    std::vector<grpc::Slice> slices;
+    if (!request_.Dump(&slices).ok()) return absl::InternalError("cannot read the request");
+    request_.Clear();
+    DecodedAppend decoded;
+    absl::Status status = DecodeAppendRequest(
+        slices,
+        [this](std::span<const std::byte> kv) {
+          if (session_ == nullptr) {
+            return absl::InvalidArgumentError("the first message of an append must be its header");
+          }
+          bytes_ += kv.size();
+          return session_->Write(kv);
+        },
+        &decoded);
+    if (!status.ok()) return status;
+    if (!decoded.has_header) return absl::OkStatus();
+    if (session_ != nullptr || decoded.kv_bytes > 0) {
+      return absl::InvalidArgumentError("an append carries exactly one header, first, alone");
     }
-    if (request_.msg_case() != v1::AppendRequest::kKvChunk) {
-      return absl::InvalidArgumentError("after the header an append carries only kv_chunk");
-    }
-    const std::string& chunk = request_.kv_chunk();
-    bytes_ += chunk.size();
-    return session_->Write(std::as_bytes(std::span<const char>(chunk.data(), chunk.size())));
+    const v1::AppendHeader& h = decoded.header;
+    auto key = ToModelKey(h.namespace_(), h.model_id());
+    if (!key.ok()) return key.status();
+    std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
+    std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
+    auto session = service_->cache_->BeginAppend(*key, std::move(tokens), h.start_token(),
+                                                 FromProto(h.hints()), std::move(checksums));
+    if (!session.ok()) return session.status();
+    session_ = *std::move(session);
+    return absl::OkStatus();
+  }
+
+  void Commit() {
+    auto result = session_->Commit();
+    if (!result.ok()) return Done(result.status());
+    v1::AppendResponse response;
+    response.set_stored_blocks(result->stored_blocks);
+    response.set_deduplicated_blocks(result->deduplicated_blocks);
+    response.set_stored_bytes(result->stored_bytes);
+    response.set_cached_tokens(result->cached_tokens);
+    bool own_buffer;
+    grpc::Status s =
+        grpc::SerializationTraits<v1::AppendResponse>::Serialize(response, response_, &own_buffer);
+    if (!s.ok()) return Done(absl::InternalError("cannot encode AppendResponse"));
+    Done(absl::OkStatus());
   }
 
   void Done(const absl::Status& status) {
@@ -199,17 +217,17 @@ class AppendReactor final : public grpc::ServerReadReactor<v1::AppendRequest> {
 
   CacheService* const service_;
   grpc::CallbackServerContext* const ctx_;
-  v1::AppendResponse* const response_;
+  grpc::ByteBuffer* const response_;
   const absl::Time start_ = absl::Now();
-  v1::AppendRequest request_;
+  grpc::ByteBuffer request_;
   std::unique_ptr<AppendSession> session_;
   bool holds_stream_ = false;
   uint64_t bytes_ = 0;
   absl::Status status_;
 };
 
-grpc::ServerReadReactor<v1::AppendRequest>* CacheService::Append(grpc::CallbackServerContext* ctx,
-                                                                 v1::AppendResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Append(grpc::CallbackServerContext* ctx,
+                                                                grpc::ByteBuffer* response) {
   return new AppendReactor(this, ctx, response);
 }
 

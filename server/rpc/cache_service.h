@@ -1,10 +1,11 @@
 // CacheService: the kvcache.v1.Cache gRPC service, on the callback API.
 //
 // It translates messages to core calls and errors to gRPC statuses; the
-// Cache decides everything. Append is a client-streaming reactor feeding an
-// AppendSession; Fetch is a raw server-streaming reactor that sends block
-// payloads as gRPC slices pointing into pool memory, so a fetched byte is
-// copied only by the transport. Append and Fetch streams count against
+// Cache decides everything. Append and Fetch are registered raw: Append's
+// reactor decodes each request's slices itself and copies kv_chunk bytes
+// straight into pool memory (AppendDecoder); Fetch's reactor sends block
+// payloads as slices pointing into pool memory. A payload byte is copied once
+// on the way in and only by the transport on the way out. Append and Fetch streams count against
 // max_concurrent_streams.
 //
 // Thread-safe; the Cache and RpcObserver must outlive the service.
@@ -27,7 +28,7 @@ struct CacheServiceOptions {
 
 using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
     v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_ReleaseLease<
-        v1::Cache::WithCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
+        v1::Cache::WithRawCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
             v1::Cache::WithCallbackMethod_Evict<v1::Cache::Service>>>>>>;
 
 class CacheService final : public CacheServiceBase {
@@ -43,8 +44,8 @@ class CacheService final : public CacheServiceBase {
   grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* ctx,
                                          const v1::ReleaseLeaseRequest* request,
                                          v1::ReleaseLeaseResponse* response) override;
-  grpc::ServerReadReactor<v1::AppendRequest>* Append(grpc::CallbackServerContext* ctx,
-                                                     v1::AppendResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Append(grpc::CallbackServerContext* ctx,
+                                                    grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx, const v1::EvictRequest* request,
