@@ -138,7 +138,6 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   }
   const uint32_t bt = layout_.block_tokens;
   const std::span<const Token> tokens(tokens_);
-  auto block_tokens = [&](uint64_t b) { return tokens.subspan(b * bt, bt); };
 
   AppendResult result;
   std::vector<BlockRef> unused;  // duplicates that lost a race; freed after the lock
@@ -148,15 +147,11 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   Cache::ModelState& m = **state;
 
   // First pass: the prefix must still be there, and so must every block we
-  // skipped because it was cached.
-  IndexNode* node = nullptr;
-  uint64_t b = 0;
-  for (; b < start_block_ + num_blocks_; ++b) {
-    IndexNode* child = m.index.FindChild(node, block_tokens(b));
-    if (child == nullptr) break;
-    node = child;
-  }
-  const uint64_t present = b;
+  // skipped because it was cached (MatchLocked also drops expired blocks).
+  std::vector<IndexNode*> path;
+  cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), &path);
+  const uint64_t present = path.size();
+  IndexNode* node = path.empty() ? nullptr : path.back();
   for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
     if (i < start_block_ || cached_[i - start_block_]) {
       return Fail(absl::AbortedError(absl::StrCat(
@@ -167,7 +162,6 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   const absl::Time expires = hints_.ttl == absl::ZeroDuration()
                                  ? absl::InfiniteFuture()
                                  : cache_->clock_->Now() + hints_.ttl;
-  std::vector<IndexNode*> touched;
   for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
     BlockRef& payload = new_blocks_[i - start_block_];
     if (i < present) {
@@ -175,7 +169,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
       if (payload != nullptr) unused.push_back(std::move(payload));
       continue;
     }
-    IndexNode* child = m.index.AddChild(node, block_tokens(i), payload);
+    IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
     if (child == nullptr) break;  // a token-hash collision: stop caching here
     child->expires = expires;
     child->priority = hints_.priority;
@@ -186,15 +180,12 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     node = child;
   }
   // Touch the whole path leaf-first (a parent is never colder than its child).
-  for (IndexNode* n = node; n != nullptr; n = n->parent) touched.push_back(n);
-  for (IndexNode* n : touched) cache_->policy_->Touch(n);
+  for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->policy_->Touch(n);
   m.bytes += result.stored_bytes;
   m.appended_blocks += result.stored_blocks;
   m.deduplicated_blocks += result.deduplicated_blocks;
   cache_->payload_bytes_ += result.stored_bytes;
-  uint64_t depth = 0;
-  for (IndexNode* n = node; n != nullptr; n = n->parent) ++depth;
-  result.cached_tokens = depth * bt;
+  result.cached_tokens = node == nullptr ? 0 : uint64_t{node->depth + 1} * bt;
   new_blocks_.clear();
   status_ = absl::FailedPreconditionError("append already committed");
   return result;

@@ -14,6 +14,7 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
 Cache::~Cache() {
   MutexLock lock(&mu_);
   leases_.clear();
+  lease_expiry_.clear();
   for (auto& [key, state] : models_) {
     state->index.Clear([this](IndexNode* n) { policy_->Erase(n); });
   }
@@ -151,6 +152,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
     } while (id == 0 || leases_.contains(id));
     result.lease_id = id;
     result.lease_expires = l.expires;
+    lease_expiry_.emplace(l.expires, id);
     leases_.emplace(id, std::move(l));
   }
   return result;
@@ -162,13 +164,29 @@ bool Cache::ReleaseLease(uint64_t lease_id) {
   ExpireLeasesLocked(clock_->Now());
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return false;
-  released = std::move(it->second);
-  leases_.erase(it);
+  EraseLeaseLocked(it, &released);
   return true;
 }
 
+void Cache::EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, Lease* out) {
+  auto [first, last] = lease_expiry_.equal_range(it->second.expires);
+  for (auto e = first; e != last; ++e) {
+    if (e->second == it->first) {
+      lease_expiry_.erase(e);
+      break;
+    }
+  }
+  *out = std::move(it->second);
+  leases_.erase(it);
+}
+
 void Cache::ExpireLeasesLocked(absl::Time now) {
-  absl::erase_if(leases_, [now](const auto& entry) { return entry.second.expires <= now; });
+  // Expired leases' references drop here, under the lock; that only frees
+  // pool memory (no payload copies).
+  while (!lease_expiry_.empty() && lease_expiry_.begin()->first <= now) {
+    leases_.erase(lease_expiry_.begin()->second);
+    lease_expiry_.erase(lease_expiry_.begin());
+  }
 }
 
 void Cache::ExpireLeases() {

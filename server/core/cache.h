@@ -191,6 +191,9 @@ class Cache {
                                   std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a lease from both maps, moving it to `out`.
+  void EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, Lease* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Allocates a payload of `bytes`, evicting until it fits.
   absl::StatusOr<BlockRef> AllocatePayload(uint64_t bytes);
@@ -206,6 +209,8 @@ class Cache {
   absl::btree_map<ModelKey, std::unique_ptr<ModelState>> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // Lease ids by expiry, so expiring costs only what expires.
+  absl::btree_multimap<absl::Time, uint64_t> lease_expiry_ ABSL_GUARDED_BY(mu_);
   absl::BitGen lease_ids_ ABSL_GUARDED_BY(mu_);
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
