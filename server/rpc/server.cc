@@ -26,6 +26,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
       std::min<uint64_t>(options.max_message_bytes, std::numeric_limits<int>::max()));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  // Without this a second daemon could bind the same TCP port and silently
+  // take half of the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (!options.tcp_address.empty()) {
     builder.AddListeningPort(options.tcp_address, grpc::InsecureServerCredentials(),
                              &server->tcp_port_);

@@ -1,0 +1,179 @@
+// The daemon's life: start-up errors, SIGTERM draining in-flight streams,
+// and the stream limit.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/kv_pattern.h"
+
+namespace kvcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+ProcessResult RunKvcached(const std::string& args) {
+  ProcessResult r;
+  std::FILE* pipe = ::popen((KvcachedPath() + " " + args + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return path;
+}
+
+TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
+  ProcessResult bad_value =
+      RunKvcached("--slab-bytes 3000000 --listen none --metrics-address none");
+  EXPECT_EQ(bad_value.exit_code, 2);
+  EXPECT_THAT(bad_value.output, HasSubstr("host_tier.slab_bytes"));
+
+  ProcessResult unknown_field =
+      RunKvcached("--config " + WriteFile("bad.json", R"({"hosttier": {}})"));
+  EXPECT_EQ(unknown_field.exit_code, 2);
+  EXPECT_THAT(unknown_field.output, HasSubstr("hosttier"));
+
+  ProcessResult no_listener = RunKvcached("--listen none --unix-socket none");
+  EXPECT_EQ(no_listener.exit_code, 2);
+  EXPECT_THAT(no_listener.output, HasSubstr("enable at least one"));
+}
+
+TEST(LifecycleTest, PrintedDefaultConfigIsAValidConfigFile) {
+  ProcessResult printed = RunKvcached("--print-default-config");
+  ASSERT_EQ(printed.exit_code, 0);
+  EXPECT_THAT(printed.output, HasSubstr("\"capacity_bytes\": \"1073741824\""));
+  // Start a daemon from it (listeners moved so it cannot clash with anything).
+  auto daemon = DaemonProcess::Start(
+      {.extra_flags = {"--config", WriteFile("defaults.json", printed.output)}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_EQ((*daemon)->Stop(), 0);
+}
+
+TEST(LifecycleTest, PortInUseIsAClearError) {
+  auto first = DaemonProcess::Start({.tcp = true});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string port = (*first)->tcp_target();
+  ProcessResult second =
+      RunKvcached(absl::StrCat("--listen ", port, " --unix-socket none --metrics-address none"));
+  EXPECT_EQ(second.exit_code, 2);
+  EXPECT_THAT(second.output, HasSubstr("cannot listen on " + port));
+  EXPECT_EQ((*first)->Stop(), 0);
+}
+
+absl::Status ToAbsl(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+TEST(LifecycleTest, SigtermDrainsAnAppendInFlight) {
+  auto daemon = DaemonProcess::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = (*daemon)->NewClient();
+  v1::ModelLayout layout;
+  layout.set_num_layers(1);
+  layout.set_num_kv_heads(1);
+  layout.set_head_dim(64);
+  layout.set_dtype(v1::DTYPE_FP16);
+  layout.set_block_tokens(16);
+  auto reg = client->RegisterModel("m", layout);
+  ASSERT_TRUE(reg.ok());
+  const auto tokens = MakeTokens(1, 32);
+  const auto kv = MakeKv(tokens, 16, reg->block_bytes(), 0, 2);
+
+  auto stub = v1::Cache::NewStub(
+      grpc::CreateChannel((*daemon)->unix_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::AppendResponse response;
+  auto writer = stub->Append(&ctx, &response);
+  v1::AppendRequest msg;
+  v1::AppendHeader* h = msg.mutable_header();
+  h->set_model_id("m");
+  for (uint32_t t : tokens) h->add_tokens(t);
+  ASSERT_TRUE(writer->Write(msg));
+  msg.set_kv_chunk(std::string(reinterpret_cast<const char*>(kv.data()), kv.size() / 2));
+  ASSERT_TRUE(writer->Write(msg));
+
+  // The daemon is told to stop while the append is half sent.
+  std::thread stopper([&] { EXPECT_EQ((*daemon)->Stop(), 0); });
+  absl::SleepFor(absl::Milliseconds(300));
+  msg.set_kv_chunk(
+      std::string(reinterpret_cast<const char*>(kv.data()) + kv.size() / 2, kv.size() / 2));
+  ASSERT_TRUE(writer->Write(msg));
+  writer->WritesDone();
+  absl::Status finished = ToAbsl(writer->Finish());
+  EXPECT_TRUE(finished.ok()) << finished;
+  EXPECT_EQ(response.stored_blocks(), 2u);
+  stopper.join();
+}
+
+TEST(LifecycleTest, StreamLimitAnswersResourceExhausted) {
+  auto daemon = DaemonProcess::Start(
+      {.extra_flags = {"--config",
+                       WriteFile("streams.json", R"({"limits": {"max_concurrent_streams": 2}})")}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = (*daemon)->NewClient();
+  v1::ModelLayout layout;
+  layout.set_num_layers(1);
+  layout.set_num_kv_heads(1);
+  layout.set_head_dim(64);
+  layout.set_dtype(v1::DTYPE_FP16);
+  layout.set_block_tokens(16);
+  auto reg = client->RegisterModel("m", layout);
+  ASSERT_TRUE(reg.ok());
+  const auto tokens = MakeTokens(1, 32);
+
+  {
+    auto stub = v1::Cache::NewStub(
+        grpc::CreateChannel((*daemon)->unix_target(), grpc::InsecureChannelCredentials()));
+    // Two appends that stay open hold both slots.
+    std::array<grpc::ClientContext, 3> ctx;
+    std::array<v1::AppendResponse, 3> responses;
+    std::vector<std::unique_ptr<grpc::ClientWriter<v1::AppendRequest>>> writers;
+    v1::AppendRequest header;
+    header.mutable_header()->set_model_id("m");
+    for (uint32_t t : tokens) header.mutable_header()->add_tokens(t);
+    for (int i = 0; i < 2; ++i) {
+      writers.push_back(stub->Append(&ctx[i], &responses[i]));
+      ASSERT_TRUE(writers.back()->Write(header));
+    }
+    absl::SleepFor(absl::Milliseconds(500));  // let the server take both
+    // The third stream is refused at once, before it sends anything.
+    writers.push_back(stub->Append(&ctx[2], &responses[2]));
+    absl::Status third = ToAbsl(writers[2]->Finish());
+    EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+    EXPECT_THAT(std::string(third.message()), HasSubstr("max_concurrent_streams (2)"));
+    for (int i = 0; i < 2; ++i) {
+      writers[i]->WritesDone();
+      absl::Status s = ToAbsl(writers[i]->Finish());  // no KV followed the header
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    }
+  }  // closes the channel and with it the refused stream's half-open side
+  // Both slots are free again.
+  auto appended = client->Append("m", tokens, MakeKv(tokens, 16, reg->block_bytes(), 0, 2));
+  EXPECT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ((*daemon)->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace kvcache::testing
