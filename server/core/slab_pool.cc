@@ -9,12 +9,16 @@
 // free chunk, so Allocate() and Free() are O(1) for class sizes. Under ASan
 // free chunks are poisoned, so a stale read of pool memory is reported.
 //
-// Large runs are their own page-aligned mappings, unmapped on Free().
+// Large runs are their own page-aligned mappings. A freed run is kept mapped
+// on a free-run list and reused by the next run of the same size, so a model
+// whose blocks are larger than a slab does not pay mmap, munmap and a page
+// fault per page for every block it stores.
 //
-// Accounting: reserved_bytes_ counts class slabs and runs. Free slabs stay
-// mapped for reuse (not counted as reserved); when a run needs room, cached
-// free slabs are unmapped first so that mapped memory (reserved plus cached)
-// never exceeds capacity_bytes either. A request therefore fails exactly when
+// Accounting: reserved_bytes_ counts class slabs and runs in use. Free slabs
+// and free runs stay mapped for reuse (not counted as reserved); whenever new
+// memory must be mapped, cached free runs and slabs are unmapped first as
+// needed, so that mapped memory (reserved plus cached) never exceeds
+// capacity_bytes either. A request therefore fails exactly when
 // reserved_bytes_ plus what it must reserve would pass capacity_bytes.
 #include "server/core/slab_pool.h"
 
@@ -114,6 +118,7 @@ class SlabPoolImpl final : public SlabPool {
     MutexLock lock(&mu_);
     for (auto& [base, slab] : slabs_) Unmap(slab->base, options_.slab_bytes);
     for (auto& [data, bytes] : runs_) Unmap(data, bytes);
+    for (auto& [data, bytes] : free_runs_) Unmap(data, bytes);
   }
 
   absl::StatusOr<Allocation> Allocate(uint64_t bytes) override {
@@ -170,20 +175,25 @@ class SlabPoolImpl final : public SlabPool {
   }
 
   absl::StatusOr<Allocation> AllocateRun(uint64_t run_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t capacity = options_.capacity_bytes;
-    if (run_bytes > capacity - reserved_bytes_) return Exhausted("a large run", run_bytes);
-    // Unmap cached free slabs the run displaces, so mapped memory stays within capacity.
-    while (!free_slabs_.empty() &&
-           reserved_bytes_ + free_slabs_.size() * options_.slab_bytes + run_bytes > capacity) {
-      Slab* slab = free_slabs_.back();
-      free_slabs_.pop_back();
-      Unmap(slab->base, options_.slab_bytes);
-      slabs_.erase(reinterpret_cast<uintptr_t>(slab->base));
+    if (run_bytes > options_.capacity_bytes - reserved_bytes_) {
+      return Exhausted("a large run", run_bytes);
     }
-    std::byte* data = Map(run_bytes);
-    if (data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("SlabPool: mmap of a ", run_bytes, "-byte run failed: errno ", errno));
+    std::byte* data = nullptr;
+    auto cached = std::find_if(free_runs_.begin(), free_runs_.end(),
+                               [run_bytes](const auto& r) { return r.second == run_bytes; });
+    if (cached != free_runs_.end()) {
+      data = cached->first;
+      *cached = free_runs_.back();
+      free_runs_.pop_back();
+      free_run_bytes_ -= run_bytes;
+      ASAN_UNPOISON_MEMORY_REGION(data, run_bytes);
+    } else {
+      MakeRoomToMap(run_bytes);
+      data = Map(run_bytes);
+      if (data == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("SlabPool: mmap of a ", run_bytes, "-byte run failed: errno ", errno));
+      }
     }
     runs_.emplace(data, run_bytes);
     reserved_bytes_ += run_bytes;
@@ -194,8 +204,30 @@ class SlabPoolImpl final : public SlabPool {
     auto it = runs_.find(allocation.data);
     if (it == runs_.end() || it->second != allocation.bytes) Die("Free of an unknown large run");
     runs_.erase(it);
-    Unmap(allocation.data, allocation.bytes);
     reserved_bytes_ -= allocation.bytes;
+    ASAN_POISON_MEMORY_REGION(allocation.data, allocation.bytes);
+    free_runs_.emplace_back(allocation.data, allocation.bytes);
+    free_run_bytes_ += allocation.bytes;
+  }
+
+  // Unmaps cached free runs, then cached free slabs, until `bytes` more can be
+  // mapped without mapped memory passing capacity_bytes.
+  void MakeRoomToMap(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t capacity = options_.capacity_bytes;
+    auto mapped = [&] {
+      return reserved_bytes_ + free_run_bytes_ + free_slabs_.size() * options_.slab_bytes;
+    };
+    while (!free_runs_.empty() && mapped() + bytes > capacity) {
+      Unmap(free_runs_.back().first, free_runs_.back().second);
+      free_run_bytes_ -= free_runs_.back().second;
+      free_runs_.pop_back();
+    }
+    while (!free_slabs_.empty() && mapped() + bytes > capacity) {
+      Slab* slab = free_slabs_.back();
+      free_slabs_.pop_back();
+      Unmap(slab->base, options_.slab_bytes);
+      slabs_.erase(reinterpret_cast<uintptr_t>(slab->base));
+    }
   }
 
   absl::StatusOr<Allocation> AllocateChunk(uint64_t chunk_bytes)
@@ -258,6 +290,7 @@ class SlabPoolImpl final : public SlabPool {
       slab = free_slabs_.back();
       free_slabs_.pop_back();
     } else {
+      MakeRoomToMap(slab_bytes);
       std::byte* base = Map(slab_bytes, slab_bytes);
       if (base == nullptr) {
         return absl::ResourceExhaustedError(
@@ -306,6 +339,9 @@ class SlabPoolImpl final : public SlabPool {
   std::vector<Slab*> partial_ ABSL_GUARDED_BY(mu_);
   std::vector<Slab*> free_slabs_ ABSL_GUARDED_BY(mu_);                   // mapped, serving no class
   absl::flat_hash_map<std::byte*, uint64_t> runs_ ABSL_GUARDED_BY(mu_);  // data -> bytes
+  // Freed runs kept mapped for reuse: (data, bytes), and their total.
+  std::vector<std::pair<std::byte*, uint64_t>> free_runs_ ABSL_GUARDED_BY(mu_);
+  uint64_t free_run_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_allocations_ ABSL_GUARDED_BY(mu_) = 0;

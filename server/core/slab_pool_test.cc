@@ -217,6 +217,35 @@ TEST(SlabPoolTest, CachedFreeSlabsDoNotBlockARun) {
   pool->Free(*again);
 }
 
+TEST(SlabPoolTest, FreedRunsAreReusedAndGiveWayToOtherSizes) {
+  const uint64_t slab = 64 * kKiB;
+  auto pool = MakePool(4 * slab, slab, 4 * kKiB);
+  auto first = pool->Allocate(2 * slab);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::byte* const address = first->data;
+  pool->Free(*first);
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  auto reused = pool->Allocate(2 * slab);  // the cached run comes back
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  EXPECT_EQ(reused->data, address);
+  WriteTokens(*reused, 7);
+  EXPECT_TRUE(TokensIntact(*reused, 7));
+  pool->Free(*reused);
+  // A run of another size, then class slabs, still get the whole capacity:
+  // cached runs are unmapped to make room.
+  auto whole = pool->Allocate(4 * slab);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  pool->Free(*whole);
+  std::vector<Allocation> slabs;
+  for (int i = 0; i < 4; ++i) {
+    auto a = pool->Allocate(slab);
+    ASSERT_TRUE(a.ok()) << "slab " << i << ": " << a.status();
+    slabs.push_back(*a);
+  }
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 4 * slab);
+  for (const Allocation& a : slabs) pool->Free(a);
+}
+
 // Fills every 8-byte word of `a` (usable sizes are multiples of 64) with a
 // value derived from `token` and the word's index.
 void FillWords(const Allocation& a, uint64_t token) {
