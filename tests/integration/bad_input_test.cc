@@ -83,7 +83,9 @@ class BadInputTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     stub_.reset();
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0);
+    }
   }
   static std::string WriteConfig() {
     // Small limits, so the limit checks are cheap to reach.
