@@ -60,7 +60,9 @@ class OpsTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0);
+    }
   }
   CommandResult Ctl(const std::string& args) {
     return RunCommand(
