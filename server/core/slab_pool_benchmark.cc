@@ -3,11 +3,12 @@
 // Each iteration allocates one block, touches its first byte (so the page is
 // really there) and frees it. Sizes: 4 KiB and 256 KiB (class chunks with the
 // default 4 MiB slab), 4 MiB (a whole-slab class) and 8 MiB (a large run,
-// mapped and unmapped each time). The multi-threaded variants share one pool.
+// mapped once and then reused from the free-run list). The multi-threaded
+// variants share one pool.
 //
-// Debian's Abseil is built with absl::Mutex deadlock detection on, which
-// roughly triples the cost of an uncontended lock; pass
-// --no_deadlock_detection to measure the pool without it.
+// --no_deadlock_detection turns off Abseil's mutex deadlock detection; the
+// pool locks a std::mutex, so it only matters for comparisons with code that
+// uses absl::Mutex.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
