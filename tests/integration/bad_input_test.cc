@@ -17,15 +17,7 @@ using ::testing::HasSubstr;
 
 constexpr uint32_t kBlockTokens = 16;
 
-v1::ModelLayout GoodLayout() {
-  v1::ModelLayout l;
-  l.set_num_layers(2);
-  l.set_num_kv_heads(2);
-  l.set_head_dim(32);
-  l.set_dtype(v1::DTYPE_FP16);
-  l.set_block_tokens(kBlockTokens);
-  return l;
-}
+v1::ModelLayout GoodLayout() { return MakeLayout(2, 2, 32, v1::DTYPE_FP16, kBlockTokens); }
 
 struct BadCase {
   std::string name;

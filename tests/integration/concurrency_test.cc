@@ -32,12 +32,7 @@ TEST(ConcurrencyTest, SixteenWorkersNeverSeeWrongBytes) {
   auto daemon = DaemonProcess::Start({.capacity_bytes = 64 * 65536, .slab_bytes = 65536});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto admin = (*daemon)->NewClient();
-  v1::ModelLayout layout;
-  layout.set_num_layers(2);
-  layout.set_num_kv_heads(2);
-  layout.set_head_dim(32);
-  layout.set_dtype(v1::DTYPE_FP16);
-  layout.set_block_tokens(kBlockTokens);
+  const v1::ModelLayout layout = MakeLayout(2, 2, 32, v1::DTYPE_FP16, kBlockTokens);
   auto reg = admin->RegisterModel("m", layout);
   ASSERT_TRUE(reg.ok()) << reg.status();
   const uint64_t bb = reg->block_bytes();

@@ -1,4 +1,4 @@
-// Deterministic KV payloads for tests: the bytes of a block are a function of
+// Deterministic KV payloads and layouts for tests: the bytes of a block are a function of
 // the block's token prefix, so any misplaced or corrupted byte is caught.
 #ifndef KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
 #define KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
@@ -10,6 +10,8 @@
 #include <cstring>
 #include <span>
 #include <vector>
+
+#include "kvcache/v1/kvcache.pb.h"
 
 namespace kvcache::testing {
 
@@ -36,6 +38,17 @@ inline std::vector<std::byte> MakeKv(std::span<const uint32_t> tokens, uint32_t 
               std::span<std::byte>(kv).subspan(b * block_bytes, block_bytes));
   }
   return kv;
+}
+
+inline v1::ModelLayout MakeLayout(uint32_t layers, uint32_t heads, uint32_t dim, v1::DType dtype,
+                                  uint32_t block_tokens) {
+  v1::ModelLayout l;
+  l.set_num_layers(layers);
+  l.set_num_kv_heads(heads);
+  l.set_head_dim(dim);
+  l.set_dtype(dtype);
+  l.set_block_tokens(block_tokens);
+  return l;
 }
 
 // Random-looking but reproducible tokens.

@@ -90,12 +90,7 @@ TEST(LifecycleTest, SigtermDrainsAnAppendInFlight) {
   auto daemon = DaemonProcess::Start();
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = (*daemon)->NewClient();
-  v1::ModelLayout layout;
-  layout.set_num_layers(1);
-  layout.set_num_kv_heads(1);
-  layout.set_head_dim(64);
-  layout.set_dtype(v1::DTYPE_FP16);
-  layout.set_block_tokens(16);
+  const v1::ModelLayout layout = MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16);
   auto reg = client->RegisterModel("m", layout);
   ASSERT_TRUE(reg.ok());
   const auto tokens = MakeTokens(1, 32);
@@ -133,12 +128,7 @@ TEST(LifecycleTest, StreamLimitAnswersResourceExhausted) {
                        WriteFile("streams.json", R"({"limits": {"max_concurrent_streams": 2}})")}});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = (*daemon)->NewClient();
-  v1::ModelLayout layout;
-  layout.set_num_layers(1);
-  layout.set_num_kv_heads(1);
-  layout.set_head_dim(64);
-  layout.set_dtype(v1::DTYPE_FP16);
-  layout.set_block_tokens(16);
+  const v1::ModelLayout layout = MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16);
   auto reg = client->RegisterModel("m", layout);
   ASSERT_TRUE(reg.ok());
   const auto tokens = MakeTokens(1, 32);

@@ -45,12 +45,7 @@ class OpsTest : public ::testing::Test {
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
     client_ = daemon_->NewClient();
-    v1::ModelLayout layout;
-    layout.set_num_layers(2);
-    layout.set_num_kv_heads(2);
-    layout.set_head_dim(32);
-    layout.set_dtype(v1::DTYPE_BF16);
-    layout.set_block_tokens(16);
+    const v1::ModelLayout layout = MakeLayout(2, 2, 32, v1::DTYPE_BF16, 16);
     auto r = client_->RegisterModel("llama-test", layout);
     ASSERT_TRUE(r.ok()) << r.status();
     tokens_.resize(64);

@@ -12,17 +12,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::ModelLayout Layout(uint32_t layers, uint32_t heads, uint32_t dim, v1::DType dtype,
-                       uint32_t block_tokens) {
-  v1::ModelLayout l;
-  l.set_num_layers(layers);
-  l.set_num_kv_heads(heads);
-  l.set_head_dim(dim);
-  l.set_dtype(dtype);
-  l.set_block_tokens(block_tokens);
-  return l;
-}
-
 class DaemonTest : public ::testing::Test {
  protected:
   void StartDaemon(const DaemonOptions& options = {}) {
@@ -60,7 +49,7 @@ class RoundTripTest : public DaemonTest, public ::testing::WithParamInterface<La
 TEST_P(RoundTripTest, FetchReturnsExactlyTheAppendedBytes) {
   StartDaemon();
   const LayoutCase c = GetParam();
-  const v1::ModelLayout layout = Layout(c.layers, c.heads, c.dim, c.dtype, c.block_tokens);
+  const v1::ModelLayout layout = MakeLayout(c.layers, c.heads, c.dim, c.dtype, c.block_tokens);
   const uint64_t block_bytes = Register("m", layout);
   ASSERT_GT(block_bytes, 0u);
   // 5 whole blocks plus a partial one that carries no KV.
@@ -112,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST_F(DaemonTest, ExtendingAppendStartsAtTheCachedPrefix) {
   StartDaemon();
-  const uint64_t bb = Register("m", Layout(1, 1, 16, v1::DTYPE_FP16, 16));
+  const uint64_t bb = Register("m", MakeLayout(1, 1, 16, v1::DTYPE_FP16, 16));
   const auto tokens = MakeTokens(3, 6 * 16);
   auto first = client_->Append("m", std::span(tokens).first(2 * 16), MakeKv(tokens, 16, bb, 0, 2));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -135,7 +124,7 @@ TEST_F(DaemonTest, ExtendingAppendStartsAtTheCachedPrefix) {
 
 TEST_F(DaemonTest, SharedPrefixesAreStoredOnceAcrossWorkers) {
   StartDaemon();
-  const uint64_t bb = Register("m", Layout(2, 2, 32, v1::DTYPE_FP16, 16));
+  const uint64_t bb = Register("m", MakeLayout(2, 2, 32, v1::DTYPE_FP16, 16));
   auto worker_a = daemon_->NewClient();
   auto worker_b = daemon_->NewClient();
   // Both sequences share a 3-block system prompt, then diverge for 2 blocks.
@@ -174,7 +163,7 @@ TEST_F(DaemonTest, NamespacesDoNotShareBlocks) {
   StartDaemon();
   auto tenant_a = daemon_->NewClient("tenant-a");
   auto tenant_b = daemon_->NewClient("tenant-b");
-  const auto layout = Layout(1, 1, 16, v1::DTYPE_FP16, 16);
+  const auto layout = MakeLayout(1, 1, 16, v1::DTYPE_FP16, 16);
   auto ra = tenant_a->RegisterModel("m", layout);
   ASSERT_TRUE(ra.ok());
   ASSERT_TRUE(tenant_b->RegisterModel("m", layout).ok());
@@ -193,7 +182,7 @@ DaemonOptions SmallCapacity() { return {.capacity_bytes = 8 * 65536, .slab_bytes
 
 TEST_F(DaemonTest, LeasedBlocksSurviveCapacityEviction) {
   StartDaemon(SmallCapacity());
-  const uint64_t bb = Register("m", Layout(1, 1, 128, v1::DTYPE_FP32, 16));
+  const uint64_t bb = Register("m", MakeLayout(1, 1, 128, v1::DTYPE_FP32, 16));
   ASSERT_EQ(bb, 16384u);
   const auto keep = MakeTokens(100, 4 * 16);
   ASSERT_TRUE(client_->Append("m", keep, MakeKv(keep, 16, bb, 0, 4)).ok());
@@ -239,7 +228,7 @@ TEST_F(DaemonTest, LeasedBlocksSurviveCapacityEviction) {
 
 TEST_F(DaemonTest, FullCacheRejectsAppendAndKeepsWhatItHas) {
   StartDaemon(SmallCapacity());
-  const uint64_t bb = Register("m", Layout(1, 1, 128, v1::DTYPE_FP32, 16));
+  const uint64_t bb = Register("m", MakeLayout(1, 1, 128, v1::DTYPE_FP32, 16));
   // 8 slabs x 4 blocks = 32 blocks fit; fill them all and lease every one.
   std::vector<std::vector<uint32_t>> seqs;
   std::vector<uint64_t> leases;
@@ -273,7 +262,7 @@ TEST_F(DaemonTest, FullCacheRejectsAppendAndKeepsWhatItHas) {
 
 TEST_F(DaemonTest, EvictPrefixAndWholeModel) {
   StartDaemon();
-  const uint64_t bb = Register("m", Layout(1, 2, 32, v1::DTYPE_FP16, 16));
+  const uint64_t bb = Register("m", MakeLayout(1, 2, 32, v1::DTYPE_FP16, 16));
   const auto tokens = MakeTokens(21, 4 * 16);
   ASSERT_TRUE(client_->Append("m", tokens, MakeKv(tokens, 16, bb, 0, 4)).ok());
   auto evicted = client_->EvictPrefix("m", std::span(tokens).first(3 * 16));
