@@ -2,7 +2,8 @@
 //
 // Builds the configuration (embedded defaults < --config file < flags),
 // validates and logs it, creates the host-memory cache, starts the metrics
-// endpoint and the gRPC server, and serves until SIGTERM or SIGINT, which
+// endpoint and the gRPC server, runs the periodic work (lease expiry,
+// importance compaction, weight calibration), and serves until SIGTERM or SIGINT, which
 // drain in-flight calls (up to drain_timeout_seconds) and exit 0.
 #include <pthread.h>
 #include <signal.h>
@@ -62,6 +63,68 @@ sigset_t StopSignals() {
   return signals;
 }
 
+ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
+  ImportanceOptions o;
+  ImportancePolicy& p = o.default_policy;
+  p.mode = ParseCompressionMode(c.default_mode()).value_or(CompressionMode::kOff);
+  p.params.alpha = c.alpha();
+  p.params.beta = c.beta();
+  p.params.gamma = c.gamma();
+  p.params.sink_tokens = c.sink_tokens();
+  p.params.recent_window = c.recent_window();
+  p.params.decay_tau = c.decay_tau();
+  p.target_mass = c.target_mass();
+  o.activity_half_life_seconds = c.activity_half_life_seconds();
+  o.cold_after = absl::Seconds(c.cold_after_seconds());
+  o.pressure_watermark = c.pressure_watermark();
+  o.max_blocks_per_pass = c.max_blocks_per_pass();
+  o.novelty_layers.assign(c.novelty_layers().begin(), c.novelty_layers().end());
+  o.calibration_min_samples = c.calibration_min_samples();
+  o.calibration_max_step = c.calibration_max_step();
+  return o;
+}
+
+// Runs the periodic work until `stopping`: lease expiry every second,
+// compaction and calibration at their configured intervals.
+void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
+                    const std::atomic<bool>& stopping) {
+  const absl::Duration compaction_every = absl::Milliseconds(config.compaction_interval_ms());
+  const absl::Duration calibration_every = absl::Seconds(config.calibration_interval_seconds());
+  absl::Time next_expiry = absl::Now();
+  absl::Time next_compaction = absl::Now() + compaction_every;
+  absl::Time next_calibration = absl::Now() + calibration_every;
+  while (!stopping.load()) {
+    const absl::Time now = absl::Now();
+    if (now >= next_expiry) {
+      cache.ExpireLeases();
+      next_expiry = now + absl::Seconds(1);
+    }
+    if (now >= next_compaction) {
+      const CompactionResult r = cache.Compact();
+      if (r.compressed_blocks > 0) {
+        spdlog::info("compaction: {} blocks compressed ({} INT8 and {} pruned tokens), {} bytes "
+                     "saved{}",
+                     r.compressed_blocks, r.int8_tokens, r.pruned_tokens, r.bytes_saved,
+                     r.under_pressure ? ", under memory pressure" : "");
+      }
+      next_compaction = absl::Now() + compaction_every;
+    }
+    if (calibration_every > absl::ZeroDuration() && now >= next_calibration) {
+      for (const CalibrationOutcome& c : cache.Calibrate()) {
+        spdlog::info(
+            "calibration of {}: {} samples, weights {:.3f}/{:.3f}/{:.3f} -> {:.3f}/{:.3f}/{:.3f} "
+            "(fit {:.3f}/{:.3f}/{:.3f}), score-attention correlation {:.3f} -> {:.3f}{}",
+            c.model.ToString(), c.samples, c.before.alpha, c.before.beta, c.before.gamma,
+            c.after.alpha, c.after.beta, c.after.gamma, c.fitted.alpha, c.fitted.beta,
+            c.fitted.gamma, c.correlation_before, c.correlation_after,
+            c.applied ? "" : " (not applied: too few samples or no fit)");
+      }
+      next_calibration = absl::Now() + calibration_every;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
 int Serve(const v1::ServerConfig& config) {
   sigset_t signals = StopSignals();
   spdlog::set_level(spdlog::level::from_str(config.logging().level()));
@@ -78,7 +141,8 @@ int Serve(const v1::ServerConfig& config) {
   CacheOptions cache_options{.max_tokens_per_request = limits.max_tokens_per_request(),
                              .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
                              .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
-                             .max_models = limits.max_models()};
+                             .max_models = limits.max_models(),
+                             .importance = ImportanceFromConfig(config.importance())};
   Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get());
 
   auto stats_source = [&cache] { return cache.GetStats(); };
@@ -117,12 +181,7 @@ int Serve(const v1::ServerConfig& config) {
   }
 
   std::atomic<bool> stopping{false};
-  std::thread maintenance([&] {
-    while (!stopping.load()) {
-      cache.ExpireLeases();
-      for (int i = 0; i < 10 && !stopping.load(); ++i) absl::SleepFor(absl::Milliseconds(100));
-    }
-  });
+  std::thread maintenance([&] { RunMaintenance(cache, config.importance(), stopping); });
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

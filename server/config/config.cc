@@ -1,6 +1,8 @@
 #include "server/config/config.h"
 
 #include <bit>
+#include <cmath>
+#include <utility>
 #include <fstream>
 #include <sstream>
 
@@ -14,6 +16,62 @@ absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uin
   if (value < lo || value > hi) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(field), " is ", value, "; it must be in ", lo, "..", hi));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnit(std::string_view field, double value, bool allow_zero) {
+  if (!std::isfinite(value) || value < 0 || value > 1 || (!allow_zero && value == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("importance.", std::string(field), " is ",
+                                                   value, "; it must be in ",
+                                                   allow_zero ? "[0, 1]" : "(0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
+  const std::string& mode = i.default_mode();
+  if (mode != "off" && mode != "quantize" && mode != "prune") {
+    return absl::InvalidArgumentError(absl::StrCat("importance.default_mode is \"", mode,
+                                                   "\"; it must be off, quantize or prune"));
+  }
+  for (auto [field, value] : {std::pair<std::string_view, double>{"alpha", i.alpha()},
+                              {"beta", i.beta()},
+                              {"gamma", i.gamma()}}) {
+    if (auto s = CheckUnit(field, value, true); !s.ok()) return s;
+  }
+  if (i.alpha() + i.beta() + i.gamma() <= 0) {
+    return absl::InvalidArgumentError("importance.alpha, beta and gamma are all 0");
+  }
+  if (auto s = CheckUnit("target_mass", i.target_mass(), false); !s.ok()) return s;
+  if (auto s = CheckUnit("pressure_watermark", i.pressure_watermark(), false); !s.ok()) return s;
+  if (auto s = CheckRange("importance.sink_tokens", i.sink_tokens(), 0, 1 << 20); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("importance.recent_window", i.recent_window(), 0, 1 << 20); !s.ok()) {
+    return s;
+  }
+  if (!std::isfinite(i.decay_tau()) || i.decay_tau() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("importance.decay_tau is ", i.decay_tau(), "; it must be > 0"));
+  }
+  if (!std::isfinite(i.activity_half_life_seconds()) || i.activity_half_life_seconds() < 0) {
+    return absl::InvalidArgumentError("importance.activity_half_life_seconds must be >= 0");
+  }
+  if (auto s = CheckRange("importance.compaction_interval_ms", i.compaction_interval_ms(), 10,
+                          3600000);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("importance.max_blocks_per_pass", i.max_blocks_per_pass(), 1, 1 << 20);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckUnit("calibration_max_step", i.calibration_max_step(), false); !s.ok()) {
+    return s;
+  }
+  for (uint32_t layer : i.novelty_layers()) {
+    if (auto s = CheckRange("importance.novelty_layers[]", layer, 0, 1023); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -41,6 +99,24 @@ void ApplyDefaults(v1::ServerConfig* c) {
 
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(10);
+
+  v1::ImportanceConfig* imp = c->mutable_importance();
+  if (imp->default_mode().empty()) imp->set_default_mode("off");
+  if (!imp->has_alpha()) imp->set_alpha(0.6f);
+  if (!imp->has_beta()) imp->set_beta(0.3f);
+  if (!imp->has_gamma()) imp->set_gamma(0.1f);
+  if (!imp->has_sink_tokens()) imp->set_sink_tokens(4);
+  if (!imp->has_recent_window()) imp->set_recent_window(64);
+  if (imp->decay_tau() == 0) imp->set_decay_tau(256);
+  if (imp->target_mass() == 0) imp->set_target_mass(0.95);
+  if (imp->activity_half_life_seconds() == 0) imp->set_activity_half_life_seconds(600);
+  if (imp->cold_after_seconds() == 0) imp->set_cold_after_seconds(300);
+  if (imp->pressure_watermark() == 0) imp->set_pressure_watermark(0.85);
+  if (imp->compaction_interval_ms() == 0) imp->set_compaction_interval_ms(1000);
+  if (imp->max_blocks_per_pass() == 0) imp->set_max_blocks_per_pass(256);
+  if (!imp->has_calibration_interval_seconds()) imp->set_calibration_interval_seconds(1800);
+  if (imp->calibration_max_step() == 0) imp->set_calibration_max_step(0.05f);
+  if (imp->calibration_min_samples() == 0) imp->set_calibration_min_samples(256);
 }
 
 v1::ServerConfig DefaultConfig() {
@@ -131,7 +207,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = CheckRange("drain_timeout_seconds", c.drain_timeout_seconds(), 1, 3600); !s.ok()) {
     return s;
   }
-  return absl::OkStatus();
+  return ValidateImportance(c.importance());
 }
 
 std::string ConfigToJson(const v1::ServerConfig& config) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kvcache/kernels/novelty.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -28,6 +29,13 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   if (hints.ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("hints.ttl_seconds must not be negative");
+  }
+  for (const TokenRange& r : hints.protected_ranges) {
+    if (r.begin >= r.end || r.end > tokens.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("protected range [", r.begin, ", ", r.end, ") is empty or past the end of ",
+                       "tokens (", tokens.size(), " tokens)"));
+    }
   }
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
@@ -63,13 +71,15 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   for (uint64_t i = 0; i < num_blocks; ++i) cached[i] = start_block + i < path.size();
   return std::unique_ptr<AppendSession>(
       new AppendSession(this, model, m.layout, std::move(tokens), start_block, num_blocks, hints,
-                        std::move(block_checksums), std::move(pinned), std::move(cached)));
+                        std::move(block_checksums), std::move(pinned), std::move(cached),
+                        NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
 }
 
 AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
                              std::vector<Token> tokens, uint64_t start_block, uint64_t num_blocks,
                              AppendHints hints, std::vector<uint64_t> checksums,
-                             std::vector<BlockRef> pinned, std::vector<bool> cached)
+                             std::vector<BlockRef> pinned, std::vector<bool> cached,
+                             std::vector<uint32_t> novelty_layers)
     : cache_(cache),
       model_(std::move(model)),
       layout_(layout),
@@ -83,6 +93,8 @@ AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
       pinned_(std::move(pinned)),
       cached_(std::move(cached)),
       new_blocks_(num_blocks),
+      novelty_layers_(std::move(novelty_layers)),
+      novelty_(num_blocks),
       hash_(std::make_unique<HashState>()) {}
 
 AppendSession::~AppendSession() = default;
@@ -121,12 +133,47 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
               checksum, ", expected ", checksums_[block], ")")));
         }
         new_blocks_[block]->Seal(checksum);
+        novelty_[block] = ComputeNovelty(*new_blocks_[block]);
       }
     }
     received_bytes_ += n;
     bytes = bytes.subspan(n);
   }
   return absl::OkStatus();
+}
+
+std::vector<float> AppendSession::ComputeNovelty(const BlockPayload& block) const {
+  const uint32_t bt = layout_.block_tokens;
+  const uint64_t slice_bytes =
+      uint64_t{layout_.num_kv_heads} * bt * layout_.head_dim * DTypeBytes(layout_.dtype);
+  std::vector<float> sum(bt, 0.0f);
+  std::vector<float> one(bt);
+  for (uint32_t layer : novelty_layers_) {
+    const std::byte* keys = block.data().data() + uint64_t{layer} * 2 * slice_bytes;
+    if (kernels::KeyNoveltyCpu(keys, ToKernelDType(layout_.dtype), layout_.num_kv_heads, bt,
+                               layout_.head_dim, one.data()) != kernels::KernelStatus::kOk) {
+      return {};
+    }
+    for (uint32_t t = 0; t < bt; ++t) sum[t] += one[t];
+  }
+  if (!novelty_layers_.empty()) {
+    for (float& v : sum) v /= static_cast<float>(novelty_layers_.size());
+  }
+  return sum;
+}
+
+std::vector<uint8_t> AppendSession::PinnedFlags(uint64_t index) const {
+  const uint64_t bt = layout_.block_tokens;
+  const uint64_t first = index * bt;
+  std::vector<uint8_t> flags;
+  for (const TokenRange& r : hints_.protected_ranges) {
+    const uint64_t begin = std::max(r.begin, first);
+    const uint64_t end = std::min(r.end, first + bt);
+    if (begin >= end) continue;
+    if (flags.empty()) flags.assign(bt, 0);
+    for (uint64_t t = begin; t < end; ++t) flags[t - first] = 1;
+  }
+  return flags;
 }
 
 absl::StatusOr<AppendResult> AppendSession::Commit() {
@@ -167,6 +214,13 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     if (i < present) {
       ++result.deduplicated_blocks;
       if (payload != nullptr) unused.push_back(std::move(payload));
+      // A worker's pins apply to the cached copy too.
+      std::vector<uint8_t> pins = PinnedFlags(i);
+      if (!pins.empty()) {
+        std::vector<uint8_t>& have = path[i]->tokens_state.pinned;
+        if (have.empty()) have.assign(bt, 0);
+        for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[t];
+      }
       continue;
     }
     IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
@@ -174,13 +228,19 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     child->expires = expires;
     child->priority = hints_.priority;
     child->workload = static_cast<uint8_t>(hints_.workload);
+    child->tokens_state.novelty = std::move(novelty_[i - start_block_]);
+    child->tokens_state.pinned = PinnedFlags(i);
     cache_->policy_->Insert(child);
     ++result.stored_blocks;
     result.stored_bytes += payload->size();
     node = child;
   }
   // Touch the whole path leaf-first (a parent is never colder than its child).
-  for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->policy_->Touch(n);
+  const absl::Time now = cache_->clock_->Now();
+  for (IndexNode* n = node; n != nullptr; n = n->parent) {
+    cache_->policy_->Touch(n);
+    n->last_access = now;
+  }
   m.bytes += result.stored_bytes;
   m.appended_blocks += result.stored_blocks;
   m.deduplicated_blocks += result.deduplicated_blocks;

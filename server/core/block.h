@@ -7,6 +7,11 @@
 // when the last reference drops, so a fetch never reads freed memory, even if
 // the block is evicted while it streams.
 //
+// A payload holds either the block's raw bytes (the layout in docs/api.md)
+// or, once the importance policy compressed it, the compressed block format
+// (server/importance/block_codec.h); compressed() says which. A payload made
+// by FromHeap lives outside the pool: fetches use it for blocks they decode.
+//
 // Thread-safety: a sealed payload is read-only and may be read concurrently.
 // Writing (mutable_data) is for the single owner before Seal().
 #ifndef KVCACHE_SERVER_CORE_BLOCK_H_
@@ -30,7 +35,7 @@ class BlockPayload {
   // REQUIRES: size <= allocation.bytes; `pool` outlives this payload.
   BlockPayload(SlabPool* pool, Allocation allocation, uint64_t size)
       : pool_(pool), allocation_(allocation), size_(size) {}
-  ~BlockPayload() { pool_->Free(allocation_); }
+  ~BlockPayload();
   BlockPayload(const BlockPayload&) = delete;
   BlockPayload& operator=(const BlockPayload&) = delete;
 
@@ -40,14 +45,21 @@ class BlockPayload {
   // Bytes of pool memory this payload holds (its size class).
   uint64_t footprint() const { return allocation_.bytes; }
 
+  // A payload of `size` bytes on the heap, not counted against any tier.
+  static std::shared_ptr<BlockPayload> FromHeap(uint64_t size);
+
   void Seal(uint64_t checksum) { checksum_ = checksum; }
   uint64_t checksum() const { return checksum_; }
+
+  void set_compressed(bool compressed) { compressed_ = compressed; }
+  bool compressed() const { return compressed_; }
 
  private:
   SlabPool* const pool_;
   const Allocation allocation_;
   const uint64_t size_;
   uint64_t checksum_ = 0;
+  bool compressed_ = false;
 };
 
 using BlockRef = std::shared_ptr<BlockPayload>;

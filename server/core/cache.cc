@@ -16,7 +16,7 @@ Cache::~Cache() {
   leases_.clear();
   lease_expiry_.clear();
   for (auto& [key, state] : models_) {
-    state->index.Clear([this](IndexNode* n) { policy_->Erase(n); });
+    state->index.Clear([&](IndexNode* n) { ForgetNodeLocked(*state, n); });
   }
 }
 
@@ -63,7 +63,8 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
     return absl::ResourceExhaustedError(
         absl::StrCat("max_models (", options_.max_models, ") models are registered already"));
   }
-  auto state = std::make_unique<ModelState>(model, layout);
+  auto state = std::make_unique<ModelState>(model, layout, options_.importance.default_policy,
+                                            options_.importance.calibration_samples);
   by_index_.emplace(&state->index, state.get());
   models_.emplace(model, std::move(state));
   return RegisterResult{.created = true, .layout = layout};
@@ -95,14 +96,29 @@ void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens,
     path->erase(expired, path->end());
   }
   // Leaf-first, so that a parent is never colder than its children.
-  for (auto it = path->rbegin(); it != path->rend(); ++it) policy_->Touch(*it);
+  for (auto it = path->rbegin(); it != path->rend(); ++it) {
+    policy_->Touch(*it);
+    (*it)->last_access = now;
+  }
+}
+
+void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
+  policy_->Erase(node);
+  compacting_.erase(node);
+  const BlockTokenState& ts = node->tokens_state;
+  if (ts.compressed) {
+    --state.compressed_blocks;
+    state.int8_tokens -= ts.num_int8;
+    state.pruned_tokens -= ts.num_pruned;
+    state.bytes_saved -= state.layout.BlockBytes() - node->payload->size();
+  }
 }
 
 EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                        std::vector<BlockRef>* dropped) {
   EvictResult result;
   state.index.RemoveSubtree(node, [&](IndexNode* n) {
-    policy_->Erase(n);
+    ForgetNodeLocked(state, n);
     ++result.evicted_blocks;
     result.evicted_bytes += n->payload->size();
     dropped->push_back(std::move(n->payload));
@@ -143,7 +159,9 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   if (lease.acquire && !path.empty()) {
     const absl::Time now = clock_->Now();
     ExpireLeasesLocked(now);
-    Lease l{.model = model, .matched_tokens = result.matched_tokens};
+    Lease l{.model = model,
+            .matched_tokens = result.matched_tokens,
+            .tokens = std::vector<Token>(tokens.begin(), tokens.begin() + result.matched_tokens)};
     l.expires = now + (lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl);
     for (IndexNode* n : path) l.blocks.push_back(n->payload);
     uint64_t id;
@@ -255,7 +273,7 @@ absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
   ModelState& m = **state;
   EvictResult result;
   m.index.Clear([&](IndexNode* n) {
-    policy_->Erase(n);
+    ForgetNodeLocked(m, n);
     ++result.evicted_blocks;
     result.evicted_bytes += n->payload->size();
     dropped.push_back(std::move(n->payload));
@@ -311,13 +329,28 @@ CacheStats Cache::GetStats() const {
                             .miss_tokens = m->miss_tokens,
                             .appended_blocks = m->appended_blocks,
                             .deduplicated_blocks = m->deduplicated_blocks,
-                            .evicted_blocks = m->evicted_blocks});
+                            .evicted_blocks = m->evicted_blocks,
+                            .compression_mode = std::string(CompressionModeName(m->policy.mode)),
+                            .alpha = m->policy.params.alpha,
+                            .beta = m->policy.params.beta,
+                            .gamma = m->policy.params.gamma,
+                            .target_mass = m->policy.target_mass,
+                            .compressed_blocks = m->compressed_blocks,
+                            .full_tokens = m->index.num_blocks() * m->layout.block_tokens -
+                                           m->int8_tokens - m->pruned_tokens,
+                            .int8_tokens = m->int8_tokens,
+                            .pruned_tokens = m->pruned_tokens,
+                            .bytes_saved = m->bytes_saved,
+                            .attention_reports = m->attention_reports,
+                            .calibrations = m->calibrations});
     stats.blocks += m->index.num_blocks();
   }
   stats.payload_bytes = payload_bytes_;
   stats.active_leases = leases_.size();
   stats.capacity_evictions = capacity_evictions_;
   stats.rejected_appends = rejected_appends_;
+  stats.scores = score_histogram_;
+  stats.compaction_passes = compaction_passes_;
   return stats;
 }
 

@@ -12,6 +12,13 @@
 //   PrepareFetch   references to the payloads of a prefix (or a lease) that
 //                  stay valid however long the caller streams them
 //   EvictPrefix / EvictModel   explicit removal
+//   ReportAttention  per-token attention a worker observed, folded into each
+//                  token's decayed activity (and sampled for calibration)
+//   UpdatePolicy   a model's compression mode, weights and target mass
+//   Compact        one pass of importance-aware compression: cold blocks (or
+//                  the coldest, under memory pressure) of models in quantize
+//                  or prune mode are re-encoded (server/importance)
+//   Calibrate      refits each model's weights on its sampled reports
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -27,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +42,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -41,10 +50,12 @@
 #include "server/core/cache_stats.h"
 #include "server/core/clock.h"
 #include "server/core/eviction_policy.h"
+#include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/mutex.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
+#include "server/importance/calibration.h"
 
 namespace kvcache {
 
@@ -53,14 +64,23 @@ struct CacheOptions {
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_models = 1024;
+  ImportanceOptions importance;
 };
 
 enum class WorkloadKind : uint8_t { kUnspecified = 0, kChat = 1, kCode = 2, kDocument = 3 };
+
+// Token positions [begin, end) of a sequence.
+struct TokenRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
 
 struct AppendHints {
   WorkloadKind workload = WorkloadKind::kUnspecified;
   int32_t priority = 0;
   absl::Duration ttl = absl::ZeroDuration();  // zero: no expiry
+  // Tokens never quantized or pruned (e.g. a system prompt's instructions).
+  std::vector<TokenRange> protected_ranges;
 };
 
 struct RegisterResult {
@@ -104,6 +124,43 @@ struct AppendResult {
 struct EvictResult {
   uint64_t evicted_blocks = 0;
   uint64_t evicted_bytes = 0;
+};
+
+struct PolicyUpdate {
+  std::optional<CompressionMode> mode;
+  std::optional<importance::Weights> weights;
+  std::optional<double> target_mass;
+};
+
+struct PolicyChange {
+  ImportancePolicy policy;        // in effect after the update
+  CompressionMode previous_mode = CompressionMode::kOff;
+  uint64_t dropped_blocks = 0;    // compressed blocks removed by switching to off
+};
+
+struct ReportResult {
+  uint64_t matched_tokens = 0;  // cached tokens the report covered
+  uint64_t updated_tokens = 0;  // tokens whose activity changed
+};
+
+struct CompactionResult {
+  bool under_pressure = false;
+  uint64_t candidates = 0;
+  uint64_t compressed_blocks = 0;
+  uint64_t bytes_saved = 0;
+  uint64_t int8_tokens = 0;
+  uint64_t pruned_tokens = 0;
+};
+
+struct CalibrationOutcome {
+  ModelKey model;
+  size_t samples = 0;
+  bool applied = false;
+  importance::Weights before;
+  importance::Weights fitted;
+  importance::Weights after;
+  double correlation_before = 0;
+  double correlation_after = 0;
 };
 
 class AppendSession;
@@ -154,14 +211,42 @@ class Cache {
   // Drops expired leases; the daemon calls it periodically.
   void ExpireLeases();
 
+  // NOT_FOUND for an unknown model.
+  absl::StatusOr<ImportancePolicy> GetPolicy(const ModelKey& model) const;
+  // Applies the fields set in `update`. INVALID_ARGUMENT (nothing changed)
+  // when the result would not validate. Switching to off removes every
+  // compressed block of the model (with the blocks below it), so from then
+  // on fetches return only lossless KV.
+  absl::StatusOr<PolicyChange> UpdatePolicy(const ModelKey& model, const PolicyUpdate& update);
+
+  // Folds per-token attention mass into the activity of the cached tokens of
+  // `tokens` (or of the lease's blocks when lease_id != 0). `attention` holds
+  // num_layers (>= 1) rows of one value per token (of tokens, or of the
+  // lease's matched tokens), averaged over rows. INVALID_ARGUMENT for a wrong
+  // count or a negative / non-finite value; NOT_FOUND for an unknown model or
+  // lease. Nothing changes on error.
+  absl::StatusOr<ReportResult> ReportAttention(const ModelKey& model,
+                                               std::span<const Token> tokens, uint64_t lease_id,
+                                               std::span<const float> attention,
+                                               uint32_t num_layers);
+
+  // One compaction pass; the daemon calls it periodically. Encodes outside
+  // the lock; a block evicted or fetched meanwhile is simply left alone.
+  CompactionResult Compact();
+
+  // Refits every model's weights that has enough samples (calibration.h),
+  // moving them at most calibration_max_step, and starts a new sample.
+  std::vector<CalibrationOutcome> Calibrate();
+
   CacheStats GetStats() const;
 
  private:
   friend class AppendSession;
 
   struct ModelState {
-    ModelState(const ModelKey& k, const ModelLayout& l)
-        : key(k), layout(l), index(l.block_tokens) {}
+    ModelState(const ModelKey& k, const ModelLayout& l, const ImportancePolicy& p,
+               size_t calibration_samples)
+        : key(k), layout(l), index(l.block_tokens), policy(p), calibrator(calibration_samples) {}
     ModelKey key;
     ModelLayout layout;
     PrefixIndex index;
@@ -171,10 +256,19 @@ class Cache {
     uint64_t appended_blocks = 0;
     uint64_t deduplicated_blocks = 0;
     uint64_t evicted_blocks = 0;
+    ImportancePolicy policy;
+    importance::Calibrator calibrator;
+    uint64_t compressed_blocks = 0;  // blocks now in the compressed format
+    uint64_t int8_tokens = 0;        // tokens now stored as INT8
+    uint64_t pruned_tokens = 0;      // tokens now dropped
+    uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
+    uint64_t attention_reports = 0;
+    uint64_t calibrations = 0;
   };
   struct Lease {
     ModelKey model;
     uint64_t matched_tokens = 0;
+    std::vector<Token> tokens;  // the matched tokens, for attention reports
     std::vector<BlockRef> blocks;
     absl::Time expires;
   };
@@ -190,6 +284,8 @@ class Cache {
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                   std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bookkeeping for a node leaving its index (policy, compaction, stats).
+  void ForgetNodeLocked(ModelState& state, IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a lease from both maps, moving it to `out`.
   void EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, Lease* out)
@@ -215,6 +311,11 @@ class Cache {
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes in the indexes
+  // Nodes a compaction pass is encoding outside the lock; a node removed
+  // meanwhile leaves the set, so the pass knows not to touch it.
+  absl::flat_hash_set<const IndexNode*> compacting_ ABSL_GUARDED_BY(mu_);
+  ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
+  uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Receives one append's KV bytes and stores its new blocks on Commit().
@@ -243,8 +344,12 @@ class AppendSession {
   AppendSession(Cache* cache, ModelKey model, ModelLayout layout, std::vector<Token> tokens,
                 uint64_t start_block, uint64_t num_blocks, AppendHints hints,
                 std::vector<uint64_t> checksums, std::vector<BlockRef> pinned,
-                std::vector<bool> cached);
+                std::vector<bool> cached, std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
+  // Key novelty of a completed new block (averaged over novelty_layers_).
+  std::vector<float> ComputeNovelty(const BlockPayload& block) const;
+  // The pinned flags of block `index` of the sequence; empty when none.
+  std::vector<uint8_t> PinnedFlags(uint64_t index) const;
 
   Cache* const cache_;
   const ModelKey model_;
@@ -261,6 +366,8 @@ class AppendSession {
   std::vector<BlockRef> pinned_;
   std::vector<bool> cached_;          // per new block: cached at Begin, skip its bytes
   std::vector<BlockRef> new_blocks_;  // per new block: the payload written, or null
+  const std::vector<uint32_t> novelty_layers_;
+  std::vector<std::vector<float>> novelty_;  // per new block, once complete
   struct HashState;
   std::unique_ptr<HashState> hash_;  // running checksum of the current block
   uint64_t received_bytes_ = 0;

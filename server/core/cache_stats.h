@@ -24,6 +24,33 @@ struct ModelStats {
   uint64_t appended_blocks = 0;
   uint64_t deduplicated_blocks = 0;
   uint64_t evicted_blocks = 0;  // by capacity, explicit eviction or expiry
+  // Importance-aware retention (docs/importance.md).
+  std::string compression_mode;  // "off", "quantize", "prune"
+  float alpha = 0, beta = 0, gamma = 0;
+  double target_mass = 0;
+  uint64_t compressed_blocks = 0;
+  uint64_t full_tokens = 0;  // tokens at the model's dtype
+  uint64_t int8_tokens = 0;
+  uint64_t pruned_tokens = 0;
+  uint64_t bytes_saved = 0;  // raw block bytes minus what compressed blocks take
+  uint64_t attention_reports = 0;
+  uint64_t calibrations = 0;
+};
+
+// Distribution of the importance scores compaction computed: bucket i
+// counts scores in [i / 10, (i + 1) / 10), the last bucket everything >= 1.
+struct ScoreHistogram {
+  static constexpr int kBuckets = 11;
+  uint64_t counts[kBuckets] = {};
+  double sum = 0;
+  uint64_t total = 0;
+  void Add(float score) {
+    if (!(score >= 0)) score = 0;  // also NaN
+    const int b = score >= 1 ? kBuckets - 1 : static_cast<int>(score * 10);
+    counts[b] += 1;
+    sum += score;
+    ++total;
+  }
 };
 
 struct CacheStats {
@@ -34,6 +61,8 @@ struct CacheStats {
   uint64_t active_leases = 0;
   uint64_t capacity_evictions = 0;
   uint64_t rejected_appends = 0;
+  ScoreHistogram scores;
+  uint64_t compaction_passes = 0;
 };
 
 }  // namespace kvcache

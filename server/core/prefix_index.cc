@@ -152,4 +152,25 @@ void PrefixIndex::Clear(absl::FunctionRef<void(IndexNode*)> on_remove) {
   root_.child_map.reset();
 }
 
+void PrefixIndex::VisitPostOrder(absl::FunctionRef<void(IndexNode*)> visit) const {
+  // Iterative: parents are pushed to `order` before their children.
+  std::vector<IndexNode*> stack;
+  std::vector<IndexNode*> order;
+  auto push_children = [&stack](const IndexNode* n) {
+    if (n->child_map != nullptr) {
+      for (const auto& [h, child] : *n->child_map) stack.push_back(child.get());
+    } else {
+      for (uint32_t i = 0; i < n->num_children; ++i) stack.push_back(n->inline_children[i].get());
+    }
+  };
+  push_children(&root_);
+  while (!stack.empty()) {
+    IndexNode* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    push_children(n);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) visit(*it);
+}
+
 }  // namespace kvcache

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "server/core/block.h"
 #include "server/core/layout.h"
+#include "server/core/token_state.h"
 
 namespace kvcache {
 
@@ -46,6 +47,10 @@ struct IndexNode {
   absl::Time expires = absl::InfiniteFuture();
   int32_t priority = 0;
   uint8_t workload = 0;
+  // When a lookup, fetch, append or attention report last used the block.
+  absl::Time last_access = absl::InfinitePast();
+  // Per-token importance inputs and the block's precision (token_state.h).
+  BlockTokenState tokens_state;
 
   bool is_leaf() const { return num_children == 0; }
 
@@ -87,6 +92,10 @@ class PrefixIndex {
 
   // Removes every node, calling `on_remove` for each.
   void Clear(absl::FunctionRef<void(IndexNode*)> on_remove);
+
+  // Calls `visit` for every node, children before their parent. `visit` must
+  // not add or remove nodes.
+  void VisitPostOrder(absl::FunctionRef<void(IndexNode*)> visit) const;
 
   // Chained key of a block given its parent's key (0 for the first block).
   static uint64_t ChainKey(uint64_t parent_key, std::span<const Token> block);

@@ -2,6 +2,7 @@
 
 #include "absl/time/clock.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/status_convert.h"
 
 namespace kvcache {
 
@@ -37,6 +38,9 @@ grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* 
     info->set_model_id(key.model_id);
     *info->mutable_layout() = ToProto(layout);
     info->set_block_bytes(layout.BlockBytes());
+    if (auto policy = cache_->GetPolicy(key); policy.ok()) {
+      *info->mutable_policy() = ToProto(*policy);
+    }
   }
   return Finish(ctx, "ListModels", start);
 }
@@ -58,6 +62,20 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
     out->set_appended_blocks(m.appended_blocks);
     out->set_deduplicated_blocks(m.deduplicated_blocks);
     out->set_evicted_blocks(m.evicted_blocks);
+    v1::ModelPolicy* policy = out->mutable_policy();
+    policy->set_mode(ToProto(ParseCompressionMode(m.compression_mode).value_or(
+        CompressionMode::kOff)));
+    policy->mutable_weights()->set_alpha(m.alpha);
+    policy->mutable_weights()->set_beta(m.beta);
+    policy->mutable_weights()->set_gamma(m.gamma);
+    policy->set_target_mass(m.target_mass);
+    out->set_compressed_blocks(m.compressed_blocks);
+    out->set_full_tokens(m.full_tokens);
+    out->set_int8_tokens(m.int8_tokens);
+    out->set_pruned_tokens(m.pruned_tokens);
+    out->set_bytes_saved(m.bytes_saved);
+    out->set_attention_reports(m.attention_reports);
+    out->set_calibrations(m.calibrations);
   }
   v1::TierStats* host = response->add_tiers();
   host->set_name("host");
@@ -70,6 +88,36 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
   response->set_capacity_evictions(stats.capacity_evictions);
   response->set_rejected_appends(stats.rejected_appends);
   return Finish(ctx, "GetStats", start);
+}
+
+grpc::ServerUnaryReactor* AdminService::UpdateModelPolicy(
+    grpc::CallbackServerContext* ctx, const v1::UpdateModelPolicyRequest* request,
+    v1::UpdateModelPolicyResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    auto key = ToModelKey(request->namespace_(), request->model_id());
+    if (!key.ok()) return key.status();
+    PolicyUpdate update;
+    auto mode = FromProto(request->mode());
+    if (!mode.ok()) return mode.status();
+    update.mode = *mode;
+    if (request->has_weights()) {
+      update.weights = importance::Weights{.alpha = request->weights().alpha(),
+                                           .beta = request->weights().beta(),
+                                           .gamma = request->weights().gamma()};
+    }
+    if (request->target_mass() != 0) update.target_mass = request->target_mass();
+    absl::StatusOr<PolicyChange> change = cache_->UpdatePolicy(*key, update);
+    if (!change.ok()) return change.status();
+    *response->mutable_policy() = ToProto(change->policy);
+    response->set_previous_mode(ToProto(change->previous_mode));
+    response->set_dropped_blocks(change->dropped_blocks);
+    return absl::OkStatus();
+  }();
+  observer_->OnRpcDone("UpdateModelPolicy", status.code(), absl::Now() - start, 0);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 }  // namespace kvcache

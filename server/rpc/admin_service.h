@@ -1,5 +1,5 @@
-// AdminService: the kvcache.v1.Admin gRPC service (server info, models, stats).
-// Read-only; thread-safe. The Cache and RpcObserver must outlive it.
+// AdminService: the kvcache.v1.Admin gRPC service (server info, models, stats,
+// model policies). Thread-safe. The Cache and RpcObserver must outlive it.
 #ifndef KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 #define KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 
@@ -23,7 +23,7 @@ struct ServerIdentity {
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  AdminService(ServerIdentity identity, const Cache* cache, RpcObserver* observer)
+  AdminService(ServerIdentity identity, Cache* cache, RpcObserver* observer)
       : identity_(std::move(identity)), cache_(cache), observer_(observer) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
@@ -35,13 +35,16 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* UpdateModelPolicy(grpc::CallbackServerContext* ctx,
+                                              const v1::UpdateModelPolicyRequest* request,
+                                              v1::UpdateModelPolicyResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, std::string_view method,
                                    absl::Time start);
 
   const ServerIdentity identity_;
-  const Cache* const cache_;
+  Cache* const cache_;
   RpcObserver* const observer_;
 };
 

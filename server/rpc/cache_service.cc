@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/core/fetch_block.h"
 #include "server/rpc/append_decoder.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/status_convert.h"
@@ -231,9 +232,40 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Append(grpc::CallbackSe
   return new AppendReactor(this, ctx, response);
 }
 
+grpc::ServerUnaryReactor* CacheService::ReportAttention(grpc::CallbackServerContext* ctx,
+                                                        const v1::ReportAttentionRequest* request,
+                                                        v1::ReportAttentionResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    auto key = ToModelKey(request->namespace_(), request->model_id());
+    if (!key.ok()) return key.status();
+    if (request->lease_id() != 0 && !request->tokens().empty()) {
+      return absl::InvalidArgumentError("set either tokens or lease_id, not both");
+    }
+    absl::StatusOr<ReportResult> result = cache_->ReportAttention(
+        *key, TokensOf(request->tokens()), request->lease_id(),
+        std::span<const float>(request->attention().data(), request->attention().size()),
+        request->num_layers());
+    if (!result.ok()) return result.status();
+    response->set_matched_tokens(result->matched_tokens);
+    response->set_updated_tokens(result->updated_tokens);
+    return absl::OkStatus();
+  }();
+  return FinishUnary(ctx, "ReportAttention", start, status);
+}
+
 // --- Fetch --------------------------------------------------------------------
 
 namespace {
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
 
 uint8_t* PutVarint(uint8_t* p, uint64_t v) {
   while (v >= 0x80) {
@@ -246,11 +278,13 @@ uint8_t* PutVarint(uint8_t* p, uint64_t v) {
 
 // Encodes a FetchResponse whose `data` is `size` bytes of `block` at
 // `offset`, without copying them: the data slice holds a reference to the
-// block and points into its memory.
+// block and points into its memory. `kept` goes out only on a first chunk.
 grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint32_t block_index, const BlockRef& block,
-                             uint64_t offset, uint64_t size) {
-  uint8_t head[64];
-  uint8_t* p = head;
+                             uint64_t offset, uint64_t size, v1::BlockEncoding encoding,
+                             const std::vector<uint32_t>& kept) {
+  const bool with_kept = offset == 0 && !kept.empty();
+  std::vector<uint8_t> head(64 + (with_kept ? 10 + 5 * kept.size() : 0));
+  uint8_t* p = head.data();
   *p++ = 0x08;  // matched_tokens = 1, varint
   p = PutVarint(p, matched_tokens);
   *p++ = 0x10;  // block_index = 2
@@ -261,10 +295,21 @@ grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint32_t block_index, cons
   p = PutVarint(p, block->checksum());
   *p++ = 0x28;  // offset = 5
   p = PutVarint(p, offset);
+  if (encoding != v1::BLOCK_ENCODING_RAW) {
+    *p++ = 0x30;  // encoding = 6, varint
+    p = PutVarint(p, static_cast<uint64_t>(encoding));
+  }
+  if (with_kept) {
+    uint64_t packed = 0;
+    for (uint32_t t : kept) packed += VarintSize(t);
+    *p++ = 0x3A;  // kept_tokens = 7, packed
+    p = PutVarint(p, packed);
+    for (uint32_t t : kept) p = PutVarint(p, t);
+  }
   *p++ = 0x7A;  // data = 15, length-delimited
   p = PutVarint(p, size);
   grpc::Slice slices[2] = {
-      grpc::Slice(head, static_cast<size_t>(p - head)),
+      grpc::Slice(head.data(), static_cast<size_t>(p - head.data())),
       grpc::Slice(
           const_cast<std::byte*>(block->data().data()) + offset, size,
           [](void* ref) { delete static_cast<BlockRef*>(ref); }, new BlockRef(block))};
@@ -330,15 +375,23 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     if (!plan.ok()) return plan.status();
     plan_ = *std::move(plan);
+    accept_int8_ = request.accept_int8();
     return absl::OkStatus();
   }
 
   void WriteNext() {
     if (block_ >= plan_.blocks.size()) return Done(absl::OkStatus());
-    const BlockRef& block = plan_.blocks[block_];
+    if (offset_ == 0) {
+      // What this block goes out as: stored bytes, or decoded ones.
+      absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan_.blocks[block_], accept_int8_);
+      if (!sent.ok()) return Done(sent.status());
+      current_ = *std::move(sent);
+    }
+    const BlockRef& block = current_.bytes;
     const uint64_t size = std::min(chunk_bytes_, block->size() - offset_);
-    buffer_ =
-        EncodeChunk(plan_.matched_tokens, static_cast<uint32_t>(block_), block, offset_, size);
+    buffer_ = EncodeChunk(plan_.matched_tokens, static_cast<uint32_t>(block_), block, offset_,
+                          size, static_cast<v1::BlockEncoding>(current_.encoding),
+                          current_.kept_tokens);
     bytes_ += size;
     offset_ += size;
     if (offset_ == block->size()) {
@@ -356,6 +409,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   CacheService* const service_;
   const absl::Time start_ = absl::Now();
   FetchPlan plan_;
+  bool accept_int8_ = false;
+  FetchBlock current_;  // the block being sent
   uint64_t chunk_bytes_ = 0;
   size_t block_ = 0;
   uint64_t offset_ = 0;

@@ -29,7 +29,8 @@ struct CacheServiceOptions {
 using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
     v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_ReleaseLease<
         v1::Cache::WithRawCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
-            v1::Cache::WithCallbackMethod_Evict<v1::Cache::Service>>>>>>;
+            v1::Cache::WithCallbackMethod_Evict<
+                v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>;
 
 class CacheService final : public CacheServiceBase {
  public:
@@ -50,6 +51,9 @@ class CacheService final : public CacheServiceBase {
                                                     const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx, const v1::EvictRequest* request,
                                   v1::EvictResponse* response) override;
+  grpc::ServerUnaryReactor* ReportAttention(grpc::CallbackServerContext* ctx,
+                                            const v1::ReportAttentionRequest* request,
+                                            v1::ReportAttentionResponse* response) override;
 
   // Streams in flight now.
   int active_streams() const { return active_streams_.load(); }

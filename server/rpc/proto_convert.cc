@@ -75,6 +75,49 @@ AppendHints FromProto(const v1::AppendHints& hints) {
   }
   out.priority = hints.priority();
   out.ttl = absl::Seconds(hints.ttl_seconds());
+  for (const v1::TokenRange& r : hints.protected_ranges()) {
+    out.protected_ranges.push_back({.begin = r.begin(), .end = r.end()});
+  }
+  return out;
+}
+
+v1::CompressionMode ToProto(CompressionMode mode) {
+  switch (mode) {
+    case CompressionMode::kOff:
+      return v1::COMPRESSION_MODE_OFF;
+    case CompressionMode::kQuantize:
+      return v1::COMPRESSION_MODE_QUANTIZE;
+    case CompressionMode::kPrune:
+      return v1::COMPRESSION_MODE_PRUNE;
+  }
+  return v1::COMPRESSION_MODE_UNSPECIFIED;
+}
+
+absl::StatusOr<std::optional<CompressionMode>> FromProto(v1::CompressionMode mode) {
+  switch (mode) {
+    case v1::COMPRESSION_MODE_UNSPECIFIED:
+      return std::optional<CompressionMode>();
+    case v1::COMPRESSION_MODE_OFF:
+      return CompressionMode::kOff;
+    case v1::COMPRESSION_MODE_QUANTIZE:
+      return CompressionMode::kQuantize;
+    case v1::COMPRESSION_MODE_PRUNE:
+      return CompressionMode::kPrune;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode ", static_cast<int>(mode), " is not a CompressionMode"));
+  }
+}
+
+v1::ModelPolicy ToProto(const ImportancePolicy& policy) {
+  v1::ModelPolicy out;
+  out.set_mode(ToProto(policy.mode));
+  out.mutable_weights()->set_alpha(policy.params.alpha);
+  out.mutable_weights()->set_beta(policy.params.beta);
+  out.mutable_weights()->set_gamma(policy.params.gamma);
+  out.set_target_mass(policy.target_mass);
+  out.set_sink_tokens(static_cast<uint32_t>(policy.params.sink_tokens));
+  out.set_recent_window(static_cast<uint32_t>(policy.params.recent_window));
   return out;
 }
 

@@ -1,0 +1,354 @@
+// Cache: importance-aware retention. Attention reports, policy updates,
+// compaction (re-encoding cold blocks with INT8 and pruned tokens) and
+// calibration of the score's weights. docs/importance.md explains the model.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/cache.h"
+#include "server/importance/block_codec.h"
+#include "server/importance/scoring.h"
+
+namespace kvcache {
+namespace {
+
+double SecondsBetween(absl::Time earlier, absl::Time later) {
+  if (earlier == absl::InfinitePast()) return 0;
+  return std::max(0.0, absl::ToDoubleSeconds(later - earlier));
+}
+
+}  // namespace
+
+absl::StatusOr<ImportancePolicy> Cache::GetPolicy(const ModelKey& model) const {
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  return (*state)->policy;
+}
+
+absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
+                                                 const PolicyUpdate& update) {
+  std::vector<BlockRef> dropped;  // released after the lock
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  ImportancePolicy next = m.policy;
+  if (update.mode) next.mode = *update.mode;
+  if (update.weights) {
+    next.params.alpha = update.weights->alpha;
+    next.params.beta = update.weights->beta;
+    next.params.gamma = update.weights->gamma;
+  }
+  if (update.target_mass) next.target_mass = *update.target_mass;
+  if (auto s = next.Validate(); !s.ok()) return s;
+
+  PolicyChange change{.previous_mode = m.policy.mode};
+  m.policy = next;
+  if (next.mode == CompressionMode::kOff && m.compressed_blocks > 0) {
+    // Remove every compressed block (and what hangs below it): from now on
+    // the model serves only lossless KV.
+    std::vector<IndexNode*> compressed;
+    m.index.VisitPostOrder([&](IndexNode* n) {
+      if (n->tokens_state.compressed) compressed.push_back(n);
+    });
+    absl::flat_hash_set<const IndexNode*> alive(compressed.begin(), compressed.end());
+    for (IndexNode* n : compressed) {
+      if (!alive.contains(n)) continue;  // already removed with an ancestor
+      m.index.RemoveSubtree(n, [&](IndexNode* gone) {
+        alive.erase(gone);
+        ForgetNodeLocked(m, gone);
+        ++change.dropped_blocks;
+        m.bytes -= gone->payload->size();
+        payload_bytes_ -= gone->payload->size();
+        dropped.push_back(std::move(gone->payload));
+      });
+    }
+    m.evicted_blocks += change.dropped_blocks;
+  }
+  change.policy = m.policy;
+  return change;
+}
+
+absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
+                                                    std::span<const Token> tokens,
+                                                    uint64_t lease_id,
+                                                    std::span<const float> attention,
+                                                    uint32_t num_layers) {
+  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  const uint32_t rows = std::max<uint32_t>(num_layers, 1);
+  for (size_t i = 0; i < attention.size(); ++i) {
+    if (!std::isfinite(attention[i]) || attention[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention[", i, "] is ", attention[i], "; values must be finite and >= 0"));
+    }
+  }
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  const absl::Time now = clock_->Now();
+  if (lease_id != 0) {
+    ExpireLeasesLocked(now);
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) {
+      return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
+    }
+    if (it->second.model != model) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lease_id ", lease_id, " belongs to another model"));
+    }
+    tokens = it->second.tokens;
+  }
+  const size_t n = tokens.size();
+  if (n == 0 || attention.size() != uint64_t{rows} * n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention has ", attention.size(), " values; expected num_layers (", rows,
+        ") x tokens (", n, ") = ", uint64_t{rows} * n, lease_id != 0 ? " for the lease" : "",
+        n == 0 ? "; a report needs at least one token" : ""));
+  }
+  // Average the rows, then normalise to [0, 1] by the maximum.
+  std::vector<float> mass(n, 0.0f);
+  for (uint32_t r = 0; r < rows; ++r) {
+    for (size_t t = 0; t < n; ++t) mass[t] += attention[r * n + t];
+  }
+  const std::vector<float> observed = importance::NormaliseAttention(mass);
+
+  std::vector<IndexNode*> path;
+  MatchLocked(m, tokens, &path);
+  const uint32_t bt = m.layout.block_tokens;
+  const ImportanceOptions& o = options_.importance;
+  ReportResult result{.matched_tokens = path.size() * bt};
+  for (IndexNode* node : path) {
+    BlockTokenState& ts = node->tokens_state;
+    const double elapsed = SecondsBetween(ts.activity_updated, now);
+    if (ts.activity.empty()) ts.activity.assign(bt, 0.0f);
+    for (uint32_t i = 0; i < bt; ++i) {
+      const uint64_t g = uint64_t{node->depth} * bt + i;
+      // Features as the score saw them before this report, for calibration.
+      const float faded = importance::DecayActivity(ts.activity[i], elapsed,
+                                                    o.activity_half_life_seconds, 0, 0);
+      const float novelty = ts.novelty.empty() ? 0.0f : std::min(ts.novelty[i], 1.0f);
+      m.calibrator.Add({.activity = faded,
+                        .position = kernels::PositionFactor(static_cast<int64_t>(g),
+                                                            static_cast<int64_t>(n),
+                                                            m.policy.params),
+                        .novelty = novelty,
+                        .observed = observed[g]});
+      ts.activity[i] = importance::DecayActivity(ts.activity[i], elapsed,
+                                                 o.activity_half_life_seconds, observed[g],
+                                                 o.activity_weight);
+      ++result.updated_tokens;
+    }
+    ts.activity_updated = now;
+  }
+  ++m.attention_reports;
+  return result;
+}
+
+namespace {
+
+// One block a compaction pass re-encodes outside the lock.
+struct CompactionJob {
+  IndexNode* node = nullptr;
+  BlockRef old;
+  ModelLayout layout;
+  ImportancePolicy policy;
+  int64_t first_position = 0;
+  int64_t sequence_tokens = 0;
+  std::vector<float> activity;
+  std::vector<float> novelty;
+  std::vector<uint8_t> pinned;
+  // Results.
+  BlockRef encoded;
+  uint32_t num_int8 = 0;
+  uint32_t num_pruned = 0;
+};
+
+// True when every token of the block is protected, so compressing it would
+// change nothing.
+bool FullyProtected(const ImportancePolicy& p, int64_t first, int64_t bt, int64_t seq,
+                    const std::vector<uint8_t>& pinned) {
+  for (int64_t i = 0; i < bt; ++i) {
+    if (!importance::IsStructurallyProtected(p.params, first + i, seq) &&
+        (pinned.empty() || pinned[i] == 0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+CompactionResult Cache::Compact() {
+  CompactionResult result;
+  std::vector<CompactionJob> jobs;  // destroyed after the lock: old payloads free there
+  std::vector<float> all_scores;
+  const ImportanceOptions& o = options_.importance;
+  {
+    const SlabPoolStats pool = pool_->GetStats();
+    MutexLock lock(&mu_);
+    ++compaction_passes_;
+    const absl::Time now = clock_->Now();
+    result.under_pressure = pool.capacity_bytes > 0 &&
+                            static_cast<double>(pool.reserved_bytes) >=
+                                o.pressure_watermark * static_cast<double>(pool.capacity_bytes);
+    struct Candidate {
+      absl::Time last_access;
+      ModelState* model;
+      IndexNode* node;
+      int64_t sequence_tokens;
+    };
+    std::vector<Candidate> candidates;
+    for (auto& [key, mp] : models_) {
+      ModelState& m = *mp;
+      if (m.policy.mode == CompressionMode::kOff) continue;
+      const int64_t bt = m.layout.block_tokens;
+      absl::flat_hash_map<const IndexNode*, uint32_t> deepest;
+      m.index.VisitPostOrder([&](IndexNode* n) {
+        uint32_t& d = deepest[n];
+        d = std::max(d, n->depth);
+        if (n->parent != nullptr) {
+          uint32_t& pd = deepest[n->parent];
+          pd = std::max(pd, d);
+        }
+        if (n->tokens_state.compressed || n->payload.use_count() != 1 ||
+            compacting_.contains(n)) {
+          return;
+        }
+        if (!result.under_pressure && n->last_access > now - o.cold_after) return;
+        const int64_t seq = (int64_t{d} + 1) * bt;
+        if (FullyProtected(m.policy, int64_t{n->depth} * bt, bt, seq, n->tokens_state.pinned)) {
+          return;
+        }
+        candidates.push_back({n->last_access, &m, n, seq});
+      });
+    }
+    result.candidates = candidates.size();
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Candidate& a, const Candidate& b) { return a.last_access < b.last_access; });
+    if (candidates.size() > o.max_blocks_per_pass) candidates.resize(o.max_blocks_per_pass);
+    jobs.reserve(candidates.size());
+    for (const Candidate& c : candidates) {
+      const BlockTokenState& ts = c.node->tokens_state;
+      CompactionJob job{.node = c.node,
+                        .old = c.node->payload,
+                        .layout = c.model->layout,
+                        .policy = c.model->policy,
+                        .first_position = int64_t{c.node->depth} * c.model->layout.block_tokens,
+                        .sequence_tokens = c.sequence_tokens,
+                        .novelty = ts.novelty,
+                        .pinned = ts.pinned};
+      if (!ts.activity.empty()) {
+        const double elapsed = SecondsBetween(ts.activity_updated, now);
+        job.activity.resize(ts.activity.size());
+        for (size_t i = 0; i < ts.activity.size(); ++i) {
+          job.activity[i] = importance::DecayActivity(ts.activity[i], elapsed,
+                                                      o.activity_half_life_seconds, 0, 0);
+        }
+      }
+      compacting_.insert(c.node);
+      jobs.push_back(std::move(job));
+    }
+  }
+
+  // Outside the lock: score, decide each token's precision, encode.
+  for (CompactionJob& job : jobs) {
+    const uint32_t bt = job.layout.block_tokens;
+    std::vector<float> scores(bt);
+    importance::ScoreTokens(job.policy.params, job.first_position, job.sequence_tokens,
+                            job.activity, job.novelty, scores);
+    all_scores.insert(all_scores.end(), scores.begin(), scores.end());
+    std::vector<uint8_t> protect(bt, 0);
+    for (uint32_t i = 0; i < bt; ++i) {
+      protect[i] = importance::IsStructurallyProtected(job.policy.params, job.first_position + i,
+                                                       job.sequence_tokens) ||
+                   (!job.pinned.empty() && job.pinned[i] != 0);
+    }
+    std::vector<importance::TokenPrecision> precision(bt, importance::TokenPrecision::kInt8);
+    importance::Selection keep;
+    if (job.policy.mode == CompressionMode::kPrune) {
+      keep = importance::SelectByMass(scores, job.policy.target_mass, protect);
+    }
+    for (uint32_t i = 0; i < bt; ++i) {
+      if (protect[i]) {
+        precision[i] = importance::TokenPrecision::kFull;
+      } else if (job.policy.mode == CompressionMode::kPrune && keep.keep[i] == 0) {
+        precision[i] = importance::TokenPrecision::kPruned;
+        ++job.num_pruned;
+      } else {
+        ++job.num_int8;
+      }
+    }
+    const importance::BlockShape shape = ToBlockShape(job.layout);
+    absl::StatusOr<uint64_t> size = importance::CompressedSize(shape, precision);
+    if (!size.ok() || *size >= job.old->size()) continue;
+    absl::StatusOr<Allocation> a = pool_->Allocate(*size);
+    if (!a.ok()) break;  // no room even for the smaller copy: stop this pass
+    auto encoded = std::make_shared<BlockPayload>(pool_.get(), *a, *size);
+    if (!importance::EncodeBlock(shape, job.old->data(), precision, encoded->mutable_data())
+             .ok()) {
+      continue;
+    }
+    encoded->set_compressed(true);
+    encoded->Seal(Checksum(encoded->data()));
+    job.encoded = std::move(encoded);
+  }
+
+  MutexLock lock(&mu_);
+  for (float s : all_scores) score_histogram_.Add(s);
+  for (CompactionJob& job : jobs) {
+    const bool alive = compacting_.erase(job.node) == 1;
+    if (!alive || job.encoded == nullptr || job.node->payload != job.old) continue;
+    ModelState& m = *by_index_.at(job.node->index);
+    const uint64_t delta = job.old->size() - job.encoded->size();
+    job.node->payload = job.encoded;
+    BlockTokenState& ts = job.node->tokens_state;
+    ts.compressed = true;
+    ts.num_int8 = job.num_int8;
+    ts.num_pruned = job.num_pruned;
+    ++m.compressed_blocks;
+    m.int8_tokens += job.num_int8;
+    m.pruned_tokens += job.num_pruned;
+    m.bytes_saved += m.layout.BlockBytes() - job.encoded->size();
+    m.bytes -= delta;
+    payload_bytes_ -= delta;
+    ++result.compressed_blocks;
+    result.bytes_saved += delta;
+    result.int8_tokens += job.num_int8;
+    result.pruned_tokens += job.num_pruned;
+  }
+  return result;
+}
+
+std::vector<CalibrationOutcome> Cache::Calibrate() {
+  std::vector<CalibrationOutcome> outcomes;
+  const ImportanceOptions& o = options_.importance;
+  MutexLock lock(&mu_);
+  for (auto& [key, mp] : models_) {
+    ModelState& m = *mp;
+    if (m.calibrator.size() == 0) continue;
+    CalibrationOutcome out{.model = key, .samples = m.calibrator.size()};
+    out.before = {m.policy.params.alpha, m.policy.params.beta, m.policy.params.gamma};
+    out.correlation_before = importance::ScoreCorrelation(m.calibrator.samples(), out.before);
+    const importance::FitResult fit =
+        importance::FitWeights(m.calibrator.samples(), o.calibration_min_samples);
+    out.after = out.before;
+    if (fit.ok) {
+      out.fitted = fit.weights;
+      out.after = importance::StepToward(out.before, fit.weights, o.calibration_max_step);
+      out.applied = true;
+      m.policy.params.alpha = out.after.alpha;
+      m.policy.params.beta = out.after.beta;
+      m.policy.params.gamma = out.after.gamma;
+      ++m.calibrations;
+    }
+    out.correlation_after = importance::ScoreCorrelation(m.calibrator.samples(), out.after);
+    if (fit.ok) m.calibrator.Clear();  // the next refit learns from newer reports
+    outcomes.push_back(out);
+  }
+  return outcomes;
+}
+
+}  // namespace kvcache

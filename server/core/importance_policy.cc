@@ -1,0 +1,79 @@
+#include "server/core/importance_policy.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+
+std::string_view CompressionModeName(CompressionMode mode) {
+  switch (mode) {
+    case CompressionMode::kOff:
+      return "off";
+    case CompressionMode::kQuantize:
+      return "quantize";
+    case CompressionMode::kPrune:
+      return "prune";
+  }
+  return "unknown";
+}
+
+std::optional<CompressionMode> ParseCompressionMode(std::string_view name) {
+  for (CompressionMode m :
+       {CompressionMode::kOff, CompressionMode::kQuantize, CompressionMode::kPrune}) {
+    if (name == CompressionModeName(m)) return m;
+  }
+  return std::nullopt;
+}
+
+absl::Status ImportancePolicy::Validate() const {
+  if (!params.Valid()) {
+    return absl::InvalidArgumentError(
+        "importance weights must be finite and >= 0, sink_tokens and recent_window >= 0, "
+        "decay_tau > 0");
+  }
+  if (params.alpha + params.beta + params.gamma <= 0) {
+    return absl::InvalidArgumentError("importance weights alpha, beta, gamma are all 0");
+  }
+  if (!(target_mass > 0 && target_mass <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_mass ", target_mass, " is outside (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+kernels::DType ToKernelDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFp16:
+      return kernels::DType::kFloat16;
+    case DType::kBf16:
+      return kernels::DType::kBFloat16;
+    case DType::kFp32:
+      return kernels::DType::kFloat32;
+  }
+  return kernels::DType::kFloat32;
+}
+
+importance::BlockShape ToBlockShape(const ModelLayout& layout) {
+  return {.num_layers = layout.num_layers,
+          .num_kv_heads = layout.num_kv_heads,
+          .head_dim = layout.head_dim,
+          .block_tokens = layout.block_tokens,
+          .dtype = static_cast<uint32_t>(layout.dtype)};
+}
+
+std::vector<uint32_t> NoveltyLayers(const std::vector<uint32_t>& configured, uint32_t num_layers) {
+  std::vector<uint32_t> layers;
+  for (uint32_t l : configured) {
+    if (l < num_layers) layers.push_back(l);
+  }
+  if (!layers.empty()) return layers;
+  if (num_layers <= 4) {
+    for (uint32_t l = 0; l < num_layers; ++l) layers.push_back(l);
+  } else {
+    for (uint32_t i = 0; i < 4; ++i) layers.push_back((2 * i + 1) * num_layers / 8);
+  }
+  return layers;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,33 @@
+// BlockTokenState: what the cache knows about each token of a cached block,
+// for importance-aware retention (docs/importance.md).
+//
+// Novelty is computed once, when the block is appended; activity is the
+// decayed attention that workers report; pins are the token ranges a worker
+// asked to protect. num_int8 / num_pruned describe the block's current
+// representation (both 0 for a raw block). Vectors are empty until there is
+// something to hold (a block nobody reported on has no activity vector).
+//
+// Thread-safety: owned by an IndexNode and guarded by the cache's mutex.
+#ifndef KVCACHE_SERVER_CORE_TOKEN_STATE_H_
+#define KVCACHE_SERVER_CORE_TOKEN_STATE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace kvcache {
+
+struct BlockTokenState {
+  std::vector<float> novelty;   // block_tokens values in [0, 2], or empty
+  std::vector<float> activity;  // block_tokens values in [0, 1], or empty
+  absl::Time activity_updated = absl::InfinitePast();
+  std::vector<uint8_t> pinned;  // block_tokens flags (1: worker-pinned), or empty
+  uint32_t num_int8 = 0;        // tokens stored as INT8
+  uint32_t num_pruned = 0;      // tokens dropped
+  bool compressed = false;      // the payload uses the compressed block format
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_TOKEN_STATE_H_
