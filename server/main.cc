@@ -102,10 +102,11 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
     if (now >= next_compaction) {
       const CompactionResult r = cache.Compact();
       if (r.compressed_blocks > 0) {
-        spdlog::info("compaction: {} blocks compressed ({} INT8 and {} pruned tokens), {} bytes "
-                     "saved{}",
-                     r.compressed_blocks, r.int8_tokens, r.pruned_tokens, r.bytes_saved,
-                     r.under_pressure ? ", under memory pressure" : "");
+        spdlog::info(
+            "compaction: {} blocks compressed ({} INT8 and {} pruned tokens), {} bytes "
+            "saved{}",
+            r.compressed_blocks, r.int8_tokens, r.pruned_tokens, r.bytes_saved,
+            r.under_pressure ? ", under memory pressure" : "");
       }
       next_compaction = absl::Now() + compaction_every;
     }

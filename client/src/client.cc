@@ -175,6 +175,33 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::ReportAttentionResponse> ReportAttention(std::string_view model_id,
+                                                              std::span<const uint32_t> tokens,
+                                                              std::span<const float> attention,
+                                                              uint32_t num_layers) override {
+    v1::ReportAttentionRequest req;
+    req.set_namespace_(options_.ns);
+    req.set_model_id(std::string(model_id));
+    req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    req.mutable_attention()->Add(attention.begin(), attention.end());
+    req.set_num_layers(num_layers);
+    v1::ReportAttentionResponse resp;
+    absl::Status s = CallOnce(
+        [&](grpc::ClientContext* ctx) { return cache_->ReportAttention(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::UpdateModelPolicyResponse> UpdateModelPolicy(
+      v1::UpdateModelPolicyRequest req) override {
+    if (req.namespace_().empty()) req.set_namespace_(options_.ns);
+    v1::UpdateModelPolicyResponse resp;
+    absl::Status s = CallOnce(
+        [&](grpc::ClientContext* ctx) { return admin_->UpdateModelPolicy(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::StatusOr<v1::GetStatsResponse> GetStats() override {
     v1::GetStatsRequest req;
     v1::GetStatsResponse resp;

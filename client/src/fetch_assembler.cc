@@ -64,10 +64,26 @@ absl::Status FetchAssembler::StartBlock(const v1::FetchResponse& msg) {
     return Fail(absl::DataLossError(absl::StrCat(
         "Fetch: block ", msg.block_index(), " starts at offset ", msg.offset(), " instead of 0")));
   }
+  if (msg.encoding() != v1::BLOCK_ENCODING_RAW &&
+      msg.encoding() != v1::BLOCK_ENCODING_DEQUANTIZED) {
+    return Fail(absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(),
+                                                 " arrived in encoding ", msg.encoding(),
+                                                 ", which this fetch did not ask for")));
+  }
   XXH3_64bits_reset(state_);
   in_block_ = true;
   block_offset_ = 0;
   block_checksum_ = msg.block_checksum();
+  block_encoding_ = msg.encoding();
+  if (msg.encoding() == v1::BLOCK_ENCODING_DEQUANTIZED) ++dequantized_blocks_;
+  kept_tokens_.emplace_back(msg.kept_tokens().begin(), msg.kept_tokens().end());
+  for (size_t i = 0; i < kept_tokens_.back().size(); ++i) {
+    if (kept_tokens_.back()[i] >= block_tokens_ ||
+        (i > 0 && kept_tokens_.back()[i] <= kept_tokens_.back()[i - 1])) {
+      return Fail(absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(),
+                                                   " lists kept tokens out of order or range")));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -94,7 +110,8 @@ absl::Status FetchAssembler::Add(const v1::FetchResponse& msg) {
   if (!in_block_) {
     if (absl::Status s = StartBlock(msg); !s.ok()) return s;
   } else if (msg.block_index() != blocks_done_ || msg.offset() != block_offset_ ||
-             msg.block_checksum() != block_checksum_) {
+             msg.block_checksum() != block_checksum_ || msg.encoding() != block_encoding_ ||
+             !msg.kept_tokens().empty()) {
     return Fail(absl::DataLossError(absl::StrFormat(
         "Fetch: expected block %u at offset %u with checksum %016x, got block %u at offset %u "
         "with checksum %016x",
@@ -153,6 +170,11 @@ FetchResult FetchAssembler::result() const {
   r.matched_tokens = matched_tokens_;
   r.blocks = blocks_done_;
   r.bytes = uint64_t{blocks_done_} * expected_block_bytes_;
+  r.dequantized_blocks = dequantized_blocks_;
+  r.kept_tokens = kept_tokens_;
+  bool any_pruned = false;
+  for (const auto& k : kept_tokens_) any_pruned |= !k.empty();
+  if (!any_pruned) r.kept_tokens.clear();
   return r;
 }
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kvcache/client.h"
@@ -57,6 +58,9 @@ class FetchAssembler {
   const uint64_t expected_block_bytes_;
   const uint32_t block_tokens_;
   XXH3_state_s* state_;
+  int block_encoding_ = 0;  // v1::BlockEncoding of the current block
+  uint32_t dequantized_blocks_ = 0;
+  std::vector<std::vector<uint32_t>> kept_tokens_;  // per block started
 
   absl::Status failed_;
   bool layout_mismatch_ = false;

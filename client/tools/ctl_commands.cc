@@ -160,6 +160,28 @@ int RunStatus(const Context& ctx) {
   return code;
 }
 
+std::string ModeName(v1::CompressionMode mode) {
+  switch (mode) {
+    case v1::COMPRESSION_MODE_OFF:
+      return "off";
+    case v1::COMPRESSION_MODE_QUANTIZE:
+      return "quantize";
+    case v1::COMPRESSION_MODE_PRUNE:
+      return "prune";
+    default:
+      return "unspecified";
+  }
+}
+
+void PrintPolicy(std::ostream& out, const v1::ModelPolicy& p) {
+  out << "mode:          " << ModeName(p.mode()) << '\n'
+      << absl::StrFormat("weights:       alpha %.3f  beta %.3f  gamma %.3f\n", p.weights().alpha(),
+                         p.weights().beta(), p.weights().gamma())
+      << "target mass:   " << p.target_mass() << '\n'
+      << "sink tokens:   " << p.sink_tokens() << '\n'
+      << "recent window: " << p.recent_window() << '\n';
+}
+
 int RunStats(const Context& ctx) {
   absl::StatusOr<v1::GetStatsResponse> stats = ctx.client->GetStats();
   if (!stats.ok()) return Fail(ctx, "stats", stats.status());
@@ -208,6 +230,30 @@ int RunStats(const Context& ctx) {
   } else {
     models.Print(out);
   }
+  if (!stats->models().empty()) {
+    Table importance({{"NAMESPACE"},
+                      {"MODEL"},
+                      {"MODE"},
+                      {"ALPHA/BETA/GAMMA"},
+                      {"FULL_TOKENS", true},
+                      {"INT8_TOKENS", true},
+                      {"PRUNED_TOKENS", true},
+                      {"COMPRESSED", true},
+                      {"SAVED", true},
+                      {"REPORTS", true},
+                      {"CALIBRATIONS", true}});
+    for (const v1::ModelStats& m : stats->models()) {
+      const v1::ImportanceWeights& w = m.policy().weights();
+      importance.AddRow({m.namespace_(), m.model_id(), ModeName(m.policy().mode()),
+                         absl::StrFormat("%.3f/%.3f/%.3f", w.alpha(), w.beta(), w.gamma()),
+                         absl::StrCat(m.full_tokens()), absl::StrCat(m.int8_tokens()),
+                         absl::StrCat(m.pruned_tokens()), absl::StrCat(m.compressed_blocks()),
+                         HumanBytes(m.bytes_saved()), absl::StrCat(m.attention_reports()),
+                         absl::StrCat(m.calibrations())});
+    }
+    out << "\nImportance\n";
+    importance.Print(out);
+  }
   out << "\nactive leases:      " << stats->active_leases() << '\n'
       << "capacity evictions: " << stats->capacity_evictions() << " blocks\n"
       << "rejected appends:   " << stats->rejected_appends() << '\n';
@@ -242,6 +288,67 @@ int RunModels(const Context& ctx) {
               absl::StrCat(m.block_bytes(), " (", HumanBytes(m.block_bytes()), ")")});
   }
   t.Print(*ctx.out);
+  return kExitOk;
+}
+
+int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change) {
+  const bool changing = !change.mode.empty() || !change.weights.empty() || change.target_mass != 0;
+  if (!changing) {
+    absl::StatusOr<v1::ListModelsResponse> models = ctx.client->ListModels(ctx.ns);
+    if (!models.ok()) return Fail(ctx, "policy", models.status());
+    const std::string ns = ctx.ns.empty() ? "default" : ctx.ns;
+    for (const v1::ModelInfo& m : models->models()) {
+      if (m.model_id() != model || m.namespace_() != ns) continue;
+      if (ctx.json) {
+        *ctx.out << ToJson(m.policy()) << '\n';
+      } else {
+        *ctx.out << "model:         " << ns << '/' << model << '\n';
+        PrintPolicy(*ctx.out, m.policy());
+      }
+      return kExitOk;
+    }
+    return Fail(
+        ctx, "policy",
+        absl::NotFoundError(absl::StrCat("model \"", std::string(model),
+                                         "\" is not registered in namespace \"", ns, "\"")));
+  }
+  v1::UpdateModelPolicyRequest req;
+  req.set_namespace_(ctx.ns);
+  req.set_model_id(std::string(model));
+  if (change.mode == "off") {
+    req.set_mode(v1::COMPRESSION_MODE_OFF);
+  } else if (change.mode == "quantize") {
+    req.set_mode(v1::COMPRESSION_MODE_QUANTIZE);
+  } else if (change.mode == "prune") {
+    req.set_mode(v1::COMPRESSION_MODE_PRUNE);
+  } else if (!change.mode.empty()) {
+    return Fail(ctx, "policy",
+                absl::InvalidArgumentError(absl::StrCat("--mode is \"", change.mode,
+                                                        "\"; it must be off, quantize or prune")));
+  }
+  if (!change.weights.empty()) {
+    if (change.weights.size() != 3) {
+      return Fail(ctx, "policy",
+                  absl::InvalidArgumentError("--weights takes three values: alpha beta gamma"));
+    }
+    req.mutable_weights()->set_alpha(change.weights[0]);
+    req.mutable_weights()->set_beta(change.weights[1]);
+    req.mutable_weights()->set_gamma(change.weights[2]);
+  }
+  req.set_target_mass(change.target_mass);
+  absl::StatusOr<v1::UpdateModelPolicyResponse> resp = ctx.client->UpdateModelPolicy(req);
+  if (!resp.ok()) return Fail(ctx, "policy", resp.status());
+  if (ctx.json) {
+    *ctx.out << ToJson(*resp) << '\n';
+    return kExitOk;
+  }
+  *ctx.out << "previous mode: " << ModeName(resp->previous_mode()) << '\n';
+  PrintPolicy(*ctx.out, resp->policy());
+  if (resp->dropped_blocks() > 0) {
+    *ctx.out << "removed " << resp->dropped_blocks()
+             << " compressed blocks (and the blocks below them): the model now serves only "
+                "lossless KV\n";
+  }
   return kExitOk;
 }
 

@@ -47,6 +47,16 @@ int RunLookup(const Context& ctx, std::string_view model, const std::vector<uint
 int RunEvict(const Context& ctx, std::string_view model, const std::vector<uint32_t>& tokens,
              bool all);
 
+// A model's importance policy: with no change given, shows it (mode, weights,
+// target mass, sinks, window); otherwise applies the change and shows the
+// result (and how many compressed blocks switching to off removed).
+struct PolicyChangeArgs {
+  std::string mode;           // "", "off", "quantize", "prune"
+  std::vector<float> weights;  // empty, or alpha, beta, gamma
+  double target_mass = 0;     // 0: unchanged
+};
+int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change);
+
 // Parses token ids separated by commas and/or whitespace; "a-b" is the
 // inclusive range a..b. INVALID_ARGUMENT names the first bad item.
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(std::string_view text);

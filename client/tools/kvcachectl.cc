@@ -79,6 +79,23 @@ int main(int argc, char** argv) {
   ep->excludes(epf)->excludes(ea);
   epf->excludes(ea);
 
+  CLI::App* policy = app.add_subcommand(
+      "policy",
+      "show a model's importance policy, or change it at runtime: compression mode (off, "
+      "quantize, prune), weights, target mass. Switching to off removes compressed blocks, so "
+      "the model serves only lossless KV (the first check when outputs look wrong)");
+  std::string policy_model;
+  kvcache::ctl::PolicyChangeArgs policy_change;
+  policy->add_option("-m,--model", policy_model, "model id")->required();
+  policy->add_option("--mode", policy_change.mode, "off, quantize or prune")
+      ->check(CLI::IsMember({"off", "quantize", "prune"}));
+  policy->add_option("--weights", policy_change.weights, "alpha beta gamma (each in [0, 1])")
+      ->expected(3);
+  policy
+      ->add_option("--target-mass", policy_change.target_mass,
+                   "share of a block's importance mass prune mode keeps, in (0, 1]")
+      ->check(CLI::Range(0.0, 1.0));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -112,6 +129,7 @@ int main(int argc, char** argv) {
   if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
   if (stats->parsed()) return kvcache::ctl::RunStats(ctx);
   if (models->parsed()) return kvcache::ctl::RunModels(ctx);
+  if (policy->parsed()) return kvcache::ctl::RunPolicy(ctx, policy_model, policy_change);
   if (lookup->parsed()) {
     if (lt->count() + lf->count() == 0) {
       std::cerr << "kvcachectl: lookup: give the sequence with --tokens or --tokens-file\n";

@@ -2,9 +2,9 @@
 
 #include <bit>
 #include <cmath>
-#include <utility>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
@@ -22,8 +22,8 @@ absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uin
 
 absl::Status CheckUnit(std::string_view field, double value, bool allow_zero) {
   if (!std::isfinite(value) || value < 0 || value > 1 || (!allow_zero && value == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("importance.", std::string(field), " is ",
-                                                   value, "; it must be in ",
+    return absl::InvalidArgumentError(absl::StrCat("importance.", std::string(field), " is ", value,
+                                                   "; it must be in ",
                                                    allow_zero ? "[0, 1]" : "(0, 1]"));
   }
   return absl::OkStatus();
@@ -58,8 +58,8 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
   if (!std::isfinite(i.activity_half_life_seconds()) || i.activity_half_life_seconds() < 0) {
     return absl::InvalidArgumentError("importance.activity_half_life_seconds must be >= 0");
   }
-  if (auto s = CheckRange("importance.compaction_interval_ms", i.compaction_interval_ms(), 10,
-                          3600000);
+  if (auto s =
+          CheckRange("importance.compaction_interval_ms", i.compaction_interval_ms(), 10, 3600000);
       !s.ok()) {
     return s;
   }

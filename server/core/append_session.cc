@@ -32,9 +32,9 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   }
   for (const TokenRange& r : hints.protected_ranges) {
     if (r.begin >= r.end || r.end > tokens.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("protected range [", r.begin, ", ", r.end, ") is empty or past the end of ",
-                       "tokens (", tokens.size(), " tokens)"));
+      return absl::InvalidArgumentError(absl::StrCat("protected range [", r.begin, ", ", r.end,
+                                                     ") is empty or past the end of ", "tokens (",
+                                                     tokens.size(), " tokens)"));
     }
   }
   MutexLock lock(&mu_);

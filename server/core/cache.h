@@ -133,9 +133,9 @@ struct PolicyUpdate {
 };
 
 struct PolicyChange {
-  ImportancePolicy policy;        // in effect after the update
+  ImportancePolicy policy;  // in effect after the update
   CompressionMode previous_mode = CompressionMode::kOff;
-  uint64_t dropped_blocks = 0;    // compressed blocks removed by switching to off
+  uint64_t dropped_blocks = 0;  // compressed blocks removed by switching to off
 };
 
 struct ReportResult {
@@ -225,9 +225,8 @@ class Cache {
   // lease's matched tokens), averaged over rows. INVALID_ARGUMENT for a wrong
   // count or a negative / non-finite value; NOT_FOUND for an unknown model or
   // lease. Nothing changes on error.
-  absl::StatusOr<ReportResult> ReportAttention(const ModelKey& model,
-                                               std::span<const Token> tokens, uint64_t lease_id,
-                                               std::span<const float> attention,
+  absl::StatusOr<ReportResult> ReportAttention(const ModelKey& model, std::span<const Token> tokens,
+                                               uint64_t lease_id, std::span<const float> attention,
                                                uint32_t num_layers);
 
   // One compaction pass; the daemon calls it periodically. Encodes outside

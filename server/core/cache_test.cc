@@ -3,6 +3,8 @@
 // Every block's bytes are a pattern derived from (model salt, chained key of
 // its token prefix, offset), so a byte written or served for the wrong prefix,
 // the wrong model or the wrong offset is caught.
+#include <tuple>
+
 #include "server/core/cache_test_util.h"
 
 namespace kvcache {
@@ -472,9 +474,14 @@ TEST_F(CacheTest, StatsArePerModel) {
   Matched(Mid(), Seq({1}));
   ASSERT_TRUE(cache_->EvictPrefix(Small().key, Seq({1, 2, 3})).ok());
   // model, layout, blocks, tokens, bytes, hit/miss tokens, appended/dedup/evicted blocks
-  EXPECT_THAT(StatsOf(Small()), FieldsAre(Small().key, Small().layout, 2u, 2 * kBt, 2 * 512u,
-                                          3 * kBt, 3 * kBt, 3u, 1u, 1u));
-  EXPECT_THAT(StatsOf(Mid()),
+  auto counters = [](const ModelStats& m) {
+    return std::make_tuple(m.model, m.layout, m.blocks, m.tokens, m.bytes, m.hit_tokens,
+                           m.miss_tokens, m.appended_blocks, m.deduplicated_blocks,
+                           m.evicted_blocks);
+  };
+  EXPECT_THAT(counters(StatsOf(Small())), FieldsAre(Small().key, Small().layout, 2u, 2 * kBt,
+                                                    2 * 512u, 3 * kBt, 3 * kBt, 3u, 1u, 1u));
+  EXPECT_THAT(counters(StatsOf(Mid())),
               FieldsAre(Mid().key, Mid().layout, 1u, kBt, 2048u, kBt, 0u, 1u, 0u, 0u));
   const CacheStats all = cache_->GetStats();
   EXPECT_EQ(all.blocks, 3u);

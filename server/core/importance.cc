@@ -80,8 +80,8 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   const uint32_t rows = std::max<uint32_t>(num_layers, 1);
   for (size_t i = 0; i < attention.size(); ++i) {
     if (!std::isfinite(attention[i]) || attention[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attention[", i, "] is ", attention[i], "; values must be finite and >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention[", i, "] is ", attention[i], "; values must be finite and >= 0"));
     }
   }
   MutexLock lock(&mu_);
@@ -104,8 +104,8 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   const size_t n = tokens.size();
   if (n == 0 || attention.size() != uint64_t{rows} * n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "attention has ", attention.size(), " values; expected num_layers (", rows,
-        ") x tokens (", n, ") = ", uint64_t{rows} * n, lease_id != 0 ? " for the lease" : "",
+        "attention has ", attention.size(), " values; expected num_layers (", rows, ") x tokens (",
+        n, ") = ", uint64_t{rows} * n, lease_id != 0 ? " for the lease" : "",
         n == 0 ? "; a report needs at least one token" : ""));
   }
   // Average the rows, then normalise to [0, 1] by the maximum.
@@ -127,18 +127,16 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
     for (uint32_t i = 0; i < bt; ++i) {
       const uint64_t g = uint64_t{node->depth} * bt + i;
       // Features as the score saw them before this report, for calibration.
-      const float faded = importance::DecayActivity(ts.activity[i], elapsed,
-                                                    o.activity_half_life_seconds, 0, 0);
+      const float faded =
+          importance::DecayActivity(ts.activity[i], elapsed, o.activity_half_life_seconds, 0, 0);
       const float novelty = ts.novelty.empty() ? 0.0f : std::min(ts.novelty[i], 1.0f);
       m.calibrator.Add({.activity = faded,
-                        .position = kernels::PositionFactor(static_cast<int64_t>(g),
-                                                            static_cast<int64_t>(n),
-                                                            m.policy.params),
+                        .position = kernels::PositionFactor(
+                            static_cast<int64_t>(g), static_cast<int64_t>(n), m.policy.params),
                         .novelty = novelty,
                         .observed = observed[g]});
-      ts.activity[i] = importance::DecayActivity(ts.activity[i], elapsed,
-                                                 o.activity_half_life_seconds, observed[g],
-                                                 o.activity_weight);
+      ts.activity[i] = importance::DecayActivity(
+          ts.activity[i], elapsed, o.activity_half_life_seconds, observed[g], o.activity_weight);
       ++result.updated_tokens;
     }
     ts.activity_updated = now;
@@ -213,8 +211,7 @@ CompactionResult Cache::Compact() {
           uint32_t& pd = deepest[n->parent];
           pd = std::max(pd, d);
         }
-        if (n->tokens_state.compressed || n->payload.use_count() != 1 ||
-            compacting_.contains(n)) {
+        if (n->tokens_state.compressed || n->payload.use_count() != 1 || compacting_.contains(n)) {
           return;
         }
         if (!result.under_pressure && n->last_access > now - o.cold_after) return;
@@ -287,8 +284,7 @@ CompactionResult Cache::Compact() {
     absl::StatusOr<Allocation> a = pool_->Allocate(*size);
     if (!a.ok()) break;  // no room even for the smaller copy: stop this pass
     auto encoded = std::make_shared<BlockPayload>(pool_.get(), *a, *size);
-    if (!importance::EncodeBlock(shape, job.old->data(), precision, encoded->mutable_data())
-             .ok()) {
+    if (!importance::EncodeBlock(shape, job.old->data(), precision, encoded->mutable_data()).ok()) {
       continue;
     }
     encoded->set_compressed(true);

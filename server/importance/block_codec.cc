@@ -134,8 +134,8 @@ Layout ComputeLayout(const BlockShape& shape, const Counts& c) {
   l.code_bytes = Pad4(l.code_data);
   l.k_scale_bytes = c.int8 > 0 ? heads * dim * sizeof(float) : 0;
   l.v_scale_bytes = heads * c.int8 * sizeof(float);
-  const uint64_t per_layer = 2 * l.full_bytes + 2 * l.code_bytes + l.k_scale_bytes +
-                             l.v_scale_bytes;
+  const uint64_t per_layer =
+      2 * l.full_bytes + 2 * l.code_bytes + l.k_scale_bytes + l.v_scale_bytes;
   l.total = kCompressedHeaderBytes + l.map_bytes + shape.num_layers * per_layer;
   return l;
 }
@@ -176,8 +176,8 @@ float* ScalesBuffer(Scratch& s, uint64_t count) {
 }
 
 absl::Status KernelFailure(const char* what, kernels::KernelStatus status) {
-  return absl::InternalError(absl::StrCat("compressed block: ", what, " failed: ",
-                                          kernels::KernelStatusName(status)));
+  return absl::InternalError(
+      absl::StrCat("compressed block: ", what, " failed: ", kernels::KernelStatusName(status)));
 }
 
 absl::Status DataLoss(const std::string& reason) {
@@ -235,8 +235,8 @@ absl::Status EncodeBlock(const BlockShape& shape, std::span<const std::byte> raw
                                                    " bytes, shape needs ", raw_bytes));
   }
   if (out.size() != *size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compressed block: output buffer is ", out.size(), " bytes, encoding needs ", *size));
+    return absl::InvalidArgumentError(absl::StrCat("compressed block: output buffer is ",
+                                                   out.size(), " bytes, encoding needs ", *size));
   }
 
   Scratch& s = ThreadScratch();
@@ -324,16 +324,16 @@ absl::Status EncodeBlock(const BlockShape& shape, std::span<const std::byte> raw
     }
   }
   if (off != layout.total) {
-    return absl::InternalError(absl::StrCat("compressed block: wrote ", off, " bytes, expected ",
-                                            layout.total));
+    return absl::InternalError(
+        absl::StrCat("compressed block: wrote ", off, " bytes, expected ", layout.total));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<CompressedBlockView> ParseCompressedBlock(std::span<const std::byte> bytes) {
   if (bytes.size() < kCompressedHeaderBytes) {
-    return DataLoss(absl::StrCat("truncated header: ", bytes.size(), " bytes, need ",
-                                 kCompressedHeaderBytes));
+    return DataLoss(
+        absl::StrCat("truncated header: ", bytes.size(), " bytes, need ", kCompressedHeaderBytes));
   }
   const std::byte* b = bytes.data();
   const uint32_t magic = GetU32(b + kOffMagic);
@@ -374,12 +374,11 @@ absl::StatusOr<CompressedBlockView> ParseCompressedBlock(std::span<const std::by
   const Layout layout =
       ComputeLayout(view.shape, Counts{view.num_full, view.num_int8, view.num_pruned});
   if (payload != layout.total) {
-    return DataLoss(absl::StrCat("payload_bytes is ", payload, ", shape and counts imply ",
-                                 layout.total));
+    return DataLoss(
+        absl::StrCat("payload_bytes is ", payload, ", shape and counts imply ", layout.total));
   }
   if (bytes.size() != payload) {
-    return DataLoss(
-        absl::StrCat("buffer is ", bytes.size(), " bytes, payload_bytes is ", payload));
+    return DataLoss(absl::StrCat("buffer is ", bytes.size(), " bytes, payload_bytes is ", payload));
   }
 
   // The map lies inside `bytes`: layout.total >= header + map.
@@ -426,9 +425,8 @@ absl::Status DecodeBlock(const CompressedBlockView& view, std::span<std::byte> o
                                                    layout.total));
   }
   if (out.size() != raw_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("compressed block: output buffer is ",
-                                                   out.size(), " bytes, raw block needs ",
-                                                   raw_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compressed block: output buffer is ", out.size(), " bytes, raw block needs ", raw_bytes));
   }
 
   Scratch& s = ThreadScratch();
@@ -476,9 +474,9 @@ absl::Status DecodeBlock(const CompressedBlockView& view, std::span<std::byte> o
             kv == 0 ? kernels::QuantAxis::kPerChannel : kernels::QuantAxis::kPerToken;
         // All tokens INT8 and an aligned destination: dequantize in place.
         const bool in_place = num_int8 == tokens && Aligned(dst, element);
-        void* target = in_place ? static_cast<void*>(dst)
-                                : RowsBuffer(s, static_cast<uint64_t>(heads * num_int8) *
-                                                    row_bytes);
+        void* target = in_place
+                           ? static_cast<void*>(dst)
+                           : RowsBuffer(s, static_cast<uint64_t>(heads * num_int8) * row_bytes);
         const kernels::KernelStatus st =
             kernels::DequantizeInt8Cpu(codes, scales, heads, num_int8, dim, axis, dtype, target);
         if (st != kernels::KernelStatus::kOk) return KernelFailure("INT8 dequantization", st);

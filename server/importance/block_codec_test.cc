@@ -100,13 +100,16 @@ uint32_t ReadU32(std::span<const std::byte> b, size_t off) {
   std::memcpy(&v, b.data() + off, 4);
   return v;
 }
-void WriteU32(std::span<std::byte> b, size_t off, uint32_t v) { std::memcpy(b.data() + off, &v, 4); }
+void WriteU32(std::span<std::byte> b, size_t off, uint32_t v) {
+  std::memcpy(b.data() + off, &v, 4);
+}
 
 // The kernels' INT8 error bound (quantize.h) for an original x, its decoded x' and the group's
 // scale, in the dtype's unit roundoff.
 double ErrorBound(uint32_t proto, float scale, float decoded) {
-  const double u = proto == kProtoFp32 ? 0.0 : proto == kProtoFp16 ? std::ldexp(1.0, -11)
-                                                                   : std::ldexp(1.0, -8);
+  const double u = proto == kProtoFp32   ? 0.0
+                   : proto == kProtoFp16 ? std::ldexp(1.0, -11)
+                                         : std::ldexp(1.0, -8);
   const double eta = proto == kProtoFp16 ? std::ldexp(1.0, -25) : 0.0;
   return scale * (0.5 + std::ldexp(1.0, -15)) + std::abs(decoded) * u + eta;
 }
@@ -138,9 +141,8 @@ void CheckDecoded(const BlockShape& s, std::span<const TokenPrecision> precision
         for (uint32_t t = 0; t < s.block_tokens; ++t) {
           const size_t row = RawIndex(s, l, kv, h, t, 0);
           if (precision[t] == TokenPrecision::kFull) {
-            EXPECT_EQ(std::memcmp(raw.data() + row * eb, decoded.data() + row * eb,
-                                  s.head_dim * eb),
-                      0)
+            EXPECT_EQ(
+                std::memcmp(raw.data() + row * eb, decoded.data() + row * eb, s.head_dim * eb), 0)
                 << "full token " << t << " layer " << l << " kv " << kv << " head " << h;
           } else if (precision[t] == TokenPrecision::kPruned) {
             for (size_t i = 0; i < s.head_dim * eb; ++i) {
@@ -159,8 +161,8 @@ void CheckDecoded(const BlockShape& s, std::span<const TokenPrecision> precision
               const double err = std::abs(static_cast<double>(y[row + d]) - x[row + d]);
               if (err > ErrorBound(s.dtype, scale, y[row + d]) && ++failures <= 5) {
                 ADD_FAILURE() << "int8 token " << t << " dim " << d << " layer " << l << " kv "
-                              << kv << ": " << x[row + d] << " -> " << y[row + d]
-                              << " (scale " << scale << ")";
+                              << kv << ": " << x[row + d] << " -> " << y[row + d] << " (scale "
+                              << scale << ")";
               }
             }
           }
@@ -181,16 +183,14 @@ std::vector<Case> Shapes() {
   const BlockShape dims[] = {
       {2, 2, 64, 16, 0},  // typical, small
       {1, 1, 3, 5, 0},    // odd sizes: 16-bit full sections need padding
-      {3, 4, 128, 32, 0},
-      {1, 3, 7, 9, 0},
-      {2, 1, 1, 1, 0},    // one token, one channel
+      {3, 4, 128, 32, 0}, {1, 3, 7, 9, 0}, {2, 1, 1, 1, 0},  // one token, one channel
   };
   for (const uint32_t dtype : {kProtoFp16, kProtoBf16, kProtoFp32}) {
     for (BlockShape s : dims) {
       s.dtype = dtype;
-      cases.push_back(Case{s, absl::StrCat(DTypeLabel(dtype), " L", s.num_layers, " H",
-                                           s.num_kv_heads, " D", s.head_dim, " T",
-                                           s.block_tokens)});
+      cases.push_back(
+          Case{s, absl::StrCat(DTypeLabel(dtype), " L", s.num_layers, " H", s.num_kv_heads, " D",
+                               s.head_dim, " T", s.block_tokens)});
     }
   }
   return cases;
@@ -206,6 +206,10 @@ TEST(BlockShapeTest, RawBytes) {
   // Would overflow 64 bits; must be rejected, not wrapped.
   EXPECT_EQ((BlockShape{0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 3}.raw_bytes()), 0u);
   EXPECT_EQ((BlockShape{1u << 20, 1u << 20, 1u << 20, 1, 3}.raw_bytes()), 0u);
+  // Each dimension must fit the kernels' int32 token indices.
+  EXPECT_EQ((BlockShape{1, 1, 1, 0x7FFFFFFFu, kProtoFp16}.raw_bytes()), uint64_t{4} * 0x7FFFFFFFu);
+  EXPECT_EQ((BlockShape{1, 1, 1, 0x80000000u, kProtoFp16}.raw_bytes()), 0u);
+  EXPECT_EQ((BlockShape{1, 0x80000000u, 1, 1, kProtoFp16}.raw_bytes()), 0u);
 }
 
 TEST(BlockCodecTest, AllFullIsBitExact) {
@@ -275,8 +279,7 @@ TEST(BlockCodecTest, EncodingIsDeterministicAndPaddingZero) {
 TEST(BlockCodecTest, SizeAndLayoutMatchTheDocumentedFormat) {
   const BlockShape shape{2, 3, 5, 7, kProtoFp16};
   using P = TokenPrecision;
-  const std::vector<P> p = {P::kFull, P::kInt8, P::kPruned, P::kFull, P::kInt8, P::kInt8,
-                            P::kFull};
+  const std::vector<P> p = {P::kFull, P::kInt8, P::kPruned, P::kFull, P::kInt8, P::kInt8, P::kFull};
   ASSERT_EQ(CompressedSize(shape, p).value(), 808u);
   const std::vector<std::byte> raw = MakeRaw(shape, 21);
   const std::vector<std::byte> enc = Encode(shape, raw, p);
@@ -311,8 +314,7 @@ TEST(BlockCodecTest, SizeAndLayoutMatchTheDocumentedFormat) {
       for (uint32_t h = 0; h < 3; ++h) {
         for (uint32_t i = 0; i < 3; ++i) {
           const size_t src = RawIndex(shape, l, kv, h, full_tokens[i], 0) * 2;
-          EXPECT_EQ(std::memcmp(enc.data() + full_off + (h * 3 + i) * 10, raw.data() + src, 10),
-                    0)
+          EXPECT_EQ(std::memcmp(enc.data() + full_off + (h * 3 + i) * 10, raw.data() + src, 10), 0)
               << "layer " << l << " kv " << kv << " head " << h << " full row " << i;
         }
       }
@@ -324,7 +326,8 @@ TEST(BlockCodecTest, SizeAndLayoutMatchTheDocumentedFormat) {
         if (kv == 0) {
           for (uint32_t d = 0; d < 5; ++d) {
             float amax = 0;
-            for (uint32_t t : int8_tokens) amax = std::max(amax, std::abs(x[RawIndex(shape, l, 0, h, t, d)]));
+            for (uint32_t t : int8_tokens)
+              amax = std::max(amax, std::abs(x[RawIndex(shape, l, 0, h, t, d)]));
             float stored;
             std::memcpy(&stored, enc.data() + scale_off + (h * 5 + d) * 4, 4);
             EXPECT_FLOAT_EQ(stored, ScaleOf(amax)) << "K scale layer " << l << " h " << h;
@@ -365,8 +368,7 @@ TEST(BlockCodecTest, UnalignedBuffersGiveTheSameResult) {
       const BlockShape shape{2, 3, 16, 9, dtype};
       const std::vector<std::byte> raw = MakeRaw(shape, 31);
       const std::vector<TokenPrecision> p =
-          all_int8 ? std::vector<TokenPrecision>(9, TokenPrecision::kInt8)
-                   : RandomPrecision(9, 32);
+          all_int8 ? std::vector<TokenPrecision>(9, TokenPrecision::kInt8) : RandomPrecision(9, 32);
       const std::vector<std::byte> enc = Encode(shape, raw, p);
       const std::vector<std::byte> dec = Decode(shape, enc);
 
@@ -418,9 +420,9 @@ TEST(BlockCodecTest, Int8RelativeRmseOnGaussianData) {
 // A valid mixed encoding to corrupt.
 struct Sample {
   BlockShape shape{2, 2, 8, 6, kProtoBf16};
-  std::vector<TokenPrecision> precision = {TokenPrecision::kFull,  TokenPrecision::kInt8,
+  std::vector<TokenPrecision> precision = {TokenPrecision::kFull,   TokenPrecision::kInt8,
                                            TokenPrecision::kPruned, TokenPrecision::kInt8,
-                                           TokenPrecision::kFull,  TokenPrecision::kFull};
+                                           TokenPrecision::kFull,   TokenPrecision::kFull};
   std::vector<std::byte> raw;
   std::vector<std::byte> enc;
   Sample() {
@@ -574,8 +576,7 @@ TEST(BlockCodecTest, SizeMismatchesAreInvalidArgument) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
 
   // Raw block one byte short and one long.
-  EXPECT_EQ(code(EncodeBlock(s.shape, std::span(s.raw).first(s.raw.size() - 1), s.precision,
-                             out)),
+  EXPECT_EQ(code(EncodeBlock(s.shape, std::span(s.raw).first(s.raw.size() - 1), s.precision, out)),
             kInvalid);
   std::vector<std::byte> longer = s.raw;
   longer.push_back(std::byte{0});
@@ -602,10 +603,9 @@ TEST(BlockCodecTest, SizeMismatchesAreInvalidArgument) {
   EXPECT_EQ(code(EncodeBlock(bad, s.raw, s.precision, out)), kInvalid);
   // An encoding too large for the u32 payload_bytes field.
   const BlockShape huge{1u << 16, 64, 128, 1, kProtoFp32};  // 4 GiB of full rows
-  EXPECT_EQ(CompressedSize(huge, std::vector<TokenPrecision>(1, TokenPrecision::kFull))
-                .status()
-                .code(),
-            kInvalid);
+  EXPECT_EQ(
+      CompressedSize(huge, std::vector<TokenPrecision>(1, TokenPrecision::kFull)).status().code(),
+      kInvalid);
 
   // Decode: output of the wrong size, and views that disagree with their bytes.
   const absl::StatusOr<CompressedBlockView> view = ParseCompressedBlock(s.enc);
@@ -630,7 +630,7 @@ TEST(BlockCodecTest, SizeMismatchesAreInvalidArgument) {
 TEST(BlockCodecTest, LooksCompressed) {
   EXPECT_FALSE(LooksCompressed({}));
   const std::byte magic[4] = {std::byte{0x4B}, std::byte{0x56}, std::byte{0x51}, std::byte{0x31}};
-  EXPECT_TRUE(LooksCompressed(magic));                     // "KVQ1"
+  EXPECT_TRUE(LooksCompressed(magic));  // "KVQ1"
   EXPECT_FALSE(LooksCompressed(std::span(magic).first(3)));
   const std::byte other[4] = {std::byte{0x4B}, std::byte{0x56}, std::byte{0x51}, std::byte{0x32}};
   EXPECT_FALSE(LooksCompressed(other));

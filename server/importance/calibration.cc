@@ -12,7 +12,9 @@ constexpr int kFeatures = 3;
 using Vec = std::array<double, kFeatures>;
 
 // Features and observation of a sample, each sanitised to [0, 1] (non-finite -> 0).
-double Clean(float x) { return std::isfinite(x) ? std::clamp(static_cast<double>(x), 0.0, 1.0) : 0; }
+double Clean(float x) {
+  return std::isfinite(x) ? std::clamp(static_cast<double>(x), 0.0, 1.0) : 0;
+}
 
 Vec FeaturesOf(const CalibrationSample& s) {
   return {Clean(s.activity), Clean(s.position), Clean(s.novelty)};

@@ -87,8 +87,8 @@ Vec3 Unnormalise(const std::vector<CalibrationSample>& samples, const Vec3& wn) 
 
 TEST(FitWeightsTest, RecoversPlantedWeights) {
   const Vec3 truths[] = {
-      {0.6, 0.3, 0.1}, {0.2, 0.5, 0.3}, {0.7, 0.0, 0.3}, {0.0, 0.0, 0.9},
-      {0.15, 0.15, 0.1},  // small overall scale
+      {0.6, 0.3, 0.1},   {0.2, 0.5, 0.3},   {0.7, 0.0, 0.3},
+      {0.0, 0.0, 0.9},   {0.15, 0.15, 0.1},  // small overall scale
       {0.45, 0.45, 0.0},
   };
   uint32_t seed = 1;
@@ -128,6 +128,7 @@ TEST(FitWeightsTest, IsTheExactNonNegativeOptimum) {
     }
     const FitResult fit = FitWeights(samples, 10);
     ASSERT_TRUE(fit.ok);
+    EXPECT_GE(std::min({fit.weights.alpha, fit.weights.beta, fit.weights.gamma}), 0.0f);
     const Vec3 w = Unnormalise(samples, AsVec(fit.weights));
     const double sse = SquaredError(samples, w);
     EXPECT_NEAR(fit.mse_fitted, sse / samples.size(), 1e-9);

@@ -55,9 +55,8 @@ TEST(ScoreTokensTest, MatchesFormula) {
     ScoreTokens(p, first, sequence, activity, novelty, out);
     for (size_t i = 0; i < count; ++i) {
       const int64_t t = first + static_cast<int64_t>(i);
-      const double expected = p.alpha * activity[i] +
-                              p.beta * ReferencePosition(t, sequence, p) +
-                              p.gamma * novelty[i];
+      const double expected =
+          p.alpha * activity[i] + p.beta * ReferencePosition(t, sequence, p) + p.gamma * novelty[i];
       EXPECT_NEAR(out[i], expected, 1e-6) << "token " << t;
     }
   }
@@ -115,7 +114,9 @@ void CheckSelection(const std::vector<float>& scores, double target,
   for (size_t t = 0; t < scores.size(); ++t) {
     const bool is_protected = !mask.empty() && mask[t] != 0;
     total += clean(scores[t]);
-    if (is_protected) EXPECT_EQ(s.keep[t], 1) << "protected token " << t << " dropped";
+    if (is_protected) {
+      EXPECT_EQ(s.keep[t], 1) << "protected token " << t << " dropped";
+    }
     if (!s.keep[t]) continue;
     ++kept;
     kept_mass += clean(scores[t]);
@@ -136,7 +137,9 @@ void CheckSelection(const std::vector<float>& scores, double target,
   for (size_t t = 0; t < scores.size(); ++t) {
     if (clean(scores[t]) > 0 && !s.keep[t]) all_positive_kept = false;
   }
-  if (!all_positive_kept) EXPECT_GE(kept_mass, target * total - 1e-9 * total);
+  if (!all_positive_kept) {
+    EXPECT_GE(kept_mass, target * total - 1e-9 * total);
+  }
   // Minimality: dropping the smallest kept unprotected token falls short of the target.
   if (smallest_index >= 0) {
     EXPECT_LT(kept_mass - clean(scores[smallest_index]), target * total);
@@ -144,7 +147,9 @@ void CheckSelection(const std::vector<float>& scores, double target,
   // Every dropped unprotected token scores no more than every kept one.
   for (size_t t = 0; t < scores.size(); ++t) {
     const bool is_protected = !mask.empty() && mask[t] != 0;
-    if (!s.keep[t] && !is_protected) EXPECT_LE(clean(scores[t]), smallest) << t;
+    if (!s.keep[t] && !is_protected) {
+      EXPECT_LE(clean(scores[t]), smallest) << t;
+    }
   }
 }
 
@@ -216,6 +221,20 @@ TEST(SelectByMassTest, FullTargetKeepsEveryPositiveToken) {
   }
 }
 
+TEST(SelectByMassTest, ZeroScoresNotKeptWhenRoundingLeavesTargetUnmet) {
+  // Summed in index order the tiny scores count; summed largest first they vanish, so the
+  // kept mass never reaches the target and every positive token is taken. Zeros still are not.
+  std::vector<float> scores(10, 1e-16f);
+  scores.push_back(1.0f);
+  scores.push_back(0.0f);
+  scores.push_back(0.0f);
+  const Selection s = SelectByMass(scores, 1.0, {});
+  EXPECT_LT(s.kept_mass, s.total_mass);
+  EXPECT_EQ(s.kept, 11);
+  EXPECT_EQ(s.keep[11], 0);
+  EXPECT_EQ(s.keep[12], 0);
+}
+
 TEST(SelectByMassTest, AllZeroScoresKeepNothingUnprotected) {
   const std::vector<float> scores(10, 0.0f);
   const Selection s = SelectByMass(scores, 0.9, {});
@@ -232,7 +251,7 @@ TEST(SelectByMassTest, TiesPreferLaterTokens) {
   const Selection s = SelectByMass(scores, 0.5, {});
   EXPECT_THAT(s.keep, testing::ElementsAre(0, 0, 0, 1, 1, 1));
   const std::vector<float> mixed = {2.0f, 1.0f, 1.0f, 1.0f, 0.5f};  // total 5.5
-  const Selection m = SelectByMass(mixed, 0.7, {});                // needs 3.85: 2 + 1 + 1
+  const Selection m = SelectByMass(mixed, 0.7, {});                 // needs 3.85: 2 + 1 + 1
   EXPECT_THAT(m.keep, testing::ElementsAre(1, 0, 1, 1, 0));
 }
 

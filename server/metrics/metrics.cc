@@ -8,6 +8,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <exception>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,77 @@ void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, do
     m.gauge.value = value;
   }
   family.metric.push_back(std::move(m));
+}
+
+// The importance-aware retention families of a snapshot.
+std::vector<MetricFamily> ImportanceFamilies(const CacheStats& s) {
+  auto tokens =
+      Family("kvcached_model_tokens", "Cached tokens per model by precision (full, int8, pruned)",
+             MetricType::Gauge);
+  auto compressed = Family("kvcached_model_compressed_blocks",
+                           "Blocks stored in the compressed format, per model", MetricType::Gauge);
+  auto saved =
+      Family("kvcached_model_bytes_saved",
+             "Raw block bytes minus what compressed blocks take, per model", MetricType::Gauge);
+  auto reports =
+      Family("kvcached_attention_reports_total",
+             "Attention reports folded into token activity, per model", MetricType::Counter);
+  auto calibrations =
+      Family("kvcached_calibrations_total", "Refits of the importance weights applied, per model",
+             MetricType::Counter);
+  auto weights = Family("kvcached_importance_weight",
+                        "Importance score weights in effect (alpha, beta, gamma), per model",
+                        MetricType::Gauge);
+  auto mode =
+      Family("kvcached_compression_mode",
+             "1 for the compression mode a model is in (off, quantize, prune)", MetricType::Gauge);
+  for (const ModelStats& m : s.models) {
+    const std::string& ns = m.model.ns;
+    const std::string& id = m.model.model_id;
+    for (auto [precision, value] : {std::pair<const char*, uint64_t>{"full", m.full_tokens},
+                                    {"int8", m.int8_tokens},
+                                    {"pruned", m.pruned_tokens}}) {
+      AddSample(tokens, {{"namespace", ns}, {"model", id}, {"precision", precision}},
+                static_cast<double>(value));
+    }
+    AddSample(compressed, {{"namespace", ns}, {"model", id}},
+              static_cast<double>(m.compressed_blocks));
+    AddSample(saved, {{"namespace", ns}, {"model", id}}, static_cast<double>(m.bytes_saved));
+    AddSample(reports, {{"namespace", ns}, {"model", id}},
+              static_cast<double>(m.attention_reports));
+    AddSample(calibrations, {{"namespace", ns}, {"model", id}},
+              static_cast<double>(m.calibrations));
+    for (auto [name, value] :
+         {std::pair<const char*, float>{"alpha", m.alpha}, {"beta", m.beta}, {"gamma", m.gamma}}) {
+      AddSample(weights, {{"namespace", ns}, {"model", id}, {"weight", name}}, value);
+    }
+    for (const char* name : {"off", "quantize", "prune"}) {
+      AddSample(mode, {{"namespace", ns}, {"model", id}, {"mode", name}},
+                m.compression_mode == name ? 1.0 : 0.0);
+    }
+  }
+  auto passes =
+      Family("kvcached_compaction_passes_total", "Compaction passes run", MetricType::Counter);
+  AddSample(passes, {}, static_cast<double>(s.compaction_passes));
+
+  // The scores compaction computed, as a histogram with buckets 0.1 .. 1.0.
+  auto scores =
+      Family("kvcached_importance_score", "Importance scores of the tokens compaction decided on",
+             MetricType::Histogram);
+  ClientMetric h;
+  uint64_t cumulative = 0;
+  for (int b = 0; b < ScoreHistogram::kBuckets; ++b) {
+    cumulative += s.scores.counts[b];
+    ClientMetric::Bucket bucket;
+    bucket.cumulative_count = cumulative;
+    bucket.upper_bound =
+        b + 1 < ScoreHistogram::kBuckets ? (b + 1) / 10.0 : std::numeric_limits<double>::infinity();
+    h.histogram.bucket.push_back(bucket);
+  }
+  h.histogram.sample_count = s.scores.total;
+  h.histogram.sample_sum = s.scores.sum;
+  scores.metric.push_back(std::move(h));
+  return {tokens, compressed, saved, reports, calibrations, weights, mode, passes, scores};
 }
 
 // Reads a CacheStats snapshot at scrape time.
@@ -93,8 +165,11 @@ class CacheCollector final : public prometheus::Collectable {
     auto leases =
         Family("kvcached_active_leases", "Leases currently pinning blocks", MetricType::Gauge);
     AddSample(leases, {}, static_cast<double>(s.active_leases));
-    return {blocks,   bytes, hits,    misses,      appended,  dedup,    evicted,
-            capacity, used,  payload, tier_blocks, evictions, rejected, leases};
+    std::vector<MetricFamily> out = {blocks,      bytes,     appended, dedup, evicted,
+                                     hits,        misses,    capacity, used,  payload,
+                                     tier_blocks, evictions, rejected, leases};
+    for (MetricFamily& f : ImportanceFamilies(s)) out.push_back(std::move(f));
+    return out;
   }
 
  private:

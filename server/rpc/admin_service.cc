@@ -63,8 +63,8 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
     out->set_deduplicated_blocks(m.deduplicated_blocks);
     out->set_evicted_blocks(m.evicted_blocks);
     v1::ModelPolicy* policy = out->mutable_policy();
-    policy->set_mode(ToProto(ParseCompressionMode(m.compression_mode).value_or(
-        CompressionMode::kOff)));
+    policy->set_mode(
+        ToProto(ParseCompressionMode(m.compression_mode).value_or(CompressionMode::kOff)));
     policy->mutable_weights()->set_alpha(m.alpha);
     policy->mutable_weights()->set_beta(m.beta);
     policy->mutable_weights()->set_gamma(m.gamma);

@@ -389,9 +389,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     const BlockRef& block = current_.bytes;
     const uint64_t size = std::min(chunk_bytes_, block->size() - offset_);
-    buffer_ = EncodeChunk(plan_.matched_tokens, static_cast<uint32_t>(block_), block, offset_,
-                          size, static_cast<v1::BlockEncoding>(current_.encoding),
-                          current_.kept_tokens);
+    buffer_ = EncodeChunk(plan_.matched_tokens, static_cast<uint32_t>(block_), block, offset_, size,
+                          static_cast<v1::BlockEncoding>(current_.encoding), current_.kept_tokens);
     bytes_ += size;
     offset_ += size;
     if (offset_ == block->size()) {

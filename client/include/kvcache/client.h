@@ -71,6 +71,13 @@ struct FetchResult {
   uint64_t matched_tokens = 0;
   uint32_t blocks = 0;
   uint64_t bytes = 0;  // bytes written to the output
+  // Blocks the server decoded from its compressed format (INT8 tokens
+  // dequantized; docs/importance.md): lossy, as the model's policy allows.
+  uint32_t dequantized_blocks = 0;
+  // Empty when no block lost tokens to pruning. Otherwise one entry per
+  // block: the block-local positions of the tokens it holds (the pruned
+  // ones read as zeros in `out`), or an empty entry for a whole block.
+  std::vector<std::vector<uint32_t>> kept_tokens;
 };
 
 struct EvictResult {
@@ -121,6 +128,18 @@ class Client {
   virtual absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() = 0;
   virtual absl::StatusOr<v1::ListModelsResponse> ListModels(std::string_view ns = "") = 0;
   virtual absl::StatusOr<v1::GetStatsResponse> GetStats() = 0;
+
+  // Reports the attention mass each token of `tokens` received (num_layers
+  // rows of tokens.size() values, or one row when num_layers is 0). Not
+  // retried: a report applied twice would count twice.
+  virtual absl::StatusOr<v1::ReportAttentionResponse> ReportAttention(
+      std::string_view model_id, std::span<const uint32_t> tokens,
+      std::span<const float> attention, uint32_t num_layers = 0) = 0;
+  // Changes a model's compression mode / weights / target mass (namespace
+  // and model_id of `request` are used as given; an empty namespace means
+  // the client's).
+  virtual absl::StatusOr<v1::UpdateModelPolicyResponse> UpdateModelPolicy(
+      v1::UpdateModelPolicyRequest request) = 0;
 };
 
 // XXH3-64 of `bytes`: the checksum kvcached records for a block.

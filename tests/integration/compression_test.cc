@@ -1,0 +1,231 @@
+// Compression (importance-aware retention) end to end against the real daemon: a model
+// switched to quantize at runtime gets its cold blocks compressed by the
+// daemon's compaction pass; fetches return dequantized KV within the INT8
+// error bound (protected tokens bit-exact) or, on request, the compressed
+// format; attention reports are accepted; kvcachectl shows and switches the
+// mode; the metrics endpoint exports tokens per precision.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <xxhash.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/kv_pattern.h"
+
+namespace kvcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kBt = 16;
+constexpr uint32_t kBlocks = 4;
+constexpr char kModel[] = "imp";
+
+std::string RunCommand(const std::string& command, int* exit_code) {
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  if (pipe == nullptr) return out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+class ImportanceDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_path_ = absl::StrCat(::testing::TempDir(), "/importance_", ::getpid(), ".json");
+    std::ofstream(config_path_) << R"({"importance": {"cold_after_seconds": 1,
+        "compaction_interval_ms": 100, "sink_tokens": 4, "recent_window": 16}})";
+    auto d = DaemonProcess::Start({.metrics = true, .extra_flags = {"--config", config_path_}});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    client_ = daemon_->NewClient();
+    auto r = client_->RegisterModel(kModel, MakeLayout(2, 2, 32, v1::DTYPE_FP32, kBt));
+    ASSERT_TRUE(r.ok()) << r.status();
+    block_bytes_ = r->block_bytes();
+    tokens_ = MakeTokens(7, kBlocks * kBt);
+    kv_.resize(kBlocks * block_bytes_ / sizeof(float));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& x : kv_) x = normal(rng);
+    ASSERT_TRUE(client_->Append(kModel, tokens_, std::as_bytes(std::span<const float>(kv_))).ok());
+  }
+  void TearDown() override {
+    client_.reset();
+    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+    std::remove(config_path_.c_str());
+  }
+  v1::ModelStats Stats() {
+    auto s = client_->GetStats();
+    EXPECT_TRUE(s.ok());
+    return s->models(0);
+  }
+  // Polls until the daemon's compaction compressed `blocks` blocks (or 15 s pass).
+  bool WaitForCompressed(uint64_t blocks) {
+    for (absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
+      if (Stats().compressed_blocks() >= blocks) return true;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+  std::string Ctl(const std::string& args, int* exit_code) {
+    return RunCommand(
+        absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " ", args),
+        exit_code);
+  }
+
+  std::string config_path_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  uint64_t block_bytes_ = 0;
+  std::vector<uint32_t> tokens_;
+  std::vector<float> kv_;
+};
+
+TEST_F(ImportanceDaemonTest, QuantizeAtRuntimeServesDequantizedKvWithinBound) {
+  // Off by default: nothing is compressed however cold.
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_EQ(Stats().compressed_blocks(), 0u);
+  EXPECT_EQ(Stats().policy().mode(), v1::COMPRESSION_MODE_OFF);
+
+  int code = 0;
+  const std::string set = Ctl(absl::StrCat("policy -m ", kModel, " --mode quantize"), &code);
+  ASSERT_EQ(code, 0) << set;
+  EXPECT_THAT(set, HasSubstr("mode:          quantize"));
+  ASSERT_TRUE(WaitForCompressed(kBlocks - 1)) << "compaction did not run";
+
+  std::vector<float> got(kv_.size());
+  absl::StatusOr<FetchResult> f =
+      client_->Fetch(kModel, tokens_, std::as_writable_bytes(std::span<float>(got)));
+  ASSERT_TRUE(f.ok()) << f.status();  // the client verified every checksum
+  EXPECT_EQ(f->blocks, kBlocks);
+  EXPECT_EQ(f->dequantized_blocks, kBlocks - 1);
+  EXPECT_TRUE(f->kept_tokens.empty());
+  // Protected tokens (4 sinks, the last block = recent window) are exact;
+  // every other element is within half a step of its group's scale.
+  const size_t token_floats = 32;  // head_dim
+  double err2 = 0, ref2 = 0;
+  float max_abs = 0;
+  for (float x : kv_) max_abs = std::max(max_abs, std::abs(x));
+  for (size_t i = 0; i < kv_.size(); ++i) {
+    const size_t block = i / (block_bytes_ / sizeof(float));
+    const size_t token = (i / token_floats) % kBt + block * kBt;
+    if (token < 4 || block == kBlocks - 1) {
+      ASSERT_EQ(got[i], kv_[i]) << "protected token " << token;
+    } else {
+      ASSERT_LE(std::abs(got[i] - kv_[i]), max_abs / 127 * 0.5001f);
+      err2 += double(got[i] - kv_[i]) * (got[i] - kv_[i]);
+      ref2 += double(kv_[i]) * kv_[i];
+    }
+  }
+  EXPECT_LE(std::sqrt(err2 / ref2), 0.01);
+  const v1::ModelStats s = Stats();
+  EXPECT_EQ(s.int8_tokens(), (kBlocks - 1) * kBt - 4);
+  EXPECT_GT(s.bytes_saved(), (kBlocks - 1) * block_bytes_ / 2);
+
+  // The raw compressed format, on request, with its own checksum.
+  auto channel = grpc::CreateChannel(daemon_->unix_target(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Cache::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::FetchRequest req;
+  req.set_model_id(kModel);
+  req.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
+  req.set_accept_int8(true);
+  auto reader = stub->Fetch(&ctx, req);
+  v1::FetchResponse msg;
+  std::map<uint32_t, std::string> blocks;
+  std::map<uint32_t, std::pair<uint64_t, int>> headers;
+  while (reader->Read(&msg)) {
+    blocks[msg.block_index()] += msg.data();
+    headers[msg.block_index()] = {msg.block_checksum(), msg.encoding()};
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(blocks.size(), kBlocks);
+  uint64_t wire = 0;
+  for (auto& [index, bytes] : blocks) {
+    EXPECT_EQ(XXH3_64bits(bytes.data(), bytes.size()), headers[index].first);
+    EXPECT_EQ(headers[index].second,
+              index + 1 < kBlocks ? v1::BLOCK_ENCODING_COMPRESSED : v1::BLOCK_ENCODING_RAW);
+    wire += bytes.size();
+  }
+  EXPECT_LT(wire, kBlocks * block_bytes_ * 2 / 3);
+
+  // Switching off removes the compressed blocks: the model is lossless again.
+  const std::string off = Ctl(absl::StrCat("policy -m ", kModel, " --mode off"), &code);
+  ASSERT_EQ(code, 0) << off;
+  EXPECT_THAT(off, HasSubstr("removed 4 compressed blocks"));
+  EXPECT_EQ(Stats().blocks(), 0u);
+}
+
+TEST_F(ImportanceDaemonTest, ReportsPolicyChangesAndMetrics) {
+  std::vector<float> attention(tokens_.size(), 0.01f);
+  attention[9] = 1.0f;
+  auto report = client_->ReportAttention(kModel, tokens_, attention);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->matched_tokens(), tokens_.size());
+  std::vector<float> bad(tokens_.size() - 1, 0.1f);
+  auto rejected = client_->ReportAttention(kModel, tokens_, bad);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rejected.status().message()), HasSubstr("attention has"));
+
+  int code = 0;
+  const std::string prune = Ctl(
+      absl::StrCat("policy -m ", kModel, " --mode prune --weights 0.5 0.4 0.1 --target-mass 0.9"),
+      &code);
+  ASSERT_EQ(code, 0) << prune;
+  ASSERT_TRUE(WaitForCompressed(kBlocks - 1));
+  const v1::ModelStats s = Stats();
+  EXPECT_EQ(s.policy().mode(), v1::COMPRESSION_MODE_PRUNE);
+  EXPECT_FLOAT_EQ(s.policy().weights().alpha(), 0.5f);
+  EXPECT_EQ(s.attention_reports(), 1u);
+  EXPECT_GT(s.pruned_tokens(), 0u);
+
+  std::vector<float> got(kv_.size());
+  auto f = client_->Fetch(kModel, tokens_, std::as_writable_bytes(std::span<float>(got)));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(f->kept_tokens.size(), kBlocks);
+  EXPECT_THAT(f->kept_tokens[0], ::testing::Contains(9u));  // the heavy hitter stays
+  EXPECT_TRUE(f->kept_tokens[kBlocks - 1].empty());         // the recent window is whole
+
+  const std::string bad_mode = Ctl(absl::StrCat("policy -m ", kModel, " --mode fast"), &code);
+  EXPECT_NE(code, 0);
+  const std::string bad_mass = Ctl(absl::StrCat("policy -m ", kModel, " --weights 0 0 0"), &code);
+  EXPECT_EQ(code, 1) << bad_mass;
+  EXPECT_THAT(bad_mass, HasSubstr("INVALID_ARGUMENT"));
+  const std::string show = Ctl(absl::StrCat("policy -m ", kModel), &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_THAT(show, HasSubstr("prune"));
+  const std::string stats = Ctl("stats", &code);
+  EXPECT_THAT(stats, HasSubstr("PRUNED_TOKENS"));
+
+  const std::string scrape = RunCommand(
+      absl::StrCat("curl -sf http://127.0.0.1:", daemon_->metrics_port(), "/metrics"), &code);
+  ASSERT_EQ(code, 0);
+  for (const char* name :
+       {"kvcached_model_tokens{namespace=\"default\",model=\"imp\",precision=\"int8\"}",
+        "kvcached_model_tokens{namespace=\"default\",model=\"imp\",precision=\"pruned\"}",
+        "kvcached_compression_mode{namespace=\"default\",model=\"imp\",mode=\"prune\"} 1",
+        "kvcached_importance_weight{namespace=\"default\",model=\"imp\",weight=\"alpha\"} 0.5",
+        "kvcached_attention_reports_total{namespace=\"default\",model=\"imp\"} 1",
+        "kvcached_importance_score_bucket", "kvcached_model_bytes_saved",
+        "kvcached_compaction_passes_total"}) {
+    EXPECT_THAT(scrape, HasSubstr(name));
+  }
+}
+
+}  // namespace
+}  // namespace kvcache::testing
