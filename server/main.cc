@@ -15,8 +15,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "server/config/calibration_file.h"
 #include "server/config/config.h"
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
@@ -84,10 +86,37 @@ ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
   return o;
 }
 
+// Saves the weights calibration applied into `saved` and, when the config
+// names a calibration file, writes it.
+void PersistCalibration(const std::vector<CalibrationOutcome>& outcomes,
+                        const v1::ImportanceConfig& config, v1::CalibratedWeights* saved) {
+  bool changed = false;
+  for (const CalibrationOutcome& c : outcomes) {
+    if (!c.applied) continue;
+    v1::CalibratedWeights::Model* entry = nullptr;
+    for (auto& m : *saved->mutable_models()) {
+      if (m.namespace_() == c.model.ns && m.model_id() == c.model.model_id) entry = &m;
+    }
+    if (entry == nullptr) {
+      entry = saved->add_models();
+      entry->set_namespace_(c.model.ns);
+      entry->set_model_id(c.model.model_id);
+    }
+    entry->set_alpha(c.after.alpha);
+    entry->set_beta(c.after.beta);
+    entry->set_gamma(c.after.gamma);
+    changed = true;
+  }
+  if (!changed || config.calibration_file().empty()) return;
+  if (absl::Status s = SaveCalibrationFile(config.calibration_file(), *saved); !s.ok()) {
+    spdlog::warn("calibration: {}", s.ToString());
+  }
+}
+
 // Runs the periodic work until `stopping`: lease expiry every second,
 // compaction and calibration at their configured intervals.
 void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
-                    const std::atomic<bool>& stopping) {
+                    v1::CalibratedWeights calibrated, const std::atomic<bool>& stopping) {
   const absl::Duration compaction_every = absl::Milliseconds(config.compaction_interval_ms());
   const absl::Duration calibration_every = absl::Seconds(config.calibration_interval_seconds());
   absl::Time next_expiry = absl::Now();
@@ -111,7 +140,8 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
       next_compaction = absl::Now() + compaction_every;
     }
     if (calibration_every > absl::ZeroDuration() && now >= next_calibration) {
-      for (const CalibrationOutcome& c : cache.Calibrate()) {
+      const std::vector<CalibrationOutcome> outcomes = cache.Calibrate();
+      for (const CalibrationOutcome& c : outcomes) {
         spdlog::info(
             "calibration of {}: {} samples, weights {:.3f}/{:.3f}/{:.3f} -> {:.3f}/{:.3f}/{:.3f} "
             "(fit {:.3f}/{:.3f}/{:.3f}), score-attention correlation {:.3f} -> {:.3f}{}",
@@ -120,6 +150,7 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
             c.fitted.gamma, c.correlation_before, c.correlation_after,
             c.applied ? "" : " (not applied: too few samples or no fit)");
       }
+      PersistCalibration(outcomes, config, &calibrated);
       next_calibration = absl::Now() + calibration_every;
     }
     absl::SleepFor(absl::Milliseconds(100));
@@ -138,12 +169,28 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::error("host tier: {}", pool.status().ToString());
     return 2;
   }
+  v1::CalibratedWeights calibrated;
+  if (const std::string& path = config.importance().calibration_file(); !path.empty()) {
+    absl::StatusOr<v1::CalibratedWeights> loaded = LoadCalibrationFile(path);
+    if (loaded.ok()) {
+      calibrated = *std::move(loaded);
+      spdlog::info("calibration: starting from the weights of {} models in {}",
+                   calibrated.models_size(), path);
+    } else if (!absl::IsNotFound(loaded.status())) {
+      spdlog::error("{}", loaded.status().ToString());
+      return 2;
+    }
+  }
   const v1::LimitsConfig& limits = config.limits();
   CacheOptions cache_options{.max_tokens_per_request = limits.max_tokens_per_request(),
                              .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
                              .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
                              .max_models = limits.max_models(),
                              .importance = ImportanceFromConfig(config.importance())};
+  for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
+    cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
+        .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
+  }
   Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get());
 
   auto stats_source = [&cache] { return cache.GetStats(); };
@@ -182,7 +229,8 @@ int Serve(const v1::ServerConfig& config) {
   }
 
   std::atomic<bool> stopping{false};
-  std::thread maintenance([&] { RunMaintenance(cache, config.importance(), stopping); });
+  std::thread maintenance(
+      [&] { RunMaintenance(cache, config.importance(), std::move(calibrated), stopping); });
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "server/config/calibration_file.h"
+
 namespace kvcache {
 namespace {
 
@@ -95,6 +97,25 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
          c.mutable_listen()->set_unix_socket("none");
        },
        "listen.tcp_address"},
+      {"unknown compression mode",
+       [](auto& c) { c.mutable_importance()->set_default_mode("fast"); },
+       "importance.default_mode"},
+      {"weight above 1", [](auto& c) { c.mutable_importance()->set_alpha(1.5f); },
+       "importance.alpha"},
+      {"all weights zero",
+       [](auto& c) {
+         c.mutable_importance()->set_alpha(0);
+         c.mutable_importance()->set_beta(0);
+         c.mutable_importance()->set_gamma(0);
+       },
+       "importance.alpha"},
+      {"target mass above 1", [](auto& c) { c.mutable_importance()->set_target_mass(1.2); },
+       "importance.target_mass"},
+      {"negative decay", [](auto& c) { c.mutable_importance()->set_decay_tau(-1); },
+       "importance.decay_tau"},
+      {"compaction too often",
+       [](auto& c) { c.mutable_importance()->set_compaction_interval_ms(1); },
+       "importance.compaction_interval_ms"},
   };
   for (const BadValue& b : cases) {
     SCOPED_TRACE(b.name);
@@ -104,6 +125,53 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(s.message()), HasSubstr(b.field));
   }
+}
+
+TEST(ConfigTest, ImportanceDefaultsAndExplicitZeros) {
+  const v1::ImportanceConfig d = DefaultConfig().importance();
+  EXPECT_EQ(d.default_mode(), "off");
+  EXPECT_FLOAT_EQ(d.alpha(), 0.6f);
+  EXPECT_FLOAT_EQ(d.beta(), 0.3f);
+  EXPECT_FLOAT_EQ(d.gamma(), 0.1f);
+  EXPECT_EQ(d.calibration_interval_seconds(), 1800u);
+  // An explicit 0 switches a term (or calibration) off instead of meaning "default".
+  auto c = ParseConfigJson(
+      R"({"importance": {"gamma": 0, "calibration_interval_seconds": 0, "sink_tokens": 0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->importance().gamma(), 0.0f);
+  EXPECT_EQ(c->importance().calibration_interval_seconds(), 0u);
+  EXPECT_EQ(c->importance().sink_tokens(), 0u);
+  EXPECT_FLOAT_EQ(c->importance().alpha(), 0.6f);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
+TEST(CalibrationFileTest, RoundTripsAndRejectsBadFiles) {
+  const std::string path = ::testing::TempDir() + "/kvcached_calibration_test.json";
+  std::remove(path.c_str());
+  EXPECT_EQ(LoadCalibrationFile(path).status().code(), absl::StatusCode::kNotFound);
+  v1::CalibratedWeights w;
+  v1::CalibratedWeights::Model* m = w.add_models();
+  m->set_namespace_("default");
+  m->set_model_id("llama");
+  m->set_alpha(0.5f);
+  m->set_beta(0.45f);
+  m->set_gamma(0.05f);
+  ASSERT_TRUE(SaveCalibrationFile(path, w).ok());
+  auto back = LoadCalibrationFile(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), w.SerializeAsString());
+
+  for (const char* bad : {"{not json", R"({"models": [{"model_id": "x", "alpha": 2}]})",
+                          R"({"models": [{"model_id": "x"}]})"}) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(bad, f);
+    std::fclose(f);
+    auto r = LoadCalibrationFile(path);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(path));
+  }
+  EXPECT_EQ(SaveCalibrationFile("/nonexistent/dir/w.json", w).code(), absl::StatusCode::kInternal);
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -65,6 +65,12 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
   }
   auto state = std::make_unique<ModelState>(model, layout, options_.importance.default_policy,
                                             options_.importance.calibration_samples);
+  if (auto w = options_.importance.initial_weights.find(model);
+      w != options_.importance.initial_weights.end()) {
+    state->policy.params.alpha = w->second.alpha;
+    state->policy.params.beta = w->second.beta;
+    state->policy.params.gamma = w->second.gamma;
+  }
   by_index_.emplace(&state->index, state.get());
   models_.emplace(model, std::move(state));
   return RegisterResult{.created = true, .layout = layout};

@@ -20,6 +20,7 @@
 #define KVCACHE_SERVER_CORE_IMPORTANCE_POLICY_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "kvcache/kernels/types.h"
 #include "server/core/layout.h"
 #include "server/importance/block_codec.h"
+#include "server/importance/calibration.h"
 
 namespace kvcache {
 
@@ -70,6 +72,9 @@ struct ImportanceOptions {
   uint32_t calibration_samples = 8192;
   uint32_t calibration_min_samples = 256;
   float calibration_max_step = 0.05f;
+  // Weights a model starts with instead of the default policy's (what an
+  // earlier run's calibration learned), applied when it registers.
+  std::map<ModelKey, importance::Weights> initial_weights;
 };
 
 // The kernels' name for a layout's dtype, and a layout as a codec block shape.

@@ -2,10 +2,13 @@
 // compaction in quantize and prune modes, protected positions, fetch
 // decoding, policy updates and calibration. Real SlabPool, ManualClock, fp32
 // KV with Gaussian values so quantization error can be bounded exactly.
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -418,6 +421,119 @@ TEST_F(ImportanceTest, CalibrationMovesWeightsTowardPlantedTruth) {
   EXPECT_EQ(Stats().calibrations, 1u);
   // Nothing new reported: nothing to refit.
   EXPECT_TRUE(cache_->Calibrate().empty());
+}
+
+// Workers append, fetch, report and evict while compaction runs and the
+// mode flips: every fetched element must be the appended one, or within the
+// INT8 bound of it, or zero at a position the fetch says was pruned.
+TEST_F(ImportanceTest, ConcurrentCompactionNeverServesWrongKv) {
+  options_.importance.pressure_watermark = 1e-6;  // compress whatever is idle
+  MakeCache(64);
+  SetMode(CompressionMode::kPrune);
+  constexpr int kSequences = 6;
+  auto sequence = [](int s) {
+    std::vector<Token> t(kBlocks * kBt);
+    for (uint32_t i = 0; i < t.size(); ++i) t[i] = i < kBt ? i : 1000 * (s + 1) + i;
+    return t;
+  };
+  // Block b of sequence s: Gaussian floats seeded by the block's prefix.
+  auto block_data = [](int s, uint32_t b) {
+    std::mt19937 rng(b == 0 ? 1 : 100 * (s + 1) + b);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> out(kBlockFloats);
+    for (float& x : out) x = normal(rng);
+    return out;
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> checked{0}, failures{0}, decoded{0}, compressed{0};
+  auto worker = [&](int id) {
+    std::mt19937 rng(id);
+    // At least 150 rounds, and on until fetches have seen compressed blocks.
+    for (int iter = 0; iter < 150 || (decoded.load() < 50 && iter < 20000); ++iter) {
+      const int s = static_cast<int>(rng() % kSequences);
+      const std::vector<Token> tokens = sequence(s);
+      std::vector<float> kv;
+      for (uint32_t b = 0; b < kBlocks; ++b) {
+        std::vector<float> d = block_data(s, b);
+        kv.insert(kv.end(), d.begin(), d.end());
+      }
+      if (auto session = cache_->BeginAppend(kModel, tokens, 0, {}, {}); session.ok()) {
+        if ((*session)->Write(std::as_bytes(std::span<const float>(kv))).ok()) {
+          (void)(*session)->Commit();
+        }
+      }
+      std::vector<float> attention(tokens.size());
+      for (float& a : attention) a = static_cast<float>(rng() % 100) / 100;
+      (void)cache_->ReportAttention(kModel, tokens, 0, attention, 1);
+      auto plan = cache_->PrepareFetch(kModel, tokens);
+      if (!plan.ok()) {
+        ++failures;
+        continue;
+      }
+      for (uint32_t b = 0; b < plan->blocks.size(); ++b) {
+        absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan->blocks[b], false);
+        if (!sent.ok() || sent->bytes->checksum() != Checksum(sent->bytes->data())) {
+          ++failures;
+          continue;
+        }
+        const std::vector<float> want = block_data(s, b);
+        std::vector<float> got(kBlockFloats);
+        std::memcpy(got.data(), sent->bytes->data().data(), sent->bytes->size());
+        float max_abs = 0;
+        for (float x : want) max_abs = std::max(max_abs, std::abs(x));
+        std::vector<bool> kept(kBt, sent->kept_tokens.empty());
+        for (uint32_t t : sent->kept_tokens) kept[t] = true;
+        for (size_t i = 0; i < kBlockFloats; ++i) {
+          const uint32_t t = static_cast<uint32_t>((i / kDim) % kBt);
+          const bool ok = !kept[t] ? got[i] == 0.0f
+                          : sent->encoding == FetchEncoding::kRaw
+                              ? got[i] == want[i]
+                              : std::abs(got[i] - want[i]) <= max_abs / 127 * 0.5001f;
+          if (!ok) ++failures;
+        }
+        ++checked;
+        decoded += sent->encoding == FetchEncoding::kDequantized;
+      }
+      if (rng() % 10 == 0) {
+        (void)cache_->EvictPrefix(kModel, std::span(tokens).first(2 * kBt));
+      }
+    }
+  };
+  std::thread compactor([&] {
+    // Flips the mode every 30 ms: prune, quantize, off (which drops compressed blocks).
+    const CompressionMode modes[] = {CompressionMode::kPrune, CompressionMode::kQuantize,
+                                     CompressionMode::kOff};
+    const auto start = std::chrono::steady_clock::now();
+    int applied = 0;
+    for (int round = 0; !stop.load(); ++round) {
+      compressed += cache_->Compact().compressed_blocks;
+      const int phase = static_cast<int>((std::chrono::steady_clock::now() - start) /
+                                         std::chrono::milliseconds(30));
+      if (phase != applied) {
+        applied = phase;
+        (void)cache_->UpdatePolicy(kModel, {.mode = modes[phase % 3]});
+      }
+      if (round % 20 == 0) (void)cache_->Calibrate();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 4; ++i) workers.emplace_back(worker, i);
+  for (std::thread& t : workers) t.join();
+  stop = true;
+  compactor.join();
+  EXPECT_EQ(failures.load(), 0u);
+  EXPECT_GT(checked.load(), 500u);
+  EXPECT_GT(compressed.load(), 0u);
+  EXPECT_GE(decoded.load(), 50u) << "fetches rarely saw a compressed block";
+  // The books balance: what the models hold is what the pool's payloads hold.
+  const CacheStats stats = cache_->GetStats();
+  const ModelStats& m = stats.models.at(0);
+  EXPECT_EQ(stats.payload_bytes, m.bytes);
+  EXPECT_EQ(m.bytes + m.bytes_saved, m.blocks * TestLayout().BlockBytes());
+  EXPECT_EQ(m.full_tokens + m.int8_tokens + m.pruned_tokens, m.tokens);
+  ASSERT_TRUE(cache_->EvictModel(kModel).ok());
+  EXPECT_EQ(cache_->GetStats().host_pool.allocated_bytes, 0u);
 }
 
 }  // namespace

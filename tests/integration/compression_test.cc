@@ -227,5 +227,63 @@ TEST_F(ImportanceDaemonTest, ReportsPolicyChangesAndMetrics) {
   }
 }
 
+// Calibration refits the weights from attention reports, saves them to the
+// calibration file, and a restarted daemon starts the model from them.
+TEST(CalibrationPersistenceTest, CalibratedWeightsSurviveARestart) {
+  const std::string dir = ::testing::TempDir();
+  const std::string config = absl::StrCat(dir, "/calib_config_", ::getpid(), ".json");
+  const std::string weights = absl::StrCat(dir, "/calib_weights_", ::getpid(), ".json");
+  std::remove(weights.c_str());
+  std::ofstream(config) << absl::StrCat(
+      R"({"importance": {"calibration_interval_seconds": 1, "calibration_min_samples": 16,
+          "calibration_max_step": 0.2, "calibration_file": ")",
+      weights, R"("}})");
+  const v1::ModelLayout layout = MakeLayout(1, 1, 16, v1::DTYPE_FP32, kBt);
+  const std::vector<uint32_t> tokens = MakeTokens(11, 8 * kBt);
+  v1::ImportanceWeights learned;
+  {
+    auto d = DaemonProcess::Start({.extra_flags = {"--config", config}});
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto client = (*d)->NewClient();
+    auto r = client->RegisterModel(kModel, layout);
+    ASSERT_TRUE(r.ok());
+    std::vector<float> kv(8 * r->block_bytes() / sizeof(float), 0.5f);
+    ASSERT_TRUE(client->Append(kModel, tokens, std::as_bytes(std::span<const float>(kv))).ok());
+    // Attention that falls with distance from the end, like the position factor.
+    std::vector<float> attention(tokens.size());
+    for (size_t t = 0; t < tokens.size(); ++t) attention[t] = std::exp(-(127.0f - t) / 16.0f);
+    ASSERT_TRUE(client->ReportAttention(kModel, tokens, attention).ok());
+    bool saved = false;
+    for (absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+      auto stats = client->GetStats();
+      ASSERT_TRUE(stats.ok());
+      if (stats->models(0).calibrations() > 0 && std::ifstream(weights).good()) {
+        learned = stats->models(0).policy().weights();
+        saved = true;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_TRUE(saved) << "no calibration was applied and saved";
+    EXPECT_GT(learned.beta(), 0.3f);  // moved toward the position factor
+    client.reset();
+    EXPECT_EQ((*d)->Stop(), 0);
+  }
+  auto d = DaemonProcess::Start({.extra_flags = {"--config", config}});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto client = (*d)->NewClient();
+  ASSERT_TRUE(client->RegisterModel(kModel, layout).ok());
+  auto models = client->ListModels();
+  ASSERT_TRUE(models.ok());
+  const v1::ImportanceWeights& w = models->models(0).policy().weights();
+  EXPECT_FLOAT_EQ(w.alpha(), learned.alpha());
+  EXPECT_FLOAT_EQ(w.beta(), learned.beta());
+  EXPECT_FLOAT_EQ(w.gamma(), learned.gamma());
+  client.reset();
+  EXPECT_EQ((*d)->Stop(), 0);
+  std::remove(config.c_str());
+  std::remove(weights.c_str());
+}
+
 }  // namespace
 }  // namespace kvcache::testing
