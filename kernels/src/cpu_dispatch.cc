@@ -29,12 +29,25 @@ bool DetectAvx2F16c() {
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   return (ebx & (1u << 5)) != 0;  // AVX2
 }
+
+// Call only when DetectAvx2F16c() is true (so OSXSAVE and leaf 7 exist).
+bool DetectAvx512() {
+  // The OS must also save the opmask and ZMM state (XCR0 bits 5, 6 and 7).
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0xE6u) != 0xE6u) return false;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30, kVl = 1u << 31;
+  return (ebx & (kF | kDq | kBw | kVl)) == (kF | kDq | kBw | kVl);
+}
 #endif
 
 }  // namespace
 
 #if !defined(KVCACHE_KERNELS_HAVE_AVX2_VARIANT)
 const CpuKernels* Avx2CpuKernels() { return nullptr; }
+const CpuKernels* Avx512CpuKernels() { return nullptr; }
 #endif
 
 bool CpuHasAvx2F16c() {
@@ -46,8 +59,20 @@ bool CpuHasAvx2F16c() {
 #endif
 }
 
+bool CpuHasAvx512() {
+#if defined(KVCACHE_KERNELS_X86_CPUID)
+  static const bool has = CpuHasAvx2F16c() && DetectAvx512();
+  return has;
+#else
+  return false;
+#endif
+}
+
 const CpuKernels& ActiveCpuKernels() {
-  static const CpuKernels* const best = CpuHasAvx2F16c() ? Avx2CpuKernels() : nullptr;
+  static const CpuKernels* const best =
+      CpuHasAvx512() && Avx512CpuKernels() != nullptr ? Avx512CpuKernels()
+      : CpuHasAvx2F16c()                              ? Avx2CpuKernels()
+                                                      : nullptr;
   if (best != nullptr && !force_baseline.load(std::memory_order_relaxed)) return *best;
   return BaselineCpuKernels();
 }

@@ -7,9 +7,12 @@
 //   * cpu_kernels_baseline.cc with the project's flags (x86-64 baseline SSE2, or -march=native
 //     when KVCACHE_KERNELS_NATIVE is on);
 //   * cpu_kernels_avx2.cc with -mavx2 -mf16c (x86-64 GCC/Clang only, when NATIVE is off),
-//     which also switches fp16 conversion to the F16C instructions.
-// Both produce bit-identical results (no FMA contraction, same rounding), which
-// dispatch_test checks. Not part of the public API.
+//     which also switches fp16 conversion to the F16C instructions, and with its own quantize /
+//     dequantize loops (cpu_quantize_avx2_impl.inc).
+// cpu_kernels_avx2.cc also holds a third variant, AVX-512 F/BW/VL quantize / dequantize
+// (cpu_quantize_avx512_impl.inc, compiled under a target region) with the AVX2 conversion.
+// All produce bit-identical results (no FMA contraction, same rounding), which dispatch_test
+// checks. Not part of the public API.
 #ifndef KVCACHE_KERNELS_SRC_CPU_KERNELS_H_
 #define KVCACHE_KERNELS_SRC_CPU_KERNELS_H_
 
@@ -22,7 +25,7 @@ namespace kvcache::kernels::internal {
 // One instruction-set variant. Arguments are pre-validated by the public entry points:
 // non-null, non-empty, float dtypes only.
 struct CpuKernels {
-  const char* name;  // "baseline" or "avx2-f16c".
+  const char* name;  // "baseline" (or "native"), "avx2-f16c" or "avx512".
   // Element-wise conversion between kFloat32, kFloat16 and kBFloat16.
   void (*convert)(const void* src, DType src_dtype, int64_t count, DType dst_dtype, void* dst);
   // `rows` rows of `cols` elements, one scale per row.
@@ -40,9 +43,14 @@ struct CpuKernels {
 const CpuKernels& BaselineCpuKernels();
 // The AVX2+F16C variant, or nullptr when it was not compiled in.
 const CpuKernels* Avx2CpuKernels();
+// The AVX-512 variant, or nullptr when it was not compiled in (it is whenever AVX2 is).
+const CpuKernels* Avx512CpuKernels();
 // True when this CPU (and OS) supports AVX2 and F16C.
 bool CpuHasAvx2F16c();
-// The variant the public kernels use: AVX2 when compiled in and supported, else baseline.
+// True when this CPU (and OS) supports AVX2, F16C and AVX-512 F, BW, VL and DQ.
+bool CpuHasAvx512();
+// The variant the public kernels use: the widest one compiled in and supported (AVX-512, then
+// AVX2), else baseline.
 const CpuKernels& ActiveCpuKernels();
 // Tests only: force the baseline variant (true) or return to automatic selection (false).
 void ForceBaselineCpuKernelsForTesting(bool force);

@@ -1,9 +1,11 @@
-// The AVX2+F16C variant of the CPU kernels must be bit-identical to the baseline one.
+// The AVX2+F16C and AVX-512 variants of the CPU kernels must be bit-identical to the baseline one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,9 +24,15 @@ class DispatchTest : public ::testing::Test {
     avx2_ = internal::Avx2CpuKernels();
     if (avx2_ == nullptr) GTEST_SKIP() << "AVX2 variant not compiled in";
     if (!internal::CpuHasAvx2F16c()) GTEST_SKIP() << "CPU lacks AVX2/F16C";
+    variants_.push_back(avx2_);
+    if (internal::Avx512CpuKernels() != nullptr && internal::CpuHasAvx512()) {
+      variants_.push_back(internal::Avx512CpuKernels());
+    }
   }
   const CpuKernels* avx2_ = nullptr;
   const CpuKernels& base_ = internal::BaselineCpuKernels();
+  // The variants this CPU can run, other than the baseline.
+  std::vector<const CpuKernels*> variants_;
 };
 
 // Gaussian data plus the awkward values: subnormals, the largest finite, signed zeros and an
@@ -54,42 +62,146 @@ TEST_F(DispatchTest, ConvertIsBitIdentical) {
   }
 }
 
-TEST_F(DispatchTest, QuantizeAndDequantizeAreBitIdentical) {
-  const int64_t mats = 3, rows = 19, cols = 300;
+// Quantize and dequantize of `x` (mats x rows x cols) by `v` and by the baseline, both axes.
+void ExpectSameQuantization(const CpuKernels& base, const CpuKernels& v, const std::vector<float>& x,
+                            int64_t mats, int64_t rows, int64_t cols) {
   const size_t n = static_cast<size_t>(mats * rows * cols);
-  const std::vector<float> x = Awkward(n, 99);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    SCOPED_TRACE(DTypeName(dtype));
+    SCOPED_TRACE(::testing::Message() << v.name << " " << DTypeName(dtype) << " " << mats << "x"
+                                      << rows << "x" << cols);
     const std::vector<uint8_t> src = test::Encode(x, dtype);
     std::vector<int8_t> qa(n), qb(n);
     std::vector<float> sa(static_cast<size_t>(mats * rows)), sb(sa.size());
-    base_.quantize_per_token(src.data(), dtype, mats * rows, cols, qa.data(), sa.data());
-    avx2_->quantize_per_token(src.data(), dtype, mats * rows, cols, qb.data(), sb.data());
+    base.quantize_per_token(src.data(), dtype, mats * rows, cols, qa.data(), sa.data());
+    v.quantize_per_token(src.data(), dtype, mats * rows, cols, qb.data(), sb.data());
     EXPECT_EQ(qa, qb);
     EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(float)));
     std::vector<uint8_t> da(src.size()), db(src.size());
-    base_.dequantize_per_token(qa.data(), sa.data(), mats * rows, cols, dtype, da.data());
-    avx2_->dequantize_per_token(qa.data(), sa.data(), mats * rows, cols, dtype, db.data());
+    base.dequantize_per_token(qa.data(), sa.data(), mats * rows, cols, dtype, da.data());
+    v.dequantize_per_token(qa.data(), sa.data(), mats * rows, cols, dtype, db.data());
     EXPECT_EQ(da, db);
 
     std::vector<float> ca(static_cast<size_t>(mats * cols)), cb(ca.size());
-    base_.quantize_per_channel(src.data(), dtype, mats, rows, cols, qa.data(), ca.data());
-    avx2_->quantize_per_channel(src.data(), dtype, mats, rows, cols, qb.data(), cb.data());
+    base.quantize_per_channel(src.data(), dtype, mats, rows, cols, qa.data(), ca.data());
+    v.quantize_per_channel(src.data(), dtype, mats, rows, cols, qb.data(), cb.data());
     EXPECT_EQ(qa, qb);
     EXPECT_EQ(0, std::memcmp(ca.data(), cb.data(), ca.size() * sizeof(float)));
-    base_.dequantize_per_channel(qa.data(), ca.data(), mats, rows, cols, dtype, da.data());
-    avx2_->dequantize_per_channel(qa.data(), ca.data(), mats, rows, cols, dtype, db.data());
+    base.dequantize_per_channel(qa.data(), ca.data(), mats, rows, cols, dtype, da.data());
+    v.dequantize_per_channel(qa.data(), ca.data(), mats, rows, cols, dtype, db.data());
     EXPECT_EQ(da, db);
   }
 }
 
+TEST_F(DispatchTest, QuantizeAndDequantizeAreBitIdentical) {
+  const int64_t mats = 3, rows = 19, cols = 300;
+  const std::vector<float> x = Awkward(static_cast<size_t>(mats * rows * cols), 99);
+  for (const CpuKernels* v : variants_) ExpectSameQuantization(base_, *v, x, mats, rows, cols);
+}
+
+// Shapes around every SIMD width (8, 16, 32, 64 elements, 128- and 256-column blocks, batches of
+// 8 rows), on Gaussian data without special values.
+TEST_F(DispatchTest, QuantizeIsBitIdenticalOnAllTailShapes) {
+  for (int64_t cols : {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 80, 96, 100, 112, 127, 128,
+                       129, 192, 255, 256, 257, 320, 513}) {
+    for (int64_t rows : {1, 7, 8, 9, 17}) {
+      const std::vector<float> x =
+          test::Gaussian(static_cast<size_t>(2 * rows * cols), static_cast<uint32_t>(cols * rows));
+      for (const CpuKernels* v : variants_) ExpectSameQuantization(base_, *v, x, 2, rows, cols);
+    }
+  }
+}
+
+// Groups of zeros, of subnormals only, with exact +-127 multiples, with NaN or Inf among
+// ordinary values, and one huge value (scale near FLT_MAX / 127), at every position of a
+// 128-wide row so that each SIMD lane and tail sees them.
+TEST_F(DispatchTest, QuantizeIsBitIdenticalOnSpecialGroups) {
+  const int64_t mats = 2, rows = 24, cols = 128 + 9;
+  const size_t n = static_cast<size_t>(mats * rows * cols);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int pattern = 0; pattern < 8; ++pattern) {
+    std::vector<float> x = test::Gaussian(n, 1000 + static_cast<uint32_t>(pattern), 2.0f);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t col = static_cast<int64_t>(i) % cols;
+      const int64_t row = static_cast<int64_t>(i) / cols;
+      switch (pattern) {
+        case 0:  // Zero rows and zero columns (signed zeros).
+          if (row % 5 == 0 || col % 7 == 0) x[i] = (i % 2 == 0) ? 0.0f : -0.0f;
+          break;
+        case 1:  // Subnormal only (in every dtype), some groups.
+          if (row % 3 == 0 || col % 4 == 0) x[i] = std::ldexp(x[i], -136);
+          break;
+        case 2:  // k * 2^e with |k| <= 127: exact codes and +-127 ties at the group maximum.
+          x[i] = std::ldexp(std::nearbyint(std::clamp(x[i] * 40.0f, -127.0f, 127.0f)),
+                            static_cast<int>(col % 5) - 3);
+          if (col == row % cols) x[i] = (row % 2 == 0) ? 127.0f : -127.0f;
+          break;
+        case 3:  // x.5 after scaling: round-half-even cases.
+          x[i] = (std::floor(x[i] * 20.0f) + 0.5f) / 8.0f;
+          if (col % 11 == 0) x[i] = 127.0f / 8.0f;
+          break;
+        case 4:  // A NaN in some rows and columns.
+          if ((row * 31 + col) % 97 == 0) x[i] = nan;
+          break;
+        case 5:  // An infinity in some rows and columns.
+          if ((row * 17 + col) % 89 == 0) x[i] = (row % 2 == 0) ? inf : -inf;
+          break;
+        case 6:  // Huge values (fp32 only stays finite).
+          if ((row + col) % 13 == 0) x[i] = std::ldexp(1.5f, 127);
+          break;
+        default:  // Tiny normal maxima: 127 / amax overflows the 2^16 range of an fp16 scale.
+          x[i] = std::ldexp(x[i], -20);
+          break;
+      }
+    }
+    SCOPED_TRACE(::testing::Message() << "pattern " << pattern);
+    for (const CpuKernels* v : variants_) ExpectSameQuantization(base_, *v, x, mats, rows, cols);
+  }
+}
+
+// Dequantize with arbitrary scales: NaN, Inf, subnormal, negative, huge.
+TEST_F(DispatchTest, DequantizeIsBitIdenticalForAnyScale) {
+  const int64_t mats = 2, rows = 9, cols = 70;
+  const size_t n = static_cast<size_t>(mats * rows * cols);
+  std::vector<int8_t> codes(n);
+  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<int8_t>(static_cast<int>(i * 37 % 255) - 127);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            std::ldexp(1.0f, -140),
+                            -0.75f,
+                            3.0e38f,
+                            std::ldexp(1.0f, -126),
+                            0.0f,
+                            1.0f / 127.0f};
+  for (size_t which = 0; which < 8; ++which) {
+    std::vector<float> scales = test::Uniform(static_cast<size_t>(mats * cols), 7, 0.0f, 0.1f);
+    scales[which * 7 % scales.size()] = specials[which];
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " special " << which);
+      std::vector<uint8_t> da(n * DTypeSize(dtype)), db(da.size());
+      for (const CpuKernels* v : variants_) {
+        base_.dequantize_per_token(codes.data(), scales.data(), mats * rows, cols, dtype,
+                                   da.data());
+        v->dequantize_per_token(codes.data(), scales.data(), mats * rows, cols, dtype, db.data());
+        EXPECT_EQ(da, db) << v->name;
+        base_.dequantize_per_channel(codes.data(), scales.data(), mats, rows, cols, dtype,
+                                     da.data());
+        v->dequantize_per_channel(codes.data(), scales.data(), mats, rows, cols, dtype,
+                                  db.data());
+        EXPECT_EQ(da, db) << v->name;
+      }
+    }
+  }
+}
+
 TEST_F(DispatchTest, ForcingBaselineSwitchesTheActiveVariant) {
-  EXPECT_EQ(&internal::ActiveCpuKernels(), avx2_);
+  // The widest supported variant is active.
+  EXPECT_EQ(&internal::ActiveCpuKernels(), variants_.back());
   internal::ForceBaselineCpuKernelsForTesting(true);
   EXPECT_EQ(&internal::ActiveCpuKernels(), &base_);
   EXPECT_STREQ(internal::ActiveCpuKernels().name, base_.name);
   internal::ForceBaselineCpuKernelsForTesting(false);
-  EXPECT_EQ(&internal::ActiveCpuKernels(), avx2_);
+  EXPECT_EQ(&internal::ActiveCpuKernels(), variants_.back());
 }
 
 }  // namespace

@@ -82,8 +82,9 @@ class QuantizeTest : public ::testing::TestWithParam<std::tuple<DType, QuantAxis
 
 TEST_P(QuantizeTest, MatchesNaiveFormulaBitForBit) {
   // Shapes cover the SIMD main loops, tails, one element, and more than one 256-wide tile.
-  for (const Shape& s :
-       {Shape{8, 64, 128}, Shape{3, 17, 300}, Shape{1, 1, 1}, Shape{2, 5, 7}, Shape{1, 300, 9}}) {
+  for (const Shape& s : {Shape{8, 64, 128}, Shape{3, 17, 300}, Shape{1, 1, 1}, Shape{2, 5, 7},
+                        Shape{1, 300, 9}, Shape{2, 9, 64}, Shape{2, 8, 80}, Shape{1, 16, 200},
+                        Shape{2, 11, 257}}) {
     SCOPED_TRACE(::testing::Message() << s.heads << "x" << s.tokens << "x" << s.dim);
     const std::vector<float> x = test::RoundTo(test::Gaussian(s.Elements(), 7, 3.0f), dtype());
     Quantized got;
@@ -145,6 +146,25 @@ TEST_P(QuantizeTest, RoundTripIsExactOnRepresentableValues) {
   std::vector<float> restored;
   RoundTrip(x, s, &q, &restored);
   EXPECT_EQ(restored, x);
+}
+
+// Groups whose maximum is below 127 / FLT_MAX (subnormal fp32 / bf16) have an infinite inverse
+// scale, so x * inv is +-inf (or NaN for a zero) and the clamp decides: +-127 (-127 for NaN).
+TEST_P(QuantizeTest, TinyGroupsFollowTheClampedFormula) {
+  const Shape s{2, 16, 128};
+  std::vector<float> x = test::Gaussian(s.Elements(), 17);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int64_t t = static_cast<int64_t>(i) / s.dim % s.tokens;
+    const int64_t d = static_cast<int64_t>(i) % s.dim;
+    if (t % 2 == 0 || d % 3 == 0) x[i] = std::ldexp(x[i], -132);
+  }
+  x = test::RoundTo(x, dtype());
+  Quantized got;
+  std::vector<float> restored;
+  RoundTrip(x, s, &got, &restored);
+  const Quantized want = NaiveQuantize(x, s, axis());
+  EXPECT_EQ(got.codes, want.codes);
+  EXPECT_EQ(got.scales, want.scales);
 }
 
 TEST_P(QuantizeTest, ZeroGroupsGetZeroScaleAndCodes) {

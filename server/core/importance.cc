@@ -205,8 +205,10 @@ CompactionResult Cache::Compact() {
       const int64_t bt = m.layout.block_tokens;
       absl::flat_hash_map<const IndexNode*, uint32_t> deepest;
       m.index.VisitPostOrder([&](IndexNode* n) {
-        uint32_t& d = deepest[n];
-        d = std::max(d, n->depth);
+        // Children come first, so deepest[n] already holds their maximum.
+        // (Copy it out: inserting the parent may move the map's values.)
+        const uint32_t d = std::max(deepest[n], n->depth);
+        deepest[n] = d;
         if (n->parent != nullptr) {
           uint32_t& pd = deepest[n->parent];
           pd = std::max(pd, d);
