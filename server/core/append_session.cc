@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kvcache/kernels/novelty.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -69,10 +68,14 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   for (IndexNode* n : path) pinned.push_back(n->payload);
   std::vector<bool> cached(num_blocks);
   for (uint64_t i = 0; i < num_blocks; ++i) cached[i] = start_block + i < path.size();
-  return std::unique_ptr<AppendSession>(
-      new AppendSession(this, model, m.layout, std::move(tokens), start_block, num_blocks, hints,
-                        std::move(block_checksums), std::move(pinned), std::move(cached),
-                        NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
+  return std::unique_ptr<AppendSession>(new AppendSession(
+      this, model, m.layout, std::move(tokens), start_block, num_blocks, hints,
+      std::move(block_checksums), std::move(pinned), std::move(cached),
+      // Novelty is computed as blocks arrive only when the model
+      // compresses; otherwise compaction computes it if it ever must.
+      m.policy.mode == CompressionMode::kOff
+          ? std::vector<uint32_t>{}
+          : NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
 }
 
 AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
@@ -133,33 +136,15 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
               checksum, ", expected ", checksums_[block], ")")));
         }
         new_blocks_[block]->Seal(checksum);
-        novelty_[block] = ComputeNovelty(*new_blocks_[block]);
+        if (!novelty_layers_.empty()) {
+          novelty_[block] = BlockKeyNovelty(layout_, new_blocks_[block]->data(), novelty_layers_);
+        }
       }
     }
     received_bytes_ += n;
     bytes = bytes.subspan(n);
   }
   return absl::OkStatus();
-}
-
-std::vector<float> AppendSession::ComputeNovelty(const BlockPayload& block) const {
-  const uint32_t bt = layout_.block_tokens;
-  const uint64_t slice_bytes =
-      uint64_t{layout_.num_kv_heads} * bt * layout_.head_dim * DTypeBytes(layout_.dtype);
-  std::vector<float> sum(bt, 0.0f);
-  std::vector<float> one(bt);
-  for (uint32_t layer : novelty_layers_) {
-    const std::byte* keys = block.data().data() + uint64_t{layer} * 2 * slice_bytes;
-    if (kernels::KeyNoveltyCpu(keys, ToKernelDType(layout_.dtype), layout_.num_kv_heads, bt,
-                               layout_.head_dim, one.data()) != kernels::KernelStatus::kOk) {
-      return {};
-    }
-    for (uint32_t t = 0; t < bt; ++t) sum[t] += one[t];
-  }
-  if (!novelty_layers_.empty()) {
-    for (float& v : sum) v /= static_cast<float>(novelty_layers_.size());
-  }
-  return sum;
 }
 
 std::vector<uint8_t> AppendSession::PinnedFlags(uint64_t index) const {

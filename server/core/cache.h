@@ -345,8 +345,6 @@ class AppendSession {
                 std::vector<uint64_t> checksums, std::vector<BlockRef> pinned,
                 std::vector<bool> cached, std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
-  // Key novelty of a completed new block (averaged over novelty_layers_).
-  std::vector<float> ComputeNovelty(const BlockPayload& block) const;
   // The pinned flags of block `index` of the sequence; empty when none.
   std::vector<uint8_t> PinnedFlags(uint64_t index) const;
 
@@ -363,10 +361,10 @@ class AppendSession {
   // References to the blocks that were cached when the session began (the
   // prefix and blocks to deduplicate): they cannot be evicted for space.
   std::vector<BlockRef> pinned_;
-  std::vector<bool> cached_;          // per new block: cached at Begin, skip its bytes
-  std::vector<BlockRef> new_blocks_;  // per new block: the payload written, or null
-  const std::vector<uint32_t> novelty_layers_;
-  std::vector<std::vector<float>> novelty_;  // per new block, once complete
+  std::vector<bool> cached_;                    // per new block: cached at Begin, skip its bytes
+  std::vector<BlockRef> new_blocks_;            // per new block: the payload written, or null
+  const std::vector<uint32_t> novelty_layers_;  // empty: novelty not computed here
+  std::vector<std::vector<float>> novelty_;     // per new block, once complete
   struct HashState;
   std::unique_ptr<HashState> hash_;  // running checksum of the current block
   uint64_t received_bytes_ = 0;

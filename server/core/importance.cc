@@ -158,6 +158,7 @@ struct CompactionJob {
   std::vector<float> activity;
   std::vector<float> novelty;
   std::vector<uint8_t> pinned;
+  bool novelty_computed = false;  // novelty was missing and computed by the pass
   // Results.
   BlockRef encoded;
   uint32_t num_int8 = 0;
@@ -255,6 +256,11 @@ CompactionResult Cache::Compact() {
   // Outside the lock: score, decide each token's precision, encode.
   for (CompactionJob& job : jobs) {
     const uint32_t bt = job.layout.block_tokens;
+    if (job.novelty.empty()) {  // appended while the model did not compress
+      job.novelty = BlockKeyNovelty(job.layout, job.old->data(),
+                                    NoveltyLayers(o.novelty_layers, job.layout.num_layers));
+      job.novelty_computed = !job.novelty.empty();
+    }
     std::vector<float> scores(bt);
     importance::ScoreTokens(job.policy.params, job.first_position, job.sequence_tokens,
                             job.activity, job.novelty, scores);
@@ -298,7 +304,11 @@ CompactionResult Cache::Compact() {
   for (float s : all_scores) score_histogram_.Add(s);
   for (CompactionJob& job : jobs) {
     const bool alive = compacting_.erase(job.node) == 1;
-    if (!alive || job.encoded == nullptr || job.node->payload != job.old) continue;
+    if (!alive || job.node->payload != job.old) continue;
+    if (job.novelty_computed && job.node->tokens_state.novelty.empty()) {
+      job.node->tokens_state.novelty = std::move(job.novelty);
+    }
+    if (job.encoded == nullptr) continue;
     ModelState& m = *by_index_.at(job.node->index);
     const uint64_t delta = job.old->size() - job.encoded->size();
     job.node->payload = job.encoded;

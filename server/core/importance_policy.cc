@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kvcache/kernels/novelty.h"
 
 namespace kvcache {
 
@@ -60,6 +61,27 @@ importance::BlockShape ToBlockShape(const ModelLayout& layout) {
           .head_dim = layout.head_dim,
           .block_tokens = layout.block_tokens,
           .dtype = static_cast<uint32_t>(layout.dtype)};
+}
+
+std::vector<float> BlockKeyNovelty(const ModelLayout& layout, std::span<const std::byte> raw,
+                                   const std::vector<uint32_t>& layers) {
+  const uint32_t bt = layout.block_tokens;
+  if (layers.empty() || raw.size() != layout.BlockBytes()) return {};
+  const uint64_t slice_bytes =
+      uint64_t{layout.num_kv_heads} * bt * layout.head_dim * DTypeBytes(layout.dtype);
+  std::vector<float> sum(bt, 0.0f);
+  std::vector<float> one(bt);
+  for (uint32_t layer : layers) {
+    if (layer >= layout.num_layers) return {};
+    const std::byte* keys = raw.data() + uint64_t{layer} * 2 * slice_bytes;  // K of `layer`
+    if (kernels::KeyNoveltyCpu(keys, ToKernelDType(layout.dtype), layout.num_kv_heads, bt,
+                               layout.head_dim, one.data()) != kernels::KernelStatus::kOk) {
+      return {};
+    }
+    for (uint32_t t = 0; t < bt; ++t) sum[t] += one[t];
+  }
+  for (float& v : sum) v /= static_cast<float>(layers.size());
+  return sum;
 }
 
 std::vector<uint32_t> NoveltyLayers(const std::vector<uint32_t>& configured, uint32_t num_layers) {

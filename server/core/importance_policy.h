@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -80,6 +81,12 @@ struct ImportanceOptions {
 // The kernels' name for a layout's dtype, and a layout as a codec block shape.
 kernels::DType ToKernelDType(DType dtype);
 importance::BlockShape ToBlockShape(const ModelLayout& layout);
+
+// Key novelty (kernels::KeyNoveltyCpu) of each token of the raw block `raw`,
+// averaged over `layers`; empty when `layers` is empty or the block is not
+// raw-sized.
+std::vector<float> BlockKeyNovelty(const ModelLayout& layout, std::span<const std::byte> raw,
+                                   const std::vector<uint32_t>& layers);
 
 // The layers novelty reads for a model of `num_layers` layers: the
 // configured ones that exist, or up to 4 evenly spaced ones.

@@ -299,6 +299,39 @@ TEST_F(ImportanceTest, PruneKeepsTheSmallestSetCoveringTheTargetMass) {
   EXPECT_EQ(Stats().pruned_tokens, r.pruned_tokens);
 }
 
+// With novelty weighted heavily, a run of tokens whose keys repeat their
+// predecessor's (novelty 0) is what prune mode drops; novelty is computed at
+// append because the model already compresses.
+TEST_F(ImportanceTest, PruneDropsRedundantRunsFirst) {
+  ASSERT_TRUE(cache_
+                  ->UpdatePolicy(kModel, {.mode = CompressionMode::kPrune,
+                                          .weights = importance::Weights{0, 0.05f, 0.95f},
+                                          .target_mass = 0.9})
+                  .ok());
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    for (uint32_t layer = 0; layer < kLayers; ++layer) {
+      for (uint32_t h = 0; h < kHeads; ++h) {
+        for (uint32_t t = 8; t < kBt; ++t) {  // keys of tokens 8..15 repeat token 7's
+          std::memcpy(&kv_[b * kBlockFloats + At(layer, 0, h, t, 0)],
+                      &kv_[b * kBlockFloats + At(layer, 0, h, 7, 0)], kDim * sizeof(float));
+        }
+      }
+    }
+  }
+  AppendAll();
+  clock_.Advance(absl::Seconds(61));
+  ASSERT_EQ(cache_->Compact().compressed_blocks, kBlocks - 1);
+  auto plan = cache_->PrepareFetch(kModel, tokens_);
+  ASSERT_TRUE(plan.ok());
+  for (uint32_t b = 1; b + 1 < kBlocks; ++b) {  // block 0 holds the sinks
+    auto sent = MaterializeForFetch(plan->blocks[b], false);
+    ASSERT_TRUE(sent.ok());
+    std::vector<uint32_t> expected_kept(8);
+    std::iota(expected_kept.begin(), expected_kept.end(), 0);  // the novel tokens 0..7
+    EXPECT_EQ(sent->kept_tokens, expected_kept) << "block " << b;
+  }
+}
+
 TEST_F(ImportanceTest, SwitchingOffRemovesCompressedBlocks) {
   AppendAll();
   SetMode(CompressionMode::kQuantize);
@@ -396,6 +429,7 @@ TEST_F(ImportanceTest, InvalidPolicyUpdatesChangeNothing) {
 // Workers report attention that follows the position factor exactly; the
 // calibrated weights must move toward beta, by at most the step bound.
 TEST_F(ImportanceTest, CalibrationMovesWeightsTowardPlantedTruth) {
+  SetMode(CompressionMode::kQuantize);  // so novelty is computed at append
   AppendAll();
   const ImportancePolicy policy = *cache_->GetPolicy(kModel);
   std::vector<float> attention(tokens_.size());
