@@ -131,7 +131,72 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
   auto register_layout = [](Client& c, const v1::ModelLayout& l, const std::string& id = "new") {
     return c.RegisterModel(id, l).status();
   };
+  auto policy = [](Client& c, std::function<void(v1::UpdateModelPolicyRequest&)> edit) {
+    v1::UpdateModelPolicyRequest req;
+    req.set_model_id("m");
+    edit(req);
+    return c.UpdateModelPolicy(req).status();
+  };
+  const std::vector<float> attention(cached_.size(), 0.1f);
   std::vector<BadCase> cases = {
+      {"report with a value per token missing", absl::StatusCode::kInvalidArgument, "attention has",
+       [&](Client& c, auto&) {
+         return c.ReportAttention("m", cached_, std::span(attention).first(10)).status();
+       }},
+      {"report a negative attention", absl::StatusCode::kInvalidArgument, "finite and >= 0",
+       [&](Client& c, auto&) {
+         std::vector<float> bad = attention;
+         bad[3] = -0.5f;
+         return c.ReportAttention("m", cached_, bad).status();
+       }},
+      {"report rows that do not divide", absl::StatusCode::kInvalidArgument, "num_layers",
+       [&](Client& c, auto&) { return c.ReportAttention("m", cached_, attention, 4).status(); }},
+      {"report by tokens and lease", absl::StatusCode::kInvalidArgument, "either tokens",
+       [&](Client&, auto& stub) {
+         grpc::ClientContext ctx;
+         v1::ReportAttentionRequest req;
+         req.set_model_id("m");
+         req.add_tokens(1);
+         req.set_lease_id(7);
+         req.add_attention(1);
+         v1::ReportAttentionResponse resp;
+         grpc::Status s = stub.ReportAttention(&ctx, req, &resp);
+         return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+       }},
+      {"report by unknown lease", absl::StatusCode::kNotFound, "lease_id",
+       [&](Client&, auto& stub) {
+         grpc::ClientContext ctx;
+         v1::ReportAttentionRequest req;
+         req.set_model_id("m");
+         req.set_lease_id(7);
+         req.add_attention(1);
+         v1::ReportAttentionResponse resp;
+         grpc::Status s = stub.ReportAttention(&ctx, req, &resp);
+         return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+       }},
+      {"policy of an unknown model", absl::StatusCode::kNotFound, "not registered",
+       [&](Client& c, auto&) { return policy(c, [](auto& r) { r.set_model_id("nope"); }); }},
+      {"policy target mass above 1", absl::StatusCode::kInvalidArgument, "target_mass",
+       [&](Client& c, auto&) { return policy(c, [](auto& r) { r.set_target_mass(1.5); }); }},
+      {"policy with all weights 0", absl::StatusCode::kInvalidArgument, "all 0",
+       [&](Client& c, auto&) {
+         return policy(c, [](auto& r) {
+           r.set_mode(v1::COMPRESSION_MODE_PRUNE);  // a valid part must not apply either
+           r.mutable_weights();
+         });
+       }},
+      {"policy with an unknown mode", absl::StatusCode::kInvalidArgument, "CompressionMode",
+       [&](Client& c, auto&) {
+         return policy(c, [](auto& r) { r.set_mode(static_cast<v1::CompressionMode>(9)); });
+       }},
+      {"append protected range past the end", absl::StatusCode::kInvalidArgument, "protected range",
+       [&](Client&, auto& stub) {
+         v1::AppendHeader h = Header(fresh);
+         v1::TokenRange* r = h.mutable_hints()->add_protected_ranges();
+         r->set_begin(10);
+         r->set_end(1000);
+         return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
+       }},
       {"zero layers", absl::StatusCode::kInvalidArgument, "layout.num_layers",
        [&](Client& c, auto&) {
          return register_layout(c, with_layout([](auto& l) { l.set_num_layers(0); }));
