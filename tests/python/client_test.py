@@ -321,6 +321,48 @@ class KvcachedTest(unittest.TestCase):
         # Nothing of the rejected appends was stored.
         self.assertEqual(self.lookup(model, tokens).matched_tokens, 0)
 
+    def test_importance_api(self):
+        model = "py-importance"
+        self.register(model)
+        tokens = list(range(3000, 3000 + 2 * BLOCK_TOKENS))
+        self.append(model, tokens, random.Random(5).randbytes(2 * BLOCK_BYTES))
+        report = self.cache.ReportAttention(
+            v1.pb.ReportAttentionRequest(
+                model_id=model, tokens=tokens, attention=[0.5] * len(tokens) * 2, num_layers=2
+            ),
+            timeout=5,
+        )
+        self.assertEqual((report.matched_tokens, report.updated_tokens), (len(tokens),) * 2)
+        C = grpc.StatusCode
+        bad = v1.pb.ReportAttentionRequest(model_id=model, tokens=tokens, attention=[0.5] * 3)
+        self.assertCode(C.INVALID_ARGUMENT, self.cache.ReportAttention, bad, timeout=5)
+        admin = v1.admin
+        changed = self.admin.UpdateModelPolicy(
+            admin.UpdateModelPolicyRequest(
+                model_id=model,
+                mode=admin.COMPRESSION_MODE_PRUNE,
+                weights=admin.ImportanceWeights(alpha=0.5, beta=0.4, gamma=0.1),
+            ),
+            timeout=5,
+        )
+        self.assertEqual(changed.previous_mode, admin.COMPRESSION_MODE_OFF)
+        self.assertEqual(changed.policy.mode, admin.COMPRESSION_MODE_PRUNE)
+        self.assertAlmostEqual(changed.policy.weights.alpha, 0.5, places=6)
+        self.assertCode(
+            C.INVALID_ARGUMENT,
+            self.admin.UpdateModelPolicy,
+            admin.UpdateModelPolicyRequest(model_id=model, target_mass=2.0),
+            timeout=5,
+        )
+        stats = self.admin.GetStats(admin.GetStatsRequest(), timeout=5)
+        mine = [m for m in stats.models if m.model_id == model][0]
+        self.assertEqual(mine.attention_reports, 1)
+        self.assertEqual(mine.policy.mode, admin.COMPRESSION_MODE_PRUNE)
+        self.assertEqual(mine.full_tokens, len(tokens))
+        # Nothing is compressed yet (blocks are not cold): fetches stay raw.
+        data, matched = self.fetch(model, tokens)
+        self.assertEqual(matched, len(tokens))
+
     def test_admin(self):
         self.register("py-admin")
         info = self.admin.GetServerInfo(v1.admin.GetServerInfoRequest(), timeout=5)
