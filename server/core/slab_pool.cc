@@ -92,6 +92,11 @@ void Unmap(std::byte* data, uint64_t bytes) {
   munmap(data, bytes);
 }
 
+// Size classes between powers of two (see RoundedSize), for classes of at
+// least kMinSteppedClass bytes (so every class stays a multiple of 64 bytes).
+constexpr int kStepsPerDoubling = 4;
+constexpr uint64_t kMinSteppedClass = 256;
+
 // One class slab; on its class's partial list while 0 < live < chunk_count
 // (or just after TakeSlab), on the free-slab list while live == 0. Owned by SlabPoolImpl::slabs_;
 // guarded by SlabPoolImpl::mu_.
@@ -112,7 +117,8 @@ class SlabPoolImpl final : public SlabPool {
   explicit SlabPoolImpl(const SlabPoolOptions& options)
       : options_(options),
         min_class_shift_(std::countr_zero(options.min_class_bytes)),
-        partial_(std::countr_zero(options.slab_bytes) - min_class_shift_ + 1, nullptr) {}
+        partial_((std::countr_zero(options.slab_bytes) - min_class_shift_ + 1) * kStepsPerDoubling,
+                 nullptr) {}
 
   ~SlabPoolImpl() override {
     MutexLock lock(&mu_);
@@ -155,7 +161,17 @@ class SlabPoolImpl final : public SlabPool {
   uint64_t RoundedSize(uint64_t bytes) const override {
     if (bytes == 0) return 0;
     const uint64_t slab = options_.slab_bytes;
-    if (bytes <= slab) return std::max(options_.min_class_bytes, std::bit_ceil(bytes));
+    if (bytes <= slab) {
+      // Classes: powers of two, and from kMinSteppedClass up three steps
+      // between each power and the next (1.25, 1.5, 1.75 times it), so a
+      // block compressed to a little over half its size saves a third of it.
+      const uint64_t b = std::max(options_.min_class_bytes, bytes);
+      const uint64_t p = std::bit_floor(b);
+      if (b == p) return p;
+      if (p < kMinSteppedClass) return 2 * p;
+      const uint64_t step = p / kStepsPerDoubling;
+      return p + (b - p + step - 1) / step * step;
+    }
     const uint64_t slabs = bytes / slab + (bytes % slab != 0 ? 1 : 0);
     return slabs > UINT64_MAX / slab ? UINT64_MAX : slabs * slab;  // saturates
   }
@@ -230,9 +246,17 @@ class SlabPoolImpl final : public SlabPool {
     }
   }
 
+  // Index into partial_ of the class of size `chunk_bytes` (a RoundedSize value).
+  int ClassIndex(uint64_t chunk_bytes) const {
+    const uint64_t p = std::bit_floor(chunk_bytes);
+    const int step =
+        p < kMinSteppedClass ? 0 : static_cast<int>((chunk_bytes - p) / (p / kStepsPerDoubling));
+    return (std::countr_zero(p) - min_class_shift_) * kStepsPerDoubling + step;
+  }
+
   absl::StatusOr<Allocation> AllocateChunk(uint64_t chunk_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int class_index = std::countr_zero(chunk_bytes) - min_class_shift_;
+    const int class_index = ClassIndex(chunk_bytes);
     Slab* slab = partial_[class_index];
     if (slab == nullptr) {
       absl::StatusOr<Slab*> taken = TakeSlab(class_index, chunk_bytes);
@@ -335,7 +359,7 @@ class SlabPoolImpl final : public SlabPool {
   mutable Mutex mu_;
   // Every mapped class slab (in use or free), by base address.
   absl::flat_hash_map<uintptr_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(mu_);
-  // Per class (index log2(size / min_class_bytes)): head of its slabs with a free chunk.
+  // Per class (ClassIndex): head of its slabs with a free chunk.
   std::vector<Slab*> partial_ ABSL_GUARDED_BY(mu_);
   std::vector<Slab*> free_slabs_ ABSL_GUARDED_BY(mu_);                   // mapped, serving no class
   absl::flat_hash_map<std::byte*, uint64_t> runs_ ABSL_GUARDED_BY(mu_);  // data -> bytes

@@ -1,8 +1,12 @@
 // SlabPool: the host-memory tier's allocator for block payloads.
 //
 // Memory is reserved in fixed-size slabs (4 MiB by default). A request of at
-// most one slab is rounded up to a power-of-two size class (min_class_bytes ..
-// slab_bytes); each slab serves one class at a time and returns to the shared
+// most one slab is rounded up to a size class (min_class_bytes .. slab_bytes):
+// the powers of two, and from 256 bytes up also 1.25, 1.5 and 1.75 times each
+// power (so a block compressed to 0.55 of its size takes 0.625 of its class,
+// not all of it). A slab holds floor(slab_bytes / class) chunks of its class
+// (up to 1/8 of a slab stays unused for the stepped classes); each slab
+// serves one class at a time and returns to the shared
 // free-slab list when its last chunk is freed, so any class can reuse it. A
 // request larger than a slab gets its own run of whole slabs. The sum of all
 // slabs reserved (class slabs plus large runs) never exceeds capacity_bytes:

@@ -93,12 +93,33 @@ TEST(SlabPoolTest, RoundedSize) {
   EXPECT_EQ(pool->RoundedSize(4 * kKiB - 1), 4 * kKiB);
   EXPECT_EQ(pool->RoundedSize(4 * kKiB), 4 * kKiB);  // exact classes
   EXPECT_EQ(pool->RoundedSize(64 * kKiB), 64 * kKiB);
-  EXPECT_EQ(pool->RoundedSize(4 * kKiB + 1), 8 * kKiB);
-  EXPECT_EQ(pool->RoundedSize(3 * kMiB), 4 * kMiB);
+  EXPECT_EQ(pool->RoundedSize(4 * kKiB + 1), 5 * kKiB);  // quarter steps between powers
+  EXPECT_EQ(pool->RoundedSize(5 * kKiB + 1), 6 * kKiB);
+  EXPECT_EQ(pool->RoundedSize(7 * kKiB + 1), 8 * kKiB);
+  EXPECT_EQ(pool->RoundedSize(3 * kMiB), 3 * kMiB);
+  EXPECT_EQ(pool->RoundedSize(2 * kMiB + 1), 2 * kMiB + 512 * kKiB);
   EXPECT_EQ(pool->RoundedSize(4 * kMiB), 4 * kMiB);      // slab-sized
   EXPECT_EQ(pool->RoundedSize(4 * kMiB + 1), 8 * kMiB);  // large runs: whole slabs
   EXPECT_EQ(pool->RoundedSize(12 * kMiB), 12 * kMiB);
   EXPECT_EQ(pool->RoundedSize(12 * kMiB + 7), 16 * kMiB);
+}
+
+// A 2 MiB block compressed to 0.58 of its size takes a 1.25 MiB chunk, three
+// to a 4 MiB slab, instead of a whole 2 MiB chunk.
+TEST(SlabPoolTest, SteppedClassesFitCompressedBlocks) {
+  auto pool = MakePool(64 * kMiB, 4 * kMiB, 4 * kKiB);
+  const uint64_t compressed = 2 * kMiB * 58 / 100;
+  std::vector<Allocation> live;
+  for (int i = 0; i < 4; ++i) {
+    auto a = pool->Allocate(compressed);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->bytes, kMiB + kMiB / 4);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data) % 64, 0u);
+    live.push_back(*a);
+    EXPECT_EQ(pool->GetStats().reserved_bytes, (i < 3 ? 1 : 2) * 4 * kMiB) << i;
+  }
+  for (const Allocation& a : live) pool->Free(a);
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
 }
 
 TEST(SlabPoolTest, AllocateRejectsZeroAndMoreThanCapacity) {
@@ -136,13 +157,13 @@ TEST(SlabPoolTest, CapacityIsAHardLimit) {
   auto pool = MakePool(4 * slab + slab / 2, slab, 4 * kKiB);  // room for 4 whole slabs
   std::vector<Allocation> live;
   absl::StatusOr<Allocation> a;
-  while ((a = pool->Allocate(12 * kKiB)).ok()) {
+  while ((a = pool->Allocate(13 * kKiB)).ok()) {  // the 14 KiB class: 4 chunks a slab
     live.push_back(*a);
     ASSERT_LE(pool->GetStats().reserved_bytes, 4 * slab + slab / 2);
   }
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(a.status().message()), HasSubstr("capacity_bytes"));
-  EXPECT_EQ(live.size(), 4u * (slab / (16 * kKiB)));
+  EXPECT_EQ(live.size(), 4u * (slab / (14 * kKiB)));
   SlabPoolStats stats = pool->GetStats();
   EXPECT_EQ(stats.reserved_bytes, 4 * slab);
   EXPECT_EQ(stats.failed_allocations, 1u);
@@ -153,7 +174,7 @@ TEST(SlabPoolTest, CapacityIsAHardLimit) {
 
   pool->Free(live.back());
   live.pop_back();
-  a = pool->Allocate(16 * kKiB);
+  a = pool->Allocate(14 * kKiB);
   ASSERT_TRUE(a.ok()) << a.status();
   live.push_back(*a);
   EXPECT_EQ(pool->GetStats().reserved_bytes, 4 * slab);

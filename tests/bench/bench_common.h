@@ -42,6 +42,7 @@ struct BenchOptions {
   uint32_t working_set = 8;      // sequences per client for fetch/lookup/mixed
   std::string mix = "20,40,40";  // mixed: append,lookup,fetch weights
   bool verify = true;            // fetch: check the payload pattern
+  std::string compress;          // fetch: "", "quantize" or "prune" the working set first
   // Trace mode.
   std::string trace;
   uint64_t limit = 0;  // 0: the whole trace

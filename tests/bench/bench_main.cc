@@ -53,6 +53,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1u, 1u << 20));
   app.add_option("--mix", o.mix, "mixed: weights of append,lookup,fetch")->capture_default_str();
   app.add_flag("!--no-verify", o.verify, "fetch: skip checking the payload pattern");
+  app.add_option("--compress", o.compress,
+                 "fetch: switch the model to this compression mode after the setup appends and "
+                 "wait for the daemon to compress the working set (start kvcached with a small "
+                 "importance.cold_after_seconds); fetches then measure decoding. Implies "
+                 "--no-verify (the bytes are a lossy transform; the client still checks every "
+                 "block's checksum)")
+      ->check(CLI::IsMember({"quantize", "prune"}));
   app.add_option("--trace", o.trace, "trace: Mooncake JSONL file (e.g. /work/shared/traces/...)");
   app.add_option("--limit", o.limit, "trace: replay only the first N requests (0: all)")
       ->capture_default_str();
@@ -66,6 +73,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!o.compress.empty()) {
+    if (o.mode != "fetch") {
+      std::fprintf(stderr, "kvcache-bench: --compress applies to the fetch mode only\n");
+      return 2;
+    }
+    o.verify = false;
   }
   // A trace's model has its own layout, so it must not collide with the load modes'.
   if (o.mode == "trace" && model_opt->count() == 0) o.model = "trace-model";

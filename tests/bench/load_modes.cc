@@ -33,7 +33,8 @@ class LoadRunner {
   LoadRunner(const BenchOptions& opts, uint64_t block_bytes, uint64_t run_key)
       : opts_(opts), block_bytes_(block_bytes), run_key_(run_key) {}
 
-  void Run(Client& client, int thread, absl::Barrier* start, ThreadResult* r);
+  // Blocks on `ready` after the setup appends and on `start` before measuring.
+  void Run(Client& client, int thread, absl::Barrier* ready, absl::Barrier* start, ThreadResult* r);
   std::atomic<bool>& stop() { return stop_; }
 
  private:
@@ -105,7 +106,8 @@ void LoadRunner::Fetch(Client& client, uint64_t seq_key, ThreadResult* r) {
   }
 }
 
-void LoadRunner::Run(Client& client, int thread, absl::Barrier* start, ThreadResult* r) {
+void LoadRunner::Run(Client& client, int thread, absl::Barrier* ready, absl::Barrier* start,
+                     ThreadResult* r) {
   std::mt19937_64 rng(run_key_ + thread);
   std::vector<uint64_t> ring;  // the thread's sequences, oldest replaced first
   uint64_t next_seq = 0;
@@ -131,6 +133,7 @@ void LoadRunner::Run(Client& client, int thread, absl::Barrier* start, ThreadRes
     }
   }
   std::discrete_distribution<int> pick(weights.begin(), weights.end());
+  ready->Block();
   start->Block();
   if (!r->setup_error.empty()) return;
   while (!stop_.load(std::memory_order_relaxed)) {
@@ -156,6 +159,42 @@ void LoadRunner::Run(Client& client, int thread, absl::Barrier* start, ThreadRes
 }
 
 }  // namespace
+
+// Switches the model to opts.compress and waits (up to 60 s) until the
+// daemon's compaction has compressed what it can of the working set. The
+// daemon must count blocks as cold quickly (importance.cold_after_seconds).
+void CompressWorkingSet(Client& client, const BenchOptions& opts) {
+  v1::UpdateModelPolicyRequest req;
+  req.set_model_id(opts.model);
+  req.set_mode(opts.compress == "prune" ? v1::COMPRESSION_MODE_PRUNE
+                                        : v1::COMPRESSION_MODE_QUANTIZE);
+  if (auto r = client.UpdateModelPolicy(req); !r.ok()) {
+    std::fprintf(stderr, "kvcache-bench: UpdateModelPolicy: %s\n", r.status().ToString().c_str());
+    return;
+  }
+  uint64_t compressed = 0, blocks = 0, saved = 0, last = 0;
+  absl::Time changed = absl::Now();
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60); absl::Now() < deadline;) {
+    absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats();
+    if (!stats.ok()) break;
+    for (const v1::ModelStats& m : stats->models()) {
+      if (m.model_id() != opts.model) continue;
+      compressed = m.compressed_blocks();
+      blocks = m.blocks();
+      saved = m.bytes_saved();
+    }
+    if (compressed != last) {
+      last = compressed;
+      changed = absl::Now();
+    } else if (compressed > 0 && absl::Now() - changed > absl::Seconds(3)) {
+      break;  // compaction has done what it can (the recent windows stay raw)
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::printf("compression=%s: %llu of %llu blocks compressed, %.1f MiB saved\n",
+              opts.compress.c_str(), static_cast<unsigned long long>(compressed),
+              static_cast<unsigned long long>(blocks), saved / 1048576.0);
+}
 
 int RunLoad(const BenchOptions& opts) {
   absl::StatusOr<v1::DType> dtype = ParseDType(opts.dtype);
@@ -219,12 +258,16 @@ int RunLoad(const BenchOptions& opts) {
 
   LoadRunner runner(opts, block_bytes, run_key);
   std::vector<ThreadResult> results(opts.clients);
-  absl::Barrier start(opts.clients + 1);  // outlives every thread that blocks on it
+  // Both outlive every thread that blocks on them.
+  absl::Barrier ready(opts.clients + 1);
+  absl::Barrier start(opts.clients + 1);
   std::vector<std::thread> threads;
   for (int i = 0; i < opts.clients; ++i) {
     Client& c = opts.shared_client ? **main_client : *clients[i];
-    threads.emplace_back([&, i, cptr = &c] { runner.Run(*cptr, i, &start, &results[i]); });
+    threads.emplace_back([&, i, cptr = &c] { runner.Run(*cptr, i, &ready, &start, &results[i]); });
   }
+  ready.Block();
+  if (!opts.compress.empty()) CompressWorkingSet(**main_client, opts);
   start.Block();
   const absl::Time t0 = absl::Now();
   absl::SleepFor(absl::Seconds(opts.duration_s));
