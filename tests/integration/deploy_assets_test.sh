@@ -182,6 +182,12 @@ if not stop.isdigit() or int(stop) <= drain:
 nofile = unit.get("LimitNOFILE", ["0"])[-1]
 if nofile != "infinity" and int(nofile) < 65536:
     problems.append(f"kvcached.service: LimitNOFILE={nofile} is not high")
+calibration = config.get("importance", {}).get("calibration_file", "")
+if calibration and not calibration.startswith("/var/lib/kvcached/"):
+    problems.append(f"kvcached.json: calibration_file {calibration} is not in StateDirectory")
+if calibration:
+    want("StateDirectory", "kvcached")
+    want("ReadWritePaths", "/var/lib/kvcached")
 sock = config["listen"]["unix_socket"]
 if not sock.startswith("/run/kvcached/"):
     problems.append(f"kvcached.json: unix_socket {sock} is not in RuntimeDirectory /run/kvcached")
