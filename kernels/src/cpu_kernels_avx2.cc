@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "cpu_kernels.h"
@@ -42,6 +43,11 @@ const CpuKernels* Avx2CpuKernels() {
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+// GCC 12 reports its own _mm512_undefined_*() placeholders (avx512fintrin.h) as uninitialized
+// once they are inlined here (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 namespace {
 namespace avx512 {
@@ -53,6 +59,7 @@ namespace avx512 {
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 

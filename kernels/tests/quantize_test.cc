@@ -50,7 +50,8 @@ Quantized NaiveQuantize(const std::vector<float>& x, const Shape& s, QuantAxis a
         const float a = amax[GroupOf(s, axis, h, t, d)];
         const float inv = a > 0.0f ? 127.0f / a : 0.0f;
         const size_t i = static_cast<size_t>((h * s.tokens + t) * s.dim + d);
-        const float v = std::clamp(x[i] * inv, -127.0f, 127.0f);
+        const float p = x[i] * inv;  // NaN (0 * inf in a tiny group) clamps to -127.
+        const float v = std::isnan(p) ? -127.0f : std::clamp(p, -127.0f, 127.0f);
         out.codes[i] = static_cast<int8_t>(std::nearbyint(v));
       }
     }
@@ -150,6 +151,7 @@ TEST_P(QuantizeTest, RoundTripIsExactOnRepresentableValues) {
 
 // Groups whose maximum is below 127 / FLT_MAX (subnormal fp32 / bf16) have an infinite inverse
 // scale, so x * inv is +-inf (or NaN for a zero) and the clamp decides: +-127 (-127 for NaN).
+// (The SIMD loops used to turn +inf into -127.)
 TEST_P(QuantizeTest, TinyGroupsFollowTheClampedFormula) {
   const Shape s{2, 16, 128};
   std::vector<float> x = test::Gaussian(s.Elements(), 17);
