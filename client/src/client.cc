@@ -139,6 +139,10 @@ class ClientImpl final : public Client {
     return DoFetch(model_id, req, out);
   }
 
+  absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
+                                                        std::span<const uint32_t> tokens,
+                                                        bool accept_compressed) override;
+
   absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
                                           std::span<const uint32_t> tokens) override {
     v1::EvictRequest req;
@@ -393,6 +397,66 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
   }
   *result = assembler.result();
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocks(std::string_view model_id,
+                                                                  std::span<const uint32_t> tokens,
+                                                                  bool accept_compressed) {
+  v1::FetchRequest req;
+  req.set_namespace_(ns_);
+  req.set_model_id(std::string(model_id));
+  req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  req.set_accept_int8(accept_compressed);
+  std::vector<FetchedBlock> blocks;
+  uint64_t checksum = 0, block_bytes = 0;
+  absl::Status data = absl::OkStatus();
+  absl::Status rpc = CallOnce([&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader = cache_->Fetch(ctx, req);
+    v1::FetchResponse msg;
+    while (data.ok() && reader->Read(&msg)) {
+      const bool first = msg.offset() == 0;
+      if (first) {
+        if (!blocks.empty() && blocks.back().bytes.size() != block_bytes) {
+          data = absl::DataLossError("Fetch: a block ended early");
+          break;
+        }
+        if (msg.block_index() != blocks.size()) {
+          data = absl::DataLossError(absl::StrCat("Fetch: expected block ", blocks.size(),
+                                                  ", got block ", msg.block_index()));
+          break;
+        }
+        blocks.push_back({.index = msg.block_index(),
+                          .encoding = msg.encoding(),
+                          .kept_tokens = {msg.kept_tokens().begin(), msg.kept_tokens().end()}});
+        blocks.back().bytes.reserve(msg.block_bytes());
+        checksum = msg.block_checksum();
+        block_bytes = msg.block_bytes();
+      } else if (blocks.empty() || msg.block_index() != blocks.back().index ||
+                 msg.offset() != blocks.back().bytes.size() || msg.block_bytes() != block_bytes) {
+        data = absl::DataLossError("Fetch: a chunk out of order");
+        break;
+      }
+      FetchedBlock& b = blocks.back();
+      if (msg.data().size() > block_bytes - b.bytes.size()) {
+        data = absl::DataLossError("Fetch: a chunk overruns its block");
+        break;
+      }
+      b.bytes += msg.data();
+      if (b.bytes.size() == block_bytes &&
+          BlockChecksum(std::as_bytes(std::span(b.bytes.data(), b.bytes.size()))) != checksum) {
+        data = absl::DataLossError(
+            absl::StrCat("Fetch: block ", b.index, " does not match its checksum"));
+      }
+    }
+    if (!data.ok()) ctx->TryCancel();
+    return reader->Finish();
+  });
+  if (!data.ok()) return data;
+  if (!rpc.ok()) return rpc;
+  if (!blocks.empty() && blocks.back().bytes.size() != block_bytes) {
+    return absl::DataLossError("Fetch: the stream ended inside a block");
+  }
+  return blocks;
 }
 
 absl::StatusOr<FetchResult> ClientImpl::DoFetch(std::string_view model_id, v1::FetchRequest& req,

@@ -5,10 +5,8 @@
 // format; attention reports are accepted; kvcachectl shows and switches the
 // mode; the metrics endpoint exports tokens per precision.
 #include <gmock/gmock.h>
-#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <xxhash.h>
 
 #include <array>
 #include <cmath>
@@ -19,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/importance/block_codec.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
 
@@ -137,30 +135,30 @@ TEST_F(ImportanceDaemonTest, QuantizeAtRuntimeServesDequantizedKvWithinBound) {
   EXPECT_EQ(s.int8_tokens(), (kBlocks - 1) * kBt - 4);
   EXPECT_GT(s.bytes_saved(), (kBlocks - 1) * block_bytes_ / 2);
 
-  // The raw compressed format, on request, with its own checksum.
-  auto channel = grpc::CreateChannel(daemon_->unix_target(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Cache::NewStub(channel);
-  grpc::ClientContext ctx;
-  v1::FetchRequest req;
-  req.set_model_id(kModel);
-  req.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
-  req.set_accept_int8(true);
-  auto reader = stub->Fetch(&ctx, req);
-  v1::FetchResponse msg;
-  std::map<uint32_t, std::string> blocks;
-  std::map<uint32_t, std::pair<uint64_t, int>> headers;
-  while (reader->Read(&msg)) {
-    blocks[msg.block_index()] += msg.data();
-    headers[msg.block_index()] = {msg.block_checksum(), msg.encoding()};
-  }
-  ASSERT_TRUE(reader->Finish().ok());
-  ASSERT_EQ(blocks.size(), kBlocks);
+  // The stored format, on request: about half the bytes, verified by its own
+  // checksum, and decoding it here gives exactly what the daemon's decode sent.
+  absl::StatusOr<std::vector<FetchedBlock>> packed = client_->FetchBlocks(kModel, tokens_, true);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_EQ(packed->size(), kBlocks);
   uint64_t wire = 0;
-  for (auto& [index, bytes] : blocks) {
-    EXPECT_EQ(XXH3_64bits(bytes.data(), bytes.size()), headers[index].first);
-    EXPECT_EQ(headers[index].second,
-              index + 1 < kBlocks ? v1::BLOCK_ENCODING_COMPRESSED : v1::BLOCK_ENCODING_RAW);
-    wire += bytes.size();
+  for (const FetchedBlock& b : *packed) {
+    wire += b.bytes.size();
+    std::span<const std::byte> bytes = std::as_bytes(std::span(b.bytes.data(), b.bytes.size()));
+    std::vector<std::byte> decoded(block_bytes_);
+    if (b.index + 1 == kBlocks) {
+      EXPECT_EQ(b.encoding, v1::BLOCK_ENCODING_RAW);
+      std::memcpy(decoded.data(), b.bytes.data(), b.bytes.size());
+    } else {
+      EXPECT_EQ(b.encoding, v1::BLOCK_ENCODING_COMPRESSED);
+      absl::StatusOr<importance::CompressedBlockView> view =
+          importance::ParseCompressedBlock(bytes);
+      ASSERT_TRUE(view.ok()) << view.status();
+      ASSERT_TRUE(importance::DecodeBlock(*view, decoded).ok());
+    }
+    EXPECT_EQ(std::memcmp(decoded.data(), got.data() + b.index * block_bytes_ / sizeof(float),
+                          block_bytes_),
+              0)
+        << "block " << b.index;
   }
   EXPECT_LT(wire, kBlocks * block_bytes_ * 2 / 3);
 

@@ -80,6 +80,14 @@ struct FetchResult {
   std::vector<std::vector<uint32_t>> kept_tokens;
 };
 
+// One block of a FetchBlocks stream, as the server sent it.
+struct FetchedBlock {
+  uint32_t index = 0;
+  v1::BlockEncoding encoding = v1::BLOCK_ENCODING_RAW;
+  std::string bytes;                  // verified against the block's checksum
+  std::vector<uint32_t> kept_tokens;  // set when the block lost tokens to pruning
+};
+
 struct EvictResult {
   uint64_t evicted_blocks = 0;
   uint64_t evicted_bytes = 0;
@@ -121,6 +129,15 @@ class Client {
   virtual absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
                                                  std::span<std::byte> out) = 0;
 
+  // Fetches the cached prefix of `tokens` block by block, each as sent. With
+  // `accept_compressed`, blocks the importance policy compressed arrive in the
+  // compressed block format (docs/api.md, about half the bytes); otherwise
+  // they arrive decoded to the model's layout. DATA_LOSS for a block whose
+  // bytes do not match its checksum or a stream out of order. Not retried.
+  virtual absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
+                                                                std::span<const uint32_t> tokens,
+                                                                bool accept_compressed) = 0;
+
   virtual absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
                                                   std::span<const uint32_t> tokens) = 0;
   virtual absl::StatusOr<EvictResult> EvictModel(std::string_view model_id) = 0;
@@ -133,8 +150,8 @@ class Client {
   // rows of tokens.size() values, or one row when num_layers is 0). Not
   // retried: a report applied twice would count twice.
   virtual absl::StatusOr<v1::ReportAttentionResponse> ReportAttention(
-      std::string_view model_id, std::span<const uint32_t> tokens,
-      std::span<const float> attention, uint32_t num_layers = 0) = 0;
+      std::string_view model_id, std::span<const uint32_t> tokens, std::span<const float> attention,
+      uint32_t num_layers = 0) = 0;
   // Changes a model's compression mode / weights / target mass (namespace
   // and model_id of `request` are used as given; an empty namespace means
   // the client's).
