@@ -108,12 +108,13 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
         n, ") = ", uint64_t{rows} * n, lease_id != 0 ? " for the lease" : "",
         n == 0 ? "; a report needs at least one token" : ""));
   }
-  // Average the rows, then normalise to [0, 1] by the maximum.
+  // Average the rows (their sum scales the same), then scale to [0, 1] by the
+  // largest unprotected mass (ObserveAttention: the sink would squash the rest).
   std::vector<float> mass(n, 0.0f);
   for (uint32_t r = 0; r < rows; ++r) {
     for (size_t t = 0; t < n; ++t) mass[t] += attention[r * n + t];
   }
-  const std::vector<float> observed = importance::NormaliseAttention(mass);
+  const std::vector<float> observed = importance::ObserveAttention(mass, m.policy.params);
 
   std::vector<IndexNode*> path;
   MatchLocked(m, tokens, &path);
@@ -126,15 +127,22 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
     if (ts.activity.empty()) ts.activity.assign(bt, 0.0f);
     for (uint32_t i = 0; i < bt; ++i) {
       const uint64_t g = uint64_t{node->depth} * bt + i;
-      // Features as the score saw them before this report, for calibration.
-      const float faded =
-          importance::DecayActivity(ts.activity[i], elapsed, o.activity_half_life_seconds, 0, 0);
-      const float novelty = ts.novelty.empty() ? 0.0f : std::min(ts.novelty[i], 1.0f);
-      m.calibrator.Add({.activity = faded,
-                        .position = kernels::PositionFactor(
-                            static_cast<int64_t>(g), static_cast<int64_t>(n), m.policy.params),
-                        .novelty = novelty,
-                        .observed = observed[g]});
+      // Features as the score saw them before this report, for calibration;
+      // only for tokens the score decides on (protected ones are kept anyway).
+      const bool is_protected =
+          importance::IsStructurallyProtected(m.policy.params, static_cast<int64_t>(g),
+                                              static_cast<int64_t>(n)) ||
+          (!ts.pinned.empty() && ts.pinned[i] != 0);
+      if (!is_protected) {
+        const float faded =
+            importance::DecayActivity(ts.activity[i], elapsed, o.activity_half_life_seconds, 0, 0);
+        const float novelty = ts.novelty.empty() ? 0.0f : std::min(ts.novelty[i], 1.0f);
+        m.calibrator.Add({.activity = faded,
+                          .position = kernels::PositionFactor(
+                              static_cast<int64_t>(g), static_cast<int64_t>(n), m.policy.params),
+                          .novelty = novelty,
+                          .observed = observed[g]});
+      }
       ts.activity[i] = importance::DecayActivity(
           ts.activity[i], elapsed, o.activity_half_life_seconds, observed[g], o.activity_weight);
       ++result.updated_tokens;

@@ -88,4 +88,17 @@ std::vector<float> NormaliseAttention(std::span<const float> mass) {
   return out;
 }
 
+std::vector<float> ObserveAttention(std::span<const float> mass,
+                                    const kernels::ImportanceParams& params) {
+  const int64_t n = static_cast<int64_t>(mass.size());
+  float max = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (!IsStructurallyProtected(params, t, n)) max = std::max(max, Sanitise(mass[t]));
+  }
+  if (!(max > 0)) return NormaliseAttention(mass);
+  std::vector<float> out(mass.size());
+  for (int64_t t = 0; t < n; ++t) out[t] = std::min(1.0f, Sanitise(mass[t]) / max);
+  return out;
+}
+
 }  // namespace kvcache::importance

@@ -43,11 +43,11 @@ bool IsStructurallyProtected(const kernels::ImportanceParams& params, int64_t po
                              int64_t sequence_tokens);
 
 struct Selection {
-  std::vector<uint8_t> keep;   // 1 for a kept token, one entry per score
-  int64_t kept = 0;            // number of ones in keep
-  double total_mass = 0;       // sum of all (sanitised) scores
-  double kept_mass = 0;        // sum of the kept tokens' scores
-  float threshold = 0;         // smallest unprotected score kept; +inf when none
+  std::vector<uint8_t> keep;  // 1 for a kept token, one entry per score
+  int64_t kept = 0;           // number of ones in keep
+  double total_mass = 0;      // sum of all (sanitised) scores
+  double kept_mass = 0;       // sum of the kept tokens' scores
+  float threshold = 0;        // smallest unprotected score kept; +inf when none
 };
 
 // The smallest set of tokens that covers `target_mass` (in (0, 1]) of the
@@ -75,6 +75,16 @@ float DecayActivity(float previous, double elapsed_seconds, double half_life_sec
 // Normalises a report of per-token attention mass to [0, 1] by its maximum
 // (all zeros stay zero). Non-finite or negative values become 0.
 std::vector<float> NormaliseAttention(std::span<const float> mass);
+
+// What a report of per-token attention mass over a sequence of mass.size()
+// tokens says about each token, in [0, 1]: the mass divided by the largest
+// mass of a token that is not structurally protected, clamped to 1. The sink
+// takes most of the attention in most heads, so normalising by the overall
+// maximum would squash every other token toward 0; protected tokens are kept
+// whatever their score, so only the unprotected ones need a scale. Falls back
+// to NormaliseAttention when no unprotected token has any mass.
+std::vector<float> ObserveAttention(std::span<const float> mass,
+                                    const kernels::ImportanceParams& params);
 
 }  // namespace kvcache::importance
 

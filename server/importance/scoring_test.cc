@@ -310,4 +310,25 @@ TEST(NormaliseAttentionTest, ScalesByMaximum) {
 }
 
 }  // namespace
+TEST(ObserveAttentionTest, ScalesByTheLargestUnprotectedMass) {
+  kernels::ImportanceParams p;
+  p.sink_tokens = 1;
+  p.recent_window = 2;
+  // Token 0 is the sink, tokens 4-5 the recent window.
+  const std::vector<float> mass = {0.8f, 0.02f, 0.05f, 0.01f, 0.1f, 0.02f};
+  const std::vector<float> got = ObserveAttention(mass, p);
+  ASSERT_EQ(got.size(), mass.size());
+  EXPECT_FLOAT_EQ(got[0], 1.0f);  // clamped
+  EXPECT_FLOAT_EQ(got[1], 0.4f);
+  EXPECT_FLOAT_EQ(got[2], 1.0f);  // the largest unprotected mass
+  EXPECT_FLOAT_EQ(got[3], 0.2f);
+  EXPECT_FLOAT_EQ(got[4], 1.0f);  // 2.0 clamped
+  EXPECT_FLOAT_EQ(got[5], 0.4f);
+  // Normalising by the overall maximum would have squashed token 2 to 1/16.
+  EXPECT_FLOAT_EQ(NormaliseAttention(mass)[2], 0.0625f);
+  // No unprotected mass: the plain normalisation.
+  const std::vector<float> only_sink = {0.5f, 0, 0, 0, 0.25f, 0};
+  EXPECT_EQ(ObserveAttention(only_sink, p), NormaliseAttention(only_sink));
+}
+
 }  // namespace kvcache::importance
