@@ -18,6 +18,7 @@ RUNS=${RUNS:-5}
 DURATION=${DURATION:-5}
 CLIENTS=${CLIENTS:-2}
 OUT_DIR=${OUT_DIR:-$(mktemp -d)}
+mkdir -p "$OUT_DIR"
 KVCACHED=$BUILD/server/kvcached
 BENCH=$BUILD/tests/bench/kvcache-bench
 for f in "$KVCACHED" "$BENCH"; do
