@@ -1,11 +1,13 @@
 // Google Benchmark driver for the kernel library.
 //
 // Throughput is reported as bytes of *uncompressed* KV processed per second (the fp16/bf16/fp32
-// slice read by quantize, written by dequantize), next to memcpy of a buffer of the same size,
-// so "quantize at X% of memcpy" reads directly. Shapes: one KV block for one layer
-// (8 heads x 64 tokens x 128 dims) and a 1 MiB slice (8 heads x 128 dims x 512 tokens in
-// 16-bit, 256 in fp32). With a CUDA device (and a CUDA build) the CUDA twins are timed too,
-// with CUDA events, against cudaMemcpy device-to-device.
+// slice read by quantize, written by dequantize; the int8 codes and scales are not counted),
+// next to memcpy of a buffer of the same size (bytes copied per second), so "quantize at X% of
+// memcpy" reads directly. Shapes: one KV block for one layer (8 heads x 64 tokens x 128 dims,
+// 128 KiB in 16-bit, 256 KiB in fp32), a 1 MiB slice (512 tokens in 16-bit, 256 in fp32) and
+// 1024 tokens (2 MiB in 16-bit, 4 MiB in fp32); BM_Memcpy covers each of those sizes. With a
+// CUDA device (and a CUDA build) the CUDA twins are timed too, with CUDA events, against
+// cudaMemcpy device-to-device.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -55,12 +57,12 @@ std::string Label(DType dtype, QuantAxis axis, int64_t tokens) {
          std::to_string(kHeads) + "x" + std::to_string(tokens) + "x" + std::to_string(kHeadDim);
 }
 
-// Args: dtype, axis, tokens. Block (64 tokens) and 1 MiB slices for each dtype.
+// Args: dtype, axis, tokens. Block (64 tokens), 1 MiB and 1024-token slices for each dtype.
 void QuantizeArgs(benchmark::internal::Benchmark* b) {
   for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
     const int64_t mib_tokens = (int64_t{1} << 20) / (kHeads * kHeadDim * DTypeSize(dtype));
     for (QuantAxis axis : {QuantAxis::kPerChannel, QuantAxis::kPerToken}) {
-      for (int64_t tokens : {int64_t{64}, mib_tokens}) {
+      for (int64_t tokens : {int64_t{64}, mib_tokens, int64_t{1024}}) {
         b->Args({static_cast<int64_t>(dtype), static_cast<int64_t>(axis), tokens});
       }
     }
@@ -77,7 +79,7 @@ void BM_Memcpy(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
-BENCHMARK(BM_Memcpy)->Arg(128 << 10)->Arg(256 << 10)->Arg(1 << 20);
+BENCHMARK(BM_Memcpy)->Arg(128 << 10)->Arg(256 << 10)->Arg(1 << 20)->Arg(2 << 20)->Arg(4 << 20);
 
 void BM_QuantizeInt8(benchmark::State& state) {
   const auto dtype = static_cast<DType>(state.range(0));

@@ -41,6 +41,15 @@ bool DetectAvx512() {
   const unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30, kVl = 1u << 31;
   return (ebx & (kF | kDq | kBw | kVl)) == (kF | kDq | kBw | kVl);
 }
+
+// Call only when DetectAvx512() is true.
+bool DetectAvx512Bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  if (eax < 1) return false;  // No sub-leaf 1.
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  return (eax & (1u << 5)) != 0;  // AVX512_BF16
+}
 #endif
 
 }  // namespace
@@ -68,11 +77,20 @@ bool CpuHasAvx512() {
 #endif
 }
 
+bool CpuHasAvx512Bf16() {
+#if defined(KVCACHE_KERNELS_X86_CPUID)
+  static const bool has = CpuHasAvx512() && DetectAvx512Bf16();
+  return has;
+#else
+  return false;
+#endif
+}
+
 const CpuKernels& ActiveCpuKernels() {
-  static const CpuKernels* const best =
-      CpuHasAvx512() && Avx512CpuKernels() != nullptr ? Avx512CpuKernels()
-      : CpuHasAvx2F16c()                              ? Avx2CpuKernels()
-                                                      : nullptr;
+  static const CpuKernels* const best = [] {
+    if (CpuHasAvx512() && Avx512CpuKernels() != nullptr) return Avx512CpuKernels();
+    return CpuHasAvx2F16c() ? Avx2CpuKernels() : nullptr;
+  }();
   if (best != nullptr && !force_baseline.load(std::memory_order_relaxed)) return *best;
   return BaselineCpuKernels();
 }

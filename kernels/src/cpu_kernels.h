@@ -49,6 +49,9 @@ const CpuKernels* Avx512CpuKernels();
 bool CpuHasAvx2F16c();
 // True when this CPU (and OS) supports AVX2, F16C and AVX-512 F, BW, VL and DQ.
 bool CpuHasAvx512();
+// True when CpuHasAvx512() and the CPU also has AVX512_BF16 (the AVX-512 variant then converts
+// dequantized bf16 with vcvtne2ps2bf16 where that is exact).
+bool CpuHasAvx512Bf16();
 // The variant the public kernels use: the widest one compiled in and supported (AVX-512, then
 // AVX2), else baseline.
 const CpuKernels& ActiveCpuKernels();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -63,12 +64,12 @@ TEST_F(DispatchTest, ConvertIsBitIdentical) {
 }
 
 // Quantize and dequantize of `x` (mats x rows x cols) by `v` and by the baseline, both axes.
-void ExpectSameQuantization(const CpuKernels& base, const CpuKernels& v, const std::vector<float>& x,
-                            int64_t mats, int64_t rows, int64_t cols) {
+void ExpectSameQuantization(const CpuKernels& base, const CpuKernels& v,
+                            const std::vector<float>& x, int64_t mats, int64_t rows, int64_t cols) {
   const size_t n = static_cast<size_t>(mats * rows * cols);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    SCOPED_TRACE(::testing::Message() << v.name << " " << DTypeName(dtype) << " " << mats << "x"
-                                      << rows << "x" << cols);
+    SCOPED_TRACE(::testing::Message()
+                 << v.name << " " << DTypeName(dtype) << " " << mats << "x" << rows << "x" << cols);
     const std::vector<uint8_t> src = test::Encode(x, dtype);
     std::vector<int8_t> qa(n), qb(n);
     std::vector<float> sa(static_cast<size_t>(mats * rows)), sb(sa.size());
@@ -101,8 +102,8 @@ TEST_F(DispatchTest, QuantizeAndDequantizeAreBitIdentical) {
 // Shapes around every SIMD width (8, 16, 32, 64 elements, 128- and 256-column blocks, batches of
 // 8 rows), on Gaussian data without special values.
 TEST_F(DispatchTest, QuantizeIsBitIdenticalOnAllTailShapes) {
-  for (int64_t cols : {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 80, 96, 100, 112, 127, 128,
-                       129, 192, 255, 256, 257, 320, 513}) {
+  for (int64_t cols : {1,  7,  8,   15,  16,  17,  31,  32,  33,  48,  63,  64,  65,
+                       80, 96, 100, 112, 127, 128, 129, 192, 255, 256, 257, 320, 513}) {
     for (int64_t rows : {1, 7, 8, 9, 17}) {
       const std::vector<float> x =
           test::Gaussian(static_cast<size_t>(2 * rows * cols), static_cast<uint32_t>(cols * rows));
@@ -159,12 +160,44 @@ TEST_F(DispatchTest, QuantizeIsBitIdenticalOnSpecialGroups) {
   }
 }
 
+// Random shapes (up to 3 x 40 x 700) with special values sprinkled at random positions.
+TEST_F(DispatchTest, QuantizeIsBitIdenticalOnRandomShapes) {
+  std::mt19937 rng(2024);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::ldexp(1.0f, -140),
+                            std::ldexp(-3.0f, -20),
+                            65504.0f,
+                            127.0f,
+                            -127.0f};
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t mats = 1 + static_cast<int64_t>(rng() % 3);
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 40);
+    const int64_t cols = 1 + static_cast<int64_t>(rng() % 700);
+    const size_t n = static_cast<size_t>(mats * rows * cols);
+    std::vector<float> x = test::Gaussian(n, rng(), 1.0f + static_cast<float>(rng() % 100));
+    const int mode = trial % 4;  // 0: clean, 1: a few specials, 2: many, 3: tiny groups.
+    if (mode == 1 || mode == 2) {
+      const size_t count = mode == 1 ? 3 : n / 10;
+      for (size_t i = 0; i < count; ++i) x[rng() % n] = specials[rng() % 10];
+    } else if (mode == 3) {
+      for (float& v : x) v = std::ldexp(v, -130);
+    }
+    SCOPED_TRACE(::testing::Message() << "trial " << trial);
+    for (const CpuKernels* v : variants_) ExpectSameQuantization(base_, *v, x, mats, rows, cols);
+  }
+}
+
 // Dequantize with arbitrary scales: NaN, Inf, subnormal, negative, huge.
 TEST_F(DispatchTest, DequantizeIsBitIdenticalForAnyScale) {
   const int64_t mats = 2, rows = 9, cols = 70;
   const size_t n = static_cast<size_t>(mats * rows * cols);
   std::vector<int8_t> codes(n);
-  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<int8_t>(static_cast<int>(i * 37 % 255) - 127);
+  for (size_t i = 0; i < n; ++i)
+    codes[i] = static_cast<int8_t>(static_cast<int>(i * 37 % 255) - 127);
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
                             std::numeric_limits<float>::infinity(),
                             std::ldexp(1.0f, -140),
@@ -173,9 +206,19 @@ TEST_F(DispatchTest, DequantizeIsBitIdenticalForAnyScale) {
                             std::ldexp(1.0f, -126),
                             0.0f,
                             1.0f / 127.0f};
-  for (size_t which = 0; which < 8; ++which) {
+  // Scales whose products with powers of two (and their multiples) fall exactly halfway
+  // between two bf16 or fp16 values, so the round-to-nearest-even ties are exercised.
+  const float ties[] = {
+      1.0f + std::ldexp(1.0f, -8),    1.0f + std::ldexp(3.0f, -8),
+      -(1.0f + std::ldexp(1.0f, -8)), 1.0f + std::ldexp(1.0f, -11),
+      1.0f + std::ldexp(3.0f, -11),   std::ldexp(1.0f + std::ldexp(1.0f, -8), -30)};
+  for (size_t which = 0; which < 9; ++which) {
     std::vector<float> scales = test::Uniform(static_cast<size_t>(mats * cols), 7, 0.0f, 0.1f);
-    scales[which * 7 % scales.size()] = specials[which];
+    if (which < 8) {
+      scales[which * 7 % scales.size()] = specials[which];
+    } else {
+      for (size_t j = 0; j < scales.size(); ++j) scales[j] = ties[j % 6];
+    }
     for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " special " << which);
       std::vector<uint8_t> da(n * DTypeSize(dtype)), db(da.size());
@@ -186,8 +229,7 @@ TEST_F(DispatchTest, DequantizeIsBitIdenticalForAnyScale) {
         EXPECT_EQ(da, db) << v->name;
         base_.dequantize_per_channel(codes.data(), scales.data(), mats, rows, cols, dtype,
                                      da.data());
-        v->dequantize_per_channel(codes.data(), scales.data(), mats, rows, cols, dtype,
-                                  db.data());
+        v->dequantize_per_channel(codes.data(), scales.data(), mats, rows, cols, dtype, db.data());
         EXPECT_EQ(da, db) << v->name;
       }
     }

@@ -83,9 +83,9 @@ class QuantizeTest : public ::testing::TestWithParam<std::tuple<DType, QuantAxis
 
 TEST_P(QuantizeTest, MatchesNaiveFormulaBitForBit) {
   // Shapes cover the SIMD main loops, tails, one element, and more than one 256-wide tile.
-  for (const Shape& s : {Shape{8, 64, 128}, Shape{3, 17, 300}, Shape{1, 1, 1}, Shape{2, 5, 7},
-                        Shape{1, 300, 9}, Shape{2, 9, 64}, Shape{2, 8, 80}, Shape{1, 16, 200},
-                        Shape{2, 11, 257}}) {
+  for (const Shape& s :
+       {Shape{8, 64, 128}, Shape{3, 17, 300}, Shape{1, 1, 1}, Shape{2, 5, 7}, Shape{1, 300, 9},
+        Shape{2, 9, 64}, Shape{2, 8, 80}, Shape{1, 16, 200}, Shape{2, 11, 257}}) {
     SCOPED_TRACE(::testing::Message() << s.heads << "x" << s.tokens << "x" << s.dim);
     const std::vector<float> x = test::RoundTo(test::Gaussian(s.Elements(), 7, 3.0f), dtype());
     Quantized got;
