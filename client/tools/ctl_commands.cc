@@ -129,6 +129,28 @@ std::string FormatUnixMs(int64_t ms) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::FromUnixMillis(ms), absl::LocalTimeZone());
 }
 
+std::string ModeName(v1::CompressionMode mode) {
+  switch (mode) {
+    case v1::COMPRESSION_MODE_OFF:
+      return "off";
+    case v1::COMPRESSION_MODE_QUANTIZE:
+      return "quantize";
+    case v1::COMPRESSION_MODE_PRUNE:
+      return "prune";
+    default:
+      return "unspecified";
+  }
+}
+
+void PrintPolicy(std::ostream& out, const v1::ModelPolicy& p) {
+  out << "mode:          " << ModeName(p.mode()) << '\n'
+      << absl::StrFormat("weights:       alpha %.3f  beta %.3f  gamma %.3f\n", p.weights().alpha(),
+                         p.weights().beta(), p.weights().gamma())
+      << "target mass:   " << p.target_mass() << '\n'
+      << "sink tokens:   " << p.sink_tokens() << '\n'
+      << "recent window: " << p.recent_window() << '\n';
+}
+
 }  // namespace
 
 int RunStatus(const Context& ctx) {
@@ -158,28 +180,6 @@ int RunStatus(const Context& ctx) {
   }
   out << '\n';
   return code;
-}
-
-std::string ModeName(v1::CompressionMode mode) {
-  switch (mode) {
-    case v1::COMPRESSION_MODE_OFF:
-      return "off";
-    case v1::COMPRESSION_MODE_QUANTIZE:
-      return "quantize";
-    case v1::COMPRESSION_MODE_PRUNE:
-      return "prune";
-    default:
-      return "unspecified";
-  }
-}
-
-void PrintPolicy(std::ostream& out, const v1::ModelPolicy& p) {
-  out << "mode:          " << ModeName(p.mode()) << '\n'
-      << absl::StrFormat("weights:       alpha %.3f  beta %.3f  gamma %.3f\n", p.weights().alpha(),
-                         p.weights().beta(), p.weights().gamma())
-      << "target mass:   " << p.target_mass() << '\n'
-      << "sink tokens:   " << p.sink_tokens() << '\n'
-      << "recent window: " << p.recent_window() << '\n';
 }
 
 int RunStats(const Context& ctx) {

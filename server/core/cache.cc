@@ -336,11 +336,7 @@ CacheStats Cache::GetStats() const {
                             .appended_blocks = m->appended_blocks,
                             .deduplicated_blocks = m->deduplicated_blocks,
                             .evicted_blocks = m->evicted_blocks,
-                            .compression_mode = std::string(CompressionModeName(m->policy.mode)),
-                            .alpha = m->policy.params.alpha,
-                            .beta = m->policy.params.beta,
-                            .gamma = m->policy.params.gamma,
-                            .target_mass = m->policy.target_mass,
+                            .policy = m->policy,
                             .compressed_blocks = m->compressed_blocks,
                             .full_tokens = m->index.num_blocks() * m->layout.block_tokens -
                                            m->int8_tokens - m->pruned_tokens,

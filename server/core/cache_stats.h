@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/slab_pool.h"
 
@@ -25,9 +26,7 @@ struct ModelStats {
   uint64_t deduplicated_blocks = 0;
   uint64_t evicted_blocks = 0;  // by capacity, explicit eviction or expiry
   // Importance-aware retention (docs/importance.md).
-  std::string compression_mode;  // "off", "quantize", "prune"
-  float alpha = 0, beta = 0, gamma = 0;
-  double target_mass = 0;
+  ImportancePolicy policy;  // mode, weights, target mass in effect
   uint64_t compressed_blocks = 0;
   uint64_t full_tokens = 0;  // tokens at the model's dtype
   uint64_t int8_tokens = 0;

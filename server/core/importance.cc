@@ -48,24 +48,15 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
   m.policy = next;
   if (next.mode == CompressionMode::kOff && m.compressed_blocks > 0) {
     // Remove every compressed block (and what hangs below it): from now on
-    // the model serves only lossless KV.
+    // the model serves only lossless KV. Post-order, so a compressed block
+    // below another is removed first and no removal touches a removed node.
     std::vector<IndexNode*> compressed;
     m.index.VisitPostOrder([&](IndexNode* n) {
       if (n->tokens_state.compressed) compressed.push_back(n);
     });
-    absl::flat_hash_set<const IndexNode*> alive(compressed.begin(), compressed.end());
     for (IndexNode* n : compressed) {
-      if (!alive.contains(n)) continue;  // already removed with an ancestor
-      m.index.RemoveSubtree(n, [&](IndexNode* gone) {
-        alive.erase(gone);
-        ForgetNodeLocked(m, gone);
-        ++change.dropped_blocks;
-        m.bytes -= gone->payload->size();
-        payload_bytes_ -= gone->payload->size();
-        dropped.push_back(std::move(gone->payload));
-      });
+      change.dropped_blocks += RemoveSubtreeLocked(m, n, &dropped).evicted_blocks;
     }
-    m.evicted_blocks += change.dropped_blocks;
   }
   change.policy = m.policy;
   return change;

@@ -160,7 +160,7 @@ TEST_F(ImportanceTest, QuantizeKeepsProtectedTokensExactAndBoundsTheRest) {
   EXPECT_LE(std::sqrt(err2 / ref2), 0.01) << "INT8 relative RMSE";
 
   const ModelStats s = Stats();
-  EXPECT_EQ(s.compression_mode, "quantize");
+  EXPECT_EQ(s.policy.mode, CompressionMode::kQuantize);
   EXPECT_EQ(s.compressed_blocks, kBlocks - 1);
   EXPECT_EQ(s.int8_tokens, 40u);
   EXPECT_EQ(s.full_tokens, kBlocks * kBt - 40);

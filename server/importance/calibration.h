@@ -45,10 +45,10 @@ struct Weights {
 };
 
 struct FitResult {
-  bool ok = false;            // false: too few samples or a degenerate fit
-  Weights weights;            // normalised to sum 1 when ok
-  double mse_fitted = 0;      // mean squared error of the (unnormalised) fit
-  double correlation = 0;     // Pearson correlation of fitted score vs observed
+  bool ok = false;         // false: too few samples or a degenerate fit
+  Weights weights;         // normalised to sum 1 when ok
+  double mse_fitted = 0;   // mean squared error of the (unnormalised) fit
+  double correlation = 0;  // Pearson correlation of fitted score vs observed
 };
 
 // Fits weights to `samples`. ok is false with fewer than `min_samples`

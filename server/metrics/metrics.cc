@@ -81,13 +81,14 @@ std::vector<MetricFamily> ImportanceFamilies(const CacheStats& s) {
               static_cast<double>(m.attention_reports));
     AddSample(calibrations, {{"namespace", ns}, {"model", id}},
               static_cast<double>(m.calibrations));
-    for (auto [name, value] :
-         {std::pair<const char*, float>{"alpha", m.alpha}, {"beta", m.beta}, {"gamma", m.gamma}}) {
+    for (auto [name, value] : {std::pair<const char*, float>{"alpha", m.policy.params.alpha},
+                               {"beta", m.policy.params.beta},
+                               {"gamma", m.policy.params.gamma}}) {
       AddSample(weights, {{"namespace", ns}, {"model", id}, {"weight", name}}, value);
     }
     for (const char* name : {"off", "quantize", "prune"}) {
       AddSample(mode, {{"namespace", ns}, {"model", id}, {"mode", name}},
-                m.compression_mode == name ? 1.0 : 0.0);
+                CompressionModeName(m.policy.mode) == name ? 1.0 : 0.0);
     }
   }
   auto passes =

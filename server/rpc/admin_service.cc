@@ -62,13 +62,7 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
     out->set_appended_blocks(m.appended_blocks);
     out->set_deduplicated_blocks(m.deduplicated_blocks);
     out->set_evicted_blocks(m.evicted_blocks);
-    v1::ModelPolicy* policy = out->mutable_policy();
-    policy->set_mode(
-        ToProto(ParseCompressionMode(m.compression_mode).value_or(CompressionMode::kOff)));
-    policy->mutable_weights()->set_alpha(m.alpha);
-    policy->mutable_weights()->set_beta(m.beta);
-    policy->mutable_weights()->set_gamma(m.gamma);
-    policy->set_target_mass(m.target_mass);
+    *out->mutable_policy() = ToProto(m.policy);
     out->set_compressed_blocks(m.compressed_blocks);
     out->set_full_tokens(m.full_tokens);
     out->set_int8_tokens(m.int8_tokens);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/core/fetch_block.h"
@@ -283,7 +284,9 @@ grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint32_t block_index, cons
                              uint64_t offset, uint64_t size, v1::BlockEncoding encoding,
                              const std::vector<uint32_t>& kept) {
   const bool with_kept = offset == 0 && !kept.empty();
-  std::vector<uint8_t> head(64 + (with_kept ? 10 + 5 * kept.size() : 0));
+  // At most 7 tags + 7 ten-byte varints, plus the kept list: no heap
+  // allocation for an ordinary chunk.
+  absl::InlinedVector<uint8_t, 96> head(96 + (with_kept ? 10 + 5 * kept.size() : 0));
   uint8_t* p = head.data();
   *p++ = 0x08;  // matched_tokens = 1, varint
   p = PutVarint(p, matched_tokens);

@@ -26,10 +26,10 @@ struct CacheServiceOptions {
   uint32_t max_concurrent_streams = 256;
 };
 
-using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
-    v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_ReleaseLease<
-        v1::Cache::WithRawCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
-            v1::Cache::WithCallbackMethod_Evict<
+using CacheServiceBase =
+    v1::Cache::WithCallbackMethod_RegisterModel<v1::Cache::WithCallbackMethod_Lookup<
+        v1::Cache::WithCallbackMethod_ReleaseLease<v1::Cache::WithRawCallbackMethod_Append<
+            v1::Cache::WithRawCallbackMethod_Fetch<v1::Cache::WithCallbackMethod_Evict<
                 v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>;
 
 class CacheService final : public CacheServiceBase {

@@ -2,10 +2,9 @@
 #ifndef KVCACHE_SERVER_RPC_PROTO_CONVERT_H_
 #define KVCACHE_SERVER_RPC_PROTO_CONVERT_H_
 
+#include <optional>
 #include <string_view>
 #include <vector>
-
-#include <optional>
 
 #include "absl/status/statusor.h"
 #include "google/protobuf/repeated_field.h"
