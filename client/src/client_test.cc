@@ -302,6 +302,29 @@ TEST_F(ClientTest, FetchRefusesBadStreams) {
   }
 }
 
+TEST_F(ClientTest, FetchBlocksReturnsEachVerifiedBlock) {
+  auto c = Connect();
+  auto r = c->FetchBlocks("m", Tokens(60), /*accept_compressed=*/false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  for (uint32_t b = 0; b < 3; ++b) {
+    EXPECT_EQ((*r)[b].index, b);
+    EXPECT_EQ((*r)[b].encoding, v1::BLOCK_ENCODING_RAW);
+    EXPECT_EQ((*r)[b].bytes, fake_.blocks[b]);
+    EXPECT_TRUE((*r)[b].kept_tokens.empty());
+  }
+}
+
+TEST_F(ClientTest, FetchBlocksRefusesBadStreams) {
+  auto c = Connect();
+  for (FetchFault f : {FetchFault::kFlipByte, FetchFault::kSwapBlocks, FetchFault::kTruncate,
+                       FetchFault::kWrongChecksum}) {
+    fake_.fault = f;
+    EXPECT_EQ(c->FetchBlocks("m", Tokens(48), false).status().code(), absl::StatusCode::kDataLoss)
+        << static_cast<int>(f);
+  }
+}
+
 TEST_F(ClientTest, FetchIntoSmallBufferIsInvalidArgument) {
   auto c = Connect();
   std::vector<std::byte> out(3 * kBlockBytes - 1);

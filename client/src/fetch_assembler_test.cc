@@ -137,6 +137,47 @@ TEST_F(FetchAssemblerTest, ExtraBlockIsDataLoss) {
   EXPECT_EQ(Feed(a, msgs).code(), absl::StatusCode::kDataLoss);
 }
 
+TEST_F(FetchAssemblerTest, DequantizedBlocksAndKeptTokensAreReported) {
+  std::vector<v1::FetchResponse> msgs = Stream(blocks_, 32);
+  for (v1::FetchResponse& m : msgs) {
+    if (m.block_index() == 1) m.set_encoding(v1::BLOCK_ENCODING_DEQUANTIZED);
+  }
+  for (uint32_t t : {0u, 3u, 15u}) msgs[2].add_kept_tokens(t);  // block 1's first chunk
+  FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+  ASSERT_TRUE(Feed(a, msgs).ok());
+  const FetchResult r = a.result();
+  EXPECT_EQ(r.dequantized_blocks, 1u);
+  ASSERT_EQ(r.kept_tokens.size(), 3u);
+  EXPECT_TRUE(r.kept_tokens[0].empty());
+  EXPECT_THAT(r.kept_tokens[1], ::testing::ElementsAre(0u, 3u, 15u));
+  EXPECT_TRUE(r.kept_tokens[2].empty());
+}
+
+TEST_F(FetchAssemblerTest, UnaskedOrInconsistentEncodingsAreDataLoss) {
+  auto fails = [&](std::vector<v1::FetchResponse> msgs, const char* why) {
+    FetchAssembler a(out_, kBlockBytes, kBlockTokens);
+    absl::Status s = Feed(a, msgs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << why << ": " << s;
+  };
+  std::vector<v1::FetchResponse> compressed = Stream(blocks_, 32);
+  compressed[0].set_encoding(v1::BLOCK_ENCODING_COMPRESSED);
+  compressed[1].set_encoding(v1::BLOCK_ENCODING_COMPRESSED);
+  fails(compressed, "the compressed format was not asked for");
+  std::vector<v1::FetchResponse> changing = Stream(blocks_, 32);
+  changing[1].set_encoding(v1::BLOCK_ENCODING_DEQUANTIZED);  // second chunk of block 0
+  fails(changing, "encoding changes within a block");
+  std::vector<v1::FetchResponse> late_kept = Stream(blocks_, 32);
+  late_kept[1].add_kept_tokens(2);
+  fails(late_kept, "kept tokens on a later chunk");
+  std::vector<v1::FetchResponse> unordered = Stream(blocks_, 32);
+  unordered[0].add_kept_tokens(5);
+  unordered[0].add_kept_tokens(5);
+  fails(unordered, "kept tokens not increasing");
+  std::vector<v1::FetchResponse> out_of_range = Stream(blocks_, 32);
+  out_of_range[0].add_kept_tokens(kBlockTokens);
+  fails(out_of_range, "kept token past the block");
+}
+
 TEST_F(FetchAssemblerTest, SmallOutIsInvalidArgumentBeforeAnyWrite) {
   std::vector<std::byte> out(2 * kBlockBytes, std::byte{0x55});
   FetchAssembler a(out, kBlockBytes, kBlockTokens);

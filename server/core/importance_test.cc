@@ -189,6 +189,17 @@ TEST_F(ImportanceTest, CompressedFetchCarriesTheStoredFormat) {
   EXPECT_EQ(view->num_int8, kBt);
 }
 
+TEST_F(ImportanceTest, CorruptCompressedPayloadIsDataLossNotGarbage) {
+  BlockRef bad = BlockPayload::FromHeap(256);
+  std::memset(bad->mutable_data().data(), 0x5a, 256);
+  bad->set_compressed(true);
+  bad->Seal(Checksum(bad->data()));
+  for (bool accept : {false, true}) {
+    absl::StatusOr<FetchBlock> b = MaterializeForFetch(bad, accept);
+    EXPECT_EQ(b.status().code(), kDataLoss) << accept;
+  }
+}
+
 TEST_F(ImportanceTest, OnlyColdBlocksAreCompressed) {
   AppendAll();
   SetMode(CompressionMode::kQuantize);

@@ -55,6 +55,13 @@ TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
   EXPECT_EQ(unknown_field.exit_code, 2);
   EXPECT_THAT(unknown_field.output, HasSubstr("hosttier"));
 
+  const std::string calibration = WriteFile("bad_calibration.json", "{not json");
+  ProcessResult bad_calibration = RunKvcached(
+      "--config " + WriteFile("calibration_config.json",
+                              R"({"importance": {"calibration_file": ")" + calibration + R"("}})"));
+  EXPECT_EQ(bad_calibration.exit_code, 2);
+  EXPECT_THAT(bad_calibration.output, HasSubstr(calibration));
+
   ProcessResult no_listener = RunKvcached("--listen none --unix-socket none");
   EXPECT_EQ(no_listener.exit_code, 2);
   EXPECT_THAT(no_listener.output, HasSubstr("enable at least one"));
