@@ -38,35 +38,25 @@ class SimplePolicy : public RetentionPolicy {
   PolicyContext ctx_;
 };
 
-class FullPolicy final : public SimplePolicy {
+// Keeps every token: at full precision ("full") or all as INT8 ("int8").
+class KeepAllPolicy final : public SimplePolicy {
  public:
-  using SimplePolicy::SimplePolicy;
+  KeepAllPolicy(std::string name, const PolicyContext& ctx, bool int8)
+      : SimplePolicy(std::move(name), ctx), int8_(int8) {}
   bool budgeted() const override { return false; }
   RetentionPlan Plan(uint64_t) const override {
     UnitPlan all;
     all.kept.resize(ctx_.shape.context);
     std::iota(all.kept.begin(), all.kept.end(), 0);
+    if (int8_) all.int8.assign(ctx_.shape.context, 1);
     RetentionPlan plan;
     plan.index_cost = IndexCost::kNone;
     plan.units.assign(ctx_.shape.units(), all);
     return plan;
   }
-};
 
-class Int8Policy final : public SimplePolicy {
- public:
-  using SimplePolicy::SimplePolicy;
-  bool budgeted() const override { return false; }
-  RetentionPlan Plan(uint64_t) const override {
-    UnitPlan all;
-    all.kept.resize(ctx_.shape.context);
-    std::iota(all.kept.begin(), all.kept.end(), 0);
-    all.int8.assign(ctx_.shape.context, 1);
-    RetentionPlan plan;
-    plan.index_cost = IndexCost::kNone;
-    plan.units.assign(ctx_.shape.units(), all);
-    return plan;
-  }
+ private:
+  const bool int8_;
 };
 
 class StreamingPolicy final : public SimplePolicy {
@@ -170,10 +160,10 @@ int64_t SparseTokensPerUnit(const AccountingShape& shape, uint64_t budget_bytes)
 }
 
 std::unique_ptr<RetentionPolicy> MakeFullPolicy(const PolicyContext& ctx) {
-  return std::make_unique<FullPolicy>("full", ctx);
+  return std::make_unique<KeepAllPolicy>("full", ctx, false);
 }
 std::unique_ptr<RetentionPolicy> MakeInt8Policy(const PolicyContext& ctx) {
-  return std::make_unique<Int8Policy>("int8", ctx);
+  return std::make_unique<KeepAllPolicy>("int8", ctx, true);
 }
 std::unique_ptr<RetentionPolicy> MakeStreamingPolicy(const PolicyContext& ctx, int64_t sinks) {
   return std::make_unique<StreamingPolicy>(ctx, sinks);
