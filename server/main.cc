@@ -130,6 +130,12 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
     }
     if (now >= next_compaction) {
       const CompactionResult r = cache.Compact();
+      if (r.corrupt_blocks > 0) {
+        spdlog::error(
+            "compaction: {} blocks did not match their checksums (memory corruption) and were "
+            "dropped",
+            r.corrupt_blocks);
+      }
       if (r.compressed_blocks > 0) {
         spdlog::info(
             "compaction: {} blocks compressed ({} INT8 and {} pruned tokens), {} bytes "
@@ -186,6 +192,15 @@ int Serve(const v1::ServerConfig& config) {
                              .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
                              .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
                              .max_models = limits.max_models(),
+                             .max_leases = limits.max_leases(),
+                             .max_lease_tokens = limits.max_lease_tokens(),
+                             .append_staging_bytes = static_cast<uint64_t>(
+                                 config.host_tier().append_staging_fraction() *
+                                 static_cast<double>(config.host_tier().capacity_bytes())),
+                             .max_metadata_bytes = static_cast<uint64_t>(
+                                 config.host_tier().metadata_fraction() *
+                                 static_cast<double>(config.host_tier().capacity_bytes())),
+                             .max_protected_ranges = limits.max_protected_ranges(),
                              .importance = ImportanceFromConfig(config.importance())};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {

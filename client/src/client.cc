@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <optional>
@@ -89,6 +90,7 @@ class ClientImpl final : public Client {
     req.set_model_id(std::string(model_id));
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
     req.set_acquire_lease(options.acquire_lease);
+    req.set_accept_lossy(options.accept_lossy);
     if (options.acquire_lease && options.lease_ttl > absl::ZeroDuration()) {
       req.set_lease_ttl_ms(static_cast<uint32_t>(
           std::min<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), UINT32_MAX)));
@@ -100,6 +102,7 @@ class ClientImpl final : public Client {
     if (!s.ok()) return s;
     LookupResult result;
     result.matched_tokens = resp.matched_tokens();
+    result.withheld_tokens = resp.withheld_tokens();
     result.blocks.assign(resp.blocks().begin(), resp.blocks().end());
     result.lease_id = resp.lease_id();
     if (resp.lease_id() != 0)
@@ -122,26 +125,31 @@ class ClientImpl final : public Client {
                                       const AppendOptions& options) override;
 
   absl::StatusOr<FetchResult> Fetch(std::string_view model_id, std::span<const uint32_t> tokens,
-                                    std::span<std::byte> out) override {
+                                    std::span<std::byte> out,
+                                    const FetchOptions& options) override {
     v1::FetchRequest req;
     req.set_namespace_(ns_);
     req.set_model_id(std::string(model_id));
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    req.set_accept_lossy(options.accept_lossy);
     return DoFetch(model_id, req, out);
   }
 
   absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
-                                         std::span<std::byte> out) override {
+                                         std::span<std::byte> out,
+                                         const FetchOptions& options) override {
     v1::FetchRequest req;
     req.set_namespace_(ns_);
     req.set_model_id(std::string(model_id));
     req.set_lease_id(lease_id);
+    req.set_accept_lossy(options.accept_lossy);
     return DoFetch(model_id, req, out);
   }
 
   absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
                                                         std::span<const uint32_t> tokens,
-                                                        bool accept_compressed) override;
+                                                        bool accept_compressed,
+                                                        const FetchOptions& options) override;
 
   absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
                                           std::span<const uint32_t> tokens) override {
@@ -368,8 +376,14 @@ absl::StatusOr<AppendResult> ClientImpl::Append(std::string_view model_id,
     }
     return s;
   }
-  return AppendResult{resp.stored_blocks(), resp.deduplicated_blocks(), resp.stored_bytes(),
-                      resp.cached_tokens()};
+  return AppendResult{.stored_blocks = resp.stored_blocks(),
+                      .deduplicated_blocks = resp.deduplicated_blocks(),
+                      .stored_bytes = resp.stored_bytes(),
+                      .cached_tokens = resp.cached_tokens(),
+                      .conflicting_blocks = resp.conflicting_blocks(),
+                      .first_conflicting_block = resp.first_conflicting_block(),
+                      .restored_blocks = resp.restored_blocks(),
+                      .pending_blocks = resp.pending_blocks()};
 }
 
 grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
@@ -379,7 +393,9 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
   std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader = cache_->Fetch(ctx, req);
   v1::FetchResponse msg;
   absl::Status local;
+  uint64_t withheld = 0;
   while (reader->Read(&msg)) {
+    withheld = msg.withheld_tokens();
     local = assembler.Add(msg);
     if (!local.ok()) break;
   }
@@ -396,17 +412,29 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
     return grpc::Status(static_cast<grpc::StatusCode>(local.code()), std::string(local.message()));
   }
   *result = assembler.result();
+  // Lossy blocks the request did not accept: said on every message, and in
+  // the trailers for a stream that carried none.
+  (*result)->withheld_tokens = withheld;
+  const auto& trailers = ctx->GetServerTrailingMetadata();
+  if (auto it = trailers.find("kvcache-withheld-tokens"); it != trailers.end()) {
+    uint64_t withheld_trailer = 0;
+    const char* end = it->second.data() + it->second.size();
+    if (std::from_chars(it->second.data(), end, withheld_trailer).ptr == end) {
+      (*result)->withheld_tokens = withheld_trailer;
+    }
+  }
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocks(std::string_view model_id,
-                                                                  std::span<const uint32_t> tokens,
-                                                                  bool accept_compressed) {
+absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocks(
+    std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
+    const FetchOptions& options) {
   v1::FetchRequest req;
   req.set_namespace_(ns_);
   req.set_model_id(std::string(model_id));
   req.mutable_tokens()->Add(tokens.begin(), tokens.end());
   req.set_accept_int8(accept_compressed);
+  req.set_accept_lossy(options.accept_lossy);
   std::vector<FetchedBlock> blocks;
   uint64_t checksum = 0, block_bytes = 0;
   absl::Status data = absl::OkStatus();

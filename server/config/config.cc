@@ -92,10 +92,15 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (limits->default_lease_ttl_ms() == 0) limits->set_default_lease_ttl_ms(30000);
   if (limits->max_lease_ttl_ms() == 0) limits->set_max_lease_ttl_ms(600000);
   if (limits->max_models() == 0) limits->set_max_models(1024);
+  if (limits->max_leases() == 0) limits->set_max_leases(65536);
+  if (limits->max_lease_tokens() == 0) limits->set_max_lease_tokens(uint64_t{64} << 20);
+  if (limits->max_protected_ranges() == 0) limits->set_max_protected_ranges(1024);
 
   v1::HostTierConfig* host = c->mutable_host_tier();
   if (host->capacity_bytes() == 0) host->set_capacity_bytes(uint64_t{1} << 30);
   if (host->slab_bytes() == 0) host->set_slab_bytes(uint64_t{4} << 20);
+  if (!host->has_append_staging_fraction()) host->set_append_staging_fraction(0.125);
+  if (!host->has_metadata_fraction()) host->set_metadata_fraction(0.125);
 
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(10);
@@ -178,6 +183,16 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = CheckRange("limits.max_models", l.max_models(), 1, 1 << 20); !s.ok()) return s;
+  if (auto s = CheckRange("limits.max_leases", l.max_leases(), 1, 1 << 24); !s.ok()) return s;
+  if (auto s = CheckRange("limits.max_lease_tokens", l.max_lease_tokens(), l.max_tokens_per_request(),
+                          uint64_t{1} << 34);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.max_protected_ranges", l.max_protected_ranges(), 1, 1 << 20);
+      !s.ok()) {
+    return s;
+  }
 
   const v1::HostTierConfig& h = c.host_tier();
   if (auto s = CheckRange("host_tier.slab_bytes", h.slab_bytes(), 64 << 10, uint64_t{1} << 30);
@@ -192,6 +207,15 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
                           uint64_t{1} << 50);
       !s.ok()) {
     return s;
+  }
+  if (!(h.append_staging_fraction() >= 0 && h.append_staging_fraction() <= 0.5)) {
+    return absl::InvalidArgumentError(absl::StrCat("host_tier.append_staging_fraction is ",
+                                                   h.append_staging_fraction(),
+                                                   "; it must be in [0, 0.5]"));
+  }
+  if (!(h.metadata_fraction() >= 0 && h.metadata_fraction() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_tier.metadata_fraction is ", h.metadata_fraction(), "; it must be in [0, 1]"));
   }
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&

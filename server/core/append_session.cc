@@ -1,11 +1,14 @@
 // Cache::BeginAppend and AppendSession: the write path.
 //
-// Begin (under the lock) validates the request, matches the cached prefix,
-// and pins (holds references to) every block that is already cached, so
-// capacity eviction cannot take the prefix the append extends. Write (no
-// lock) allocates each new block when its first byte arrives, copies and
-// hashes. Commit (under the lock) re-checks the path and inserts every new
-// block, or none.
+// Begin validates the request and merges its protected ranges (no lock),
+// then (under the lock) matches the cached prefix, pins (holds references
+// to) every block already cached, so capacity eviction cannot take the
+// prefix the append extends, and claims the new blocks no other append in
+// flight is storing. Write (no lock) allocates each block it stores when its
+// first byte arrives, copies, and hashes every block. Commit (under the lock)
+// re-checks the path, compares the blocks that were cached with what arrived,
+// restores lossy ones that match, inserts every new block or none, and evicts
+// to keep the pool's append staging free.
 #include <xxhash.h>
 
 #include <algorithm>
@@ -15,6 +18,31 @@
 #include "server/core/cache.h"
 
 namespace kvcache {
+namespace {
+
+// Sorted, disjoint ranges covering the same tokens.
+std::vector<TokenRange> MergeRanges(std::vector<TokenRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
+  std::vector<TokenRange> merged;
+  for (const TokenRange& r : ranges) {
+    if (!merged.empty() && r.begin <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, r.end);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
+// True when one of the sorted, disjoint `ranges` overlaps [begin, end).
+bool Overlaps(const std::vector<TokenRange>& ranges, uint64_t begin, uint64_t end) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), begin,
+                             [](uint64_t t, const TokenRange& r) { return t < r.end; });
+  return it != ranges.end() && it->begin < end;
+}
+
+}  // namespace
 
 struct AppendSession::HashState {
   HashState() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
@@ -24,23 +52,46 @@ struct AppendSession::HashState {
 
 absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     const ModelKey& model, std::vector<Token> tokens, uint64_t start_token,
-    const AppendHints& hints, std::vector<uint64_t> block_checksums) {
+    const AppendHints& request_hints, std::vector<uint64_t> block_checksums) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
-  if (hints.ttl < absl::ZeroDuration()) {
+  if (request_hints.ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("hints.ttl_seconds must not be negative");
   }
-  for (const TokenRange& r : hints.protected_ranges) {
+  if (request_hints.protected_ranges.size() > options_.max_protected_ranges) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hints.protected_ranges has ", request_hints.protected_ranges.size(),
+        " ranges; the limit (max_protected_ranges) is ", options_.max_protected_ranges));
+  }
+  for (const TokenRange& r : request_hints.protected_ranges) {
     if (r.begin >= r.end || r.end > tokens.size()) {
       return absl::InvalidArgumentError(absl::StrCat("protected range [", r.begin, ", ", r.end,
                                                      ") is empty or past the end of ", "tokens (",
                                                      tokens.size(), " tokens)"));
     }
   }
+  AppendHints hints = request_hints;
+  hints.protected_ranges = MergeRanges(std::move(hints.protected_ranges));
+
+  // Chain keys of every whole block, hashed before taking the lock.
+  ModelLayout layout;
+  {
+    MutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    layout = (*state)->layout;
+  }
+  const uint32_t bt = layout.block_tokens;
+  std::vector<uint64_t> chain(tokens.size() / bt);
+  for (size_t b = 0; b < chain.size(); ++b) {
+    chain[b] = PrefixIndex::ChainKey(b == 0 ? 0 : chain[b - 1],
+                                     std::span<const Token>(tokens).subspan(b * bt, bt));
+  }
+
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
-  const uint32_t bt = m.layout.block_tokens;
+  if (m.layout != layout) return absl::AbortedError("the model was re-registered; retry");
   if (start_token % bt != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("start_token ", start_token, " is not a multiple of block_tokens (", bt, ")"));
@@ -63,47 +114,101 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
         absl::StrCat("start_token ", start_token, " is beyond the cached prefix of ",
                      path.size() * bt, " tokens; resend from token ", path.size() * bt));
   }
+  // A protected token must be exact; one stored lossy can only be made exact
+  // again by its bytes, so the append must carry them.
+  for (uint64_t i = 0; i < start_block; ++i) {
+    if (path[i]->payload->compressed() &&
+        Overlaps(hints.protected_ranges, i * uint64_t{bt}, (i + 1) * uint64_t{bt})) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block ", i, " holds protected tokens but is stored lossy; resend its KV (start_token ",
+          i * uint64_t{bt}, " or less) so it can be stored exactly"));
+    }
+  }
   std::vector<BlockRef> pinned;
   pinned.reserve(path.size());
   for (IndexNode* n : path) pinned.push_back(n->payload);
-  std::vector<bool> cached(num_blocks);
-  for (uint64_t i = 0; i < num_blocks; ++i) cached[i] = start_block + i < path.size();
-  return std::unique_ptr<AppendSession>(new AppendSession(
-      this, model, m.layout, std::move(tokens), start_block, num_blocks, hints,
-      std::move(block_checksums), std::move(pinned), std::move(cached),
+  using Plan = AppendSession::BlockPlan;
+  std::vector<Plan> plan(num_blocks);
+  std::vector<uint64_t> keys(num_blocks);
+  for (uint64_t j = 0; j < num_blocks; ++j) {
+    const uint64_t i = start_block + j;
+    keys[j] = chain[i];
+    if (i < path.size()) {
+      plan[j] = path[i]->payload->compressed() ? Plan::kRestore : Plan::kCached;
+    } else {
+      plan[j] = claims_.contains({&m.index, keys[j]}) ? Plan::kPending : Plan::kStore;
+    }
+  }
+  auto session = std::unique_ptr<AppendSession>(new AppendSession(
+      this, model, m.layout, std::move(tokens), start_block, std::move(hints),
+      std::move(block_checksums), std::move(keys), std::move(pinned), std::move(plan),
       // Novelty is computed as blocks arrive only when the model
       // compresses; otherwise compaction computes it if it ever must.
       m.policy.mode == CompressionMode::kOff
           ? std::vector<uint32_t>{}
           : NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
+  for (uint64_t j = 0; j < num_blocks; ++j) {
+    if (session->plan_[j] == Plan::kStore) claims_.emplace(std::pair{&m.index, session->keys_[j]}, session.get());
+  }
+  session->holds_claims_ = true;
+  return session;
 }
 
 AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
-                             std::vector<Token> tokens, uint64_t start_block, uint64_t num_blocks,
-                             AppendHints hints, std::vector<uint64_t> checksums,
-                             std::vector<BlockRef> pinned, std::vector<bool> cached,
+                             std::vector<Token> tokens, uint64_t start_block, AppendHints hints,
+                             std::vector<uint64_t> checksums, std::vector<uint64_t> keys,
+                             std::vector<BlockRef> pinned, std::vector<BlockPlan> plan,
                              std::vector<uint32_t> novelty_layers)
     : cache_(cache),
       model_(std::move(model)),
       layout_(layout),
       tokens_(std::move(tokens)),
       start_block_(start_block),
-      num_blocks_(num_blocks),
-      hints_(hints),
+      num_blocks_(plan.size()),
+      hints_(std::move(hints)),
       checksums_(std::move(checksums)),
       block_bytes_(layout.BlockBytes()),
-      expected_bytes_(num_blocks * layout.BlockBytes()),
+      expected_bytes_(plan.size() * layout.BlockBytes()),
+      keys_(std::move(keys)),
       pinned_(std::move(pinned)),
-      cached_(std::move(cached)),
-      new_blocks_(num_blocks),
+      plan_(std::move(plan)),
+      new_blocks_(num_blocks_),
+      digests_(num_blocks_),
       novelty_layers_(std::move(novelty_layers)),
-      novelty_(num_blocks),
+      novelty_(num_blocks_),
       hash_(std::make_unique<HashState>()) {}
 
-AppendSession::~AppendSession() = default;
+AppendSession::~AppendSession() {
+  ReleaseClaimsAndStaging();
+  new_blocks_.clear();
+}
+
+void AppendSession::ReleaseClaimsAndStaging() {
+  if (!holds_claims_ && staged_bytes_ == 0) return;
+  MutexLock lock(&cache_->mu_);
+  cache_->ReleaseClaimsLocked(*this);
+}
+
+void Cache::ReleaseClaimsLocked(AppendSession& session) {
+  if (session.holds_claims_) {
+    auto state = FindModelLocked(session.model_);
+    if (state.ok()) {
+      for (uint64_t j = 0; j < session.num_blocks_; ++j) {
+        if (session.plan_[j] != AppendSession::BlockPlan::kStore) continue;
+        auto it = claims_.find(std::pair<const PrefixIndex*, uint64_t>{&(*state)->index,
+                                                                       session.keys_[j]});
+        if (it != claims_.end() && it->second == &session) claims_.erase(it);
+      }
+    }
+    session.holds_claims_ = false;
+  }
+  staged_bytes_ -= std::min(staged_bytes_, session.staged_bytes_);
+  session.staged_bytes_ = 0;
+}
 
 absl::Status AppendSession::Fail(absl::Status status) {
   status_ = status;
+  ReleaseClaimsAndStaging();
   new_blocks_.clear();  // frees what was written
   return status;
 }
@@ -119,24 +224,29 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
     const uint64_t block = received_bytes_ / block_bytes_;
     const uint64_t offset = received_bytes_ % block_bytes_;
     const uint64_t n = std::min<uint64_t>(bytes.size(), block_bytes_ - offset);
-    if (!cached_[block]) {
-      if (offset == 0) {
+    const bool store = plan_[block] == BlockPlan::kStore || plan_[block] == BlockPlan::kRestore;
+    if (offset == 0) {
+      XXH3_64bits_reset(hash_->state);
+      if (store) {
         absl::StatusOr<BlockRef> payload = cache_->AllocatePayload(block_bytes_);
         if (!payload.ok()) return Fail(payload.status());
+        staged_bytes_ += (*payload)->footprint();
         new_blocks_[block] = *std::move(payload);
-        XXH3_64bits_reset(hash_->state);
       }
-      std::memcpy(new_blocks_[block]->mutable_data().data() + offset, bytes.data(), n);
-      XXH3_64bits_update(hash_->state, bytes.data(), n);
-      if (offset + n == block_bytes_) {
-        const uint64_t checksum = XXH3_64bits_digest(hash_->state);
-        if (!checksums_.empty() && checksums_[block] != checksum) {
-          return Fail(absl::DataLossError(absl::StrCat(
-              "block ", start_block_ + block, " does not match its block_checksums entry (got ",
-              checksum, ", expected ", checksums_[block], ")")));
-        }
+    }
+    if (store) std::memcpy(new_blocks_[block]->mutable_data().data() + offset, bytes.data(), n);
+    XXH3_64bits_update(hash_->state, bytes.data(), n);
+    if (offset + n == block_bytes_) {
+      const uint64_t checksum = XXH3_64bits_digest(hash_->state);
+      if (!checksums_.empty() && checksums_[block] != checksum) {
+        return Fail(absl::DataLossError(absl::StrCat(
+            "block ", start_block_ + block, " does not match its block_checksums entry (got ",
+            checksum, ", expected ", checksums_[block], ")")));
+      }
+      digests_[block] = checksum;
+      if (store) {
         new_blocks_[block]->Seal(checksum);
-        if (!novelty_layers_.empty()) {
+        if (!novelty_layers_.empty() && plan_[block] == BlockPlan::kStore) {
           novelty_[block] = BlockKeyNovelty(layout_, new_blocks_[block]->data(), novelty_layers_);
         }
       }
@@ -150,11 +260,14 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
 std::vector<uint8_t> AppendSession::PinnedFlags(uint64_t index) const {
   const uint64_t bt = layout_.block_tokens;
   const uint64_t first = index * bt;
+  const std::vector<TokenRange>& ranges = hints_.protected_ranges;
   std::vector<uint8_t> flags;
-  for (const TokenRange& r : hints_.protected_ranges) {
-    const uint64_t begin = std::max(r.begin, first);
-    const uint64_t end = std::min(r.end, first + bt);
-    if (begin >= end) continue;
+  // The first range that ends after the block starts; ranges are disjoint.
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), first,
+                             [](uint64_t t, const TokenRange& r) { return t < r.end; });
+  for (; it != ranges.end() && it->begin < first + bt; ++it) {
+    const uint64_t begin = std::max(it->begin, first);
+    const uint64_t end = std::min(it->end, first + bt);
     if (flags.empty()) flags.assign(bt, 0);
     for (uint64_t t = begin; t < end; ++t) flags[t - first] = 1;
   }
@@ -170,51 +283,95 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   }
   const uint32_t bt = layout_.block_tokens;
   const std::span<const Token> tokens(tokens_);
+  // Pin flags are built before taking the lock.
+  std::vector<std::vector<uint8_t>> pins(start_block_ + num_blocks_);
+  if (!hints_.protected_ranges.empty()) {
+    for (uint64_t i = 0; i < pins.size(); ++i) pins[i] = PinnedFlags(i);
+  }
 
   AppendResult result;
-  std::vector<BlockRef> unused;  // duplicates that lost a race; freed after the lock
+  std::vector<BlockRef> unused;  // duplicates and replaced copies; freed after the lock
   MutexLock lock(&cache_->mu_);
+  auto fail = [&](absl::Status status) {  // Fail() for when the lock is held
+    status_ = status;
+    cache_->ReleaseClaimsLocked(*this);
+    unused.insert(unused.end(), std::make_move_iterator(new_blocks_.begin()),
+                  std::make_move_iterator(new_blocks_.end()));
+    new_blocks_.clear();
+    return status;
+  };
   auto state = cache_->FindModelLocked(model_);
-  if (!state.ok()) return Fail(state.status());
+  if (!state.ok()) return fail(state.status());
   Cache::ModelState& m = **state;
+  if (m.layout != layout_) return fail(absl::AbortedError("the model was re-registered; retry"));
 
   // First pass: the prefix must still be there, and so must every block we
-  // skipped because it was cached (MatchLocked also drops expired blocks).
+  // found cached (MatchLocked also drops expired blocks).
   std::vector<IndexNode*> path;
   cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), &path);
   const uint64_t present = path.size();
-  IndexNode* node = path.empty() ? nullptr : path.back();
   for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
-    if (i < start_block_ || cached_[i - start_block_]) {
-      return Fail(absl::AbortedError(absl::StrCat(
+    if (i < start_block_ || plan_[i - start_block_] == BlockPlan::kCached ||
+        plan_[i - start_block_] == BlockPlan::kRestore) {
+      return fail(absl::AbortedError(absl::StrCat(
           "block ", i, " of the prefix was evicted while the append streamed; retry the append")));
     }
   }
-  // Second pass: insert what is missing.
+  // Second pass: compare what is cached, insert what is missing.
   const absl::Time expires = hints_.ttl == absl::ZeroDuration()
                                  ? absl::InfiniteFuture()
                                  : cache_->clock_->Now() + hints_.ttl;
+  for (uint64_t i = 0; i < start_block_; ++i) {
+    if (!pins[i].empty()) {
+      std::vector<uint8_t>& have = path[i]->tokens_state.pinned;
+      if (have.empty()) have.assign(bt, 0);
+      for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
+      cache_->RecountMetadataLocked(path[i]);
+    }
+  }
+  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
   for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
-    BlockRef& payload = new_blocks_[i - start_block_];
+    const uint64_t j = i - start_block_;
+    BlockRef& payload = new_blocks_[j];
     if (i < present) {
+      IndexNode* cached = path[i];
       ++result.deduplicated_blocks;
+      if (digests_[j] != cached->payload->raw_checksum()) {
+        // Same tokens, other bytes: keep what every reader has been served.
+        ++result.conflicting_blocks;
+        if (result.first_conflicting_block < 0) result.first_conflicting_block = static_cast<int64_t>(i);
+      } else if (cached->payload->compressed() && payload != nullptr) {
+        // The exact bytes of a block stored lossy: make it exact again.
+        const uint64_t old_size = cached->payload->size();
+        cache_->ForgetCompressionLocked(m, cached);
+        unused.push_back(std::exchange(cached->payload, std::move(payload)));
+        m.bytes = m.bytes - old_size + cached->payload->size();
+        cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + cached->payload->size();
+        ++result.restored_blocks;
+      }
       if (payload != nullptr) unused.push_back(std::move(payload));
       // A worker's pins apply to the cached copy too.
-      std::vector<uint8_t> pins = PinnedFlags(i);
-      if (!pins.empty()) {
-        std::vector<uint8_t>& have = path[i]->tokens_state.pinned;
+      if (!pins[i].empty()) {
+        std::vector<uint8_t>& have = cached->tokens_state.pinned;
         if (have.empty()) have.assign(bt, 0);
-        for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[t];
+        for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
+        cache_->RecountMetadataLocked(cached);
       }
+      node = cached;
       continue;
+    }
+    if (payload == nullptr) {  // another append in flight is storing it
+      result.pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - i);
+      break;
     }
     IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
     if (child == nullptr) break;  // a token-hash collision: stop caching here
     child->expires = expires;
     child->priority = hints_.priority;
     child->workload = static_cast<uint8_t>(hints_.workload);
-    child->tokens_state.novelty = std::move(novelty_[i - start_block_]);
-    child->tokens_state.pinned = PinnedFlags(i);
+    child->tokens_state.novelty = std::move(novelty_[j]);
+    child->tokens_state.pinned = std::move(pins[i]);
+    cache_->RecountMetadataLocked(child);
     cache_->policy_->Insert(child);
     ++result.stored_blocks;
     result.stored_bytes += payload->size();
@@ -229,8 +386,15 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   m.bytes += result.stored_bytes;
   m.appended_blocks += result.stored_blocks;
   m.deduplicated_blocks += result.deduplicated_blocks;
+  m.conflicting_blocks += result.conflicting_blocks;
+  m.restored_blocks += result.restored_blocks;
+  if (result.conflicting_blocks > 0) ++cache_->conflicting_appends_;
   cache_->payload_bytes_ += result.stored_bytes;
   result.cached_tokens = node == nullptr ? 0 : uint64_t{node->depth + 1} * bt;
+  // The new blocks are committed: their memory is no longer staging. Evict
+  // what keeps the staging free (never this append's blocks: it still holds them).
+  cache_->ReleaseClaimsLocked(*this);
+  cache_->EnforceBudgetsLocked(&unused);
   new_blocks_.clear();
   status_ = absl::FailedPreconditionError("append already committed");
   return result;

@@ -9,8 +9,12 @@
 //
 // A payload holds either the block's raw bytes (the layout in docs/api.md)
 // or, once the importance policy compressed it, the compressed block format
-// (server/importance/block_codec.h); compressed() says which. A payload made
-// by FromHeap lives outside the pool: fetches use it for blocks they decode.
+// (server/importance/block_codec.h); compressed() says which. checksum() is
+// always the XXH3-64 of the bytes the payload holds (verified before they are
+// decoded or re-encoded); raw_checksum() is the checksum of the block as a
+// worker appended it, which a compressed copy keeps, so a later append of the
+// same tokens can be compared with what was first stored. A payload made by
+// FromHeap lives outside the pool: fetches use it for blocks they decode.
 //
 // Thread-safety: a sealed payload is read-only and may be read concurrently.
 // Writing (mutable_data) is for the single owner before Seal().
@@ -48,8 +52,19 @@ class BlockPayload {
   // A payload of `size` bytes on the heap, not counted against any tier.
   static std::shared_ptr<BlockPayload> FromHeap(uint64_t size);
 
-  void Seal(uint64_t checksum) { checksum_ = checksum; }
+  // Seals a raw block: its checksum is also its raw checksum.
+  void Seal(uint64_t checksum) { checksum_ = raw_checksum_ = checksum; }
+  // Seals a re-encoded block: `checksum` of its bytes, `raw_checksum` of the
+  // raw block it was made from, `decoded_checksum` of its decoding.
+  void Seal(uint64_t checksum, uint64_t raw_checksum, uint64_t decoded_checksum) {
+    checksum_ = checksum;
+    raw_checksum_ = raw_checksum;
+    decoded_checksum_ = decoded_checksum;
+  }
   uint64_t checksum() const { return checksum_; }
+  uint64_t raw_checksum() const { return raw_checksum_; }
+  // Checksum of what decoding this payload yields (== checksum() for a raw block).
+  uint64_t decoded_checksum() const { return compressed_ ? decoded_checksum_ : checksum_; }
 
   void set_compressed(bool compressed) { compressed_ = compressed; }
   bool compressed() const { return compressed_; }
@@ -59,6 +74,8 @@ class BlockPayload {
   const Allocation allocation_;
   const uint64_t size_;
   uint64_t checksum_ = 0;
+  uint64_t raw_checksum_ = 0;
+  uint64_t decoded_checksum_ = 0;
   bool compressed_ = false;
 };
 

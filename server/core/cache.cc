@@ -111,13 +111,80 @@ void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens,
 void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
   policy_->Erase(node);
   compacting_.erase(node);
-  const BlockTokenState& ts = node->tokens_state;
-  if (ts.compressed) {
-    --state.compressed_blocks;
-    state.int8_tokens -= ts.num_int8;
-    state.pruned_tokens -= ts.num_pruned;
-    state.bytes_saved -= state.layout.BlockBytes() - node->payload->size();
+  ForgetCompressionLocked(state, node);
+  metadata_bytes_ -= node->metadata_bytes;
+  node->metadata_bytes = 0;
+}
+
+void Cache::ForgetCompressionLocked(ModelState& state, IndexNode* node) {
+  BlockTokenState& ts = node->tokens_state;
+  if (!ts.compressed) return;
+  --state.compressed_blocks;
+  state.int8_tokens -= ts.num_int8;
+  state.pruned_tokens -= ts.num_pruned;
+  state.bytes_saved -= ts.bytes_saved;
+  ts.compressed = false;
+  ts.num_int8 = ts.num_pruned = 0;
+  ts.bytes_saved = 0;
+}
+
+uint64_t Cache::NodeMetadataBytes(const IndexNode& node) {
+  const BlockTokenState& ts = node.tokens_state;
+  uint64_t bytes = sizeof(IndexNode) + node.tokens.capacity() * sizeof(Token) +
+                   ts.novelty.capacity() * sizeof(float) + ts.activity.capacity() * sizeof(float) +
+                   ts.pinned.capacity();
+  if (node.child_map != nullptr) {
+    // A slot per capacity entry: the key, the pointer and a control byte.
+    bytes += node.child_map->capacity() * (sizeof(uint64_t) + sizeof(void*) + 1);
   }
+  return bytes + kNodeAllocationOverhead;
+}
+
+void Cache::RecountMetadataLocked(IndexNode* node) {
+  const uint64_t now = NodeMetadataBytes(*node);
+  metadata_bytes_ = metadata_bytes_ - node->metadata_bytes + now;
+  node->metadata_bytes = now;
+}
+
+bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
+  // Evictable: a leaf that only the index references (use_count is exact
+  // here: new references are only taken under mu_).
+  IndexNode* victim = policy_->PickVictim(
+      [](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1; });
+  if (victim == nullptr) return false;
+  ModelState& state = *by_index_.at(victim->index);
+  RemoveSubtreeLocked(state, victim, dropped);
+  return true;
+}
+
+uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
+  const uint64_t staging = options_.append_staging_bytes;
+  const uint64_t meta_cap = options_.max_metadata_bytes;
+  if (staging == 0 && meta_cap == 0) return 0;
+  const SlabPoolStats pool = pool_->GetStats();
+  // Pool memory that committed blocks (and their leases and fetches) hold,
+  // less what `dropped` frees once released.
+  uint64_t freeing = 0;
+  size_t counted = 0;
+  auto committed = [&]() {
+    for (; counted < dropped->size(); ++counted) {
+      const BlockRef& b = (*dropped)[counted];
+      if (b != nullptr && b.use_count() == 1) freeing += b->footprint();
+    }
+    const uint64_t held = pool.allocated_bytes - std::min(pool.allocated_bytes, freeing);
+    return held - std::min(held, staged_bytes_);
+  };
+  const uint64_t target =
+      pool.capacity_bytes - std::min(pool.capacity_bytes, staging == 0 ? 0 : staging);
+  uint64_t evicted = 0;
+  while (true) {
+    const bool for_space = staging != 0 && committed() > target;
+    const bool for_metadata = meta_cap != 0 && metadata_bytes_ > meta_cap;
+    if (!(for_space || for_metadata) || !EvictOneLocked(dropped)) break;
+    ++evicted;
+    ++(for_space ? capacity_evictions_ : metadata_evictions_);
+  }
+  return evicted;
 }
 
 EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
@@ -135,8 +202,15 @@ EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
   return result;
 }
 
+size_t Cache::ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lossy) {
+  if (accept_lossy) return path.size();
+  auto lossy = std::find_if(path.begin(), path.end(),
+                            [](const IndexNode* n) { return n->payload->compressed(); });
+  return static_cast<size_t>(lossy - path.begin());
+}
+
 absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<const Token> tokens,
-                                           const LeaseRequest& lease) {
+                                           const LeaseRequest& lease, bool accept_lossy) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   if (lease.ttl < absl::ZeroDuration() || lease.ttl > options_.max_lease_ttl) {
     return absl::InvalidArgumentError(
@@ -152,19 +226,37 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
 
   LookupResult result;
   const uint32_t bt = m.layout.block_tokens;
+  const size_t readable = ReadableBlocks(path, accept_lossy);
+  result.withheld_tokens = (path.size() - readable) * bt;
+  path.resize(readable);
   result.matched_tokens = path.size() * bt;
+  if (lease.acquire && !path.empty()) {
+    ExpireLeasesLocked(clock_->Now());
+    if (leases_.size() >= options_.max_leases) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_leases (", options_.max_leases, ") leases are live; release some or retry later"));
+    }
+    if (lease_tokens_ + result.matched_tokens > options_.max_lease_tokens) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "live leases hold ", lease_tokens_, " tokens; this one (", result.matched_tokens,
+          ") would pass max_lease_tokens (", options_.max_lease_tokens, ")"));
+    }
+  }
   m.hit_tokens += result.matched_tokens;
   m.miss_tokens += (tokens.size() / bt) * bt - result.matched_tokens;
   result.blocks.reserve(path.size());
   for (const IndexNode* n : path) {
+    const BlockPayload& p = *n->payload;
     result.blocks.push_back({.index = n->depth,
                              .key = n->key,
-                             .checksum = n->payload->checksum(),
-                             .bytes = n->payload->size()});
+                             .checksum = p.decoded_checksum(),
+                             .bytes = m.layout.BlockBytes(),
+                             .lossy = p.compressed(),
+                             .stored_bytes = p.size(),
+                             .stored_checksum = p.checksum()});
   }
   if (lease.acquire && !path.empty()) {
     const absl::Time now = clock_->Now();
-    ExpireLeasesLocked(now);
     Lease l{.model = model,
             .matched_tokens = result.matched_tokens,
             .tokens = std::vector<Token>(tokens.begin(), tokens.begin() + result.matched_tokens)};
@@ -176,6 +268,9 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
     } while (id == 0 || leases_.contains(id));
     result.lease_id = id;
     result.lease_expires = l.expires;
+    l.metadata_bytes = LeaseMetadataBytes(l.tokens.size(), l.blocks.size());
+    lease_tokens_ += l.tokens.size();
+    metadata_bytes_ += l.metadata_bytes;
     lease_expiry_.emplace(l.expires, id);
     leases_.emplace(id, std::move(l));
   }
@@ -200,15 +295,25 @@ void Cache::EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, 
       break;
     }
   }
+  ForgetLeaseLocked(it->second);
   *out = std::move(it->second);
   leases_.erase(it);
+}
+
+void Cache::ForgetLeaseLocked(const Lease& lease) {
+  lease_tokens_ -= lease.tokens.size();
+  metadata_bytes_ -= lease.metadata_bytes;
 }
 
 void Cache::ExpireLeasesLocked(absl::Time now) {
   // Expired leases' references drop here, under the lock; that only frees
   // pool memory (no payload copies).
   while (!lease_expiry_.empty() && lease_expiry_.begin()->first <= now) {
-    leases_.erase(lease_expiry_.begin()->second);
+    auto it = leases_.find(lease_expiry_.begin()->second);
+    if (it != leases_.end()) {
+      ForgetLeaseLocked(it->second);
+      leases_.erase(it);
+    }
     lease_expiry_.erase(lease_expiry_.begin());
   }
 }
@@ -218,22 +323,29 @@ void Cache::ExpireLeases() {
   ExpireLeasesLocked(clock_->Now());
 }
 
-absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model,
-                                              std::span<const Token> tokens) {
+absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
+                                              bool accept_lossy) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
+  ModelState& m = **state;
   std::vector<IndexNode*> path;
-  MatchLocked(**state, tokens, &path);
-  FetchPlan plan{.layout = (*state)->layout,
-                 .matched_tokens = path.size() * (*state)->layout.block_tokens};
-  plan.blocks.reserve(path.size());
-  for (IndexNode* n : path) plan.blocks.push_back(n->payload);
+  MatchLocked(m, tokens, &path);
+  const size_t readable = ReadableBlocks(path, accept_lossy);
+  const uint32_t bt = m.layout.block_tokens;
+  FetchPlan plan{.layout = m.layout,
+                 .matched_tokens = readable * bt,
+                 .withheld_tokens = (path.size() - readable) * bt,
+                 .lossless_epoch = m.lossless_epoch,
+                 .epoch = m.lossless_epoch->load()};
+  plan.blocks.reserve(readable);
+  for (size_t i = 0; i < readable; ++i) plan.blocks.push_back(path[i]->payload);
   return plan;
 }
 
-absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id) {
+absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
+                                                   bool accept_lossy) {
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
@@ -247,9 +359,22 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
                                                    it->second.model.model_id, "\", not \"",
                                                    model.model_id, "\""));
   }
-  return FetchPlan{.layout = (*state)->layout,
-                   .matched_tokens = it->second.matched_tokens,
-                   .blocks = it->second.blocks};
+  ModelState& m = **state;
+  const std::vector<BlockRef>& blocks = it->second.blocks;
+  size_t readable = blocks.size();
+  if (!accept_lossy) {
+    readable = static_cast<size_t>(
+        std::find_if(blocks.begin(), blocks.end(), [](const BlockRef& b) { return b->compressed(); }) -
+        blocks.begin());
+  }
+  const uint32_t bt = m.layout.block_tokens;
+  FetchPlan plan{.layout = m.layout,
+                 .matched_tokens = readable * bt,
+                 .withheld_tokens = (blocks.size() - readable) * bt,
+                 .lossless_epoch = m.lossless_epoch,
+                 .epoch = m.lossless_epoch->load()};
+  plan.blocks.assign(blocks.begin(), blocks.begin() + readable);
+  return plan;
 }
 
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
@@ -294,13 +419,7 @@ bool Cache::EvictOneForSpace() {
   std::vector<BlockRef> dropped;  // freed after the lock is released
   MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
-  // Evictable: a leaf that only the index references (use_count is exact
-  // here: new references are only taken under mu_).
-  IndexNode* victim = policy_->PickVictim(
-      [](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1; });
-  if (victim == nullptr) return false;
-  ModelState& state = *by_index_.at(victim->index);
-  RemoveSubtreeLocked(state, victim, &dropped);
+  if (!EvictOneLocked(&dropped)) return false;
   ++capacity_evictions_;
   return true;
 }
@@ -308,7 +427,11 @@ bool Cache::EvictOneForSpace() {
 absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
   while (true) {
     absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
-    if (a.ok()) return std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
+    if (a.ok()) {
+      MutexLock lock(&mu_);
+      staged_bytes_ += a->bytes;
+      return std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
+    }
     if (!absl::IsResourceExhausted(a.status())) return a.status();
     if (!EvictOneForSpace()) {
       const SlabPoolStats s = pool_->GetStats();
@@ -344,7 +467,10 @@ CacheStats Cache::GetStats() const {
                             .pruned_tokens = m->pruned_tokens,
                             .bytes_saved = m->bytes_saved,
                             .attention_reports = m->attention_reports,
-                            .calibrations = m->calibrations});
+                            .calibrations = m->calibrations,
+                            .conflicting_blocks = m->conflicting_blocks,
+                            .restored_blocks = m->restored_blocks,
+                            .corrupt_blocks = m->corrupt_blocks});
     stats.blocks += m->index.num_blocks();
   }
   stats.payload_bytes = payload_bytes_;
@@ -353,6 +479,11 @@ CacheStats Cache::GetStats() const {
   stats.rejected_appends = rejected_appends_;
   stats.scores = score_histogram_;
   stats.compaction_passes = compaction_passes_;
+  stats.conflicting_appends = conflicting_appends_;
+  stats.metadata_evictions = metadata_evictions_;
+  stats.metadata_bytes = metadata_bytes_;
+  stats.staged_bytes = staged_bytes_;
+  stats.lease_tokens = lease_tokens_;
   return stats;
 }
 

@@ -32,7 +32,9 @@
 #ifndef KVCACHE_SERVER_CORE_CACHE_H_
 #define KVCACHE_SERVER_CORE_CACHE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -64,7 +66,26 @@ struct CacheOptions {
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_models = 1024;
+  // Live leases at once, and the tokens they hold in all (a lease keeps a
+  // copy of its matched tokens for attention reports): RESOURCE_EXHAUSTED past
+  // either.
+  uint32_t max_leases = 65536;
+  uint64_t max_lease_tokens = uint64_t{64} << 20;
+  // Pool memory kept free for appends in flight: a commit evicts until the
+  // committed blocks leave this much of the pool free, so an append that is
+  // rejected (bad checksum, broken stream) has evicted nothing as long as the
+  // appends in flight fit here. Beyond it, an append evicts as its bytes
+  // arrive. 0: every append evicts as its bytes arrive.
+  uint64_t append_staging_bytes = 0;
+  // Index metadata (nodes, tokens, importance state) and lease token copies
+  // beyond this are freed by evicting least recently used blocks. 0: no limit.
+  uint64_t max_metadata_bytes = 0;
+  // hints.protected_ranges of one append, after merging overlaps.
+  uint32_t max_protected_ranges = 1024;
   ImportanceOptions importance;
+  // Test seam: called by Compact() after it encoded a pass's blocks, outside
+  // the lock, before it installs them (tests race policy changes there).
+  std::function<void()> on_compaction_encoded;
 };
 
 enum class WorkloadKind : uint8_t { kUnspecified = 0, kChat = 1, kCode = 2, kDocument = 3 };
@@ -88,11 +109,15 @@ struct RegisterResult {
   ModelLayout layout;
 };
 
+// One block of a lookup, as a fetch with the same acceptance would send it.
 struct BlockInfo {
   uint32_t index = 0;
   uint64_t key = 0;
-  uint64_t checksum = 0;
-  uint64_t bytes = 0;
+  uint64_t checksum = 0;  // of the bytes a fetch sends (raw, or decoded when lossy)
+  uint64_t bytes = 0;     // raw block bytes
+  bool lossy = false;     // stored compressed: INT8 or pruned tokens
+  uint64_t stored_bytes = 0;     // bytes of the stored (compressed) form
+  uint64_t stored_checksum = 0;  // checksum of the stored form
 };
 
 struct LeaseRequest {
@@ -102,16 +127,28 @@ struct LeaseRequest {
 
 struct LookupResult {
   uint64_t matched_tokens = 0;
+  // Cached tokens past matched_tokens that are stored lossy and were not
+  // matched because the caller did not accept lossy KV.
+  uint64_t withheld_tokens = 0;
   std::vector<BlockInfo> blocks;
   uint64_t lease_id = 0;
   absl::Time lease_expires = absl::InfinitePast();
 };
 
 // What a fetch streams: the payloads stay alive as long as the plan does.
+// A plan holds lossy (compressed) blocks only when the caller accepted them;
+// switching the model's compression off while the plan streams revokes that
+// (MaySendLossy turns false), so a fetch in flight never sends lossy KV of a
+// model that is off.
 struct FetchPlan {
   ModelLayout layout;
   uint64_t matched_tokens = 0;
+  uint64_t withheld_tokens = 0;  // lossy cached tokens not in the plan (not accepted)
   std::vector<BlockRef> blocks;
+  std::shared_ptr<const std::atomic<uint64_t>> lossless_epoch;  // the model's
+  uint64_t epoch = 0;                                           // when planned
+
+  bool MaySendLossy() const { return lossless_epoch != nullptr && lossless_epoch->load() == epoch; }
 };
 
 struct AppendResult {
@@ -119,6 +156,14 @@ struct AppendResult {
   uint32_t deduplicated_blocks = 0;
   uint64_t stored_bytes = 0;
   uint64_t cached_tokens = 0;
+  // Blocks that were cached with other bytes than this append carried (the
+  // cached copy is kept; see docs/api.md) and the first of them (or -1).
+  uint32_t conflicting_blocks = 0;
+  int64_t first_conflicting_block = -1;
+  // Blocks that were stored lossy and are exact again from this append's bytes.
+  uint32_t restored_blocks = 0;
+  // Blocks another append of the same tokens was storing; not stored twice.
+  uint32_t pending_blocks = 0;
 };
 
 struct EvictResult {
@@ -147,7 +192,10 @@ struct CompactionResult {
   bool under_pressure = false;
   uint64_t candidates = 0;
   uint64_t compressed_blocks = 0;
-  uint64_t bytes_saved = 0;
+  uint64_t bytes_saved = 0;      // pool memory freed
+  uint64_t no_saving_blocks = 0;  // left raw: the compressed copy would free no memory
+  uint64_t corrupt_blocks = 0;    // dropped: did not match their checksum
+  uint64_t evicted_blocks = 0;    // evicted to keep the budgets
   uint64_t int8_tokens = 0;
   uint64_t pruned_tokens = 0;
 };
@@ -182,8 +230,12 @@ class Cache {
   absl::StatusOr<ModelLayout> GetLayout(const ModelKey& model) const;
   std::vector<std::pair<ModelKey, ModelLayout>> ListModels() const;
 
+  // The longest cached prefix of `tokens`. Unless `accept_lossy`, it ends
+  // before the first block stored lossy (withheld_tokens says how many cached
+  // tokens that left out), and so does a lease it takes.
+  // RESOURCE_EXHAUSTED when a lease would pass max_leases or max_lease_tokens.
   absl::StatusOr<LookupResult> Lookup(const ModelKey& model, std::span<const Token> tokens,
-                                      const LeaseRequest& lease = {});
+                                      const LeaseRequest& lease = {}, bool accept_lossy = false);
   // False when the lease is unknown (expired or released already).
   bool ReleaseLease(uint64_t lease_id);
 
@@ -197,11 +249,15 @@ class Cache {
                                                              const AppendHints& hints,
                                                              std::vector<uint64_t> block_checksums);
 
-  // The longest cached prefix of `tokens` (which may be empty).
-  absl::StatusOr<FetchPlan> PrepareFetch(const ModelKey& model, std::span<const Token> tokens);
-  // Exactly the blocks of a live lease of `model`. NOT_FOUND when the lease
-  // is unknown or expired, INVALID_ARGUMENT when it belongs to another model.
-  absl::StatusOr<FetchPlan> PrepareFetchLease(const ModelKey& model, uint64_t lease_id);
+  // The longest cached prefix of `tokens` (which may be empty); unless
+  // `accept_lossy`, it ends before the first block stored lossy.
+  absl::StatusOr<FetchPlan> PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
+                                         bool accept_lossy = false);
+  // The blocks of a live lease of `model` (up to the first lossy one unless
+  // `accept_lossy`). NOT_FOUND when the lease is unknown or expired,
+  // INVALID_ARGUMENT when it belongs to another model.
+  absl::StatusOr<FetchPlan> PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
+                                              bool accept_lossy = false);
 
   // INVALID_ARGUMENT unless tokens is a non-empty whole number of blocks.
   // Evicting what is not cached evicts nothing and is OK.
@@ -215,8 +271,10 @@ class Cache {
   absl::StatusOr<ImportancePolicy> GetPolicy(const ModelKey& model) const;
   // Applies the fields set in `update`. INVALID_ARGUMENT (nothing changed)
   // when the result would not validate. Switching to off removes every
-  // compressed block of the model (with the blocks below it), so from then
-  // on fetches return only lossless KV.
+  // compressed block of the model (with the blocks below it), cuts leases
+  // before their first compressed block, revokes lossy blocks of fetches in
+  // flight (FetchPlan::MaySendLossy) and voids compaction passes under way,
+  // so from then on the model serves only lossless KV.
   absl::StatusOr<PolicyChange> UpdatePolicy(const ModelKey& model, const PolicyUpdate& update);
 
   // Folds per-token attention mass into the activity of the cached tokens of
@@ -229,8 +287,13 @@ class Cache {
                                                uint64_t lease_id, std::span<const float> attention,
                                                uint32_t num_layers);
 
-  // One compaction pass; the daemon calls it periodically. Encodes outside
-  // the lock; a block evicted or fetched meanwhile is simply left alone.
+  // One compaction pass; the daemon calls it periodically. Verifies each
+  // candidate's checksum (a corrupt block is dropped, never re-encoded),
+  // encodes outside the lock, and swaps a block only if it is unchanged and
+  // its model's policy has not changed meanwhile. A block whose compressed
+  // copy would free no pool memory stays raw. Compressed copies are made in
+  // the pool memory append staging keeps free, so a full tier still
+  // compacts. Also enforces the budgets (attention reports grow metadata).
   CompactionResult Compact();
 
   // Refits every model's weights that has enough samples (calibration.h),
@@ -263,6 +326,16 @@ class Cache {
     uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
     uint64_t attention_reports = 0;
     uint64_t calibrations = 0;
+    uint64_t conflicting_blocks = 0;  // appends whose bytes differed from the cached block
+    uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
+    uint64_t corrupt_blocks = 0;      // dropped by compaction: checksum mismatch
+    // Bumped by every policy change: a compaction job planned under another
+    // generation is void.
+    uint64_t policy_generation = 0;
+    // Bumped when compression is switched off: plans made before it may no
+    // longer send lossy blocks.
+    std::shared_ptr<std::atomic<uint64_t>> lossless_epoch =
+        std::make_shared<std::atomic<uint64_t>>(0);
   };
   struct Lease {
     ModelKey model;
@@ -270,6 +343,7 @@ class Cache {
     std::vector<Token> tokens;  // the matched tokens, for attention reports
     std::vector<BlockRef> blocks;
     absl::Time expires;
+    uint64_t metadata_bytes = 0;  // counted in the cache's metadata total
   };
 
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
@@ -286,12 +360,45 @@ class Cache {
   // Bookkeeping for a node leaving its index (policy, compaction, stats).
   void ForgetNodeLocked(ModelState& state, IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a lease's tokens and metadata out of the totals.
+  void ForgetLeaseLocked(const Lease& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a lease from both maps, moving it to `out`.
   void EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, Lease* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Undoes a compressed block's share of its model's compression stats.
+  void ForgetCompressionLocked(ModelState& state, IndexNode* node)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Metadata the cache holds for `node` (node, tokens, importance state),
+  // with kNodeAllocationOverhead for the allocator's bookkeeping.
+  static uint64_t NodeMetadataBytes(const IndexNode& node);
+  static constexpr uint64_t kNodeAllocationOverhead = 64;
+  // What a lease holds besides its block references, for the metadata budget.
+  static uint64_t LeaseMetadataBytes(uint64_t tokens, uint64_t blocks) {
+    return 128 + tokens * sizeof(Token) + blocks * sizeof(BlockRef);
+  }
+  // How many blocks of `path` a reader may get: all with `accept_lossy`,
+  // else those before the first one stored lossy.
+  static size_t ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lossy);
+  // Evicts least recently used blocks until the committed blocks leave
+  // append_staging_bytes of the pool free and metadata is within
+  // max_metadata_bytes, or nothing more is evictable. Returns blocks evicted.
+  uint64_t EnforceBudgetsLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops an append session's claims and its staged memory from the totals.
+  void ReleaseClaimsLocked(AppendSession& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts one evictable block into `dropped`; false when there is none.
+  bool EvictOneLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Allocates a payload of `bytes`, evicting until it fits.
+  // Allocates a payload of `bytes` for an append (counted as staged),
+  // evicting until it fits. RESOURCE_EXHAUSTED when nothing is evictable.
   absl::StatusOr<BlockRef> AllocatePayload(uint64_t bytes);
+  // Keeps `node->metadata_bytes` and the cache's total in step with its size.
+  void RecountMetadataLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct CompactionJob;
+  // Installs the compressed copies of a pass whose blocks and policies did
+  // not change meanwhile; drops blocks found corrupt.
+  void SwapCompactedLocked(std::vector<CompactionJob>& jobs, const std::vector<float>& all_scores,
+                           std::vector<BlockRef>* dropped, CompactionResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts one block; false when nothing is evictable.
   bool EvictOneForSpace();
 
@@ -310,6 +417,16 @@ class Cache {
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes in the indexes
+  uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // nodes + lease token copies
+  uint64_t lease_tokens_ ABSL_GUARDED_BY(mu_) = 0;    // tokens held by live leases
+  // Pool memory held by appends in flight (uncommitted blocks).
+  uint64_t staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Blocks an append in flight is writing, by (index, chain key): a second
+  // append of the same tokens does not store another copy.
+  absl::flat_hash_map<std::pair<const PrefixIndex*, uint64_t>, const AppendSession*> claims_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t conflicting_appends_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // for max_metadata_bytes
   // Nodes a compaction pass is encoding outside the lock; a node removed
   // meanwhile leaves the set, so the pass knows not to touch it.
   absl::flat_hash_set<const IndexNode*> compacting_ ABSL_GUARDED_BY(mu_);
@@ -318,8 +435,13 @@ class Cache {
 };
 
 // Receives one append's KV bytes and stores its new blocks on Commit().
-// Bytes are copied and hashed outside the cache lock. Destroying a session
-// without a successful Commit() stores nothing and frees what it allocated.
+// Bytes are copied and hashed outside the cache lock; every block is hashed,
+// also one already cached, so that Commit() can tell when the cached copy
+// holds other bytes (a conflict: reported, the cached copy kept) and can
+// make a block stored lossy exact again from bytes that match its original
+// checksum. Blocks another append in flight is storing are not stored twice
+// (pending_blocks). Destroying a session without a successful Commit()
+// stores nothing and frees what it allocated.
 // Not thread-safe: one stream feeds one session.
 class AppendSession {
  public:
@@ -340,13 +462,24 @@ class AppendSession {
 
  private:
   friend class Cache;
+  // What the session does with each block it receives.
+  enum class BlockPlan : uint8_t {
+    kStore,    // new: store it (this session holds the block's claim)
+    kCached,   // cached raw: only hash it, to compare with the cached copy
+    kRestore,  // cached lossy: store it, to replace the lossy copy if it matches
+    kPending,  // another append in flight is storing it: only hash it
+  };
+  struct HashState;
   AppendSession(Cache* cache, ModelKey model, ModelLayout layout, std::vector<Token> tokens,
-                uint64_t start_block, uint64_t num_blocks, AppendHints hints,
-                std::vector<uint64_t> checksums, std::vector<BlockRef> pinned,
-                std::vector<bool> cached, std::vector<uint32_t> novelty_layers);
+                uint64_t start_block, AppendHints hints, std::vector<uint64_t> checksums,
+                std::vector<uint64_t> keys, std::vector<BlockRef> pinned,
+                std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
   // The pinned flags of block `index` of the sequence; empty when none.
+  // hints_.protected_ranges is sorted and disjoint.
   std::vector<uint8_t> PinnedFlags(uint64_t index) const;
+  // Gives back the claims and the staged pool memory this session holds.
+  void ReleaseClaimsAndStaging();
 
   Cache* const cache_;
   const ModelKey model_;
@@ -358,15 +491,18 @@ class AppendSession {
   const std::vector<uint64_t> checksums_;
   const uint64_t block_bytes_;
   const uint64_t expected_bytes_;
+  const std::vector<uint64_t> keys_;  // chain key of each new block (claims)
   // References to the blocks that were cached when the session began (the
   // prefix and blocks to deduplicate): they cannot be evicted for space.
   std::vector<BlockRef> pinned_;
-  std::vector<bool> cached_;                    // per new block: cached at Begin, skip its bytes
+  std::vector<BlockPlan> plan_;                 // per new block
   std::vector<BlockRef> new_blocks_;            // per new block: the payload written, or null
+  std::vector<uint64_t> digests_;               // per new block, once complete
   const std::vector<uint32_t> novelty_layers_;  // empty: novelty not computed here
   std::vector<std::vector<float>> novelty_;     // per new block, once complete
-  struct HashState;
-  std::unique_ptr<HashState> hash_;  // running checksum of the current block
+  std::unique_ptr<HashState> hash_;             // running checksum of the current block
+  uint64_t staged_bytes_ = 0;  // pool memory of new_blocks_, counted as staged by the cache
+  bool holds_claims_ = false;
   uint64_t received_bytes_ = 0;
   absl::Status status_;
 };

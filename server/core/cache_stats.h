@@ -31,9 +31,13 @@ struct ModelStats {
   uint64_t full_tokens = 0;  // tokens at the model's dtype
   uint64_t int8_tokens = 0;
   uint64_t pruned_tokens = 0;
-  uint64_t bytes_saved = 0;  // raw block bytes minus what compressed blocks take
+  uint64_t bytes_saved = 0;  // pool memory compressed blocks freed
   uint64_t attention_reports = 0;
   uint64_t calibrations = 0;
+  // Integrity (docs/api.md, "Conflicting appends").
+  uint64_t conflicting_blocks = 0;  // appended with other bytes than the cached copy
+  uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
+  uint64_t corrupt_blocks = 0;      // found not matching their checksum and dropped
 };
 
 // Distribution of the importance scores compaction computed: bucket i
@@ -62,6 +66,11 @@ struct CacheStats {
   uint64_t rejected_appends = 0;
   ScoreHistogram scores;
   uint64_t compaction_passes = 0;
+  uint64_t conflicting_appends = 0;  // appends that carried a conflicting block
+  uint64_t metadata_evictions = 0;   // evictions to keep metadata within its budget
+  uint64_t metadata_bytes = 0;       // index nodes, tokens, importance state, lease tokens
+  uint64_t staged_bytes = 0;         // pool memory of appends in flight
+  uint64_t lease_tokens = 0;         // tokens held by live leases
 };
 
 }  // namespace kvcache

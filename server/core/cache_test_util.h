@@ -143,6 +143,27 @@ inline ::testing::AssertionResult PlanHolds(const FetchPlan& plan, const TestMod
   return ::testing::AssertionSuccess();
 }
 
+// The counts of an append result every test checks, as a tuple-like struct
+// for FieldsAre: stored, deduplicated, stored bytes, cached tokens.
+struct AppendCounts {
+  uint32_t stored_blocks;
+  uint32_t deduplicated_blocks;
+  uint64_t stored_bytes;
+  uint64_t cached_tokens;
+};
+inline AppendCounts CountsOf(const AppendResult& r) {
+  return {r.stored_blocks, r.deduplicated_blocks, r.stored_bytes, r.cached_tokens};
+}
+
+// The identity of a looked-up block: index, key, checksum, bytes.
+struct BlockIdentity {
+  uint32_t index;
+  uint64_t key;
+  uint64_t checksum;
+  uint64_t bytes;
+};
+inline BlockIdentity IdentityOf(const BlockInfo& b) { return {b.index, b.key, b.checksum, b.bytes}; }
+
 template <typename T>
 inline absl::StatusCode CodeOf(const absl::StatusOr<T>& s) {
   return s.status().code();

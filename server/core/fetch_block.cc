@@ -5,25 +5,49 @@
 #include "server/importance/block_codec.h"
 
 namespace kvcache {
+namespace {
+
+std::vector<uint32_t> KeptTokens(const importance::CompressedBlockView& view) {
+  std::vector<uint32_t> kept;
+  if (view.num_pruned == 0) return kept;
+  for (uint32_t t = 0; t < view.shape.block_tokens; ++t) {
+    if (view.precision[t] != importance::TokenPrecision::kPruned) kept.push_back(t);
+  }
+  return kept;
+}
+
+}  // namespace
 
 absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool accept_compressed) {
   FetchBlock out{.bytes = stored};
-  if (!stored->compressed()) return out;
-  absl::StatusOr<importance::CompressedBlockView> view =
-      importance::ParseCompressedBlock(stored->data());
-  if (!view.ok()) return view.status();
-  if (view->num_pruned > 0) {
-    for (uint32_t t = 0; t < view->shape.block_tokens; ++t) {
-      if (view->precision[t] != importance::TokenPrecision::kPruned) out.kept_tokens.push_back(t);
-    }
-  }
+  if (!stored->compressed()) return out;  // the worker verifies raw bytes itself
   if (accept_compressed) {
+    // Sent as stored, with the checksum of the stored bytes: the worker verifies.
+    absl::StatusOr<importance::CompressedBlockView> view =
+        importance::ParseCompressedBlock(stored->data());
+    if (!view.ok()) return view.status();
+    out.kept_tokens = KeptTokens(*view);
     out.encoding = FetchEncoding::kCompressed;
     return out;
   }
+  // Decoding makes new bytes with a new checksum, so the stored ones are
+  // verified first: corruption in memory is DATA_LOSS, never a valid-looking block.
+  if (Checksum(stored->data()) != stored->checksum()) {
+    return absl::DataLossError(
+        "a compressed block does not match its checksum (memory corruption); it is not served");
+  }
+  absl::StatusOr<importance::CompressedBlockView> view =
+      importance::ParseCompressedBlock(stored->data());
+  if (!view.ok()) return view.status();
+  out.kept_tokens = KeptTokens(*view);
   BlockRef decoded = BlockPayload::FromHeap(view->shape.raw_bytes());
   if (absl::Status s = importance::DecodeBlock(*view, decoded->mutable_data()); !s.ok()) return s;
-  decoded->Seal(Checksum(decoded->data()));
+  const uint64_t checksum = Checksum(decoded->data());
+  if (checksum != stored->decoded_checksum()) {
+    return absl::DataLossError(
+        "a compressed block decodes to other bytes than when it was made; it is not served");
+  }
+  decoded->Seal(checksum);
   out.bytes = std::move(decoded);
   out.encoding = FetchEncoding::kDequantized;
   return out;

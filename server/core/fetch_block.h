@@ -4,9 +4,13 @@
 // goes out either as stored (the compressed block format, when the worker
 // accepts it) or decoded to the model's dtype and layout: INT8 tokens
 // dequantized, pruned tokens zero, with the block-local positions of the
-// tokens it still holds. A decoded block lives on the heap only as long as
+// tokens it still holds. Before decoding, the stored bytes are checked
+// against their checksum, and the decoding against the checksum recorded when
+// the block was compressed, so corruption in memory is DATA_LOSS rather than a
+// block that looks valid. A decoded block lives on the heap only as long as
 // the fetch sending it, and carries the checksum of the decoded bytes, so a
-// worker verifies exactly what it received.
+// worker verifies exactly what it received. Which blocks a fetch may send
+// lossy at all is the cache's decision (Cache::PrepareFetch), not this one's.
 //
 // Thread-safety: pure function of an immutable payload; call without locks.
 #ifndef KVCACHE_SERVER_CORE_FETCH_BLOCK_H_
@@ -31,8 +35,8 @@ struct FetchBlock {
   std::vector<uint32_t> kept_tokens;
 };
 
-// DATA_LOSS when a compressed payload does not parse (it was verified when
-// written, so this means memory corruption).
+// DATA_LOSS when a compressed payload does not parse, does not match its
+// checksum, or decodes to other bytes than when it was made (memory corruption).
 absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool accept_compressed);
 
 }  // namespace kvcache

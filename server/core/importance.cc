@@ -3,6 +3,7 @@
 // calibration of the score's weights. docs/importance.md explains the model.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,21 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
 
   PolicyChange change{.previous_mode = m.policy.mode};
   m.policy = next;
+  ++m.policy_generation;  // voids compaction jobs planned under the old policy
+  if (next.mode == CompressionMode::kOff) {
+    // Fetches in flight stop sending lossy blocks, and leases end before
+    // their first one: off means lossless for everyone, now.
+    m.lossless_epoch->fetch_add(1);
+    for (auto& [id, lease] : leases_) {
+      if (lease.model != model) continue;
+      auto lossy = std::find_if(lease.blocks.begin(), lease.blocks.end(),
+                                [](const BlockRef& b) { return b->compressed(); });
+      const uint64_t keep = static_cast<uint64_t>(lossy - lease.blocks.begin());
+      for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(std::move(*it));
+      lease.blocks.erase(lossy, lease.blocks.end());
+      lease.matched_tokens = keep * m.layout.block_tokens;
+    }
+  }
   if (next.mode == CompressionMode::kOff && m.compressed_blocks > 0) {
     // Remove every compressed block (and what hangs below it): from now on
     // the model serves only lossless KV. Post-order, so a compressed block
@@ -75,6 +91,15 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
           absl::StrCat("attention[", i, "] is ", attention[i], "; values must be finite and >= 0"));
     }
   }
+  // Average the rows (their sum scales the same) before taking the lock.
+  std::vector<float> mass;
+  if (attention.size() % rows == 0) {
+    const size_t per_row = attention.size() / rows;
+    mass.assign(per_row, 0.0f);
+    for (uint32_t r = 0; r < rows; ++r) {
+      for (size_t t = 0; t < per_row; ++t) mass[t] += attention[r * per_row + t];
+    }
+  }
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
@@ -99,12 +124,8 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
         n, ") = ", uint64_t{rows} * n, lease_id != 0 ? " for the lease" : "",
         n == 0 ? "; a report needs at least one token" : ""));
   }
-  // Average the rows (their sum scales the same), then scale to [0, 1] by the
-  // largest unprotected mass (ObserveAttention: the sink would squash the rest).
-  std::vector<float> mass(n, 0.0f);
-  for (uint32_t r = 0; r < rows; ++r) {
-    for (size_t t = 0; t < n; ++t) mass[t] += attention[r * n + t];
-  }
+  // Scale to [0, 1] by the largest unprotected mass (ObserveAttention: the
+  // sink would squash the rest).
   const std::vector<float> observed = importance::ObserveAttention(mass, m.policy.params);
 
   std::vector<IndexNode*> path;
@@ -115,7 +136,10 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   for (IndexNode* node : path) {
     BlockTokenState& ts = node->tokens_state;
     const double elapsed = SecondsBetween(ts.activity_updated, now);
-    if (ts.activity.empty()) ts.activity.assign(bt, 0.0f);
+    if (ts.activity.empty()) {
+      ts.activity.assign(bt, 0.0f);
+      RecountMetadataLocked(node);
+    }
     for (uint32_t i = 0; i < bt; ++i) {
       const uint64_t g = uint64_t{node->depth} * bt + i;
       // Features as the score saw them before this report, for calibration;
@@ -144,10 +168,8 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   return result;
 }
 
-namespace {
-
 // One block a compaction pass re-encodes outside the lock.
-struct CompactionJob {
+struct Cache::CompactionJob {
   IndexNode* node = nullptr;
   BlockRef old;
   ModelLayout layout;
@@ -158,11 +180,15 @@ struct CompactionJob {
   std::vector<float> novelty;
   std::vector<uint8_t> pinned;
   bool novelty_computed = false;  // novelty was missing and computed by the pass
+  uint64_t policy_generation = 0;  // the model's when planned
   // Results.
+  bool corrupt = false;  // the stored bytes do not match their checksum
   BlockRef encoded;
   uint32_t num_int8 = 0;
   uint32_t num_pruned = 0;
 };
+
+namespace {
 
 // True when every token of the block is protected, so compressing it would
 // change nothing.
@@ -238,7 +264,8 @@ CompactionResult Cache::Compact() {
                         .first_position = int64_t{c.node->depth} * c.model->layout.block_tokens,
                         .sequence_tokens = c.sequence_tokens,
                         .novelty = ts.novelty,
-                        .pinned = ts.pinned};
+                        .pinned = ts.pinned,
+                        .policy_generation = c.model->policy_generation};
       if (!ts.activity.empty()) {
         const double elapsed = SecondsBetween(ts.activity_updated, now);
         job.activity.resize(ts.activity.size());
@@ -252,9 +279,15 @@ CompactionResult Cache::Compact() {
     }
   }
 
-  // Outside the lock: score, decide each token's precision, encode.
+  // Outside the lock: verify, score, decide each token's precision, encode.
   for (CompactionJob& job : jobs) {
     const uint32_t bt = job.layout.block_tokens;
+    // Never re-encode bytes that are not what was appended: the new checksum
+    // would make the corruption look valid.
+    if (Checksum(job.old->data()) != job.old->checksum()) {
+      job.corrupt = true;
+      continue;
+    }
     if (job.novelty.empty()) {  // appended while the model did not compress
       job.novelty = BlockKeyNovelty(job.layout, job.old->data(),
                                     NoveltyLayers(o.novelty_layers, job.layout.num_layers));
@@ -286,47 +319,101 @@ CompactionResult Cache::Compact() {
       }
     }
     const importance::BlockShape shape = ToBlockShape(job.layout);
+    // A token with an Inf or NaN stays exact: INT8 cannot represent it.
+    const uint32_t non_finite =
+        importance::KeepNonFiniteTokensFull(shape, job.old->data(), precision);
+    if (non_finite > 0) {
+      job.num_int8 = 0;
+      job.num_pruned = 0;
+      for (importance::TokenPrecision p : precision) {
+        job.num_int8 += p == importance::TokenPrecision::kInt8;
+        job.num_pruned += p == importance::TokenPrecision::kPruned;
+      }
+      if (job.num_int8 + job.num_pruned == 0) continue;
+    }
     absl::StatusOr<uint64_t> size = importance::CompressedSize(shape, precision);
-    if (!size.ok() || *size >= job.old->size()) continue;
+    if (!size.ok()) continue;
+    // Lossy only when it pays: the copy must take a smaller piece of the pool.
+    if (pool_->RoundedSize(*size) >= job.old->footprint()) {
+      ++result.no_saving_blocks;
+      continue;
+    }
+    // The copy needs a chunk of another size class. Commits keep
+    // append_staging_bytes of the pool free, so a full tier still has room
+    // for it; when even that is taken, stop this pass.
     absl::StatusOr<Allocation> a = pool_->Allocate(*size);
-    if (!a.ok()) break;  // no room even for the smaller copy: stop this pass
-    auto encoded = std::make_shared<BlockPayload>(pool_.get(), *a, *size);
+    if (!a.ok()) break;
+    BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, *size);
     if (!importance::EncodeBlock(shape, job.old->data(), precision, encoded->mutable_data()).ok()) {
       continue;
     }
     encoded->set_compressed(true);
-    encoded->Seal(Checksum(encoded->data()));
+    // Remember what the encoding decodes to, so a fetch can check its decode.
+    std::vector<std::byte> decoded(job.old->size());
+    absl::StatusOr<importance::CompressedBlockView> view =
+        importance::ParseCompressedBlock(encoded->data());
+    if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) continue;
+    encoded->Seal(Checksum(encoded->data()), job.old->raw_checksum(), Checksum(decoded));
     job.encoded = std::move(encoded);
   }
 
+  if (options_.on_compaction_encoded) options_.on_compaction_encoded();
+  std::vector<BlockRef> dropped;  // released after the lock
+  {
+    MutexLock lock(&mu_);
+    SwapCompactedLocked(jobs, all_scores, &dropped, &result);
+  }
+  jobs.clear();  // frees the raw copies replaced
+  dropped.clear();
+  // Attention reports and novelty grow metadata between appends.
   MutexLock lock(&mu_);
+  result.evicted_blocks += EnforceBudgetsLocked(&dropped);
+  return result;
+}
+
+void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
+                                const std::vector<float>& all_scores,
+                                std::vector<BlockRef>* dropped, CompactionResult* out) {
+  CompactionResult& result = *out;
   for (float s : all_scores) score_histogram_.Add(s);
   for (CompactionJob& job : jobs) {
     const bool alive = compacting_.erase(job.node) == 1;
     if (!alive || job.node->payload != job.old) continue;
+    ModelState& m = *by_index_.at(job.node->index);
+    if (job.corrupt) {
+      ++m.corrupt_blocks;
+      ++result.corrupt_blocks;
+      RemoveSubtreeLocked(m, job.node, dropped);
+      continue;
+    }
     if (job.novelty_computed && job.node->tokens_state.novelty.empty()) {
       job.node->tokens_state.novelty = std::move(job.novelty);
+      RecountMetadataLocked(job.node);
     }
-    if (job.encoded == nullptr) continue;
-    ModelState& m = *by_index_.at(job.node->index);
+    // A policy change since planning (above all a switch to off) voids the job.
+    if (job.encoded == nullptr || m.policy_generation != job.policy_generation ||
+        m.policy.mode == CompressionMode::kOff) {
+      continue;
+    }
     const uint64_t delta = job.old->size() - job.encoded->size();
+    const uint64_t saved = job.old->footprint() - job.encoded->footprint();
     job.node->payload = job.encoded;
     BlockTokenState& ts = job.node->tokens_state;
     ts.compressed = true;
     ts.num_int8 = job.num_int8;
     ts.num_pruned = job.num_pruned;
+    ts.bytes_saved = saved;
     ++m.compressed_blocks;
     m.int8_tokens += job.num_int8;
     m.pruned_tokens += job.num_pruned;
-    m.bytes_saved += m.layout.BlockBytes() - job.encoded->size();
+    m.bytes_saved += saved;
     m.bytes -= delta;
     payload_bytes_ -= delta;
     ++result.compressed_blocks;
-    result.bytes_saved += delta;
+    result.bytes_saved += saved;
     result.int8_tokens += job.num_int8;
     result.pruned_tokens += job.num_pruned;
   }
-  return result;
 }
 
 std::vector<CalibrationOutcome> Cache::Calibrate() {

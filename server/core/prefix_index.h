@@ -51,6 +51,8 @@ struct IndexNode {
   absl::Time last_access = absl::InfinitePast();
   // Per-token importance inputs and the block's precision (token_state.h).
   BlockTokenState tokens_state;
+  // Metadata bytes the owning cache counted for this node (its budget).
+  uint64_t metadata_bytes = 0;
 
   bool is_leaf() const { return num_children == 0; }
 

@@ -25,6 +25,7 @@ struct BlockTokenState {
   std::vector<uint8_t> pinned;  // block_tokens flags (1: worker-pinned), or empty
   uint32_t num_int8 = 0;        // tokens stored as INT8
   uint32_t num_pruned = 0;      // tokens dropped
+  uint64_t bytes_saved = 0;     // pool memory the compressed copy freed
   bool compressed = false;      // the payload uses the compressed block format
 };
 

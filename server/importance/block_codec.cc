@@ -525,4 +525,42 @@ bool LooksCompressed(std::span<const std::byte> bytes) {
   return bytes.size() >= sizeof(uint32_t) && GetU32(bytes.data()) == kCompressedMagic;
 }
 
+uint32_t KeepNonFiniteTokensFull(const BlockShape& shape, std::span<const std::byte> raw,
+                                 std::span<TokenPrecision> precision) {
+  const uint64_t elem = shape.dtype == 3 ? 4 : 2;
+  if (shape.raw_bytes() == 0 || raw.size() != shape.raw_bytes() ||
+      precision.size() != shape.block_tokens) {
+    return 0;
+  }
+  // An element is non-finite when its exponent bits are all ones.
+  auto non_finite = [&](const std::byte* p) {
+    if (shape.dtype == 3) {
+      uint32_t u;
+      std::memcpy(&u, p, 4);
+      return (u & 0x7F800000u) == 0x7F800000u;
+    }
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const uint16_t mask = shape.dtype == 1 ? 0x7C00 : 0x7F80;  // fp16 : bf16
+    return (h & mask) == mask;
+  };
+  const uint64_t row = uint64_t{shape.head_dim} * elem;
+  const uint64_t rows = uint64_t{shape.num_layers} * 2 * shape.num_kv_heads;
+  uint32_t changed = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    for (uint32_t t = 0; t < shape.block_tokens; ++t) {
+      if (precision[t] == TokenPrecision::kFull) continue;
+      const std::byte* p = raw.data() + (r * shape.block_tokens + t) * row;
+      for (uint64_t off = 0; off < row; off += elem) {
+        if (non_finite(p + off)) {
+          precision[t] = TokenPrecision::kFull;
+          ++changed;
+          break;
+        }
+      }
+    }
+  }
+  return changed;
+}
+
 }  // namespace kvcache::importance

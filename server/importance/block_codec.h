@@ -96,6 +96,14 @@ absl::StatusOr<CompressedBlockView> ParseCompressedBlock(std::span<const std::by
 // map and bytes disagree (one not made by ParseCompressedBlock).
 absl::Status DecodeBlock(const CompressedBlockView& view, std::span<std::byte> out);
 
+// Sets to kFull every token of `precision` that has a non-finite element
+// (Inf or NaN) anywhere in the raw block, so INT8 never sees one: a single
+// Inf would otherwise turn its key channel's scale, and every code sharing
+// it, into NaN. Such tokens then round-trip exactly. Returns how many tokens
+// it changed; 0 (and nothing changed) when the sizes do not match the shape.
+uint32_t KeepNonFiniteTokensFull(const BlockShape& shape, std::span<const std::byte> raw,
+                                 std::span<TokenPrecision> precision);
+
 // True when `bytes` starts with the compressed magic (a cheap test, not validation).
 bool LooksCompressed(std::span<const std::byte> bytes);
 

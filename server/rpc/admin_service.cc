@@ -70,6 +70,9 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
     out->set_bytes_saved(m.bytes_saved);
     out->set_attention_reports(m.attention_reports);
     out->set_calibrations(m.calibrations);
+    out->set_conflicting_blocks(m.conflicting_blocks);
+    out->set_restored_blocks(m.restored_blocks);
+    out->set_corrupt_blocks(m.corrupt_blocks);
   }
   v1::TierStats* host = response->add_tiers();
   host->set_name("host");
@@ -81,6 +84,11 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
   response->set_active_leases(stats.active_leases);
   response->set_capacity_evictions(stats.capacity_evictions);
   response->set_rejected_appends(stats.rejected_appends);
+  response->set_conflicting_appends(stats.conflicting_appends);
+  response->set_metadata_evictions(stats.metadata_evictions);
+  response->set_metadata_bytes(stats.metadata_bytes);
+  response->set_staged_bytes(stats.staged_bytes);
+  response->set_lease_tokens(stats.lease_tokens);
   return Finish(ctx, "GetStats", start);
 }
 

@@ -72,15 +72,22 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
     if (!key.ok()) return key.status();
     LeaseRequest lease{.acquire = request->acquire_lease(),
                        .ttl = absl::Milliseconds(request->lease_ttl_ms())};
-    auto result = cache_->Lookup(*key, TokensOf(request->tokens()), lease);
+    auto result =
+        cache_->Lookup(*key, TokensOf(request->tokens()), lease, request->accept_lossy());
     if (!result.ok()) return result.status();
     response->set_matched_tokens(result->matched_tokens);
+    response->set_withheld_tokens(result->withheld_tokens);
     for (const BlockInfo& b : result->blocks) {
       v1::BlockDescriptor* d = response->add_blocks();
       d->set_index(b.index);
       d->set_key(b.key);
       d->set_checksum(b.checksum);
       d->set_bytes(b.bytes);
+      if (b.lossy) {
+        d->set_lossy(true);
+        d->set_stored_bytes(b.stored_bytes);
+        d->set_stored_checksum(b.stored_checksum);
+      }
     }
     if (result->lease_id != 0) {
       response->set_lease_id(result->lease_id);
@@ -204,6 +211,10 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     response.set_deduplicated_blocks(result->deduplicated_blocks);
     response.set_stored_bytes(result->stored_bytes);
     response.set_cached_tokens(result->cached_tokens);
+    response.set_conflicting_blocks(result->conflicting_blocks);
+    response.set_first_conflicting_block(result->first_conflicting_block);
+    response.set_restored_blocks(result->restored_blocks);
+    response.set_pending_blocks(result->pending_blocks);
     bool own_buffer;
     grpc::Status s =
         grpc::SerializationTraits<v1::AppendResponse>::Serialize(response, response_, &own_buffer);
@@ -280,11 +291,12 @@ uint8_t* PutVarint(uint8_t* p, uint64_t v) {
 // Encodes a FetchResponse whose `data` is `size` bytes of `block` at
 // `offset`, without copying them: the data slice holds a reference to the
 // block and points into its memory. `kept` goes out only on a first chunk.
-grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint32_t block_index, const BlockRef& block,
-                             uint64_t offset, uint64_t size, v1::BlockEncoding encoding,
+grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint64_t withheld_tokens,
+                             uint32_t block_index, const BlockRef& block, uint64_t offset,
+                             uint64_t size, v1::BlockEncoding encoding,
                              const std::vector<uint32_t>& kept) {
   const bool with_kept = offset == 0 && !kept.empty();
-  // At most 7 tags + 7 ten-byte varints, plus the kept list: no heap
+  // At most 8 tags + 8 ten-byte varints, plus the kept list: no heap
   // allocation for an ordinary chunk.
   absl::InlinedVector<uint8_t, 96> head(96 + (with_kept ? 10 + 5 * kept.size() : 0));
   uint8_t* p = head.data();
@@ -309,6 +321,10 @@ grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint32_t block_index, cons
     p = PutVarint(p, packed);
     for (uint32_t t : kept) p = PutVarint(p, t);
   }
+  if (withheld_tokens != 0) {
+    *p++ = 0x40;  // withheld_tokens = 8, varint
+    p = PutVarint(p, withheld_tokens);
+  }
   *p++ = 0x7A;  // data = 15, length-delimited
   p = PutVarint(p, size);
   grpc::Slice slices[2] = {
@@ -325,13 +341,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(CacheService* service, grpc::CallbackServerContext* ctx,
                const grpc::ByteBuffer* raw_request)
-      : service_(service) {
+      : service_(service), ctx_(ctx) {
     if (!service_->AcquireStream()) {
       Done(StreamLimitError(service_->options_.max_concurrent_streams));
       return;
     }
     holds_stream_ = true;
-    (void)ctx;
     if (absl::Status status = Prepare(raw_request); !status.ok()) {
       Done(status);
       return;
@@ -367,24 +382,36 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, request.max_chunk_bytes());
     }
+    // Lossy KV only to a worker that opted in; accept_int8 implies it.
+    const bool accept_lossy = request.accept_lossy() || request.accept_int8();
     absl::StatusOr<FetchPlan> plan;
     if (request.lease_id() != 0) {
       if (!request.tokens().empty()) {
         return absl::InvalidArgumentError("set either tokens or lease_id, not both");
       }
-      plan = service_->cache_->PrepareFetchLease(*key, request.lease_id());
+      plan = service_->cache_->PrepareFetchLease(*key, request.lease_id(), accept_lossy);
     } else {
-      plan = service_->cache_->PrepareFetch(*key, TokensOf(request.tokens()));
+      plan = service_->cache_->PrepareFetch(*key, TokensOf(request.tokens()), accept_lossy);
     }
     if (!plan.ok()) return plan.status();
     plan_ = *std::move(plan);
     accept_int8_ = request.accept_int8();
+    if (plan_.withheld_tokens != 0) {
+      ctx_->AddTrailingMetadata("kvcache-withheld-tokens", absl::StrCat(plan_.withheld_tokens));
+    }
     return absl::OkStatus();
   }
 
   void WriteNext() {
     if (block_ >= plan_.blocks.size()) return Done(absl::OkStatus());
     if (offset_ == 0) {
+      // Compression switched off since planning: off means lossless for
+      // fetches in flight too.
+      if (plan_.blocks[block_]->compressed() && !plan_.MaySendLossy()) {
+        return Done(absl::AbortedError(
+            "compression was switched off for this model while the fetch streamed; lossy "
+            "blocks are no longer sent: retry the fetch"));
+      }
       // What this block goes out as: stored bytes, or decoded ones.
       absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan_.blocks[block_], accept_int8_);
       if (!sent.ok()) return Done(sent.status());
@@ -392,7 +419,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     const BlockRef& block = current_.bytes;
     const uint64_t size = std::min(chunk_bytes_, block->size() - offset_);
-    buffer_ = EncodeChunk(plan_.matched_tokens, static_cast<uint32_t>(block_), block, offset_, size,
+    buffer_ = EncodeChunk(plan_.matched_tokens, plan_.withheld_tokens,
+                          static_cast<uint32_t>(block_), block, offset_, size,
                           static_cast<v1::BlockEncoding>(current_.encoding), current_.kept_tokens);
     bytes_ += size;
     offset_ += size;
@@ -409,6 +437,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   CacheService* const service_;
+  grpc::CallbackServerContext* const ctx_;
   const absl::Time start_ = absl::Now();
   FetchPlan plan_;
   bool accept_int8_ = false;

@@ -106,9 +106,23 @@ TEST_F(ImportanceDaemonTest, QuantizeAtRuntimeServesDequantizedKvWithinBound) {
   EXPECT_THAT(set, HasSubstr("mode:          quantize"));
   ASSERT_TRUE(WaitForCompressed(kBlocks - 1)) << "compaction did not run";
 
+  // By default a worker gets only exact KV: the fetch ends before block 0,
+  // which is now stored lossy, and says so.
   std::vector<float> got(kv_.size());
-  absl::StatusOr<FetchResult> f =
+  absl::StatusOr<FetchResult> exact =
       client_->Fetch(kModel, tokens_, std::as_writable_bytes(std::span<float>(got)));
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->blocks, 0u);
+  EXPECT_EQ(exact->matched_tokens, 0u);
+  EXPECT_EQ(exact->withheld_tokens, kBlocks * kBt);
+  absl::StatusOr<LookupResult> lookup = client_->Lookup(kModel, tokens_);
+  ASSERT_TRUE(lookup.ok());
+  EXPECT_EQ(lookup->matched_tokens, 0u);
+  EXPECT_EQ(lookup->withheld_tokens, kBlocks * kBt);
+
+  // Opting in: the lossy blocks, decoded.
+  absl::StatusOr<FetchResult> f = client_->Fetch(
+      kModel, tokens_, std::as_writable_bytes(std::span<float>(got)), {.accept_lossy = true});
   ASSERT_TRUE(f.ok()) << f.status();  // the client verified every checksum
   EXPECT_EQ(f->blocks, kBlocks);
   EXPECT_EQ(f->dequantized_blocks, kBlocks - 1);
@@ -193,7 +207,8 @@ TEST_F(ImportanceDaemonTest, ReportsPolicyChangesAndMetrics) {
   EXPECT_GT(s.pruned_tokens(), 0u);
 
   std::vector<float> got(kv_.size());
-  auto f = client_->Fetch(kModel, tokens_, std::as_writable_bytes(std::span<float>(got)));
+  auto f = client_->Fetch(kModel, tokens_, std::as_writable_bytes(std::span<float>(got)),
+                          {.accept_lossy = true});
   ASSERT_TRUE(f.ok()) << f.status();
   ASSERT_EQ(f->kept_tokens.size(), kBlocks);
   EXPECT_THAT(f->kept_tokens[0], ::testing::Contains(9u));  // the heavy hitter stays

@@ -12,7 +12,11 @@
 // Every byte a Fetch hands back has been verified against the XXH3-64 checksum
 // the server recorded when the block was appended (and which Append computed
 // and sent from the caller's bytes), so a returned OK means the bytes are
-// exactly those some worker appended. A mismatch is DATA_LOSS.
+// exactly those some worker appended. A mismatch is DATA_LOSS. Blocks the
+// importance policy stored lossy (INT8 or pruned tokens) are returned only to
+// a caller that opts in (accept_lossy); otherwise a lookup or fetch ends
+// before the first of them and withheld_tokens says how many cached tokens
+// that left out.
 //
 // Errors are absl::Status values carrying the server's gRPC code and message.
 #ifndef KVCACHE_CLIENT_CLIENT_H_
@@ -45,10 +49,12 @@ struct ClientOptions {
 struct LookupOptions {
   bool acquire_lease = false;
   absl::Duration lease_ttl = absl::ZeroDuration();  // zero: server default
+  bool accept_lossy = false;  // match blocks stored lossy too (docs/importance.md)
 };
 
 struct LookupResult {
   uint64_t matched_tokens = 0;
+  uint64_t withheld_tokens = 0;  // cached past matched_tokens, left out: lossy
   std::vector<v1::BlockDescriptor> blocks;
   uint64_t lease_id = 0;  // 0: no lease
   absl::Time lease_expires = absl::InfinitePast();
@@ -65,6 +71,19 @@ struct AppendResult {
   uint32_t deduplicated_blocks = 0;
   uint64_t stored_bytes = 0;
   uint64_t cached_tokens = 0;
+  // Blocks that were cached with other bytes than this append carried (the
+  // cached copy is kept; docs/api.md), and the first of them (-1: none).
+  uint32_t conflicting_blocks = 0;
+  int64_t first_conflicting_block = -1;
+  uint32_t restored_blocks = 0;  // lossy blocks made exact again by these bytes
+  uint32_t pending_blocks = 0;   // being stored by another append in flight
+};
+
+struct FetchOptions {
+  // Also fetch blocks stored lossy, decoded to the model's layout (INT8
+  // dequantized, pruned tokens zero). Without it the fetch ends before the
+  // first lossy block.
+  bool accept_lossy = false;
 };
 
 struct FetchResult {
@@ -74,6 +93,9 @@ struct FetchResult {
   // Blocks the server decoded from its compressed format (INT8 tokens
   // dequantized; docs/importance.md): lossy, as the model's policy allows.
   uint32_t dequantized_blocks = 0;
+  // Cached tokens past matched_tokens not fetched because they are stored
+  // lossy and FetchOptions::accept_lossy was false.
+  uint64_t withheld_tokens = 0;
   // Empty when no block lost tokens to pruning. Otherwise one entry per
   // block: the block-local positions of the tokens it holds (the pruned
   // ones read as zeros in `out`), or an empty entry for a whole block.
@@ -124,19 +146,22 @@ class Client {
   // smaller than the prefix; DATA_LOSS when a checksum does not match.
   virtual absl::StatusOr<FetchResult> Fetch(std::string_view model_id,
                                             std::span<const uint32_t> tokens,
-                                            std::span<std::byte> out) = 0;
+                                            std::span<std::byte> out,
+                                            const FetchOptions& options = {}) = 0;
   // As Fetch, for exactly the blocks a Lookup leased.
   virtual absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
-                                                 std::span<std::byte> out) = 0;
+                                                 std::span<std::byte> out,
+                                                 const FetchOptions& options = {}) = 0;
 
   // Fetches the cached prefix of `tokens` block by block, each as sent. With
   // `accept_compressed`, blocks the importance policy compressed arrive in the
-  // compressed block format (docs/api.md, about half the bytes); otherwise
-  // they arrive decoded to the model's layout. DATA_LOSS for a block whose
-  // bytes do not match its checksum or a stream out of order. Not retried.
-  virtual absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
-                                                                std::span<const uint32_t> tokens,
-                                                                bool accept_compressed) = 0;
+  // compressed block format (docs/api.md, about half the bytes); with only
+  // options.accept_lossy they arrive decoded to the model's layout; with
+  // neither the stream ends before the first of them. DATA_LOSS for a block
+  // whose bytes do not match its checksum or a stream out of order. Not retried.
+  virtual absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(
+      std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
+      const FetchOptions& options = {}) = 0;
 
   virtual absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
                                                   std::span<const uint32_t> tokens) = 0;
