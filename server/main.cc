@@ -33,6 +33,9 @@
 namespace kvcache {
 namespace {
 
+static_assert(kMaxFetchKeptTokens >= kMaxBlockTokens,
+              "kFetchHeaderRoom must cover a pruned block's kept_tokens");
+
 struct Flags {
   std::string config_path;
   std::string listen;
@@ -81,6 +84,7 @@ ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
   o.pressure_watermark = c.pressure_watermark();
   o.max_blocks_per_pass = c.max_blocks_per_pass();
   o.novelty_layers.assign(c.novelty_layers().begin(), c.novelty_layers().end());
+  o.calibration_samples = kCalibrationSamples;
   o.calibration_min_samples = c.calibration_min_samples();
   o.calibration_max_step = c.calibration_max_step();
   return o;

@@ -27,8 +27,9 @@ namespace {
 
 constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
-// Room in a message for everything but the payload bytes.
-constexpr uint64_t kMessageOverhead = 4096;
+// Room in a message for everything but the payload bytes: a fetch chunk of a
+// pruned block carries up to ~5.2 KB of kept_tokens (docs/api.md).
+constexpr uint64_t kMessageOverhead = 8192;
 constexpr std::string_view kDefaultNamespace = "default";
 
 // Abseil 20220623 as Debian builds it has its own string_view type.

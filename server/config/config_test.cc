@@ -145,6 +145,41 @@ TEST(ConfigTest, ImportanceDefaultsAndExplicitZeros) {
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
+TEST(ConfigTest, FetchChunkLeavesRoomForThePrunedBlockHeader) {
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_limits()->set_max_message_bytes(1 << 20);
+  // 1 KiB of room is less than a 1024-token block's kept_tokens may take.
+  c.mutable_limits()->set_fetch_chunk_bytes((1 << 20) - 1024);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.fetch_chunk_bytes"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("kept_tokens"));
+  EXPECT_GE(kFetchHeaderRoom, 96u + 10 + 5 * 1024);
+  c.mutable_limits()->set_fetch_chunk_bytes((1 << 20) - kFetchHeaderRoom);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ConfigTest, MaxLeaseTtlIsAtMostADay) {
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_limits()->set_max_lease_ttl_ms(uint64_t{25} * 3600 * 1000);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_lease_ttl_ms"));
+  c.mutable_limits()->set_max_lease_ttl_ms(uint64_t{24} * 3600 * 1000);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ConfigTest, CalibrationMinSamplesBeyondTheSampleStoreIsRejected) {
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_importance()->set_calibration_min_samples(kCalibrationSamples + 1);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("importance.calibration_min_samples"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("8192 calibration samples"));
+  c.mutable_importance()->set_calibration_min_samples(kCalibrationSamples);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
 TEST(CalibrationFileTest, RoundTripsAndRejectsBadFiles) {
   const std::string path = ::testing::TempDir() + "/kvcached_calibration_test.json";
   std::remove(path.c_str());
