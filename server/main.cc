@@ -181,8 +181,13 @@ int Serve(const v1::ServerConfig& config) {
       spdlog::info("calibration: starting from the weights of {} models in {}",
                    calibrated.models_size(), path);
     } else if (!absl::IsNotFound(loaded.status())) {
-      spdlog::error("{}", loaded.status().ToString());
-      return 2;
+      // The file only carries what calibration learned; it never keeps the
+      // daemon down. The next save replaces it.
+      spdlog::error(
+          "calibration: ignoring the calibration file {}: {}; every model starts from the "
+          "configured weights (importance.alpha/beta/gamma), and the file is replaced when "
+          "calibration next saves",
+          path, std::string(loaded.status().message()));
     }
   }
   const v1::LimitsConfig& limits = config.limits();

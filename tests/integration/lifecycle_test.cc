@@ -74,16 +74,33 @@ TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
   EXPECT_EQ(unknown_field.exit_code, 2);
   EXPECT_THAT(unknown_field.output, HasSubstr("hosttier"));
 
-  const std::string calibration = WriteFile("bad_calibration.json", "{not json");
-  ProcessResult bad_calibration = RunKvcached(
-      "--config " + WriteFile("calibration_config.json",
-                              R"({"importance": {"calibration_file": ")" + calibration + R"("}})"));
-  EXPECT_EQ(bad_calibration.exit_code, 2);
-  EXPECT_THAT(bad_calibration.output, HasSubstr(calibration));
-
   ProcessResult no_listener = RunKvcached("--listen none --unix-socket none");
   EXPECT_EQ(no_listener.exit_code, 2);
   EXPECT_THAT(no_listener.output, HasSubstr("enable at least one"));
+}
+
+TEST(LifecycleTest, ABadCalibrationFileIsLoggedAndTheDaemonStartsWithDefaultWeights) {
+  const std::string calibration = WriteFile("bad_calibration.json", "{not json");
+  auto daemon = DaemonProcess::Start(
+      {.extra_flags = {"--config", WriteFile("calibration_config.json",
+                                             R"({"importance": {"calibration_file": ")" +
+                                                 calibration + R"("}})")}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string log = ReadFile((*daemon)->log_path());
+  EXPECT_THAT(log, HasSubstr("[error] calibration: ignoring the calibration file " + calibration));
+  EXPECT_THAT(log, HasSubstr("configured weights"));
+
+  auto client = (*daemon)->NewClient();
+  ASSERT_TRUE(client->RegisterModel("m", MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16)).ok());
+  auto models = client->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->models_size(), 1);
+  const v1::ImportanceWeights& w = models->models(0).policy().weights();
+  EXPECT_FLOAT_EQ(w.alpha(), 0.6f);
+  EXPECT_FLOAT_EQ(w.beta(), 0.3f);
+  EXPECT_FLOAT_EQ(w.gamma(), 0.1f);
+  EXPECT_EQ(ReadFile(calibration), "{not json");  // left for the operator until replaced
+  EXPECT_EQ((*daemon)->Stop(), 0);
 }
 
 TEST(LifecycleTest, PrintedDefaultConfigIsAValidConfigFile) {
