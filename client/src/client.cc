@@ -1,5 +1,6 @@
 // kvcache::Client over gRPC: one channel, deadlines on every call, retries
-// with backoff for idempotent calls, checksummed Append and verified Fetch.
+// with backoff for idempotent calls, checksummed Append and verified Fetch,
+// models registered again after a daemon restart.
 #include "kvcache/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -15,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -75,8 +77,9 @@ class ClientImpl final : public Client {
     absl::Status s = CallWithRetry(
         [&](grpc::ClientContext* ctx) { return cache_->RegisterModel(ctx, req, &resp); });
     if (!s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    registered_[std::string(model_id)] = layout;
     if (resp.block_bytes() > 0 && resp.layout().block_tokens() > 0) {
-      absl::MutexLock lock(&mu_);
       layouts_[std::string(model_id)] =
           LayoutInfo{resp.block_bytes(), resp.layout().block_tokens()};
     }
@@ -85,6 +88,13 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<LookupResult> Lookup(std::string_view model_id, std::span<const uint32_t> tokens,
                                       const LookupOptions& options) override {
+    // Safe to repeat even with a lease: an unregistered model leased nothing.
+    return WithReregistration(model_id, [&] { return LookupOnce(model_id, tokens, options); });
+  }
+
+  absl::StatusOr<LookupResult> LookupOnce(std::string_view model_id,
+                                          std::span<const uint32_t> tokens,
+                                          const LookupOptions& options) {
     v1::LookupRequest req;
     req.set_namespace_(ns_);
     req.set_model_id(std::string(model_id));
@@ -120,7 +130,9 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<AppendResult> Append(std::string_view model_id, std::span<const uint32_t> tokens,
                                       std::span<const std::byte> kv,
-                                      const AppendOptions& options) override;
+                                      const AppendOptions& options) override {
+    return WithReregistration(model_id, [&] { return AppendOnce(model_id, tokens, kv, options); });
+  }
 
   absl::StatusOr<FetchResult> Fetch(std::string_view model_id, std::span<const uint32_t> tokens,
                                     std::span<std::byte> out) override {
@@ -128,7 +140,7 @@ class ClientImpl final : public Client {
     req.set_namespace_(ns_);
     req.set_model_id(std::string(model_id));
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
-    return DoFetch(model_id, req, out);
+    return WithReregistration(model_id, [&] { return DoFetch(model_id, req, out); });
   }
 
   absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
@@ -142,7 +154,10 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
                                                         std::span<const uint32_t> tokens,
-                                                        bool accept_compressed) override;
+                                                        bool accept_compressed) override {
+    return WithReregistration(model_id,
+                              [&] { return FetchBlocksOnce(model_id, tokens, accept_compressed); });
+  }
 
   absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
                                           std::span<const uint32_t> tokens) override {
@@ -259,6 +274,35 @@ class ClientImpl final : public Client {
     return EvictResult{resp.evicted_blocks(), resp.evicted_bytes()};
   }
 
+  // `call` (returning an absl::StatusOr); when it fails because the model is
+  // not registered (the daemon restarted) and this client registered the
+  // model, registers it again with the remembered layout and calls once more.
+  template <typename F>
+  auto WithReregistration(std::string_view model_id, F&& call) -> decltype(call()) {
+    auto result = call();
+    if (result.ok() || !IsModelNotRegistered(result.status())) return result;
+    std::optional<v1::ModelLayout> layout;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = registered_.find(AsAbsl(model_id));
+      if (it != registered_.end()) layout = it->second;
+    }
+    if (!layout.has_value() || !RegisterModel(model_id, *layout).ok()) return result;
+    return call();
+  }
+
+  static bool IsModelNotRegistered(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kNotFound &&
+           absl::StrContains(s.message(), "is not registered");
+  }
+
+  absl::StatusOr<AppendResult> AppendOnce(std::string_view model_id,
+                                          std::span<const uint32_t> tokens,
+                                          std::span<const std::byte> kv,
+                                          const AppendOptions& options);
+  absl::StatusOr<std::vector<FetchedBlock>> FetchBlocksOnce(std::string_view model_id,
+                                                            std::span<const uint32_t> tokens,
+                                                            bool accept_compressed);
   absl::StatusOr<FetchResult> DoFetch(std::string_view model_id, v1::FetchRequest& req,
                                       std::span<std::byte> out);
   grpc::Status FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
@@ -281,6 +325,8 @@ class ClientImpl final : public Client {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, LayoutInfo> layouts_ ABSL_GUARDED_BY(mu_);
+  // The layouts this client registered, to register again after a restart.
+  absl::flat_hash_map<std::string, v1::ModelLayout> registered_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -310,10 +356,10 @@ absl::StatusOr<LayoutInfo> ClientImpl::GetLayout(std::string_view model_id, bool
                                           "' is not registered in namespace '", AsAbsl(ns), "'"));
 }
 
-absl::StatusOr<AppendResult> ClientImpl::Append(std::string_view model_id,
-                                                std::span<const uint32_t> tokens,
-                                                std::span<const std::byte> kv,
-                                                const AppendOptions& options) {
+absl::StatusOr<AppendResult> ClientImpl::AppendOnce(std::string_view model_id,
+                                                    std::span<const uint32_t> tokens,
+                                                    std::span<const std::byte> kv,
+                                                    const AppendOptions& options) {
   v1::AppendRequest header_msg;
   v1::AppendHeader& header = *header_msg.mutable_header();
   header.set_namespace_(ns_);
@@ -400,9 +446,8 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocks(std::string_view model_id,
-                                                                  std::span<const uint32_t> tokens,
-                                                                  bool accept_compressed) {
+absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
+    std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed) {
   v1::FetchRequest req;
   req.set_namespace_(ns_);
   req.set_model_id(std::string(model_id));

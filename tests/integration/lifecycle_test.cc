@@ -183,6 +183,42 @@ TEST(LifecycleTest, AStaleSocketIsReplacedAndTheSocketIsMode0660) {
   EXPECT_EQ((*daemon)->Stop(), 0);
 }
 
+TEST(LifecycleTest, AfterARestartTheClientRegistersItsModelAgain) {
+  const std::string socket = ::testing::TempDir() + "/restart_kvcached.sock";
+  std::filesystem::remove(socket);
+  auto first = DaemonProcess::Start({.unix_socket = socket});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto client = (*first)->NewClient();
+  auto reg = client->RegisterModel("m", MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const auto tokens = MakeTokens(1, 32);
+  const auto kv = MakeKv(tokens, 16, reg->block_bytes(), 0, 2);
+  ASSERT_TRUE(client->Append("m", tokens, kv).ok());
+  EXPECT_EQ((*first)->Stop(), 0);
+
+  // The daemon keeps nothing across a restart: the model and its blocks are
+  // gone. The client registers the model again on its first call.
+  auto second = DaemonProcess::Start({.unix_socket = socket});
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(client->WaitForReady(absl::Seconds(10)).ok());
+  auto hit = client->Lookup("m", tokens);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_tokens, 0u);
+  auto models = (*second)->NewClient()->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).layout().head_dim(), 64u);
+
+  auto appended = client->Append("m", tokens, kv);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->stored_blocks, 2u);
+  std::vector<std::byte> out(kv.size());
+  auto fetched = client->Fetch("m", tokens, out);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(out == kv);
+  EXPECT_EQ((*second)->Stop(), 0);
+}
+
 absl::Status ToAbsl(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }

@@ -5,14 +5,25 @@
 // number of threads may call any method at once. Every call has a deadline
 // (ClientOptions::timeout unless the call says otherwise). Only idempotent
 // calls are retried on UNAVAILABLE (RegisterModel, Lookup without a lease,
-// Fetch, ReleaseLease, Evict, the admin calls). A leasing Lookup is never
-// retried (a retry could leave an orphan lease), nor is Append (a retry resends
-// the whole payload; dedup makes it safe, so the caller may choose to).
+// Fetch, ReleaseLease, Evict, the read-only admin calls). A leasing Lookup is
+// never retried on UNAVAILABLE (a retry could leave an orphan lease), nor is
+// Append (a retry resends the whole payload; dedup makes it safe, so the
+// caller may choose to).
 //
 // Every byte a Fetch hands back has been verified against the XXH3-64 checksum
 // the server recorded when the block was appended (and which Append computed
 // and sent from the caller's bytes), so a returned OK means the bytes are
 // exactly those some worker appended. A mismatch is DATA_LOSS.
+//
+// The daemon keeps everything in memory: after it restarts, its models and
+// cached blocks are gone. The client remembers the layout of every model it
+// registered; when Lookup, Fetch, FetchBlocks or Append is answered NOT_FOUND
+// because the model "is not registered", it registers the model again with
+// that layout and retries the call once (the first attempt changed nothing on
+// the server, so repeating it is safe). The cache starts empty, so the
+// retried call usually finds nothing cached. Other calls (FetchLease: its
+// lease died with the daemon; ReportAttention; Evict; the admin calls) return
+// the NOT_FOUND.
 //
 // Errors are absl::Status values carrying the server's gRPC code and message.
 #ifndef KVCACHE_CLIENT_CLIENT_H_
@@ -102,6 +113,8 @@ class Client {
   // Waits until the channel is connected or `timeout` passes (UNAVAILABLE).
   virtual absl::Status WaitForReady(absl::Duration timeout) = 0;
 
+  // Registers the model and remembers `layout` for re-registering it after a
+  // daemon restart (see above).
   virtual absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       std::string_view model_id, const v1::ModelLayout& layout) = 0;
 
