@@ -222,6 +222,22 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(std::string_view model_id) override {
+    v1::UnregisterModelRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    v1::UnregisterModelResponse resp;
+    absl::Status s = CallOnce(
+        [&](grpc::ClientContext* ctx) { return admin_->UnregisterModel(ctx, req, &resp); });
+    if (s.ok() || s.code() == absl::StatusCode::kNotFound) {
+      absl::MutexLock lock(&mu_);
+      registered_.erase(AsAbsl(model_id));
+      layouts_.erase(AsAbsl(model_id));
+    }
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::StatusOr<v1::GetStatsResponse> GetStats() override {
     v1::GetStatsRequest req;
     v1::GetStatsResponse resp;

@@ -177,6 +177,11 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   auto state = cache_->FindModelLocked(model_);
   if (!state.ok()) return Fail(state.status());
   Cache::ModelState& m = **state;
+  if (m.layout != layout_) {
+    return Fail(absl::AbortedError(
+        absl::StrCat("model \"", model_.model_id, "\" was registered anew with another layout (",
+                     m.layout.ToString(), ") while the append streamed; retry the append")));
+  }
 
   // First pass: the prefix must still be there, and so must every block we
   // skipped because it was cached (MatchLocked also drops expired blocks).

@@ -208,6 +208,8 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
            r.mutable_weights()->set_gamma(std::numeric_limits<float>::quiet_NaN());
          });
        }},
+      {"unregister an unknown model", absl::StatusCode::kNotFound, "not registered",
+       [&](Client& c, auto&) { return c.UnregisterModel("nope").status(); }},
       {"policy with an unknown mode", absl::StatusCode::kInvalidArgument, "CompressionMode",
        [&](Client& c, auto&) {
          return policy(c, [](auto& r) { r.set_mode(static_cast<v1::CompressionMode>(9)); });

@@ -23,7 +23,7 @@
 // the server, so repeating it is safe). The cache starts empty, so the
 // retried call usually finds nothing cached. Other calls (FetchLease: its
 // lease died with the daemon; ReportAttention; Evict; the admin calls) return
-// the NOT_FOUND.
+// the NOT_FOUND. UnregisterModel forgets the remembered layout.
 //
 // Errors are absl::Status values carrying the server's gRPC code and message.
 #ifndef KVCACHE_CLIENT_CLIENT_H_
@@ -170,6 +170,11 @@ class Client {
   // the client's).
   virtual absl::StatusOr<v1::UpdateModelPolicyResponse> UpdateModelPolicy(
       v1::UpdateModelPolicyRequest request) = 0;
+  // Removes a model in this client's namespace: its cached blocks, leases and
+  // registration (so it can be registered again with another layout), and
+  // forgets its layout here. NOT_FOUND for an unknown model. Not retried.
+  virtual absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(
+      std::string_view model_id) = 0;
 };
 
 // XXH3-64 of `bytes`: the checksum kvcached records for a block.
