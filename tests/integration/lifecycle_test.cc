@@ -50,7 +50,11 @@ ProcessResult RunKvcached(const std::string& args) {
 
 std::string WriteFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
+  // Whatever an earlier run left there (a socket cannot be opened to write).
+  std::filesystem::remove(path);
   std::FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f == nullptr) return path;
   std::fputs(text.c_str(), f);
   std::fclose(f);
   return path;
