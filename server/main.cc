@@ -33,6 +33,9 @@
 namespace kvcache {
 namespace {
 
+static_assert(kMaxFetchKeptTokens >= kMaxBlockTokens,
+              "kFetchHeaderRoom must cover a pruned block's kept_tokens");
+
 struct Flags {
   std::string config_path;
   std::string listen;
@@ -81,6 +84,7 @@ ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
   o.pressure_watermark = c.pressure_watermark();
   o.max_blocks_per_pass = c.max_blocks_per_pass();
   o.novelty_layers.assign(c.novelty_layers().begin(), c.novelty_layers().end());
+  o.calibration_samples = kCalibrationSamples;
   o.calibration_min_samples = c.calibration_min_samples();
   o.calibration_max_step = c.calibration_max_step();
   return o;
@@ -183,8 +187,13 @@ int Serve(const v1::ServerConfig& config) {
       spdlog::info("calibration: starting from the weights of {} models in {}",
                    calibrated.models_size(), path);
     } else if (!absl::IsNotFound(loaded.status())) {
-      spdlog::error("{}", loaded.status().ToString());
-      return 2;
+      // The file only carries what calibration learned; it never keeps the
+      // daemon down. The next save replaces it.
+      spdlog::error(
+          "calibration: ignoring the calibration file {}: {}; every model starts from the "
+          "configured weights (importance.alpha/beta/gamma), and the file is replaced when "
+          "calibration next saves",
+          path, std::string(loaded.status().message()));
     }
   }
   const v1::LimitsConfig& limits = config.limits();

@@ -1,5 +1,6 @@
 // kvcache::Client over gRPC: one channel, deadlines on every call, retries
-// with backoff for idempotent calls, checksummed Append and verified Fetch.
+// with backoff for idempotent calls, checksummed Append and verified Fetch,
+// models registered again after a daemon restart.
 #include "kvcache/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -16,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -28,8 +30,9 @@ namespace {
 
 constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
-// Room in a message for everything but the payload bytes.
-constexpr uint64_t kMessageOverhead = 4096;
+// Room in a message for everything but the payload bytes: a fetch chunk of a
+// pruned block carries up to ~5.2 KB of kept_tokens (docs/api.md).
+constexpr uint64_t kMessageOverhead = 8192;
 constexpr std::string_view kDefaultNamespace = "default";
 
 // Abseil 20220623 as Debian builds it has its own string_view type.
@@ -75,8 +78,9 @@ class ClientImpl final : public Client {
     absl::Status s = CallWithRetry(
         [&](grpc::ClientContext* ctx) { return cache_->RegisterModel(ctx, req, &resp); });
     if (!s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    registered_[std::string(model_id)] = layout;
     if (resp.block_bytes() > 0 && resp.layout().block_tokens() > 0) {
-      absl::MutexLock lock(&mu_);
       layouts_[std::string(model_id)] =
           LayoutInfo{resp.block_bytes(), resp.layout().block_tokens()};
     }
@@ -85,6 +89,13 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<LookupResult> Lookup(std::string_view model_id, std::span<const uint32_t> tokens,
                                       const LookupOptions& options) override {
+    // Safe to repeat even with a lease: an unregistered model leased nothing.
+    return WithReregistration(model_id, [&] { return LookupOnce(model_id, tokens, options); });
+  }
+
+  absl::StatusOr<LookupResult> LookupOnce(std::string_view model_id,
+                                          std::span<const uint32_t> tokens,
+                                          const LookupOptions& options) {
     v1::LookupRequest req;
     req.set_namespace_(ns_);
     req.set_model_id(std::string(model_id));
@@ -122,7 +133,9 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<AppendResult> Append(std::string_view model_id, std::span<const uint32_t> tokens,
                                       std::span<const std::byte> kv,
-                                      const AppendOptions& options) override;
+                                      const AppendOptions& options) override {
+    return WithReregistration(model_id, [&] { return AppendOnce(model_id, tokens, kv, options); });
+  }
 
   absl::StatusOr<FetchResult> Fetch(std::string_view model_id, std::span<const uint32_t> tokens,
                                     std::span<std::byte> out,
@@ -132,7 +145,7 @@ class ClientImpl final : public Client {
     req.set_model_id(std::string(model_id));
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
     req.set_accept_lossy(options.accept_lossy);
-    return DoFetch(model_id, req, out);
+    return WithReregistration(model_id, [&] { return DoFetch(model_id, req, out); });
   }
 
   absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
@@ -149,7 +162,11 @@ class ClientImpl final : public Client {
   absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
                                                         std::span<const uint32_t> tokens,
                                                         bool accept_compressed,
-                                                        const FetchOptions& options) override;
+                                                        const FetchOptions& options) override {
+    return WithReregistration(model_id, [&] {
+      return FetchBlocksOnce(model_id, tokens, accept_compressed, options);
+    });
+  }
 
   absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
                                           std::span<const uint32_t> tokens) override {
@@ -214,6 +231,22 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(std::string_view model_id) override {
+    v1::UnregisterModelRequest req;
+    req.set_namespace_(ns_);
+    req.set_model_id(std::string(model_id));
+    v1::UnregisterModelResponse resp;
+    absl::Status s = CallOnce(
+        [&](grpc::ClientContext* ctx) { return admin_->UnregisterModel(ctx, req, &resp); });
+    if (s.ok() || s.code() == absl::StatusCode::kNotFound) {
+      absl::MutexLock lock(&mu_);
+      registered_.erase(AsAbsl(model_id));
+      layouts_.erase(AsAbsl(model_id));
+    }
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::StatusOr<v1::GetStatsResponse> GetStats() override {
     v1::GetStatsRequest req;
     v1::GetStatsResponse resp;
@@ -266,6 +299,36 @@ class ClientImpl final : public Client {
     return EvictResult{resp.evicted_blocks(), resp.evicted_bytes()};
   }
 
+  // `call` (returning an absl::StatusOr); when it fails because the model is
+  // not registered (the daemon restarted) and this client registered the
+  // model, registers it again with the remembered layout and calls once more.
+  template <typename F>
+  auto WithReregistration(std::string_view model_id, F&& call) -> decltype(call()) {
+    auto result = call();
+    if (result.ok() || !IsModelNotRegistered(result.status())) return result;
+    std::optional<v1::ModelLayout> layout;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = registered_.find(AsAbsl(model_id));
+      if (it != registered_.end()) layout = it->second;
+    }
+    if (!layout.has_value() || !RegisterModel(model_id, *layout).ok()) return result;
+    return call();
+  }
+
+  static bool IsModelNotRegistered(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kNotFound &&
+           absl::StrContains(s.message(), "is not registered");
+  }
+
+  absl::StatusOr<AppendResult> AppendOnce(std::string_view model_id,
+                                          std::span<const uint32_t> tokens,
+                                          std::span<const std::byte> kv,
+                                          const AppendOptions& options);
+  absl::StatusOr<std::vector<FetchedBlock>> FetchBlocksOnce(std::string_view model_id,
+                                                            std::span<const uint32_t> tokens,
+                                                            bool accept_compressed,
+                                                            const FetchOptions& options);
   absl::StatusOr<FetchResult> DoFetch(std::string_view model_id, v1::FetchRequest& req,
                                       std::span<std::byte> out);
   grpc::Status FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
@@ -288,6 +351,8 @@ class ClientImpl final : public Client {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, LayoutInfo> layouts_ ABSL_GUARDED_BY(mu_);
+  // The layouts this client registered, to register again after a restart.
+  absl::flat_hash_map<std::string, v1::ModelLayout> registered_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -317,10 +382,10 @@ absl::StatusOr<LayoutInfo> ClientImpl::GetLayout(std::string_view model_id, bool
                                           "' is not registered in namespace '", AsAbsl(ns), "'"));
 }
 
-absl::StatusOr<AppendResult> ClientImpl::Append(std::string_view model_id,
-                                                std::span<const uint32_t> tokens,
-                                                std::span<const std::byte> kv,
-                                                const AppendOptions& options) {
+absl::StatusOr<AppendResult> ClientImpl::AppendOnce(std::string_view model_id,
+                                                    std::span<const uint32_t> tokens,
+                                                    std::span<const std::byte> kv,
+                                                    const AppendOptions& options) {
   v1::AppendRequest header_msg;
   v1::AppendHeader& header = *header_msg.mutable_header();
   header.set_namespace_(ns_);
@@ -426,7 +491,7 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocks(
+absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
     std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
     const FetchOptions& options) {
   v1::FetchRequest req;

@@ -49,9 +49,27 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
   std::vector<size_t> chunk_sizes ABSL_GUARDED_BY(mu);
   std::string appended ABSL_GUARDED_BY(mu);
 
+  // A restart of the daemon: every model is unregistered until it is
+  // registered again (never, with `registration_is_lost`).
+  std::atomic<bool> restarted{false};
+  std::atomic<bool> registration_is_lost{false};
+  std::atomic<int> registers{0}, fetches{0};
+  v1::ModelLayout registered_layout ABSL_GUARDED_BY(mu);
+
+  grpc::Status NotRegistered() {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        "model \"m\" is not registered in namespace \"default\"");
+  }
+
   grpc::Status RegisterModel(grpc::ServerContext*, const v1::RegisterModelRequest* req,
                              v1::RegisterModelResponse* resp) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(register_delay_ms.load()));
+    ++registers;
+    if (!registration_is_lost) restarted = false;
+    {
+      absl::MutexLock lock(&mu);
+      registered_layout = req->layout();
+    }
     resp->set_created(true);
     *resp->mutable_layout() = req->layout();
     resp->set_block_bytes(kBlockBytes);
@@ -60,6 +78,7 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
   grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*,
                       v1::LookupResponse* resp) override {
     ++lookups;
+    if (restarted) return NotRegistered();
     if (Unavailable()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "try again");
     resp->set_matched_tokens(blocks.size() * kBlockTokens);
     return grpc::Status::OK;
@@ -72,6 +91,7 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
   grpc::Status Append(grpc::ServerContext*, grpc::ServerReader<v1::AppendRequest>* reader,
                       v1::AppendResponse* resp) override {
     ++appends;
+    if (restarted) return NotRegistered();
     v1::AppendRequest msg;
     absl::MutexLock lock(&mu);
     chunk_sizes.clear();
@@ -89,6 +109,8 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
   }
   grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest* req,
                      grpc::ServerWriter<v1::FetchResponse>* writer) override {
+    ++fetches;
+    if (restarted) return NotRegistered();
     if (req->model_id() != "m") return grpc::Status(grpc::StatusCode::NOT_FOUND, "no model");
     std::vector<uint32_t> order(blocks.size());
     for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -190,6 +212,63 @@ TEST_F(ClientTest, RetriesIdempotentCallsOnUnavailable) {
   EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(e.status().message(), "try again");
   EXPECT_EQ(fake_.evicts, 3);  // max_attempts
+}
+
+TEST_F(ClientTest, AfterADaemonRestartDataCallsRegisterTheModelAgainAndRetryOnce) {
+  auto c = Connect();
+  v1::ModelLayout layout = SmallLayout();
+  ASSERT_TRUE(c->RegisterModel("m", layout).ok());
+  EXPECT_EQ(fake_.registers, 1);
+
+  fake_.restarted = true;
+  auto looked = c->Lookup("m", Tokens(48));
+  ASSERT_TRUE(looked.ok()) << looked.status();
+  EXPECT_EQ(fake_.registers, 2);
+  EXPECT_EQ(fake_.lookups, 2);
+  {
+    absl::MutexLock lock(&fake_.mu);
+    EXPECT_EQ(fake_.registered_layout.SerializeAsString(), layout.SerializeAsString());
+  }
+
+  fake_.restarted = true;
+  std::vector<std::byte> out(3 * kBlockBytes);
+  auto fetched = c->Fetch("m", Tokens(48), out);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->blocks, 3u);
+  EXPECT_EQ(fake_.registers, 3);
+
+  fake_.restarted = true;
+  auto blocks = c->FetchBlocks("m", Tokens(48), false);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  EXPECT_EQ(blocks->size(), 3u);
+  EXPECT_EQ(fake_.registers, 4);
+
+  fake_.restarted = true;
+  const std::string kv = fake_.blocks[0];
+  auto appended =
+      c->Append("m", Tokens(kBlockTokens), std::as_bytes(std::span(kv.data(), kv.size())));
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->stored_blocks, 1u);
+  EXPECT_EQ(fake_.registers, 5);
+  EXPECT_EQ(fake_.appends, 2);
+}
+
+TEST_F(ClientTest, ReregistersOnlyModelsItRegisteredAndRetriesOnlyOnce) {
+  auto c = Connect();
+  // Never registered by this client: the NOT_FOUND is returned as is.
+  fake_.restarted = true;
+  EXPECT_EQ(c->Lookup("m", Tokens(16)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fake_.registers, 0);
+  EXPECT_EQ(fake_.lookups, 1);
+
+  // Registered, but the registration does not take: one retry, then the error.
+  ASSERT_TRUE(c->RegisterModel("m", SmallLayout()).ok());
+  fake_.registration_is_lost = true;
+  fake_.restarted = true;
+  auto looked = c->Lookup("m", Tokens(16));
+  EXPECT_EQ(looked.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fake_.registers, 2);
+  EXPECT_EQ(fake_.lookups, 3);
 }
 
 TEST_F(ClientTest, LeasingLookupIsNotRetried) {

@@ -394,6 +394,19 @@ int RunEvict(const Context& ctx, std::string_view model, const std::vector<uint3
   return kExitOk;
 }
 
+int RunUnregister(const Context& ctx, std::string_view model) {
+  absl::StatusOr<v1::UnregisterModelResponse> r = ctx.client->UnregisterModel(model);
+  if (!r.ok()) return Fail(ctx, "unregister", r.status());
+  if (ctx.json) {
+    *ctx.out << ToJson(*r) << '\n';
+    return kExitOk;
+  }
+  *ctx.out << "unregistered model '" << model << "': evicted " << r->evicted_blocks() << " blocks ("
+           << HumanBytes(r->evicted_bytes()) << "), released " << r->released_leases()
+           << " leases\n";
+  return kExitOk;
+}
+
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(std::string_view text) {
   std::vector<uint32_t> tokens;
   int item = 0;

@@ -46,6 +46,8 @@ int RunLookup(const Context& ctx, std::string_view model, const std::vector<uint
 // everything cached for the model.
 int RunEvict(const Context& ctx, std::string_view model, const std::vector<uint32_t>& tokens,
              bool all);
+// Unregisters a model in `ctx.ns`: its blocks, leases and registration.
+int RunUnregister(const Context& ctx, std::string_view model);
 
 // A model's importance policy: with no change given, shows it (mode, weights,
 // target mass, sinks, window); otherwise applies the change and shows the

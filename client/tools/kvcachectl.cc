@@ -79,6 +79,13 @@ int main(int argc, char** argv) {
   ep->excludes(epf)->excludes(ea);
   epf->excludes(ea);
 
+  CLI::App* unregister = app.add_subcommand(
+      "unregister",
+      "remove a model: its cached blocks, its leases and its registration, so the id can be "
+      "registered again (e.g. with the right layout)");
+  std::string unregister_model;
+  unregister->add_option("-m,--model", unregister_model, "model id")->required();
+
   CLI::App* policy = app.add_subcommand(
       "policy",
       "show a model's importance policy, or change it at runtime: compression mode (off, "
@@ -130,6 +137,7 @@ int main(int argc, char** argv) {
   if (stats->parsed()) return kvcache::ctl::RunStats(ctx);
   if (models->parsed()) return kvcache::ctl::RunModels(ctx);
   if (policy->parsed()) return kvcache::ctl::RunPolicy(ctx, policy_model, policy_change);
+  if (unregister->parsed()) return kvcache::ctl::RunUnregister(ctx, unregister_model);
   if (lookup->parsed()) {
     if (lt->count() + lf->count() == 0) {
       std::cerr << "kvcachectl: lookup: give the sequence with --tokens or --tokens-file\n";

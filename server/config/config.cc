@@ -70,6 +70,15 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
   if (auto s = CheckUnit("calibration_max_step", i.calibration_max_step(), false); !s.ok()) {
     return s;
   }
+  // A refit needs at least calibration_min_samples samples and the reservoir
+  // holds kCalibrationSamples: more would switch calibration off silently.
+  if (auto s = CheckRange("importance.calibration_min_samples", i.calibration_min_samples(), 1,
+                          kCalibrationSamples);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.message(), " (a model keeps at most ", kCalibrationSamples,
+                     " calibration samples, so more could never be reached)"));
+  }
   for (uint32_t layer : i.novelty_layers()) {
     if (auto s = CheckRange("importance.novelty_layers[]", layer, 0, 1023); !s.ok()) return s;
   }
@@ -171,11 +180,17 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       !s.ok()) {
     return s;
   }
-  // A fetch chunk plus its header must fit one message.
+  // A fetch chunk plus its worst-case header must fit one message.
   if (auto s = CheckRange("limits.fetch_chunk_bytes", l.fetch_chunk_bytes(), 4096,
-                          l.max_message_bytes() - 1024);
+                          l.max_message_bytes() - kFetchHeaderRoom);
       !s.ok()) {
-    return s;
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.message(), " (limits.max_message_bytes less ", kFetchHeaderRoom,
+                     " bytes for the largest chunk header, a pruned block's kept_tokens)"));
+  }
+  if (auto s = CheckRange("limits.max_lease_ttl_ms", l.max_lease_ttl_ms(), 1, kMaxLeaseTtlMs);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (at most 24 hours)"));
   }
   if (auto s = CheckRange("limits.default_lease_ttl_ms", l.default_lease_ttl_ms(), 1,
                           l.max_lease_ttl_ms());

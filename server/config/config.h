@@ -18,6 +18,22 @@ namespace kvcache {
 // Listener value that switches a listener off.
 inline constexpr std::string_view kDisabled = "none";
 
+// Room limits.fetch_chunk_bytes must leave under limits.max_message_bytes
+// for a fetch message's fields other than its data: the fixed fields (7
+// tags and varints of at most 10 bytes, the data's tag and length: under 96
+// bytes) and, on a pruned block's first chunk, kept_tokens (a tag and a
+// length, under 16 bytes, then up to kMaxFetchKeptTokens varints of at most
+// 5 bytes).
+inline constexpr uint64_t kMaxFetchKeptTokens = 1024;  // the largest block_tokens
+inline constexpr uint64_t kFetchHeaderRoom = 96 + 16 + 5 * kMaxFetchKeptTokens;
+
+// Longest lease a worker may ask for (limits.max_lease_ttl_ms): 24 hours.
+inline constexpr uint64_t kMaxLeaseTtlMs = uint64_t{24} * 3600 * 1000;
+
+// Calibration samples the daemon keeps per model (a fixed reservoir);
+// importance.calibration_min_samples may not ask for more.
+inline constexpr uint32_t kCalibrationSamples = 8192;
+
 // The embedded default configuration: every field set to its default.
 v1::ServerConfig DefaultConfig();
 

@@ -2,8 +2,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "server/config/calibration_file.h"
 
@@ -145,6 +151,41 @@ TEST(ConfigTest, ImportanceDefaultsAndExplicitZeros) {
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
+TEST(ConfigTest, FetchChunkLeavesRoomForThePrunedBlockHeader) {
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_limits()->set_max_message_bytes(1 << 20);
+  // 1 KiB of room is less than a 1024-token block's kept_tokens may take.
+  c.mutable_limits()->set_fetch_chunk_bytes((1 << 20) - 1024);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.fetch_chunk_bytes"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("kept_tokens"));
+  EXPECT_GE(kFetchHeaderRoom, 96u + 10 + 5 * 1024);
+  c.mutable_limits()->set_fetch_chunk_bytes((1 << 20) - kFetchHeaderRoom);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ConfigTest, MaxLeaseTtlIsAtMostADay) {
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_limits()->set_max_lease_ttl_ms(uint64_t{25} * 3600 * 1000);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_lease_ttl_ms"));
+  c.mutable_limits()->set_max_lease_ttl_ms(uint64_t{24} * 3600 * 1000);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ConfigTest, CalibrationMinSamplesBeyondTheSampleStoreIsRejected) {
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_importance()->set_calibration_min_samples(kCalibrationSamples + 1);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("importance.calibration_min_samples"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("8192 calibration samples"));
+  c.mutable_importance()->set_calibration_min_samples(kCalibrationSamples);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
 TEST(CalibrationFileTest, RoundTripsAndRejectsBadFiles) {
   const std::string path = ::testing::TempDir() + "/kvcached_calibration_test.json";
   std::remove(path.c_str());
@@ -172,6 +213,85 @@ TEST(CalibrationFileTest, RoundTripsAndRejectsBadFiles) {
   }
   EXPECT_EQ(SaveCalibrationFile("/nonexistent/dir/w.json", w).code(), absl::StatusCode::kInternal);
   std::remove(path.c_str());
+}
+
+v1::CalibratedWeights OneModel(const std::string& id, float alpha) {
+  v1::CalibratedWeights w;
+  v1::CalibratedWeights::Model* m = w.add_models();
+  m->set_namespace_("default");
+  m->set_model_id(id);
+  m->set_alpha(alpha);
+  m->set_beta(1 - alpha);
+  m->set_gamma(0);
+  return w;
+}
+
+// The names in `dir`.
+std::vector<std::string> FilesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class CalibrationSaveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/kvcached_calibration_save_test";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ + "/weights.json";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(CalibrationSaveTest, ReplacesTheFileAndLeavesNoTemporaryFile) {
+  ASSERT_TRUE(SaveCalibrationFile(path_, OneModel("a", 0.5f)).ok());
+  ASSERT_TRUE(SaveCalibrationFile(path_, OneModel("b", 0.25f)).ok());
+  EXPECT_THAT(FilesIn(dir_), ::testing::ElementsAre("weights.json"));
+  auto back = LoadCalibrationFile(path_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), OneModel("b", 0.25f).SerializeAsString());
+}
+
+TEST_F(CalibrationSaveTest, AFailedWriteLeavesThePreviousFileIntact) {
+  const v1::CalibratedWeights before = OneModel("a", 0.5f);
+  ASSERT_TRUE(SaveCalibrationFile(path_, before).ok());
+  // Many models make a file far larger than the file-size limit set below,
+  // so the write of the temporary file fails (EFBIG) part way.
+  v1::CalibratedWeights big;
+  for (int i = 0; i < 1000; ++i)
+    *big.add_models() = OneModel("model" + std::to_string(i), 0.5f).models(0);
+  rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old_limit;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status failed = SaveCalibrationFile(path_, big);
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("cannot write"));
+  EXPECT_THAT(FilesIn(dir_), ::testing::ElementsAre("weights.json"));
+  auto back = LoadCalibrationFile(path_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), before.SerializeAsString());
+}
+
+TEST_F(CalibrationSaveTest, AnUnreadableFileIsNotMistakenForAMissingOne) {
+  // A directory where the file should be: it exists but cannot be read as one.
+  std::filesystem::create_directories(path_);
+  auto r = LoadCalibrationFile(path_);
+  EXPECT_NE(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(path_));
 }
 
 }  // namespace

@@ -147,6 +147,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
       m.policy.mode == CompressionMode::kOff
           ? std::vector<uint32_t>{}
           : NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
+  session->index_ = &m.index;
   for (uint64_t j = 0; j < num_blocks; ++j) {
     if (session->plan_[j] == Plan::kStore) claims_.emplace(std::pair{&m.index, session->keys_[j]}, session.get());
   }
@@ -191,14 +192,10 @@ void AppendSession::ReleaseClaimsAndStaging() {
 
 void Cache::ReleaseClaimsLocked(AppendSession& session) {
   if (session.holds_claims_) {
-    auto state = FindModelLocked(session.model_);
-    if (state.ok()) {
-      for (uint64_t j = 0; j < session.num_blocks_; ++j) {
-        if (session.plan_[j] != AppendSession::BlockPlan::kStore) continue;
-        auto it = claims_.find(std::pair<const PrefixIndex*, uint64_t>{&(*state)->index,
-                                                                       session.keys_[j]});
-        if (it != claims_.end() && it->second == &session) claims_.erase(it);
-      }
+    for (uint64_t j = 0; j < session.num_blocks_; ++j) {
+      if (session.plan_[j] != AppendSession::BlockPlan::kStore) continue;
+      auto it = claims_.find({session.index_, session.keys_[j]});
+      if (it != claims_.end() && it->second == &session) claims_.erase(it);
     }
     session.holds_claims_ = false;
   }
@@ -303,7 +300,11 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   auto state = cache_->FindModelLocked(model_);
   if (!state.ok()) return fail(state.status());
   Cache::ModelState& m = **state;
-  if (m.layout != layout_) return fail(absl::AbortedError("the model was re-registered; retry"));
+  if (m.layout != layout_ || &m.index != index_) {
+    return fail(absl::AbortedError(
+        absl::StrCat("model \"", model_.model_id, "\" was registered anew (layout ",
+                     m.layout.ToString(), ") while the append streamed; retry the append")));
+  }
 
   // First pass: the prefix must still be there, and so must every block we
   // found cached (MatchLocked also drops expired blocks).

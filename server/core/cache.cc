@@ -396,23 +396,51 @@ absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
   return RemoveSubtreeLocked(**state, path.back(), &dropped);
 }
 
-absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
-  std::vector<BlockRef> dropped;
-  MutexLock lock(&mu_);
-  auto state = FindModelLocked(model);
-  if (!state.ok()) return state.status();
-  ModelState& m = **state;
+EvictResult Cache::ClearModelLocked(ModelState& m, std::vector<BlockRef>* dropped) {
   EvictResult result;
   m.index.Clear([&](IndexNode* n) {
     ForgetNodeLocked(m, n);
     ++result.evicted_blocks;
     result.evicted_bytes += n->payload->size();
-    dropped.push_back(std::move(n->payload));
+    dropped->push_back(std::move(n->payload));
   });
   m.bytes -= result.evicted_bytes;
   m.evicted_blocks += result.evicted_blocks;
   payload_bytes_ -= result.evicted_bytes;
   return result;
+}
+
+absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
+  std::vector<BlockRef> dropped;
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  return ClearModelLocked(**state, &dropped);
+}
+
+absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
+  // Released after the lock: payload references, leases, the model's state.
+  std::vector<BlockRef> dropped;
+  std::vector<Lease> released;
+  std::unique_ptr<ModelState> removed;
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  const EvictResult evicted = ClearModelLocked(**state, &dropped);
+  std::vector<uint64_t> lease_ids;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.model == model) lease_ids.push_back(id);
+  }
+  for (uint64_t id : lease_ids) {
+    EraseLeaseLocked(leases_.find(id), &released.emplace_back());
+  }
+  by_index_.erase(&(*state)->index);
+  auto it = models_.find(model);
+  removed = std::move(it->second);
+  models_.erase(it);
+  return UnregisterResult{.evicted_blocks = evicted.evicted_blocks,
+                          .evicted_bytes = evicted.evicted_bytes,
+                          .released_leases = lease_ids.size()};
 }
 
 bool Cache::EvictOneForSpace() {

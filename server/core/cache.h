@@ -12,6 +12,7 @@
 //   PrepareFetch   references to the payloads of a prefix (or a lease) that
 //                  stay valid however long the caller streams them
 //   EvictPrefix / EvictModel   explicit removal
+//   UnregisterModel  a model's blocks, leases and registration
 //   ReportAttention  per-token attention a worker observed, folded into each
 //                  token's decayed activity (and sampled for calibration)
 //   UpdatePolicy   a model's compression mode, weights and target mass
@@ -171,6 +172,12 @@ struct EvictResult {
   uint64_t evicted_bytes = 0;
 };
 
+struct UnregisterResult {
+  uint64_t evicted_blocks = 0;
+  uint64_t evicted_bytes = 0;
+  uint64_t released_leases = 0;
+};
+
 struct PolicyUpdate {
   std::optional<CompressionMode> mode;
   std::optional<importance::Weights> weights;
@@ -263,6 +270,12 @@ class Cache {
   // Evicting what is not cached evicts nothing and is OK.
   absl::StatusOr<EvictResult> EvictPrefix(const ModelKey& model, std::span<const Token> tokens);
   absl::StatusOr<EvictResult> EvictModel(const ModelKey& model);
+  // Removes `model`: its blocks (as EvictModel), its leases and its
+  // registration, so the id may be registered again with any layout.
+  // NOT_FOUND for an unknown model. Fetches already planned keep their own
+  // references and finish; an append in flight fails at Commit (NOT_FOUND,
+  // or ABORTED once the id is registered again with another layout).
+  absl::StatusOr<UnregisterResult> UnregisterModel(const ModelKey& model);
 
   // Drops expired leases; the daemon calls it periodically.
   void ExpireLeases();
@@ -356,6 +369,9 @@ class Cache {
   // are moved to `dropped` so they are released after the lock.
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                   std::vector<BlockRef>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes every block of `m` (references moved to `dropped`).
+  EvictResult ClearModelLocked(ModelState& m, std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bookkeeping for a node leaving its index (policy, compaction, stats).
   void ForgetNodeLocked(ModelState& state, IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -492,6 +508,10 @@ class AppendSession {
   const uint64_t block_bytes_;
   const uint64_t expected_bytes_;
   const std::vector<uint64_t> keys_;  // chain key of each new block (claims)
+  // The model's index when the session began: claims are keyed by it (never
+  // dereferenced), and a commit into another index (the model registered
+  // anew) aborts.
+  const PrefixIndex* index_ = nullptr;
   // References to the blocks that were cached when the session began (the
   // prefix and blocks to deduplicate): they cannot be evicted for space.
   std::vector<BlockRef> pinned_;

@@ -431,6 +431,59 @@ TEST_F(CacheTest, EvictModelEmptiesOnlyThatModel) {
   EXPECT_EQ(CodeOf(cache_->EvictModel(kUnregistered)), kNotFound);
 }
 
+TEST_F(CacheTest, UnregisterRemovesBlocksLeasesAndTheRegistration) {
+  Register(Small());
+  Register(Mid());
+  const std::vector<Token> tokens = Seq({1, 2, 3});
+  ASSERT_TRUE(Append(*cache_, Small(), tokens).ok());
+  ASSERT_TRUE(Append(*cache_, Mid(), Seq({1, 2})).ok());
+  auto leased = cache_->Lookup(Small().key, tokens, {.acquire = true});
+  ASSERT_TRUE(leased.ok());
+  auto plan = cache_->PrepareFetch(Small().key, tokens);  // a fetch already streaming
+  ASSERT_TRUE(plan.ok());
+
+  auto r = cache_->UnregisterModel(Small().key);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(*r, FieldsAre(3u, 3 * 512u, 1u));
+  EXPECT_EQ(CodeOf(cache_->GetLayout(Small().key)), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->Lookup(Small().key, tokens)), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Small().key, leased->lease_id)), kNotFound);
+  EXPECT_FALSE(cache_->ReleaseLease(leased->lease_id));  // released with the model
+  EXPECT_EQ(cache_->GetStats().active_leases, 0u);
+  EXPECT_EQ(cache_->GetStats().payload_bytes, 2 * 2048u);  // Mid's blocks only
+  EXPECT_TRUE(PlanHolds(*plan, Small(), tokens));          // the fetch keeps its bytes
+  EXPECT_EQ(Fetched(Mid(), Seq({1, 2})), 2 * kBt);         // other models untouched
+  EXPECT_EQ(CodeOf(cache_->UnregisterModel(Small().key)), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->UnregisterModel(kUnregistered)), kNotFound);
+  plan = FetchPlan{};
+  EXPECT_EQ(Allocated(), 2 * 2048u);
+
+  // The id is free again, for another layout.
+  const TestModel relaid{Small().key, Layout(16, DType::kFp32), 12};
+  auto again = cache_->RegisterModel(relaid.key, relaid.layout);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->created);
+  ASSERT_TRUE(Append(*cache_, relaid, tokens).ok());
+  EXPECT_EQ(Fetched(relaid, tokens), 3 * kBt);
+  EXPECT_EQ(StatsOf(relaid).blocks, 3u);
+}
+
+TEST_F(CacheTest, AnAppendAcrossUnregisterAndReregisterWithAnotherLayoutAborts) {
+  Register(Small());
+  const std::vector<Token> tokens = Seq({1, 2});
+  auto session = cache_->BeginAppend(Small().key, tokens, 0, {}, {});
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(WriteInChunks(**session, Kv(Small(), tokens, 0, 2)).ok());
+  ASSERT_TRUE(cache_->UnregisterModel(Small().key).ok());
+  const TestModel relaid{Small().key, Layout(16, DType::kFp32), 12};
+  Register(relaid);
+  auto committed = (*session)->Commit();
+  EXPECT_EQ(CodeOf(committed), kAborted);
+  EXPECT_THAT(committed.status().message(), HasSubstr("another layout"));
+  EXPECT_EQ(StatsOf(relaid).blocks, 0u);
+  EXPECT_EQ(Matched(relaid, tokens), 0u);
+}
+
 TEST_F(CacheTest, HintTtlExpiresBlocks) {
   Register(Small());
   ASSERT_TRUE(Append(*cache_, Small(), Seq({1, 2})).ok());

@@ -1,6 +1,8 @@
 #include "server/core/importance_policy.h"
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kvcache/kernels/novelty.h"
@@ -28,6 +30,15 @@ std::optional<CompressionMode> ParseCompressionMode(std::string_view name) {
 }
 
 absl::Status ImportancePolicy::Validate() const {
+  // Each weight is a share of the score (docs/api.md): in [0, 1].
+  for (auto [field, w] : {std::pair<std::string_view, float>{"weights.alpha", params.alpha},
+                          {"weights.beta", params.beta},
+                          {"weights.gamma", params.gamma}}) {
+    if (!std::isfinite(w) || w < 0 || w > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(field), " is ", w, "; it must be in [0, 1]"));
+    }
+  }
   if (!params.Valid()) {
     return absl::InvalidArgumentError(
         "importance weights must be finite and >= 0, sink_tokens and recent_window >= 0, "

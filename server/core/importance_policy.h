@@ -48,8 +48,9 @@ struct ImportancePolicy {
   kernels::ImportanceParams params;  // alpha, beta, gamma, sinks, recent window, decay
   double target_mass = 0.95;         // in (0, 1]
 
-  // INVALID_ARGUMENT naming the field when params are invalid, the weights
-  // are all zero or target_mass is outside (0, 1].
+  // INVALID_ARGUMENT naming the field when a weight is not finite or outside
+  // [0, 1], the other params are invalid, the weights are all zero or
+  // target_mass is outside (0, 1].
   absl::Status Validate() const;
 };
 

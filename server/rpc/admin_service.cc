@@ -8,9 +8,15 @@ namespace kvcache {
 
 grpc::ServerUnaryReactor* AdminService::Finish(grpc::CallbackServerContext* ctx,
                                                std::string_view method, absl::Time start) {
-  observer_->OnRpcDone(method, absl::StatusCode::kOk, absl::Now() - start, 0);
+  return FinishWith(ctx, method, start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AdminService::FinishWith(grpc::CallbackServerContext* ctx,
+                                                   std::string_view method, absl::Time start,
+                                                   const absl::Status& status) {
+  observer_->OnRpcDone(method, status.code(), absl::Now() - start, 0);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
@@ -116,10 +122,24 @@ grpc::ServerUnaryReactor* AdminService::UpdateModelPolicy(
     response->set_dropped_blocks(change->dropped_blocks);
     return absl::OkStatus();
   }();
-  observer_->OnRpcDone("UpdateModelPolicy", status.code(), absl::Now() - start, 0);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishWith(ctx, "UpdateModelPolicy", start, status);
+}
+
+grpc::ServerUnaryReactor* AdminService::UnregisterModel(grpc::CallbackServerContext* ctx,
+                                                        const v1::UnregisterModelRequest* request,
+                                                        v1::UnregisterModelResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    auto key = ToModelKey(request->namespace_(), request->model_id());
+    if (!key.ok()) return key.status();
+    absl::StatusOr<UnregisterResult> r = cache_->UnregisterModel(*key);
+    if (!r.ok()) return r.status();
+    response->set_evicted_blocks(r->evicted_blocks);
+    response->set_evicted_bytes(r->evicted_bytes);
+    response->set_released_leases(r->released_leases);
+    return absl::OkStatus();
+  }();
+  return FinishWith(ctx, "UnregisterModel", start, status);
 }
 
 }  // namespace kvcache

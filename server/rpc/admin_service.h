@@ -1,5 +1,5 @@
 // AdminService: the kvcache.v1.Admin gRPC service (server info, models, stats,
-// model policies). Thread-safe. The Cache and RpcObserver must outlive it.
+// model policies, unregistering models). Thread-safe. The Cache and RpcObserver must outlive it.
 #ifndef KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 #define KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 
@@ -38,10 +38,16 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* UpdateModelPolicy(grpc::CallbackServerContext* ctx,
                                               const v1::UpdateModelPolicyRequest* request,
                                               v1::UpdateModelPolicyResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* ctx,
+                                            const v1::UnregisterModelRequest* request,
+                                            v1::UnregisterModelResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, std::string_view method,
                                    absl::Time start);
+  // Reports `status` to the observer and finishes the call with it.
+  grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* ctx, std::string_view method,
+                                       absl::Time start, const absl::Status& status);
 
   const ServerIdentity identity_;
   Cache* const cache_;

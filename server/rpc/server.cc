@@ -4,18 +4,151 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 
 namespace kvcache {
+namespace {
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Closes a file descriptor when it goes out of scope.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  const int fd_;
+};
+
+// Binds (and at once releases) every address `tcp_address` resolves to, the
+// way gRPC will (SO_REUSEADDR, no SO_REUSEPORT), so a port another process
+// holds is found before anything else is touched. An address this cannot
+// parse or resolve is left for gRPC to judge.
+absl::Status CheckTcpAddressFree(const std::string& tcp_address) {
+  std::string host;
+  std::string port;
+  if (!tcp_address.empty() && tcp_address.front() == '[') {
+    const size_t close = tcp_address.find(']');
+    if (close == std::string::npos || close + 1 >= tcp_address.size() ||
+        tcp_address[close + 1] != ':') {
+      return absl::OkStatus();
+    }
+    host = tcp_address.substr(1, close - 1);
+    port = tcp_address.substr(close + 2);
+  } else {
+    const size_t colon = tcp_address.rfind(':');
+    if (colon == std::string::npos) return absl::OkStatus();
+    host = tcp_address.substr(0, colon);
+    port = tcp_address.substr(colon + 1);
+  }
+  if (port.empty() || port == "0") return absl::OkStatus();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0) {
+    return absl::OkStatus();
+  }
+  absl::Status status = absl::OkStatus();
+  for (addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    FdCloser closer(fd);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+      status = absl::UnavailableError(absl::StrCat("cannot listen on ", tcp_address,
+                                                   ": the address is in use (another kvcached?)"));
+    }
+  }
+  ::freeaddrinfo(found);
+  return status;
+}
+
+// Makes `path` free for the daemon's Unix socket: nothing there, or a stale
+// socket (one that refuses connections), which is removed. Anything else is
+// left alone and refused: a socket a live process listens on (UNAVAILABLE),
+// a path that is not a socket (FAILED_PRECONDITION).
+absl::Status ClaimUnixSocketPath(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("listen.unix_socket \"", path, "\" is ",
+                                                   path.size(), " bytes; the limit is ",
+                                                   sizeof(addr.sun_path) - 1));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("unix socket ", path, ": cannot stat it: ", ErrnoText(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unix socket ", path,
+                     " exists and is not a socket; not replacing it (remove it or choose "
+                     "another listen.unix_socket)"));
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("unix socket: socket(): ", ErrnoText(errno)));
+  }
+  int connect_errno = 0;
+  {
+    FdCloser closer(fd);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+      connect_errno = errno;
+    }
+  }
+  if (connect_errno == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on unix socket ", path,
+                     ": another process is listening on it (another kvcached?)"));
+  }
+  if (connect_errno != ECONNREFUSED) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix socket ", path,
+                                               ": probing it failed: ", ErrnoText(connect_errno)));
+  }
+  // A stale socket from an earlier run that did not stop cleanly.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot remove the stale unix socket ", path, ": ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions options,
                                                               Cache* cache, RpcObserver* observer) {
   if (options.tcp_address.empty() && options.unix_socket.empty()) {
     return absl::InvalidArgumentError("listen: enable tcp_address, unix_socket or both");
+  }
+  // The TCP port first: a start that cannot have it must not touch the socket.
+  if (!options.tcp_address.empty()) {
+    if (absl::Status s = CheckTcpAddressFree(options.tcp_address); !s.ok()) return s;
+  }
+  if (!options.unix_socket.empty()) {
+    if (absl::Status s = ClaimUnixSocketPath(options.unix_socket); !s.ok()) return s;
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -29,13 +162,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   // Without this a second daemon could bind the same TCP port and silently
   // take half of the connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC binds ports in the order they are added: TCP before the socket.
   if (!options.tcp_address.empty()) {
     builder.AddListeningPort(options.tcp_address, grpc::InsecureServerCredentials(),
                              &server->tcp_port_);
     server->listen_addresses_.push_back(options.tcp_address);
   }
   if (!options.unix_socket.empty()) {
-    ::unlink(options.unix_socket.c_str());  // a stale socket from an earlier run
     std::string uri = absl::StrCat("unix:", options.unix_socket);
     builder.AddListeningPort(uri, grpc::InsecureServerCredentials());
     server->listen_addresses_.push_back(uri);
@@ -45,7 +178,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   server->admin_service_ = std::make_unique<AdminService>(options.identity, cache, observer);
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
+  // The socket is created rw for owner and group only (kUnixSocketMode);
+  // the umask closes the window before the chmod below.
+  const mode_t old_umask = ::umask(0777 & ~kUnixSocketMode);
   server->server_ = builder.BuildAndStart();
+  ::umask(old_umask);
   if (server->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ",
                                                absl::StrJoin(server->listen_addresses_, " and "),
@@ -53,6 +190,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   }
   if (!options.tcp_address.empty() && server->tcp_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", options.tcp_address));
+  }
+  if (!options.unix_socket.empty() && ::chmod(options.unix_socket.c_str(), kUnixSocketMode) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot chmod the unix socket ", options.unix_socket, ": ", ErrnoText(errno)));
   }
   return server;
 }

@@ -5,10 +5,17 @@
 // reflection, with the configured message-size limit. Shutdown() stops
 // accepting calls, lets in-flight ones finish until the deadline, then
 // cancels the rest.
+//
+// Start() leaves a running daemon alone: it checks the TCP address is free
+// before it touches the Unix socket path, removes a socket file there only
+// when nothing listens on it (a stale socket of an earlier run), and never
+// removes anything that is not a socket. The socket is made mode 0660
+// (owner and group may connect).
 #ifndef KVCACHE_SERVER_RPC_SERVER_H_
 #define KVCACHE_SERVER_RPC_SERVER_H_
 
 #include <grpcpp/server.h>
+#include <sys/types.h>
 
 #include <memory>
 #include <string>
@@ -23,6 +30,9 @@
 
 namespace kvcache {
 
+// Permissions of the Unix socket: read/write for owner and group.
+inline constexpr mode_t kUnixSocketMode = 0660;
+
 struct GrpcServerOptions {
   std::string tcp_address;  // empty: no TCP
   std::string unix_socket;  // empty: no Unix socket
@@ -33,7 +43,10 @@ struct GrpcServerOptions {
 
 class GrpcServer {
  public:
-  // UNAVAILABLE when a listener cannot bind; INVALID_ARGUMENT with no listener.
+  // UNAVAILABLE when a listener cannot bind (the TCP address is in use,
+  // another process listens on the Unix socket); FAILED_PRECONDITION when the
+  // socket path exists and is not a socket; INVALID_ARGUMENT with no listener
+  // or a socket path too long.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(GrpcServerOptions options, Cache* cache,
                                                            RpcObserver* observer);
   ~GrpcServer();

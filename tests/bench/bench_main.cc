@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
                  "--no-verify (the bytes are a lossy transform; the client still checks every "
                  "block's checksum)")
       ->check(CLI::IsMember({"quantize", "prune"}));
-  app.add_option("--trace", o.trace, "trace: Mooncake JSONL file (e.g. /work/shared/traces/...)");
+  app.add_option(
+      "--trace", o.trace,
+      "trace: Mooncake JSONL file (required; e.g. ../shared/traces/*.jsonl beside the repository)");
   app.add_option("--limit", o.limit, "trace: replay only the first N requests (0: all)")
       ->capture_default_str();
   app.add_option("--bytes-per-token", o.bytes_per_token,

@@ -17,6 +17,8 @@
 #   QUICK=0         1: RUNS=1, DURATION=1, two sizes, one trace capacity
 #   KV_CAPACITY     kvcached host tier for the load runs (default 4 GiB)
 #   OUT_DIR         where raw logs and results.md go (default BUILD_DIR/bench-results/<UTC time>)
+#   TRACES_DIR      the Mooncake traces and SOURCES.md (default ../shared/traces beside the
+#                   repository, found from this script's location)
 #   MAX_LOAD        if set, first wait (up to QUIET_WAIT_S=600 s) for the 1-min load to drop below it
 #
 # What runs (everything on this machine, daemons and load generators alike):
@@ -55,7 +57,7 @@ else
 fi
 CLIENTS=${CLIENTS:-4}
 KV_CAPACITY=${KV_CAPACITY:-$((4 << 30))}
-TRACES_DIR=${TRACES_DIR:-/work/shared/traces}
+TRACES_DIR=${TRACES_DIR:-$ROOT/../shared/traces}  # beside the checkout: ../shared/traces
 PY=/usr/bin/python3
 [[ -x $PY ]] || PY=python3
 
@@ -327,6 +329,7 @@ REDIS_PID=""
 
 # ---------------------------------------------------------------- trace replay
 SRC=$TRACES_DIR/SOURCES.md
+[[ -f $SRC ]] || { echo "run_benchmarks.sh: $SRC not found (set TRACES_DIR to the traces' directory)" >&2; exit 2; }
 PCTS=(1 5 10 25 50)
 [[ $QUICK == 1 ]] && PCTS=(10)
 declare -A UNIQUE=() LRU=()

@@ -3,7 +3,7 @@
 //
 // Each line is {"timestamp", "input_length", "output_length", "hash_ids"};
 // hash_ids are prefix hashes of 512-token blocks, ceil(input_length/512) of
-// them (/work/shared/traces/SOURCES.md). The replay:
+// them (../shared/traces/SOURCES.md beside the repository). The replay:
 //  - registers --model with block_tokens=512 and a layout of --bytes-per-token
 //    bytes per token (1+ layers x 1 kv head x head_dim, fp16), and evicts what
 //    the model had cached (unless --keep-cache);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "tests/integration/daemon_process.h"
@@ -185,6 +186,30 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
            r.mutable_weights();
          });
        }},
+      {"policy weight far above 1", absl::StatusCode::kInvalidArgument, "weights.alpha is 1000",
+       [&](Client& c, auto&) {
+         return policy(c, [](auto& r) {
+           r.set_mode(v1::COMPRESSION_MODE_PRUNE);  // a valid part must not apply either
+           r.mutable_weights()->set_alpha(1000);
+           r.mutable_weights()->set_beta(0.3f);
+         });
+       }},
+      {"policy negative weight", absl::StatusCode::kInvalidArgument, "weights.beta is -0.1",
+       [&](Client& c, auto&) {
+         return policy(c, [](auto& r) {
+           r.mutable_weights()->set_alpha(0.6f);
+           r.mutable_weights()->set_beta(-0.1f);
+         });
+       }},
+      {"policy NaN weight", absl::StatusCode::kInvalidArgument, "weights.gamma is nan",
+       [&](Client& c, auto&) {
+         return policy(c, [](auto& r) {
+           r.mutable_weights()->set_alpha(0.6f);
+           r.mutable_weights()->set_gamma(std::numeric_limits<float>::quiet_NaN());
+         });
+       }},
+      {"unregister an unknown model", absl::StatusCode::kNotFound, "not registered",
+       [&](Client& c, auto&) { return c.UnregisterModel("nope").status(); }},
       {"policy with an unknown mode", absl::StatusCode::kInvalidArgument, "CompressionMode",
        [&](Client& c, auto&) {
          return policy(c, [](auto& r) { r.set_mode(static_cast<v1::CompressionMode>(9)); });

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
   char dir_template[] = "/tmp/kvcached-test-XXXXXX";
   if (::mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
   d->dir_ = dir_template;
-  d->socket_path_ = d->dir_ + "/kvcached.sock";
+  d->socket_path_ = options.unix_socket.empty() ? d->dir_ + "/kvcached.sock" : options.unix_socket;
   d->log_path_ = d->dir_ + "/kvcached.log";
 
   std::vector<std::string> args = {KvcachedPath(), "--unix-socket", d->socket_path_,

@@ -23,6 +23,7 @@ struct DaemonOptions {
   uint64_t slab_bytes = 0;  // 0: the daemon's default
   bool tcp = false;         // also listen on a free TCP port
   bool metrics = false;     // serve metrics on a free port
+  std::string unix_socket;  // empty: kvcached.sock in the daemon's own directory
   std::vector<std::string> extra_flags;
 };
 
@@ -38,6 +39,7 @@ class DaemonProcess {
   bool Running();
 
   std::string unix_target() const { return "unix://" + socket_path_; }
+  const std::string& socket_path() const { return socket_path_; }
   std::string tcp_target() const { return "127.0.0.1:" + std::to_string(tcp_port_); }
   int metrics_port() const { return metrics_port_; }
   const std::string& log_path() const { return log_path_; }

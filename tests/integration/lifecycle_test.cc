@@ -1,13 +1,22 @@
-// The daemon's life: start-up errors, SIGTERM draining in-flight streams,
-// and the stream limit.
+// The daemon's life: start-up errors, a second daemon on the same listeners,
+// the Unix socket's file, SIGTERM draining in-flight streams, and the stream
+// limit.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -25,9 +34,12 @@ struct ProcessResult {
   std::string output;
 };
 
+// Runs kvcached to its exit; one that starts when it should not is killed
+// after 20 s (exit code 137), so such a test fails instead of hanging.
 ProcessResult RunKvcached(const std::string& args) {
   ProcessResult r;
-  std::FILE* pipe = ::popen((KvcachedPath() + " " + args + " 2>&1").c_str(), "r");
+  std::FILE* pipe =
+      ::popen(("timeout -s KILL 20 " + KvcachedPath() + " " + args + " 2>&1").c_str(), "r");
   std::array<char, 4096> buf;
   size_t n;
   while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
@@ -38,10 +50,21 @@ ProcessResult RunKvcached(const std::string& args) {
 
 std::string WriteFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
+  // Whatever an earlier run left there (a socket cannot be opened to write).
+  std::filesystem::remove(path);
   std::FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f == nullptr) return path;
   std::fputs(text.c_str(), f);
   std::fclose(f);
   return path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
@@ -55,16 +78,33 @@ TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
   EXPECT_EQ(unknown_field.exit_code, 2);
   EXPECT_THAT(unknown_field.output, HasSubstr("hosttier"));
 
-  const std::string calibration = WriteFile("bad_calibration.json", "{not json");
-  ProcessResult bad_calibration = RunKvcached(
-      "--config " + WriteFile("calibration_config.json",
-                              R"({"importance": {"calibration_file": ")" + calibration + R"("}})"));
-  EXPECT_EQ(bad_calibration.exit_code, 2);
-  EXPECT_THAT(bad_calibration.output, HasSubstr(calibration));
-
   ProcessResult no_listener = RunKvcached("--listen none --unix-socket none");
   EXPECT_EQ(no_listener.exit_code, 2);
   EXPECT_THAT(no_listener.output, HasSubstr("enable at least one"));
+}
+
+TEST(LifecycleTest, ABadCalibrationFileIsLoggedAndTheDaemonStartsWithDefaultWeights) {
+  const std::string calibration = WriteFile("bad_calibration.json", "{not json");
+  auto daemon = DaemonProcess::Start(
+      {.extra_flags = {"--config", WriteFile("calibration_config.json",
+                                             R"({"importance": {"calibration_file": ")" +
+                                                 calibration + R"("}})")}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string log = ReadFile((*daemon)->log_path());
+  EXPECT_THAT(log, HasSubstr("[error] calibration: ignoring the calibration file " + calibration));
+  EXPECT_THAT(log, HasSubstr("configured weights"));
+
+  auto client = (*daemon)->NewClient();
+  ASSERT_TRUE(client->RegisterModel("m", MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16)).ok());
+  auto models = client->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->models_size(), 1);
+  const v1::ImportanceWeights& w = models->models(0).policy().weights();
+  EXPECT_FLOAT_EQ(w.alpha(), 0.6f);
+  EXPECT_FLOAT_EQ(w.beta(), 0.3f);
+  EXPECT_FLOAT_EQ(w.gamma(), 0.1f);
+  EXPECT_EQ(ReadFile(calibration), "{not json");  // left for the operator until replaced
+  EXPECT_EQ((*daemon)->Stop(), 0);
 }
 
 TEST(LifecycleTest, PrintedDefaultConfigIsAValidConfigFile) {
@@ -87,6 +127,100 @@ TEST(LifecycleTest, PortInUseIsAClearError) {
   EXPECT_EQ(second.exit_code, 2);
   EXPECT_THAT(second.output, HasSubstr("cannot listen on " + port));
   EXPECT_EQ((*first)->Stop(), 0);
+}
+
+// True when a new connection to `daemon`'s Unix socket reaches it.
+bool ReachableOverUnixSocket(const DaemonProcess& daemon) {
+  auto client = Client::Connect({.target = daemon.unix_target(), .timeout = absl::Seconds(5)});
+  return client.ok() && (*client)->GetServerInfo().ok();
+}
+
+TEST(LifecycleTest, SecondDaemonOnTheSameSocketFailsAndTheFirstStaysReachable) {
+  auto first = DaemonProcess::Start({.tcp = true});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string socket = (*first)->socket_path();
+
+  // Another TCP port, the same socket: refused before anything is touched.
+  ProcessResult other_port = RunKvcached(absl::StrCat(
+      "--listen 127.0.0.1:", PickFreePort(), " --unix-socket ", socket, " --metrics-address none"));
+  EXPECT_EQ(other_port.exit_code, 2);
+  EXPECT_THAT(other_port.output, HasSubstr("cannot listen on unix socket " + socket));
+  EXPECT_THAT(other_port.output, HasSubstr("another process is listening on it"));
+  EXPECT_TRUE(ReachableOverUnixSocket(**first));
+
+  // The same TCP port and socket: the port is found taken first.
+  const std::string port = (*first)->tcp_target();
+  ProcessResult same_port = RunKvcached(
+      absl::StrCat("--listen ", port, " --unix-socket ", socket, " --metrics-address none"));
+  EXPECT_EQ(same_port.exit_code, 2);
+  EXPECT_THAT(same_port.output, HasSubstr("cannot listen on " + port));
+  EXPECT_TRUE(ReachableOverUnixSocket(**first));
+  EXPECT_EQ((*first)->Stop(), 0);
+}
+
+TEST(LifecycleTest, AFileThatIsNotASocketIsNeverRemoved) {
+  const std::string path = WriteFile("not_a_socket", "precious");
+  ProcessResult r = RunKvcached("--listen none --metrics-address none --unix-socket " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr(path + " exists and is not a socket"));
+  EXPECT_EQ(ReadFile(path), "precious");
+}
+
+TEST(LifecycleTest, AStaleSocketIsReplacedAndTheSocketIsMode0660) {
+  const std::string path = ::testing::TempDir() + "/stale_kvcached.sock";
+  std::filesystem::remove(path);
+  {  // A socket file nobody listens on, as a killed daemon leaves it.
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    ::close(fd);
+  }
+  auto daemon = DaemonProcess::Start({.unix_socket = path});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_TRUE(ReachableOverUnixSocket(**daemon));
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ((*daemon)->Stop(), 0);
+}
+
+TEST(LifecycleTest, AfterARestartTheClientRegistersItsModelAgain) {
+  const std::string socket = ::testing::TempDir() + "/restart_kvcached.sock";
+  std::filesystem::remove(socket);
+  auto first = DaemonProcess::Start({.unix_socket = socket});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto client = (*first)->NewClient();
+  auto reg = client->RegisterModel("m", MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const auto tokens = MakeTokens(1, 32);
+  const auto kv = MakeKv(tokens, 16, reg->block_bytes(), 0, 2);
+  ASSERT_TRUE(client->Append("m", tokens, kv).ok());
+  EXPECT_EQ((*first)->Stop(), 0);
+
+  // The daemon keeps nothing across a restart: the model and its blocks are
+  // gone. The client registers the model again on its first call.
+  auto second = DaemonProcess::Start({.unix_socket = socket});
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(client->WaitForReady(absl::Seconds(10)).ok());
+  auto hit = client->Lookup("m", tokens);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_tokens, 0u);
+  auto models = (*second)->NewClient()->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).layout().head_dim(), 64u);
+
+  auto appended = client->Append("m", tokens, kv);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->stored_blocks, 2u);
+  std::vector<std::byte> out(kv.size());
+  auto fetched = client->Fetch("m", tokens, out);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(out == kv);
+  EXPECT_EQ((*second)->Stop(), 0);
 }
 
 absl::Status ToAbsl(const grpc::Status& s) {

@@ -107,6 +107,41 @@ TEST_F(OpsTest, KvcachectlReadsAndEvicts) {
   EXPECT_EQ(client_->Lookup("llama-test", tokens_)->matched_tokens, 0u);
 }
 
+TEST_F(OpsTest, KvcachectlUnregistersAModelSoItCanBeRegisteredWithAnotherLayout) {
+  auto leased = client_->Lookup("llama-test", tokens_, {.acquire_lease = true});
+  ASSERT_TRUE(leased.ok()) << leased.status();
+
+  CommandResult unknown = Ctl("unregister -m llama-test --namespace other");
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND"));
+
+  CommandResult unregistered = Ctl("unregister -m llama-test");
+  ASSERT_EQ(unregistered.exit_code, 0) << unregistered.output;
+  EXPECT_THAT(unregistered.output, HasSubstr("unregistered model 'llama-test': evicted 4 blocks"));
+  EXPECT_THAT(unregistered.output, HasSubstr("released 1 leases"));
+  EXPECT_EQ(client_->GetStats()->models_size(), 0);
+  EXPECT_EQ(client_->GetStats()->active_leases(), 0u);
+
+  // A worker with the right layout registers the id anew (a fresh client:
+  // client_ remembers the old layout and would register that again).
+  auto worker = daemon_->NewClient();
+  const v1::ModelLayout layout = MakeLayout(4, 2, 64, v1::DTYPE_FP16, 32);
+  auto reg = worker->RegisterModel("llama-test", layout);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_TRUE(reg->created());
+  ASSERT_TRUE(
+      worker->Append("llama-test", tokens_, MakeKv(tokens_, 32, reg->block_bytes(), 0, 2)).ok());
+  std::vector<std::byte> out(2 * reg->block_bytes());
+  auto fetched = worker->Fetch("llama-test", tokens_, out);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->matched_tokens, 64u);
+  EXPECT_TRUE(out == MakeKv(tokens_, 32, reg->block_bytes(), 0, 2));
+
+  CommandResult json = Ctl("--json unregister -m llama-test");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_THAT(json.output, HasSubstr("\"evicted_blocks\":\"2\""));
+}
+
 TEST_F(OpsTest, KvcachectlReportsErrorsWithExitCodes) {
   CommandResult unknown = Ctl("lookup --model nope --tokens 1,2,3");
   EXPECT_EQ(unknown.exit_code, 1);

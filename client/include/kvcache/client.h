@@ -5,9 +5,10 @@
 // number of threads may call any method at once. Every call has a deadline
 // (ClientOptions::timeout unless the call says otherwise). Only idempotent
 // calls are retried on UNAVAILABLE (RegisterModel, Lookup without a lease,
-// Fetch, ReleaseLease, Evict, the admin calls). A leasing Lookup is never
-// retried (a retry could leave an orphan lease), nor is Append (a retry resends
-// the whole payload; dedup makes it safe, so the caller may choose to).
+// Fetch, ReleaseLease, Evict, the read-only admin calls). A leasing Lookup is
+// never retried on UNAVAILABLE (a retry could leave an orphan lease), nor is
+// Append (a retry resends the whole payload; dedup makes it safe, so the
+// caller may choose to).
 //
 // Every byte a Fetch hands back has been verified against the XXH3-64 checksum
 // the server recorded when the block was appended (and which Append computed
@@ -17,6 +18,16 @@
 // a caller that opts in (accept_lossy); otherwise a lookup or fetch ends
 // before the first of them and withheld_tokens says how many cached tokens
 // that left out.
+//
+// The daemon keeps everything in memory: after it restarts, its models and
+// cached blocks are gone. The client remembers the layout of every model it
+// registered; when Lookup, Fetch, FetchBlocks or Append is answered NOT_FOUND
+// because the model "is not registered", it registers the model again with
+// that layout and retries the call once (the first attempt changed nothing on
+// the server, so repeating it is safe). The cache starts empty, so the
+// retried call usually finds nothing cached. Other calls (FetchLease: its
+// lease died with the daemon; ReportAttention; Evict; the admin calls) return
+// the NOT_FOUND. UnregisterModel forgets the remembered layout.
 //
 // Errors are absl::Status values carrying the server's gRPC code and message.
 #ifndef KVCACHE_CLIENT_CLIENT_H_
@@ -124,6 +135,8 @@ class Client {
   // Waits until the channel is connected or `timeout` passes (UNAVAILABLE).
   virtual absl::Status WaitForReady(absl::Duration timeout) = 0;
 
+  // Registers the model and remembers `layout` for re-registering it after a
+  // daemon restart (see above).
   virtual absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       std::string_view model_id, const v1::ModelLayout& layout) = 0;
 
@@ -182,6 +195,11 @@ class Client {
   // the client's).
   virtual absl::StatusOr<v1::UpdateModelPolicyResponse> UpdateModelPolicy(
       v1::UpdateModelPolicyRequest request) = 0;
+  // Removes a model in this client's namespace: its cached blocks, leases and
+  // registration (so it can be registered again with another layout), and
+  // forgets its layout here. NOT_FOUND for an unknown model. Not retried.
+  virtual absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(
+      std::string_view model_id) = 0;
 };
 
 // XXH3-64 of `bytes`: the checksum kvcached records for a block.
