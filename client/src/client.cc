@@ -47,6 +47,7 @@ absl::Status ToAbslStatus(const grpc::Status& s) {
 struct LayoutInfo {
   uint64_t block_bytes = 0;
   uint32_t block_tokens = 0;
+  v1::ModelLayout layout;  // bounds what a compressed block may take
 };
 
 class ClientImpl final : public Client {
@@ -82,7 +83,7 @@ class ClientImpl final : public Client {
     registered_[std::string(model_id)] = layout;
     if (resp.block_bytes() > 0 && resp.layout().block_tokens() > 0) {
       layouts_[std::string(model_id)] =
-          LayoutInfo{resp.block_bytes(), resp.layout().block_tokens()};
+          LayoutInfo{resp.block_bytes(), resp.layout().block_tokens(), resp.layout()};
     }
     return resp;
   }
@@ -373,7 +374,7 @@ absl::StatusOr<LayoutInfo> ClientImpl::GetLayout(std::string_view model_id, bool
                                               "' with block_bytes=", m.block_bytes(),
                                               " block_tokens=", m.layout().block_tokens()));
     }
-    LayoutInfo info{m.block_bytes(), m.layout().block_tokens()};
+    LayoutInfo info{m.block_bytes(), m.layout().block_tokens(), m.layout()};
     absl::MutexLock lock(&mu_);
     layouts_[std::string(model_id)] = info;
     return info;
@@ -491,6 +492,37 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
   return grpc::Status::OK;
 }
 
+// A FetchBlocks block's first chunk: its encoding must be one the fetch
+// asked for, and its declared size one the layout allows.
+absl::Status CheckFetchedBlock(const v1::FetchResponse& msg, const LayoutInfo& layout,
+                               bool accept_compressed) {
+  const bool asked = msg.encoding() == v1::BLOCK_ENCODING_RAW ||
+                     msg.encoding() == v1::BLOCK_ENCODING_DEQUANTIZED ||
+                     (accept_compressed && msg.encoding() == v1::BLOCK_ENCODING_COMPRESSED);
+  if (!asked) {
+    return absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(),
+                                            " arrived in encoding ", msg.encoding(),
+                                            ", which this fetch did not ask for"));
+  }
+  if (msg.encoding() != v1::BLOCK_ENCODING_COMPRESSED && msg.block_bytes() != layout.block_bytes) {
+    // A raw or decoded block has exactly the layout's size; another size
+    // means the layout this client knows is stale.
+    return absl::FailedPreconditionError(
+        absl::StrCat("Fetch: server sends blocks of ", msg.block_bytes(),
+                     " bytes but the model's layout has ", layout.block_bytes));
+  }
+  const uint64_t most =
+      internal::MaxFetchedBlockBytes(layout.layout, layout.block_bytes, msg.encoding());
+  if (msg.block_bytes() == 0 || msg.block_bytes() > most) {
+    return absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(), " declares ",
+                                            msg.block_bytes(),
+                                            " bytes; a compressed block of this layout takes "
+                                            "1 to ",
+                                            most));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
     std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
     const FetchOptions& options) {
@@ -500,6 +532,9 @@ absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
   req.mutable_tokens()->Add(tokens.begin(), tokens.end());
   req.set_accept_int8(accept_compressed);
   req.set_accept_lossy(options.accept_lossy);
+  // The layout bounds what a block may declare, before anything is reserved.
+  absl::StatusOr<LayoutInfo> layout = GetLayout(model_id, /*refresh=*/false);
+  if (!layout.ok()) return layout.status();
   std::vector<FetchedBlock> blocks;
   uint64_t checksum = 0, block_bytes = 0;
   absl::Status data = absl::OkStatus();
@@ -516,6 +551,11 @@ absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
         if (msg.block_index() != blocks.size()) {
           data = absl::DataLossError(absl::StrCat("Fetch: expected block ", blocks.size(),
                                                   ", got block ", msg.block_index()));
+          break;
+        }
+        if (absl::Status s = CheckFetchedBlock(msg, *layout, accept_compressed); !s.ok()) {
+          data = s;
+          if (s.code() == absl::StatusCode::kFailedPrecondition) ForgetLayout(model_id);
           break;
         }
         blocks.push_back({.index = msg.block_index(),

@@ -3,6 +3,7 @@
 // Fetch verification, layout caching and error mapping.
 #include "kvcache/client.h"
 
+#include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +44,8 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
   grpc::Status append_status = grpc::Status::OK;
   std::vector<std::string> blocks;
   uint64_t fetch_chunk = 100;
+  std::atomic<int> fetch_encoding{v1::BLOCK_ENCODING_RAW};  // what Fetch says it sends
+  std::atomic<uint64_t> declared_block_bytes{0};            // nonzero: what Fetch declares
 
   absl::Mutex mu;
   v1::AppendHeader last_header ABSL_GUARDED_BY(mu);
@@ -122,7 +125,8 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
         v1::FetchResponse m;
         m.set_matched_tokens(blocks.size() * kBlockTokens);
         m.set_block_index(i);
-        m.set_block_bytes(b.size());
+        m.set_block_bytes(declared_block_bytes != 0 ? declared_block_bytes.load() : b.size());
+        m.set_encoding(static_cast<v1::BlockEncoding>(fetch_encoding.load()));
         m.set_block_checksum(BlockChecksum(std::as_bytes(std::span(b.data(), b.size()))));
         if (fault == FetchFault::kWrongChecksum) m.set_block_checksum(m.block_checksum() ^ 1);
         m.set_offset(off);
@@ -402,6 +406,45 @@ TEST_F(ClientTest, FetchBlocksRefusesBadStreams) {
     EXPECT_EQ(c->FetchBlocks("m", Tokens(48), false).status().code(), absl::StatusCode::kDataLoss)
         << static_cast<int>(f);
   }
+}
+
+TEST_F(ClientTest, FetchBlocksRefusesEncodingsItDidNotAskFor) {
+  auto c = Connect();
+  fake_.fetch_encoding = v1::BLOCK_ENCODING_COMPRESSED;
+  auto unasked = c->FetchBlocks("m", Tokens(48), /*accept_compressed=*/false);
+  EXPECT_EQ(unasked.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(unasked.status().message()), ::testing::HasSubstr("did not ask for"));
+  auto asked = c->FetchBlocks("m", Tokens(48), /*accept_compressed=*/true);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ((*asked)[0].encoding, v1::BLOCK_ENCODING_COMPRESSED);
+
+  fake_.fetch_encoding = 7;  // no such encoding
+  EXPECT_EQ(c->FetchBlocks("m", Tokens(48), true).status().code(), absl::StatusCode::kDataLoss);
+  fake_.fetch_encoding = v1::BLOCK_ENCODING_DEQUANTIZED;  // what a fetch without it may get
+  EXPECT_TRUE(c->FetchBlocks("m", Tokens(48), false).ok());
+}
+
+TEST_F(ClientTest, FetchBlocksRefusesSizesTheLayoutDoesNotAllow) {
+  auto c = Connect();
+  // A raw block has exactly the layout's size: another one is a stale layout.
+  fake_.declared_block_bytes = 2 * kBlockBytes;
+  auto raw = c->FetchBlocks("m", Tokens(48), false);
+  EXPECT_EQ(raw.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(raw.status().message()),
+              ::testing::HasSubstr("layout has " + std::to_string(kBlockBytes)));
+  // A size no memory could hold is refused before anything is reserved.
+  fake_.declared_block_bytes = uint64_t{1} << 50;
+  EXPECT_EQ(c->FetchBlocks("m", Tokens(48), false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A compressed block may exceed the raw size by its header and scales, no more.
+  fake_.fetch_encoding = v1::BLOCK_ENCODING_COMPRESSED;
+  fake_.declared_block_bytes = uint64_t{1} << 50;
+  auto huge = c->FetchBlocks("m", Tokens(48), true);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(huge.status().message()), ::testing::HasSubstr("declares"));
+  fake_.declared_block_bytes = 0;
+  EXPECT_TRUE(c->FetchBlocks("m", Tokens(48), true).ok());
 }
 
 TEST_F(ClientTest, FetchIntoSmallBufferIsInvalidArgument) {

@@ -9,6 +9,27 @@
 
 namespace kvcache::internal {
 
+uint64_t MaxFetchedBlockBytes(const v1::ModelLayout& layout, uint64_t block_bytes,
+                              v1::BlockEncoding encoding) {
+  switch (encoding) {
+    case v1::BLOCK_ENCODING_RAW:
+    case v1::BLOCK_ENCODING_DEQUANTIZED:
+      return block_bytes;
+    case v1::BLOCK_ENCODING_COMPRESSED: {
+      // Per layer, K and V: full rows and INT8 codes take at most the raw
+      // bytes of their tokens, each padded to 4 bytes; K has one f32 scale
+      // per (head, channel), V one per (head, token).
+      const uint64_t layers = layout.num_layers(), heads = layout.num_kv_heads();
+      const uint64_t dim = layout.head_dim(), tokens = layout.block_tokens();
+      constexpr uint64_t kHeaderBytes = 48;
+      const uint64_t per_layer = 2 * 2 * 3 + 4 * heads * dim + 4 * heads * tokens;
+      return block_bytes + kHeaderBytes + (tokens + 3) / 4 * 4 + layers * per_layer;
+    }
+    default:
+      return 0;
+  }
+}
+
 FetchAssembler::FetchAssembler(std::span<std::byte> out, uint64_t expected_block_bytes,
                                uint32_t block_tokens)
     : out_(out),

@@ -27,6 +27,16 @@ struct XXH3_state_s;
 
 namespace kvcache::internal {
 
+// The most bytes one fetched block of a model with this layout (whose raw
+// blocks are `block_bytes`) may declare in `encoding`: block_bytes for RAW and
+// DEQUANTIZED; for COMPRESSED an upper bound on the compressed block format
+// (docs/api.md): the raw bytes (no token takes more room than at full
+// precision), its 48-byte header and precision map, the INT8 scales and
+// section padding. 0 for an encoding this client does not know. Callers
+// refuse a larger declared size before reserving memory for it.
+uint64_t MaxFetchedBlockBytes(const v1::ModelLayout& layout, uint64_t block_bytes,
+                              v1::BlockEncoding encoding);
+
 class FetchAssembler {
  public:
   // `expected_block_bytes` and `block_tokens` are the model's layout as the

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "server/importance/block_codec.h"
+
 namespace kvcache::internal {
 namespace {
 
@@ -199,6 +201,48 @@ TEST_F(FetchAssemblerTest, MatchedTokensNotWholeBlocksIsDataLoss) {
   msgs[0].set_matched_tokens(kBlockTokens + 1);
   FetchAssembler a(out_, kBlockBytes, kBlockTokens);
   EXPECT_EQ(a.Add(msgs[0]).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(MaxFetchedBlockBytesTest, BoundsEveryCompressedBlockOfTheLayout) {
+  struct Shape {
+    uint32_t layers, heads, dim, tokens;
+    v1::DType dtype;
+  };
+  for (const Shape& sh : {Shape{1, 1, 16, 16, v1::DTYPE_FP16}, Shape{2, 2, 1, 16, v1::DTYPE_FP16},
+                          Shape{3, 1, 3, 16, v1::DTYPE_BF16}, Shape{1, 4, 64, 32, v1::DTYPE_FP32},
+                          Shape{2, 1, 5, 64, v1::DTYPE_FP16}}) {
+    v1::ModelLayout layout;
+    layout.set_num_layers(sh.layers);
+    layout.set_num_kv_heads(sh.heads);
+    layout.set_head_dim(sh.dim);
+    layout.set_block_tokens(sh.tokens);
+    layout.set_dtype(sh.dtype);
+    const importance::BlockShape shape{sh.layers, sh.heads, sh.dim, sh.tokens,
+                                       static_cast<uint32_t>(sh.dtype)};
+    const uint64_t raw = shape.raw_bytes();
+    const uint64_t bound = MaxFetchedBlockBytes(layout, raw, v1::BLOCK_ENCODING_COMPRESSED);
+    EXPECT_EQ(MaxFetchedBlockBytes(layout, raw, v1::BLOCK_ENCODING_RAW), raw);
+    EXPECT_EQ(MaxFetchedBlockBytes(layout, raw, v1::BLOCK_ENCODING_DEQUANTIZED), raw);
+    EXPECT_EQ(MaxFetchedBlockBytes(layout, raw, static_cast<v1::BlockEncoding>(9)), 0u);
+    uint64_t largest = 0;
+    // Every split of the tokens into full, INT8 and pruned ones.
+    for (uint32_t full = 0; full <= sh.tokens; ++full) {
+      for (uint32_t int8 = 0; full + int8 <= sh.tokens; ++int8) {
+        std::vector<importance::TokenPrecision> precision(sh.tokens,
+                                                          importance::TokenPrecision::kPruned);
+        for (uint32_t t = 0; t < full + int8; ++t) {
+          precision[t] =
+              t < full ? importance::TokenPrecision::kFull : importance::TokenPrecision::kInt8;
+        }
+        auto size = importance::CompressedSize(shape, precision);
+        ASSERT_TRUE(size.ok()) << size.status();
+        largest = std::max(largest, *size);
+      }
+    }
+    EXPECT_LE(largest, bound) << sh.layers << "x" << sh.heads << "x" << sh.dim;
+    // Tight enough to be a real bound: at most twice what the worst case takes.
+    EXPECT_LE(bound, 2 * largest);
+  }
 }
 
 TEST(BlockChecksumTest, IsXxh3) {

@@ -104,6 +104,16 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (limits->max_leases() == 0) limits->set_max_leases(65536);
   if (limits->max_lease_tokens() == 0) limits->set_max_lease_tokens(uint64_t{64} << 20);
   if (limits->max_protected_ranges() == 0) limits->set_max_protected_ranges(1024);
+  if (limits->stream_idle_timeout_ms() == 0) limits->set_stream_idle_timeout_ms(30000);
+  if (limits->max_streams_per_client() == 0) {
+    limits->set_max_streams_per_client(limits->max_concurrent_streams());
+  }
+  if (limits->max_concurrent_unary() == 0) limits->set_max_concurrent_unary(64);
+  if (limits->grpc_memory_quota_bytes() == 0) {
+    limits->set_grpc_memory_quota_bytes(uint64_t{1} << 30);
+  }
+  if (limits->keepalive_time_ms() == 0) limits->set_keepalive_time_ms(30000);
+  if (limits->keepalive_timeout_ms() == 0) limits->set_keepalive_timeout_ms(10000);
 
   v1::HostTierConfig* host = c->mutable_host_tier();
   if (host->capacity_bytes() == 0) host->set_capacity_bytes(uint64_t{1} << 30);
@@ -205,6 +215,34 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = CheckRange("limits.max_protected_ranges", l.max_protected_ranges(), 1, 1 << 20);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s =
+          CheckRange("limits.stream_idle_timeout_ms", l.stream_idle_timeout_ms(), 100, 3600000);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.max_streams_per_client", l.max_streams_per_client(), 1,
+                          l.max_concurrent_streams());
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.max_concurrent_unary", l.max_concurrent_unary(), 1, 100000);
+      !s.ok()) {
+    return s;
+  }
+  // gRPC must be able to buffer at least one largest message.
+  if (auto s = CheckRange("limits.grpc_memory_quota_bytes", l.grpc_memory_quota_bytes(),
+                          l.max_message_bytes(), uint64_t{1} << 50);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.keepalive_time_ms", l.keepalive_time_ms(), 1000, 86400000);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.keepalive_timeout_ms", l.keepalive_timeout_ms(), 1000, 3600000);
       !s.ok()) {
     return s;
   }

@@ -27,6 +27,19 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.host_tier().slab_bytes(), uint64_t{4} << 20);
   EXPECT_EQ(c.limits().max_message_bytes(), uint64_t{64} << 20);
   EXPECT_EQ(c.drain_timeout_seconds(), 10u);
+  EXPECT_EQ(c.limits().stream_idle_timeout_ms(), 30000u);
+  EXPECT_EQ(c.limits().max_streams_per_client(), c.limits().max_concurrent_streams());
+  EXPECT_EQ(c.limits().max_concurrent_unary(), 64u);
+  EXPECT_EQ(c.limits().grpc_memory_quota_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(c.limits().keepalive_time_ms(), 30000u);
+  EXPECT_EQ(c.limits().keepalive_timeout_ms(), 10000u);
+}
+
+TEST(ConfigTest, PerClientStreamCapDefaultsToTheTotal) {
+  auto c = ParseConfigJson(R"({"limits": {"max_concurrent_streams": 8}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->limits().max_streams_per_client(), 8u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
 TEST(ConfigTest, JsonOverridesOnlyWhatItSets) {
@@ -122,6 +135,23 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"compaction too often",
        [](auto& c) { c.mutable_importance()->set_compaction_interval_ms(1); },
        "importance.compaction_interval_ms"},
+      {"idle timeout too short",
+       [](auto& c) { c.mutable_limits()->set_stream_idle_timeout_ms(10); },
+       "limits.stream_idle_timeout_ms"},
+      {"per-client cap above the total",
+       [](auto& c) { c.mutable_limits()->set_max_streams_per_client(257); },
+       "limits.max_streams_per_client"},
+      {"unary limit too high",
+       [](auto& c) { c.mutable_limits()->set_max_concurrent_unary(200000); },
+       "limits.max_concurrent_unary"},
+      {"memory quota below one message",
+       [](auto& c) { c.mutable_limits()->set_grpc_memory_quota_bytes(1 << 20); },
+       "limits.grpc_memory_quota_bytes"},
+      {"keepalive too frequent", [](auto& c) { c.mutable_limits()->set_keepalive_time_ms(10); },
+       "limits.keepalive_time_ms"},
+      {"keepalive timeout too short",
+       [](auto& c) { c.mutable_limits()->set_keepalive_timeout_ms(10); },
+       "limits.keepalive_timeout_ms"},
   };
   for (const BadValue& b : cases) {
     SCOPED_TRACE(b.name);

@@ -214,6 +214,8 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>* rpcs = nullptr;
   prometheus::Family<prometheus::Histogram>* latency = nullptr;
   prometheus::Family<prometheus::Counter>* payload = nullptr;
+  prometheus::Family<prometheus::Counter>* timeouts = nullptr;
+  prometheus::Family<prometheus::Counter>* limited = nullptr;
 };
 
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -233,6 +235,14 @@ std::unique_ptr<Metrics> Metrics::CreateUnexposed(StatsSource stats) {
   impl->payload = &prometheus::BuildCounter()
                        .Name("kvcached_rpc_payload_bytes_total")
                        .Help("KV payload bytes moved by Append and Fetch")
+                       .Register(*impl->registry);
+  impl->timeouts = &prometheus::BuildCounter()
+                        .Name("kvcached_stream_timeouts_total")
+                        .Help("Streams cancelled after stream_idle_timeout_ms without progress")
+                        .Register(*impl->registry);
+  impl->limited = &prometheus::BuildCounter()
+                       .Name("kvcached_limit_rejections_total")
+                       .Help("Calls refused with RESOURCE_EXHAUSTED by a concurrency limit")
                        .Register(*impl->registry);
   return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
 }
@@ -260,6 +270,14 @@ void Metrics::OnRpcDone(std::string_view method, absl::StatusCode code, absl::Du
       0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   10};
   impl_->latency->Add({{"method", m}}, kBuckets).Observe(absl::ToDoubleSeconds(latency));
   if (bytes > 0) impl_->payload->Add({{"method", m}}).Increment(static_cast<double>(bytes));
+}
+
+void Metrics::OnStreamTimeout(std::string_view method) {
+  impl_->timeouts->Add({{"method", std::string(method)}}).Increment();
+}
+
+void Metrics::OnLimitReached(std::string_view method, std::string_view limit) {
+  impl_->limited->Add({{"method", std::string(method)}, {"limit", std::string(limit)}}).Increment();
 }
 
 std::string Metrics::Render() const {

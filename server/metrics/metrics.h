@@ -33,6 +33,8 @@ class Metrics : public RpcObserver {
 
   void OnRpcDone(std::string_view method, absl::StatusCode code, absl::Duration latency,
                  uint64_t bytes) override;
+  void OnStreamTimeout(std::string_view method) override;
+  void OnLimitReached(std::string_view method, std::string_view limit) override;
 
   // The exposition text a scrape would return now.
   std::string Render() const;

@@ -48,6 +48,26 @@ TEST(MetricsTest, CountsRpcsByMethodAndCode) {
   EXPECT_THAT(text, HasSubstr(R"(kvcached_rpc_payload_bytes_total{method="Append"} 4096)"));
 }
 
+TEST(MetricsTest, CountsStreamTimeoutsAndLimitRejections) {
+  auto metrics = Metrics::CreateUnexposed(SampleStats);
+  metrics->OnStreamTimeout("Append");
+  metrics->OnStreamTimeout("Append");
+  metrics->OnStreamTimeout("Fetch");
+  metrics->OnLimitReached("Fetch", "max_streams_per_client");
+  metrics->OnLimitReached("Lookup", "max_concurrent_unary");
+  const std::string text = metrics->Render();
+  EXPECT_THAT(text, HasSubstr(R"(kvcached_stream_timeouts_total{method="Append"} 2)"));
+  EXPECT_THAT(text, HasSubstr(R"(kvcached_stream_timeouts_total{method="Fetch"} 1)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(kvcached_limit_rejections_total{limit="max_streams_per_client",method="Fetch"} 1)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(kvcached_limit_rejections_total{limit="max_concurrent_unary",method="Lookup"} 1)"));
+}
+
 TEST(MetricsTest, ExposerRefusesABadAddress) {
   auto metrics = Metrics::Start("256.0.0.1:1", SampleStats);
   EXPECT_EQ(metrics.status().code(), absl::StatusCode::kUnavailable);

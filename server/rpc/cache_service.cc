@@ -1,7 +1,12 @@
 #include "server/rpc/cache_service.h"
 
+#include <grpc/grpc.h>
+
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -16,24 +21,95 @@
 namespace kvcache {
 
 CacheService::CacheService(const CacheServiceOptions& options, Cache* cache, RpcObserver* observer)
-    : options_(options), cache_(cache), observer_(observer) {}
+    : options_(options),
+      cache_(cache),
+      observer_(observer),
+      streams_(options.max_concurrent_streams, options.max_streams_per_client),
+      unary_(options.max_concurrent_unary),
+      watchdog_(options.stream_idle_timeout, options.clock) {}
 
-bool CacheService::AcquireStream() {
-  int current = active_streams_.load();
-  do {
-    if (current >= static_cast<int>(options_.max_concurrent_streams)) return false;
-  } while (!active_streams_.compare_exchange_weak(current, current + 1));
-  return true;
+absl::Status CacheService::RunLimited(std::string_view method,
+                                      absl::FunctionRef<absl::Status()> body) {
+  if (absl::Status admitted = unary_.Acquire(); !admitted.ok()) {
+    observer_->OnLimitReached(method, "max_concurrent_unary");
+    return admitted;
+  }
+  absl::Status status = body();
+  unary_.Release();
+  return status;
 }
 
-namespace {
+// What an Append or Fetch reactor shares: its stream slot and its watch for
+// idleness. The watchdog cancels an idle call from its own thread, with a
+// status naming the setting; the reactor then sees its read or write fail
+// and finishes as usual, reporting DEADLINE_EXCEEDED.
+class StreamLifecycle {
+ public:
+  StreamLifecycle(CacheService* service, grpc::CallbackServerContext* ctx, std::string_view method,
+                  std::string_view stalled)
+      : service_(service), ctx_(ctx), method_(method), stalled_(stalled) {}
 
-absl::Status StreamLimitError(uint32_t limit) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "max_concurrent_streams (", limit, ") Append/Fetch streams are in flight; retry later"));
-}
+  // Takes a stream slot and starts the idle timer; RESOURCE_EXHAUSTED when
+  // a stream limit is reached. `release`, when set, runs on the watchdog
+  // thread as an idle stream is cancelled, to free what the reactor holds.
+  absl::Status Begin(std::function<void()> release = nullptr) {
+    release_ = std::move(release);
+    peer_ = ctx_->peer();
+    std::string_view limit;
+    if (absl::Status s = service_->streams_.Acquire(peer_, &limit); !s.ok()) {
+      service_->observer_->OnLimitReached(method_, limit);
+      return s;
+    }
+    holds_slot_ = true;
+    watch_ = service_->watchdog_.Watch([this] { OnIdle(); });
+    return absl::OkStatus();
+  }
+  // The stream moved: restart the idle timer.
+  void Progress() {
+    if (watch_ != 0) service_->watchdog_.Touch(watch_);
+  }
+  bool timed_out() const { return timed_out_.load(); }
+  // What a failed read or write means: the idle timeout, or `otherwise`.
+  absl::Status BrokeOff(absl::Status otherwise) const {
+    return timed_out() ? TimeoutError() : otherwise;
+  }
+  // From OnDone: stops the timer (waiting out a running OnIdle) and gives
+  // the slot back.
+  void End() {
+    if (watch_ != 0) service_->watchdog_.Unwatch(watch_);
+    if (holds_slot_) service_->streams_.Release(peer_);
+  }
 
-}  // namespace
+ private:
+  absl::Status TimeoutError() const {
+    return absl::DeadlineExceededError(
+        absl::StrCat(std::string(method_), " stream cancelled: ", std::string(stalled_),
+                     " for stream_idle_timeout_ms (",
+                     absl::ToInt64Milliseconds(service_->watchdog_.idle_timeout()), " ms)"));
+  }
+  // On the watchdog thread; the reactor is alive until End() returns.
+  void OnIdle() {
+    timed_out_.store(true);
+    service_->observer_->OnStreamTimeout(method_);
+    if (release_) release_();
+    const std::string message(TimeoutError().message());
+    // ServerContext::TryCancel() would tell the client only "Cancelled";
+    // this sends the reason (as trailers, even past a full flow-control
+    // window) and fails the pending read or write.
+    grpc_call_cancel_with_status(ctx_->c_call(), GRPC_STATUS_DEADLINE_EXCEEDED, message.c_str(),
+                                 nullptr);
+  }
+
+  CacheService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::string_view method_;
+  const std::string_view stalled_;  // what "no progress" means for this stream
+  std::string peer_;
+  std::function<void()> release_;
+  bool holds_slot_ = false;
+  StreamWatchdog::Id watch_ = 0;
+  std::atomic<bool> timed_out_{false};
+};
 
 grpc::ServerUnaryReactor* CacheService::FinishUnary(grpc::CallbackServerContext* ctx,
                                                     std::string_view method, absl::Time start,
@@ -67,7 +143,7 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                const v1::LookupRequest* request,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = [&]() -> absl::Status {
+  absl::Status status = RunLimited("Lookup", [&]() -> absl::Status {
     auto key = ToModelKey(request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     LeaseRequest lease{.acquire = request->acquire_lease(),
@@ -94,7 +170,7 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
       response->set_lease_expires_unix_ms(absl::ToUnixMillis(result->lease_expires));
     }
     return absl::OkStatus();
-  }();
+  });
   return FinishUnary(ctx, "Lookup", start, status);
 }
 
@@ -110,7 +186,7 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
                                               const v1::EvictRequest* request,
                                               v1::EvictResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = [&]() -> absl::Status {
+  absl::Status status = RunLimited("Evict", [&]() -> absl::Status {
     auto key = ToModelKey(request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     absl::StatusOr<EvictResult> result;
@@ -131,7 +207,7 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
     response->set_evicted_blocks(result->evicted_blocks);
     response->set_evicted_bytes(result->evicted_bytes);
     return absl::OkStatus();
-  }();
+  });
   return FinishUnary(ctx, "Evict", start, status);
 }
 
@@ -140,32 +216,37 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
 class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   AppendReactor(CacheService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response)
-      : service_(service), ctx_(ctx), response_(response) {
-    if (!service_->AcquireStream()) {
-      Done(StreamLimitError(service_->options_.max_concurrent_streams));
+      : service_(service),
+        ctx_(ctx),
+        response_(response),
+        lifecycle_(service, ctx, "Append", "no message arrived") {
+    if (absl::Status s = lifecycle_.Begin(); !s.ok()) {
+      Done(s);
       return;
     }
-    holds_stream_ = true;
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       // The client closed its side: a clean end commits; a broken stream
-      // (cancelled, reset) stores nothing.
-      if (ctx_->IsCancelled()) return Done(absl::CancelledError("append stream broke off"));
+      // (cancelled, reset, idle too long) stores nothing.
+      if (ctx_->IsCancelled() || lifecycle_.timed_out()) {
+        return Done(lifecycle_.BrokeOff(absl::CancelledError("append stream broke off")));
+      }
       if (session_ == nullptr) {
         return Done(absl::InvalidArgumentError("append stream had no header"));
       }
       return Commit();
     }
+    lifecycle_.Progress();
     absl::Status status = Handle();
     if (!status.ok()) return Done(status);
     StartRead(&request_);
   }
 
   void OnDone() override {
-    if (holds_stream_) service_->ReleaseStream();
+    lifecycle_.End();
     service_->observer_->OnRpcDone("Append", status_.code(), absl::Now() - start_, bytes_);
     delete this;
   }
@@ -234,7 +315,7 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   const absl::Time start_ = absl::Now();
   grpc::ByteBuffer request_;
   std::unique_ptr<AppendSession> session_;
-  bool holds_stream_ = false;
+  StreamLifecycle lifecycle_;
   uint64_t bytes_ = 0;
   absl::Status status_;
 };
@@ -248,7 +329,7 @@ grpc::ServerUnaryReactor* CacheService::ReportAttention(grpc::CallbackServerCont
                                                         const v1::ReportAttentionRequest* request,
                                                         v1::ReportAttentionResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = [&]() -> absl::Status {
+  absl::Status status = RunLimited("ReportAttention", [&]() -> absl::Status {
     auto key = ToModelKey(request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     if (request->lease_id() != 0 && !request->tokens().empty()) {
@@ -262,7 +343,7 @@ grpc::ServerUnaryReactor* CacheService::ReportAttention(grpc::CallbackServerCont
     response->set_matched_tokens(result->matched_tokens);
     response->set_updated_tokens(result->updated_tokens);
     return absl::OkStatus();
-  }();
+  });
   return FinishUnary(ctx, "ReportAttention", start, status);
 }
 
@@ -341,13 +422,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(CacheService* service, grpc::CallbackServerContext* ctx,
                const grpc::ByteBuffer* raw_request)
-      : service_(service), ctx_(ctx) {
-    if (!service_->AcquireStream()) {
-      Done(StreamLimitError(service_->options_.max_concurrent_streams));
+      : service_(service), ctx_(ctx), lifecycle_(service, ctx, "Fetch", "a write did not complete") {
+    if (absl::Status s = lifecycle_.Begin([this] { ReleasePlan(); }); !s.ok()) {
+      Done(s);
       return;
     }
-    holds_stream_ = true;
-    if (absl::Status status = Prepare(raw_request); !status.ok()) {
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> lock(plan_mu_);
+      status = Prepare(raw_request);
+    }
+    if (!status.ok()) {
       Done(status);
       return;
     }
@@ -355,12 +440,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return Done(absl::CancelledError("fetch stream broke off"));
+    if (!ok) return Done(lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off")));
+    lifecycle_.Progress();
     WriteNext();
   }
 
   void OnDone() override {
-    if (holds_stream_) service_->ReleaseStream();
+    lifecycle_.End();
     service_->observer_->OnRpcDone("Fetch", status_.code(), absl::Now() - start_, bytes_);
     delete this;
   }
@@ -402,7 +488,22 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return absl::OkStatus();
   }
 
+  // On the watchdog thread, as an idle stream is cancelled: drops the blocks
+  // not yet handed to gRPC at once. The pending write fails only when the
+  // transport gives up on the peer, which for a peer that stopped reading
+  // can be as late as keepalive notices.
+  void ReleasePlan() {
+    std::lock_guard<std::mutex> lock(plan_mu_);
+    plan_released_ = true;
+    plan_.blocks = {};
+    current_ = FetchBlock();
+  }
+
   void WriteNext() {
+    std::lock_guard<std::mutex> lock(plan_mu_);
+    if (plan_released_) {
+      return Done(lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off")));
+    }
     if (block_ >= plan_.blocks.size()) return Done(absl::OkStatus());
     if (offset_ == 0) {
       // Compression switched off since planning: off means lossless for
@@ -425,6 +526,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     bytes_ += size;
     offset_ += size;
     if (offset_ == block->size()) {
+      // The chunks' slices hold their own references: drop ours, so a slow
+      // reader pins only the blocks gRPC has not sent yet.
+      plan_.blocks[block_].reset();
+      current_ = FetchBlock();
       ++block_;
       offset_ = 0;
     }
@@ -439,6 +544,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   CacheService* const service_;
   grpc::CallbackServerContext* const ctx_;
   const absl::Time start_ = absl::Now();
+  // Guards plan_ and current_ against ReleasePlan(); reactions hold it
+  // while they use them.
+  std::mutex plan_mu_;
+  bool plan_released_ = false;
   FetchPlan plan_;
   bool accept_int8_ = false;
   FetchBlock current_;  // the block being sent
@@ -446,7 +555,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   size_t block_ = 0;
   uint64_t offset_ = 0;
   grpc::ByteBuffer buffer_;
-  bool holds_stream_ = false;
+  StreamLifecycle lifecycle_;
   uint64_t bytes_ = 0;
   absl::Status status_;
 };

@@ -5,25 +5,41 @@
 // reactor decodes each request's slices itself and copies kv_chunk bytes
 // straight into pool memory (AppendDecoder); Fetch's reactor sends block
 // payloads as slices pointing into pool memory. A payload byte is copied once
-// on the way in and only by the transport on the way out. Append and Fetch streams count against
-// max_concurrent_streams.
+// on the way in and only by the transport on the way out.
+//
+// Limits (docs/api.md, "Timeouts and limits"): Append and Fetch streams count
+// against max_concurrent_streams and, per peer, max_streams_per_client;
+// Lookup, Evict and ReportAttention against max_concurrent_unary. A stream
+// that makes no progress for stream_idle_timeout_ms is cancelled with
+// DEADLINE_EXCEEDED and gives back its slot, its append session and its
+// blocks. A Fetch holds a reference only to blocks not yet handed to gRPC
+// (and gRPC to those it has not yet sent), so a slow reader pins only what
+// is in flight.
 //
 // Thread-safe; the Cache and RpcObserver must outlive the service.
 #ifndef KVCACHE_SERVER_RPC_CACHE_SERVICE_H_
 #define KVCACHE_SERVER_RPC_CACHE_SERVICE_H_
 
-#include <atomic>
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
+#include "absl/time/time.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/core/cache.h"
+#include "server/core/clock.h"
+#include "server/rpc/call_limits.h"
 #include "server/rpc/rpc_observer.h"
+#include "server/rpc/stream_watchdog.h"
 
 namespace kvcache {
 
 struct CacheServiceOptions {
   uint64_t fetch_chunk_bytes = uint64_t{1} << 20;
   uint32_t max_concurrent_streams = 256;
+  uint32_t max_streams_per_client = 256;  // <= max_concurrent_streams
+  uint32_t max_concurrent_unary = 64;
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
+  Clock* clock = SystemClock::Get();  // what the idle timeout reads
 };
 
 using CacheServiceBase =
@@ -56,22 +72,24 @@ class CacheService final : public CacheServiceBase {
                                             v1::ReportAttentionResponse* response) override;
 
   // Streams in flight now.
-  int active_streams() const { return active_streams_.load(); }
+  int active_streams() const { return streams_.active(); }
 
  private:
   friend class AppendReactor;
   friend class FetchReactor;
+  friend class StreamLifecycle;
 
-  // Takes a stream slot; false (and nothing taken) when all are in use.
-  bool AcquireStream();
-  void ReleaseStream() { active_streams_.fetch_sub(1); }
+  // Runs `body` in a max_concurrent_unary slot, or refuses it.
+  absl::Status RunLimited(std::string_view method, absl::FunctionRef<absl::Status()> body);
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, std::string_view method,
                                         absl::Time start, const absl::Status& status);
 
   const CacheServiceOptions options_;
   Cache* const cache_;
   RpcObserver* const observer_;
-  std::atomic<int> active_streams_{0};
+  StreamLimiter streams_;
+  UnaryLimiter unary_;
+  StreamWatchdog watchdog_;
 };
 
 }  // namespace kvcache

@@ -17,12 +17,20 @@ class RpcObserver {
   // `method` is e.g. "Lookup"; `bytes` the payload bytes moved (Append, Fetch).
   virtual void OnRpcDone(std::string_view method, absl::StatusCode code, absl::Duration latency,
                          uint64_t bytes) = 0;
+  // A stream of `method` ("Append", "Fetch") was cancelled for making no
+  // progress for stream_idle_timeout_ms.
+  virtual void OnStreamTimeout(std::string_view method) = 0;
+  // A call of `method` was refused because `limit` (the setting's name, e.g.
+  // "max_streams_per_client") was reached.
+  virtual void OnLimitReached(std::string_view method, std::string_view limit) = 0;
 };
 
 // Ignores everything.
 class NullRpcObserver final : public RpcObserver {
  public:
   void OnRpcDone(std::string_view, absl::StatusCode, absl::Duration, uint64_t) override {}
+  void OnStreamTimeout(std::string_view) override {}
+  void OnLimitReached(std::string_view, std::string_view) override {}
 };
 
 }  // namespace kvcache

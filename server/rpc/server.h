@@ -2,7 +2,8 @@
 //
 // Listens on TCP and/or a Unix socket, serves kvcache.v1.Cache and
 // kvcache.v1.Admin, the standard grpc.health.v1 health service and server
-// reflection, with the configured message-size limit. Shutdown() stops
+// reflection, with the configured message-size limit, a gRPC memory quota
+// and HTTP/2 keepalive pings that detect dead peers. Shutdown() stops
 // accepting calls, lets in-flight ones finish until the deadline, then
 // cancels the rest.
 //
@@ -37,6 +38,9 @@ struct GrpcServerOptions {
   std::string tcp_address;  // empty: no TCP
   std::string unix_socket;  // empty: no Unix socket
   uint64_t max_message_bytes = uint64_t{64} << 20;
+  uint64_t grpc_memory_quota_bytes = uint64_t{1} << 30;  // grpc::ResourceQuota
+  absl::Duration keepalive_time = absl::Seconds(30);     // ping every connection this often
+  absl::Duration keepalive_timeout = absl::Seconds(10);  // then close it unanswered
   CacheServiceOptions cache_service;
   ServerIdentity identity;  // listen_addresses is filled in by Start()
 };

@@ -170,8 +170,14 @@ class Client {
   // `accept_compressed`, blocks the importance policy compressed arrive in the
   // compressed block format (docs/api.md, about half the bytes); with only
   // options.accept_lossy they arrive decoded to the model's layout; with
-  // neither the stream ends before the first of them. DATA_LOSS for a block
-  // whose bytes do not match its checksum or a stream out of order. Not retried.
+  // neither the stream ends before the first of them. Needs the model's
+  // layout (cached, or one ListModels call). DATA_LOSS for a block whose
+  // bytes do not match its checksum, a stream out of order, a block in an
+  // encoding the call did not ask for, or a compressed block declaring more
+  // bytes than the format allows for the layout; FAILED_PRECONDITION (and the
+  // cached layout forgotten) for a raw block of another size than the
+  // layout's. Every refusal comes before memory is reserved for the block.
+  // Not retried.
   virtual absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(
       std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
       const FetchOptions& options = {}) = 0;
