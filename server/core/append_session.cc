@@ -302,8 +302,9 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   Cache::ModelState& m = **state;
   if (m.layout != layout_ || &m.index != index_) {
     return fail(absl::AbortedError(
-        absl::StrCat("model \"", model_.model_id, "\" was registered anew (layout ",
-                     m.layout.ToString(), ") while the append streamed; retry the append")));
+        absl::StrCat("model \"", model_.model_id, "\" was registered anew",
+                     m.layout != layout_ ? absl::StrCat(" with another layout (", m.layout.ToString(), ")") : "",
+                     " while the append streamed; retry the append")));
   }
 
   // First pass: the prefix must still be there, and so must every block we

@@ -86,7 +86,8 @@ class BadInputTest : public ::testing::Test {
       std::string p = "/tmp/kvcached-bad-input-config.json";
       std::FILE* f = std::fopen(p.c_str(), "w");
       std::fputs(R"({"limits": {"max_tokens_per_request": 4096, "max_message_bytes": 1048576,
-                     "fetch_chunk_bytes": 65536}})",
+                     "fetch_chunk_bytes": 65536, "max_leases": 4,
+                     "max_protected_ranges": 64}})",
                  f);
       std::fclose(f);
       return p;
@@ -301,6 +302,17 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
        [&](Client&, auto& stub) {
          return RawAppend(stub, Header(fresh), {std::string(2 << 20, 'x')});
        }},
+      {"append with more protected ranges than allowed", absl::StatusCode::kInvalidArgument,
+       "max_protected_ranges",
+       [&](Client& c, auto&) {
+         AppendOptions options;
+         for (uint32_t i = 0; i < 65; ++i) {
+           v1::TokenRange* r = options.hints.add_protected_ranges();
+           r->set_begin(i % 30);
+           r->set_end(i % 30 + 1);
+         }
+         return c.Append("m", fresh, fresh_kv, options).status();
+       }},
       {"evict unaligned prefix", absl::StatusCode::kInvalidArgument, "multiple",
        [&](Client& c, auto&) { return c.EvictPrefix("m", std::span(cached_).first(20)).status(); }},
       {"evict unknown model", absl::StatusCode::kNotFound, "not registered",
@@ -333,6 +345,45 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
     EXPECT_EQ(Snapshot(), before) << "the cache changed";
   }
+}
+
+TEST_F(BadInputTest, LeasesPastTheCapAreRefused) {
+  std::vector<uint64_t> leases;
+  for (int i = 0; i < 4; ++i) {
+    auto l = client_->Lookup("m", cached_, {.acquire_lease = true});
+    ASSERT_TRUE(l.ok()) << l.status();
+    leases.push_back(l->lease_id);
+  }
+  auto refused = client_->Lookup("m", cached_, {.acquire_lease = true});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("max_leases"));
+  EXPECT_EQ(client_->GetStats()->active_leases(), 4u);
+  ASSERT_TRUE(client_->ReleaseLease(leases[0]).ok());
+  EXPECT_TRUE(client_->Lookup("m", cached_, {.acquire_lease = true}).ok());
+}
+
+// Same tokens, other bytes (with valid checksums): the append succeeds, says
+// which blocks conflicted, and readers keep getting the bytes first stored.
+TEST_F(BadInputTest, ConflictingAppendIsReportedAndTheCachedBytesKept) {
+  const auto other = MakeKv(MakeTokens(77, 3 * kBlockTokens), kBlockTokens, block_bytes_, 0, 3);
+  ASSERT_NE(other, MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3));
+  auto r = client_->Append("m", cached_, other);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->conflicting_blocks, 3u);
+  EXPECT_EQ(r->first_conflicting_block, 0);
+  EXPECT_EQ(r->stored_blocks, 0u);
+  std::vector<std::byte> out(3 * block_bytes_);
+  ASSERT_TRUE(client_->Fetch("m", cached_, out).ok());
+  EXPECT_TRUE(out == MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3));
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->conflicting_appends(), 1u);
+  EXPECT_EQ(stats->models(0).conflicting_blocks(), 3u);
+  // The same bytes again: no conflict.
+  auto same = client_->Append("m", cached_, MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->conflicting_blocks, 0u);
+  EXPECT_EQ(same->first_conflicting_block, -1);
 }
 
 TEST_F(BadInputTest, BrokenAppendStreamStoresNothing) {

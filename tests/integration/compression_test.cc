@@ -176,6 +176,22 @@ TEST_F(ImportanceDaemonTest, QuantizeAtRuntimeServesDequantizedKvWithinBound) {
   }
   EXPECT_LT(wire, kBlocks * block_bytes_ * 2 / 3);
 
+  // A worker that recomputed the prefix appends its exact bytes: they match
+  // the blocks' original checksums, so the lossy copies are replaced.
+  absl::StatusOr<AppendResult> again =
+      client_->Append(kModel, tokens_, std::as_bytes(std::span<const float>(kv_)));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->restored_blocks, kBlocks - 1);
+  EXPECT_EQ(again->conflicting_blocks, 0u);
+  absl::StatusOr<FetchResult> restored =
+      client_->Fetch(kModel, tokens_, std::as_writable_bytes(std::span<float>(got)));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  // (Compaction may have compressed them again already: blocks go cold after 1 s here.)
+  EXPECT_EQ(restored->blocks * kBt + restored->withheld_tokens, kBlocks * kBt);
+  if (restored->blocks == kBlocks) EXPECT_EQ(got, kv_);
+  EXPECT_GE(Stats().restored_blocks(), kBlocks - 1);
+  ASSERT_TRUE(WaitForCompressed(kBlocks - 1)) << "compaction did not compress them again";
+
   // Switching off removes the compressed blocks: the model is lossless again.
   const std::string off = Ctl(absl::StrCat("policy -m ", kModel, " --mode off"), &code);
   ASSERT_EQ(code, 0) << off;
