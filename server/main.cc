@@ -197,20 +197,21 @@ int Serve(const v1::ServerConfig& config) {
     }
   }
   const v1::LimitsConfig& limits = config.limits();
-  CacheOptions cache_options{.max_tokens_per_request = limits.max_tokens_per_request(),
-                             .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
-                             .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
-                             .max_models = limits.max_models(),
-                             .max_leases = limits.max_leases(),
-                             .max_lease_tokens = limits.max_lease_tokens(),
-                             .append_staging_bytes = static_cast<uint64_t>(
-                                 config.host_tier().append_staging_fraction() *
-                                 static_cast<double>(config.host_tier().capacity_bytes())),
-                             .max_metadata_bytes = static_cast<uint64_t>(
-                                 config.host_tier().metadata_fraction() *
-                                 static_cast<double>(config.host_tier().capacity_bytes())),
-                             .max_protected_ranges = limits.max_protected_ranges(),
-                             .importance = ImportanceFromConfig(config.importance())};
+  CacheOptions cache_options{
+      .max_tokens_per_request = limits.max_tokens_per_request(),
+      .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
+      .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
+      .max_models = limits.max_models(),
+      .max_leases = limits.max_leases(),
+      .max_lease_tokens = limits.max_lease_tokens(),
+      .append_staging_bytes =
+          static_cast<uint64_t>(config.host_tier().append_staging_fraction() *
+                                static_cast<double>(config.host_tier().capacity_bytes())),
+      .max_metadata_bytes =
+          static_cast<uint64_t>(config.host_tier().metadata_fraction() *
+                                static_cast<double>(config.host_tier().capacity_bytes())),
+      .max_protected_ranges = limits.max_protected_ranges(),
+      .importance = ImportanceFromConfig(config.importance())};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};

@@ -164,9 +164,8 @@ class ClientImpl final : public Client {
                                                         std::span<const uint32_t> tokens,
                                                         bool accept_compressed,
                                                         const FetchOptions& options) override {
-    return WithReregistration(model_id, [&] {
-      return FetchBlocksOnce(model_id, tokens, accept_compressed, options);
-    });
+    return WithReregistration(
+        model_id, [&] { return FetchBlocksOnce(model_id, tokens, accept_compressed, options); });
   }
 
   absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,

@@ -254,9 +254,22 @@ int RunStats(const Context& ctx) {
     out << "\nImportance\n";
     importance.Print(out);
   }
-  out << "\nactive leases:      " << stats->active_leases() << '\n'
+  uint64_t conflicting = 0, restored = 0, corrupt = 0;
+  for (const v1::ModelStats& m : stats->models()) {
+    conflicting += m.conflicting_blocks();
+    restored += m.restored_blocks();
+    corrupt += m.corrupt_blocks();
+  }
+  out << "\nactive leases:      " << stats->active_leases() << " (" << stats->lease_tokens()
+      << " tokens)\n"
       << "capacity evictions: " << stats->capacity_evictions() << " blocks\n"
-      << "rejected appends:   " << stats->rejected_appends() << '\n';
+      << "rejected appends:   " << stats->rejected_appends() << '\n'
+      << "appends in flight:  " << HumanBytes(stats->staged_bytes()) << " staged\n"
+      << "metadata:           " << HumanBytes(stats->metadata_bytes()) << " ("
+      << stats->metadata_evictions() << " blocks evicted for its budget)\n"
+      << "integrity:          " << conflicting << " conflicting blocks in "
+      << stats->conflicting_appends() << " appends, " << restored << " lossy blocks restored, "
+      << corrupt << " corrupt blocks dropped\n";
   return kExitOk;
 }
 
@@ -358,6 +371,7 @@ int RunLookup(const Context& ctx, std::string_view model, const std::vector<uint
   if (ctx.json) {
     v1::LookupResponse resp;
     resp.set_matched_tokens(r->matched_tokens);
+    resp.set_withheld_tokens(r->withheld_tokens);
     resp.mutable_blocks()->Add(r->blocks.begin(), r->blocks.end());
     *ctx.out << ToJson(resp) << '\n';
     return kExitOk;
@@ -367,6 +381,11 @@ int RunLookup(const Context& ctx, std::string_view model, const std::vector<uint
   *ctx.out << "matched " << r->matched_tokens << " of " << tokens.size() << " tokens ("
            << Percent(r->matched_tokens, tokens.size()) << "): " << r->blocks.size() << " blocks, "
            << HumanBytes(bytes) << '\n';
+  if (r->withheld_tokens != 0) {
+    *ctx.out << r->withheld_tokens
+             << " more cached tokens are stored lossy (INT8 or pruned) and were not matched: "
+                "workers get them only with accept_lossy\n";
+  }
   if (r->blocks.empty()) return kExitOk;
   Table t({{"INDEX", true}, {"KEY"}, {"CHECKSUM"}, {"BYTES", true}});
   for (const v1::BlockDescriptor& b : r->blocks) {

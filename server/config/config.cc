@@ -209,8 +209,8 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   }
   if (auto s = CheckRange("limits.max_models", l.max_models(), 1, 1 << 20); !s.ok()) return s;
   if (auto s = CheckRange("limits.max_leases", l.max_leases(), 1, 1 << 24); !s.ok()) return s;
-  if (auto s = CheckRange("limits.max_lease_tokens", l.max_lease_tokens(), l.max_tokens_per_request(),
-                          uint64_t{1} << 34);
+  if (auto s = CheckRange("limits.max_lease_tokens", l.max_lease_tokens(),
+                          l.max_tokens_per_request(), uint64_t{1} << 34);
       !s.ok()) {
     return s;
   }

@@ -149,7 +149,8 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
           : NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
   session->index_ = &m.index;
   for (uint64_t j = 0; j < num_blocks; ++j) {
-    if (session->plan_[j] == Plan::kStore) claims_.emplace(std::pair{&m.index, session->keys_[j]}, session.get());
+    if (session->plan_[j] == Plan::kStore)
+      claims_.emplace(std::pair{&m.index, session->keys_[j]}, session.get());
   }
   session->holds_claims_ = true;
   return session;
@@ -301,10 +302,10 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   if (!state.ok()) return fail(state.status());
   Cache::ModelState& m = **state;
   if (m.layout != layout_ || &m.index != index_) {
-    return fail(absl::AbortedError(
-        absl::StrCat("model \"", model_.model_id, "\" was registered anew",
-                     m.layout != layout_ ? absl::StrCat(" with another layout (", m.layout.ToString(), ")") : "",
-                     " while the append streamed; retry the append")));
+    return fail(absl::AbortedError(absl::StrCat(
+        "model \"", model_.model_id, "\" was registered anew",
+        m.layout != layout_ ? absl::StrCat(" with another layout (", m.layout.ToString(), ")") : "",
+        " while the append streamed; retry the append")));
   }
 
   // First pass: the prefix must still be there, and so must every block we
@@ -341,7 +342,8 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
       if (digests_[j] != cached->payload->raw_checksum()) {
         // Same tokens, other bytes: keep what every reader has been served.
         ++result.conflicting_blocks;
-        if (result.first_conflicting_block < 0) result.first_conflicting_block = static_cast<int64_t>(i);
+        if (result.first_conflicting_block < 0)
+          result.first_conflicting_block = static_cast<int64_t>(i);
       } else if (cached->payload->compressed() && payload != nullptr) {
         // The exact bytes of a block stored lossy: make it exact again.
         const uint64_t old_size = cached->payload->size();

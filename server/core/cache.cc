@@ -363,9 +363,9 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
   const std::vector<BlockRef>& blocks = it->second.blocks;
   size_t readable = blocks.size();
   if (!accept_lossy) {
-    readable = static_cast<size_t>(
-        std::find_if(blocks.begin(), blocks.end(), [](const BlockRef& b) { return b->compressed(); }) -
-        blocks.begin());
+    readable = static_cast<size_t>(std::find_if(blocks.begin(), blocks.end(),
+                                                [](const BlockRef& b) { return b->compressed(); }) -
+                                   blocks.begin());
   }
   const uint32_t bt = m.layout.block_tokens;
   FetchPlan plan{.layout = m.layout,

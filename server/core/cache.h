@@ -114,9 +114,9 @@ struct RegisterResult {
 struct BlockInfo {
   uint32_t index = 0;
   uint64_t key = 0;
-  uint64_t checksum = 0;  // of the bytes a fetch sends (raw, or decoded when lossy)
-  uint64_t bytes = 0;     // raw block bytes
-  bool lossy = false;     // stored compressed: INT8 or pruned tokens
+  uint64_t checksum = 0;         // of the bytes a fetch sends (raw, or decoded when lossy)
+  uint64_t bytes = 0;            // raw block bytes
+  bool lossy = false;            // stored compressed: INT8 or pruned tokens
   uint64_t stored_bytes = 0;     // bytes of the stored (compressed) form
   uint64_t stored_checksum = 0;  // checksum of the stored form
 };
@@ -199,7 +199,7 @@ struct CompactionResult {
   bool under_pressure = false;
   uint64_t candidates = 0;
   uint64_t compressed_blocks = 0;
-  uint64_t bytes_saved = 0;      // pool memory freed
+  uint64_t bytes_saved = 0;       // pool memory freed
   uint64_t no_saving_blocks = 0;  // left raw: the compressed copy would free no memory
   uint64_t corrupt_blocks = 0;    // dropped: did not match their checksum
   uint64_t evicted_blocks = 0;    // evicted to keep the budgets
@@ -432,7 +432,7 @@ class Cache {
   absl::BitGen lease_ids_ ABSL_GUARDED_BY(mu_);
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes in the indexes
+  uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes in the indexes
   uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // nodes + lease token copies
   uint64_t lease_tokens_ ABSL_GUARDED_BY(mu_) = 0;    // tokens held by live leases
   // Pool memory held by appends in flight (uncommitted blocks).

@@ -127,7 +127,7 @@ void RandomizedCacheTest::Run(bool exact, uint64_t seed, int ops) {
         stored += r.blocks.emplace(Prefix(ids, k), expires).second;
       if (exact) {
         EXPECT_THAT(CountsOf(*result), FieldsAre(stored, ids.size() - start - stored,
-                                       stored * m.layout.BlockBytes(), ids.size() * kBt));
+                                                 stored * m.layout.BlockBytes(), ids.size() * kBt));
       }
     } else if (kind < 55) {  // lookup, perhaps leased
       auto lookup = cache_->Lookup(

@@ -162,7 +162,9 @@ struct BlockIdentity {
   uint64_t checksum;
   uint64_t bytes;
 };
-inline BlockIdentity IdentityOf(const BlockInfo& b) { return {b.index, b.key, b.checksum, b.bytes}; }
+inline BlockIdentity IdentityOf(const BlockInfo& b) {
+  return {b.index, b.key, b.checksum, b.bytes};
+}
 
 template <typename T>
 inline absl::StatusCode CodeOf(const absl::StatusOr<T>& s) {

@@ -179,7 +179,7 @@ struct Cache::CompactionJob {
   std::vector<float> activity;
   std::vector<float> novelty;
   std::vector<uint8_t> pinned;
-  bool novelty_computed = false;  // novelty was missing and computed by the pass
+  bool novelty_computed = false;   // novelty was missing and computed by the pass
   uint64_t policy_generation = 0;  // the model's when planned
   // Results.
   bool corrupt = false;  // the stored bytes do not match their checksum

@@ -452,7 +452,7 @@ TEST_F(IntegrityTest, LeasesAreCappedInNumberAndTokens) {
 
 TEST_F(IntegrityTest, RejectedAppendEvictsNothingWhenItFitsTheStaging) {
   options_.append_staging_bytes = 4 * kSlab;  // 32 blocks
-  MakeCache(16);                               // 128 blocks of 8 KiB
+  MakeCache(16);                              // 128 blocks of 8 KiB
   for (uint32_t s = 0; s < 24; ++s) ASSERT_TRUE(Append(Tokens(s), Gaussian(kBlocks, s)).ok());
   const CacheStats before = cache_->GetStats();
   ASSERT_EQ(before.blocks, 96u);  // the committed budget: 128 - 32
@@ -533,7 +533,8 @@ TEST_F(IntegrityTest, MetadataIsCountedAndBounded) {
   // Leases count too: a lease keeps a copy of its tokens.
   auto lease = cache_->Lookup(kModel, Tokens(9), {.acquire = true});
   ASSERT_TRUE(lease.ok());
-  EXPECT_GE(cache_->GetStats().metadata_bytes, stats.metadata_bytes + kBlocks * kBt * sizeof(Token));
+  EXPECT_GE(cache_->GetStats().metadata_bytes,
+            stats.metadata_bytes + kBlocks * kBt * sizeof(Token));
   ASSERT_TRUE(cache_->ReleaseLease(lease->lease_id));
   ASSERT_TRUE(cache_->EvictModel(kModel).ok());
   EXPECT_EQ(cache_->GetStats().metadata_bytes, 0u);

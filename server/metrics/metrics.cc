@@ -136,12 +136,13 @@ class CacheCollector final : public prometheus::Collectable {
     auto evicted =
         Family("kvcached_model_evicted_blocks_total",
                "Blocks removed (capacity, explicit or expiry), per model", MetricType::Counter);
-    auto conflicting = Family("kvcached_conflicting_blocks_total",
-                              "Appended blocks whose bytes differed from the cached copy, per model",
-                              MetricType::Counter);
-    auto restored = Family("kvcached_restored_blocks_total",
-                           "Lossy blocks made exact again by an append, per model",
-                           MetricType::Counter);
+    auto conflicting =
+        Family("kvcached_conflicting_blocks_total",
+               "Appended blocks whose bytes differed from the cached copy, per model",
+               MetricType::Counter);
+    auto restored =
+        Family("kvcached_restored_blocks_total",
+               "Lossy blocks made exact again by an append, per model", MetricType::Counter);
     auto corrupt = Family("kvcached_corrupt_blocks_total",
                           "Blocks found not matching their checksum and dropped, per model",
                           MetricType::Counter);
@@ -178,25 +179,24 @@ class CacheCollector final : public prometheus::Collectable {
     auto leases =
         Family("kvcached_active_leases", "Leases currently pinning blocks", MetricType::Gauge);
     AddSample(leases, {}, static_cast<double>(s.active_leases));
-    auto budget = Family("kvcached_metadata_evictions_total",
-                         "Blocks evicted to keep index metadata within its budget",
-                         MetricType::Counter);
+    auto budget =
+        Family("kvcached_metadata_evictions_total",
+               "Blocks evicted to keep index metadata within its budget", MetricType::Counter);
     AddSample(budget, {}, static_cast<double>(s.metadata_evictions));
-    auto metadata = Family("kvcached_metadata_bytes",
-                           "Index metadata and lease token copies held in memory",
-                           MetricType::Gauge);
+    auto metadata =
+        Family("kvcached_metadata_bytes", "Index metadata and lease token copies held in memory",
+               MetricType::Gauge);
     AddSample(metadata, {}, static_cast<double>(s.metadata_bytes));
-    auto staged = Family("kvcached_append_staged_bytes",
-                         "Pool memory held by appends in flight", MetricType::Gauge);
+    auto staged = Family("kvcached_append_staged_bytes", "Pool memory held by appends in flight",
+                         MetricType::Gauge);
     AddSample(staged, {}, static_cast<double>(s.staged_bytes));
     auto lease_tokens =
         Family("kvcached_lease_tokens", "Tokens held by live leases", MetricType::Gauge);
     AddSample(lease_tokens, {}, static_cast<double>(s.lease_tokens));
-    std::vector<MetricFamily> out = {blocks,      bytes,     appended, dedup,    evicted,
-                                     hits,        misses,    capacity, used,     payload,
-                                     tier_blocks, evictions, rejected, leases,   conflicting,
-                                     restored,    corrupt,   budget,   metadata, staged,
-                                     lease_tokens};
+    std::vector<MetricFamily> out = {
+        blocks,      bytes,    appended, dedup,       evicted,   hits,     misses,
+        capacity,    used,     payload,  tier_blocks, evictions, rejected, leases,
+        conflicting, restored, corrupt,  budget,      metadata,  staged,   lease_tokens};
     for (MetricFamily& f : ImportanceFamilies(s)) out.push_back(std::move(f));
     return out;
   }

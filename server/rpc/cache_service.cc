@@ -148,8 +148,7 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
     if (!key.ok()) return key.status();
     LeaseRequest lease{.acquire = request->acquire_lease(),
                        .ttl = absl::Milliseconds(request->lease_ttl_ms())};
-    auto result =
-        cache_->Lookup(*key, TokensOf(request->tokens()), lease, request->accept_lossy());
+    auto result = cache_->Lookup(*key, TokensOf(request->tokens()), lease, request->accept_lossy());
     if (!result.ok()) return result.status();
     response->set_matched_tokens(result->matched_tokens);
     response->set_withheld_tokens(result->withheld_tokens);
@@ -422,7 +421,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(CacheService* service, grpc::CallbackServerContext* ctx,
                const grpc::ByteBuffer* raw_request)
-      : service_(service), ctx_(ctx), lifecycle_(service, ctx, "Fetch", "a write did not complete") {
+      : service_(service),
+        ctx_(ctx),
+        lifecycle_(service, ctx, "Fetch", "a write did not complete") {
     if (absl::Status s = lifecycle_.Begin([this] { ReleasePlan(); }); !s.ok()) {
       Done(s);
       return;
