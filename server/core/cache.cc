@@ -209,6 +209,12 @@ size_t Cache::ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lo
   return static_cast<size_t>(lossy - path.begin());
 }
 
+size_t Cache::ExactBlocks(std::span<const BlockRef> blocks) {
+  auto lossy =
+      std::find_if(blocks.begin(), blocks.end(), [](const BlockRef& b) { return b->compressed(); });
+  return static_cast<size_t>(lossy - blocks.begin());
+}
+
 absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<const Token> tokens,
                                            const LeaseRequest& lease, bool accept_lossy) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
@@ -332,15 +338,22 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<c
   ModelState& m = **state;
   std::vector<IndexNode*> path;
   MatchLocked(m, tokens, &path);
-  const size_t readable = ReadableBlocks(path, accept_lossy);
+  std::vector<BlockRef> blocks;
+  blocks.reserve(path.size());
+  for (IndexNode* n : path) blocks.push_back(n->payload);
+  return MakePlan(m, std::move(blocks), accept_lossy);
+}
+
+FetchPlan Cache::MakePlan(const ModelState& m, std::vector<BlockRef> blocks, bool accept_lossy) {
+  const size_t readable = accept_lossy ? blocks.size() : ExactBlocks(blocks);
   const uint32_t bt = m.layout.block_tokens;
   FetchPlan plan{.layout = m.layout,
                  .matched_tokens = readable * bt,
-                 .withheld_tokens = (path.size() - readable) * bt,
+                 .withheld_tokens = (blocks.size() - readable) * bt,
                  .lossless_epoch = m.lossless_epoch,
                  .epoch = m.lossless_epoch->load()};
-  plan.blocks.reserve(readable);
-  for (size_t i = 0; i < readable; ++i) plan.blocks.push_back(path[i]->payload);
+  blocks.resize(readable);
+  plan.blocks = std::move(blocks);
   return plan;
 }
 
@@ -359,22 +372,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
                                                    it->second.model.model_id, "\", not \"",
                                                    model.model_id, "\""));
   }
-  ModelState& m = **state;
-  const std::vector<BlockRef>& blocks = it->second.blocks;
-  size_t readable = blocks.size();
-  if (!accept_lossy) {
-    readable = static_cast<size_t>(std::find_if(blocks.begin(), blocks.end(),
-                                                [](const BlockRef& b) { return b->compressed(); }) -
-                                   blocks.begin());
-  }
-  const uint32_t bt = m.layout.block_tokens;
-  FetchPlan plan{.layout = m.layout,
-                 .matched_tokens = readable * bt,
-                 .withheld_tokens = (blocks.size() - readable) * bt,
-                 .lossless_epoch = m.lossless_epoch,
-                 .epoch = m.lossless_epoch->load()};
-  plan.blocks.assign(blocks.begin(), blocks.begin() + readable);
-  return plan;
+  return MakePlan(**state, it->second.blocks, accept_lossy);
 }
 
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,

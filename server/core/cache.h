@@ -395,6 +395,11 @@ class Cache {
   // How many blocks of `path` a reader may get: all with `accept_lossy`,
   // else those before the first one stored lossy.
   static size_t ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lossy);
+  // How many of `blocks` come before the first one stored lossy.
+  static size_t ExactBlocks(std::span<const BlockRef> blocks);
+  // A plan of `blocks` of model `m`: all with `accept_lossy`, else up to the
+  // first lossy one; stamped with the model's lossless epoch.
+  static FetchPlan MakePlan(const ModelState& m, std::vector<BlockRef> blocks, bool accept_lossy);
   // Evicts least recently used blocks until the committed blocks leave
   // append_staging_bytes of the pool free and metadata is within
   // max_metadata_bytes, or nothing more is evictable. Returns blocks evicted.

@@ -54,9 +54,8 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
     m.lossless_epoch->fetch_add(1);
     for (auto& [id, lease] : leases_) {
       if (lease.model != model) continue;
-      auto lossy = std::find_if(lease.blocks.begin(), lease.blocks.end(),
-                                [](const BlockRef& b) { return b->compressed(); });
-      const uint64_t keep = static_cast<uint64_t>(lossy - lease.blocks.begin());
+      const size_t keep = ExactBlocks(lease.blocks);
+      auto lossy = lease.blocks.begin() + static_cast<ptrdiff_t>(keep);
       for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(std::move(*it));
       lease.blocks.erase(lossy, lease.blocks.end());
       lease.matched_tokens = keep * m.layout.block_tokens;
