@@ -73,11 +73,18 @@ class StreamLifecycle {
   absl::Status BrokeOff(absl::Status otherwise) const {
     return timed_out() ? TimeoutError() : otherwise;
   }
+  // Gives the slot back; called as the reactor finishes, so a client that
+  // has seen the status finds the slot free. Idempotent.
+  void ReleaseSlot() {
+    if (!holds_slot_) return;
+    holds_slot_ = false;
+    service_->streams_.Release(peer_);
+  }
   // From OnDone: stops the timer (waiting out a running OnIdle) and gives
-  // the slot back.
+  // the slot back if Finish did not.
   void End() {
     if (watch_ != 0) service_->watchdog_.Unwatch(watch_);
-    if (holds_slot_) service_->streams_.Release(peer_);
+    ReleaseSlot();
   }
 
  private:
@@ -305,6 +312,7 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Done(const absl::Status& status) {
     status_ = status;
     session_.reset();  // an uncommitted session frees its blocks
+    lifecycle_.ReleaseSlot();
     Finish(ToGrpcStatus(status));
   }
 
@@ -539,6 +547,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void Done(const absl::Status& status) {
     status_ = status;
+    lifecycle_.ReleaseSlot();
     Finish(ToGrpcStatus(status));
   }
 
