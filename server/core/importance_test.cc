@@ -16,6 +16,7 @@
 #include "kvcache/kernels/novelty.h"
 #include "server/core/cache.h"
 #include "server/core/fetch_block.h"
+#include "server/core/importance_test_util.h"
 #include "server/importance/block_codec.h"
 #include "server/importance/scoring.h"
 
@@ -24,21 +25,7 @@ namespace {
 
 using enum ::absl::StatusCode;
 
-constexpr uint32_t kBt = 16;
-constexpr uint32_t kLayers = 2;
-constexpr uint32_t kHeads = 2;
-constexpr uint32_t kDim = 16;
-constexpr uint32_t kBlocks = 4;  // the test sequence: 64 tokens
-constexpr uint64_t kSlab = uint64_t{64} << 10;
-const ModelKey kModel{"default", "m"};
-
-ModelLayout TestLayout() { return {kLayers, kHeads, kDim, DType::kFp32, kBt}; }
-
-// Index of element (layer, kv, head, token-in-block, dim) in a block of floats.
-size_t At(uint32_t layer, uint32_t kv, uint32_t head, uint32_t t, uint32_t d) {
-  return ((((size_t{layer} * 2 + kv) * kHeads + head) * kBt + t) * kDim) + d;
-}
-constexpr size_t kBlockFloats = size_t{kLayers} * 2 * kHeads * kBt * kDim;
+using namespace importance_test;  // NOLINT: the shared test shapes
 
 class ImportanceTest : public ::testing::Test {
  protected:

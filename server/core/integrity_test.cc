@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "server/core/cache.h"
 #include "server/core/fetch_block.h"
+#include "server/core/importance_test_util.h"
 #include "server/importance/block_codec.h"
 
 namespace kvcache {
@@ -21,21 +22,7 @@ namespace {
 using enum ::absl::StatusCode;
 using ::testing::HasSubstr;
 
-constexpr uint32_t kBt = 16;
-constexpr uint32_t kLayers = 2;
-constexpr uint32_t kHeads = 2;
-constexpr uint32_t kDim = 16;
-constexpr uint32_t kBlocks = 4;  // the test sequence: 64 tokens
-constexpr uint64_t kSlab = uint64_t{64} << 10;
-constexpr size_t kBlockFloats = size_t{kLayers} * 2 * kHeads * kBt * kDim;  // 8 KiB blocks
-const ModelKey kModel{"default", "m"};
-
-ModelLayout TestLayout() { return {kLayers, kHeads, kDim, DType::kFp32, kBt}; }
-
-// Index of element (layer, kv, head, token-in-block, dim) in a block of floats.
-size_t At(uint32_t layer, uint32_t kv, uint32_t head, uint32_t t, uint32_t d) {
-  return ((((size_t{layer} * 2 + kv) * kHeads + head) * kBt + t) * kDim) + d;
-}
+using namespace importance_test;  // NOLINT: the shared test shapes
 
 // Gaussian floats for `blocks` blocks, seeded.
 std::vector<float> Gaussian(uint32_t blocks, uint32_t seed) {
