@@ -2,7 +2,7 @@
 //
 // Builds the configuration (embedded defaults < --config file < flags),
 // validates and logs it, creates the host-memory cache, starts the metrics
-// endpoint and the gRPC server, runs the periodic work (lease expiry,
+// endpoint, the shared-memory data plane and the gRPC server, runs the periodic work (lease expiry,
 // importance compaction, weight calibration), and serves until SIGTERM or SIGINT, which
 // drain in-flight calls (up to drain_timeout_seconds) and exit 0.
 #include <pthread.h>
@@ -25,6 +25,7 @@
 #include "server/core/slab_pool.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/server.h"
+#include "server/shm/shm_server.h"
 
 #ifndef KVCACHE_VERSION
 #define KVCACHE_VERSION "dev"
@@ -40,6 +41,7 @@ struct Flags {
   std::string config_path;
   std::string listen;
   std::string unix_socket;
+  std::string shm_socket;
   std::string metrics_address;
   uint64_t capacity_bytes = 0;
   uint64_t slab_bytes = 0;
@@ -51,6 +53,7 @@ struct Flags {
 void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.listen.empty()) c->mutable_listen()->set_tcp_address(f.listen);
   if (!f.unix_socket.empty()) c->mutable_listen()->set_unix_socket(f.unix_socket);
+  if (!f.shm_socket.empty()) c->mutable_listen()->set_shm_socket(f.shm_socket);
   if (!f.metrics_address.empty()) c->mutable_listen()->set_metrics_address(f.metrics_address);
   if (f.capacity_bytes != 0) c->mutable_host_tier()->set_capacity_bytes(f.capacity_bytes);
   if (f.slab_bytes != 0) c->mutable_host_tier()->set_slab_bytes(f.slab_bytes);
@@ -58,6 +61,14 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
 }
 
 std::string Enabled(const std::string& value) { return value == kDisabled ? "" : value; }
+
+// listen.shm_socket, or the gRPC socket's path + ".shm" when it is unset;
+// empty when disabled.
+std::string ShmSocketPath(const v1::ListenConfig& listen) {
+  if (!listen.shm_socket().empty()) return Enabled(listen.shm_socket());
+  const std::string grpc_socket = Enabled(listen.unix_socket());
+  return grpc_socket.empty() ? "" : grpc_socket + ".shm";
+}
 
 // The signals that stop the daemon, handled by sigwait() on the main thread.
 sigset_t StopSignals() {
@@ -233,6 +244,27 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::info("metrics on http://{}/metrics", metrics_address);
   }
 
+  // The shared-memory data plane first: once gRPC answers, it is up too.
+  std::unique_ptr<ShmServer> shm_server;
+  if (const std::string shm_socket = ShmSocketPath(config.listen()); !shm_socket.empty()) {
+    const v1::ShmConfig& shm = config.shm();
+    auto started = ShmServer::Start(
+        {.socket_path = shm_socket,
+         .max_connections = shm.max_connections(),
+         .limits = {.max_regions = shm.max_regions_per_connection(),
+                    .max_region_bytes = shm.max_region_bytes(),
+                    .max_frame_bytes = limits.max_message_bytes()},
+         .copy_threads = shm.copy_threads(),
+         .parallel_copy_min_bytes = shm.parallel_copy_min_bytes()},
+        &cache, metrics.get());
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().ToString());
+      return 2;
+    }
+    shm_server = *std::move(started);
+    spdlog::info("serving the shared-memory data plane on {}", shm_socket);
+  }
+
   GrpcServerOptions server_options{
       .tcp_address = Enabled(config.listen().tcp_address()),
       .unix_socket = Enabled(config.listen().unix_socket()),
@@ -249,7 +281,8 @@ int Serve(const v1::ServerConfig& config) {
                    .git_revision = KVCACHE_GIT_REVISION,
                    .start_time = absl::Now(),
                    .listen_addresses = {},
-                   .cuda_built = KVCACHE_CUDA_BUILT != 0}};
+                   .cuda_built = KVCACHE_CUDA_BUILT != 0,
+                   .shm_socket = shm_server ? shm_server->socket_path() : ""}};
   auto server = GrpcServer::Start(server_options, &cache, metrics.get());
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -269,9 +302,11 @@ int Serve(const v1::ServerConfig& config) {
                config.drain_timeout_seconds());
   (*server)->Shutdown(absl::Seconds(config.drain_timeout_seconds()));
   (*server)->Wait();
+  if (shm_server) shm_server->Shutdown();
   stopping = true;
   maintenance.join();
   server->reset();  // before the cache: in-flight fetches hold its blocks
+  shm_server.reset();
   spdlog::info("kvcached stopped");
   return 0;
 }
@@ -298,6 +333,9 @@ int main(int argc, char** argv) {
                  "TCP address HOST:PORT, or 'none' (default 0.0.0.0:50051)");
   app.add_option("--unix-socket", flags.unix_socket,
                  "Unix socket path, or 'none' (default /tmp/kvcached.sock)");
+  app.add_option("--shm-socket", flags.shm_socket,
+                 "Shared-memory data plane socket for workers on this host, or 'none' "
+                 "(default: the Unix socket's path + '.shm')");
   app.add_option("--metrics-address", flags.metrics_address,
                  "Prometheus endpoint HOST:PORT, or 'none' (default 0.0.0.0:9464)");
   app.add_option("--capacity-bytes", flags.capacity_bytes,

@@ -121,6 +121,12 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!host->has_append_staging_fraction()) host->set_append_staging_fraction(0.125);
   if (!host->has_metadata_fraction()) host->set_metadata_fraction(0.125);
 
+  v1::ShmConfig* shm = c->mutable_shm();
+  if (shm->max_connections() == 0) shm->set_max_connections(256);
+  if (shm->max_regions_per_connection() == 0) shm->set_max_regions_per_connection(64);
+  if (shm->max_region_bytes() == 0) shm->set_max_region_bytes(uint64_t{64} << 30);
+  if (shm->parallel_copy_min_bytes() == 0) shm->set_parallel_copy_min_bytes(uint64_t{8} << 20);
+
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(10);
 
@@ -281,6 +287,20 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return absl::InvalidArgumentError(
         "listen.tcp_address and listen.unix_socket are both \"none\"; enable at least one");
   }
+  const v1::ShmConfig& shm = c.shm();
+  if (auto s = CheckRange("shm.max_connections", shm.max_connections(), 1, 65536); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.max_regions_per_connection", shm.max_regions_per_connection(), 1,
+                          4096);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.max_region_bytes", shm.max_region_bytes(), 4096, uint64_t{1} << 46);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64); !s.ok()) return s;
   if (auto s = CheckRange("drain_timeout_seconds", c.drain_timeout_seconds(), 1, 3600); !s.ok()) {
     return s;
   }

@@ -232,8 +232,15 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
         new_blocks_[block] = *std::move(payload);
       }
     }
-    if (store) std::memcpy(new_blocks_[block]->mutable_data().data() + offset, bytes.data(), n);
-    XXH3_64bits_update(hash_->state, bytes.data(), n);
+    if (store) {
+      // Hash the copy, not the source: a source another process can write
+      // (a worker's shared-memory region) could change between the two reads.
+      std::byte* copy = new_blocks_[block]->mutable_data().data() + offset;
+      std::memcpy(copy, bytes.data(), n);
+      XXH3_64bits_update(hash_->state, copy, n);
+    } else {
+      XXH3_64bits_update(hash_->state, bytes.data(), n);
+    }
     if (offset + n == block_bytes_) {
       const uint64_t checksum = XXH3_64bits_digest(hash_->state);
       if (!checksums_.empty() && checksums_[block] != checksum) {

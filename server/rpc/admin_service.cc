@@ -30,6 +30,7 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContex
   response->set_uptime_seconds(absl::ToInt64Seconds(start - identity_.start_time));
   for (const std::string& a : identity_.listen_addresses) response->add_listen_addresses(a);
   response->set_cuda_built(identity_.cuda_built);
+  response->set_shm_socket(identity_.shm_socket);
   return Finish(ctx, "GetServerInfo", start);
 }
 

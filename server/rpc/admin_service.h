@@ -19,6 +19,7 @@ struct ServerIdentity {
   absl::Time start_time;
   std::vector<std::string> listen_addresses;
   bool cuda_built = false;
+  std::string shm_socket;  // empty: no shared-memory data plane
 };
 
 class AdminService final : public v1::Admin::CallbackService {

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "server/core/fetch_block.h"
 #include "server/rpc/append_decoder.h"
+#include "server/rpc/cache_calls.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -150,34 +151,19 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                const v1::LookupRequest* request,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited("Lookup", [&]() -> absl::Status {
-    auto key = ToModelKey(request->namespace_(), request->model_id());
-    if (!key.ok()) return key.status();
-    LeaseRequest lease{.acquire = request->acquire_lease(),
-                       .ttl = absl::Milliseconds(request->lease_ttl_ms())};
-    auto result = cache_->Lookup(*key, TokensOf(request->tokens()), lease, request->accept_lossy());
-    if (!result.ok()) return result.status();
-    response->set_matched_tokens(result->matched_tokens);
-    response->set_withheld_tokens(result->withheld_tokens);
-    for (const BlockInfo& b : result->blocks) {
-      v1::BlockDescriptor* d = response->add_blocks();
-      d->set_index(b.index);
-      d->set_key(b.key);
-      d->set_checksum(b.checksum);
-      d->set_bytes(b.bytes);
-      if (b.lossy) {
-        d->set_lossy(true);
-        d->set_stored_bytes(b.stored_bytes);
-        d->set_stored_checksum(b.stored_checksum);
-      }
-    }
-    if (result->lease_id != 0) {
-      response->set_lease_id(result->lease_id);
-      response->set_lease_expires_unix_ms(absl::ToUnixMillis(result->lease_expires));
-    }
-    return absl::OkStatus();
-  });
+  absl::Status status =
+      RunLimited("Lookup", [&]() -> absl::Status { return RunLookup(*cache_, *request, response); });
   return FinishUnary(ctx, "Lookup", start, status);
+}
+
+grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext* ctx,
+                                                    const v1::BatchLookupRequest* request,
+                                                    v1::BatchLookupResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = RunLimited("BatchLookup", [&]() -> absl::Status {
+    return RunBatchLookup(*cache_, *request, response);
+  });
+  return FinishUnary(ctx, "BatchLookup", start, status);
 }
 
 grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* ctx,
@@ -293,15 +279,7 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Commit() {
     auto result = session_->Commit();
     if (!result.ok()) return Done(result.status());
-    v1::AppendResponse response;
-    response.set_stored_blocks(result->stored_blocks);
-    response.set_deduplicated_blocks(result->deduplicated_blocks);
-    response.set_stored_bytes(result->stored_bytes);
-    response.set_cached_tokens(result->cached_tokens);
-    response.set_conflicting_blocks(result->conflicting_blocks);
-    response.set_first_conflicting_block(result->first_conflicting_block);
-    response.set_restored_blocks(result->restored_blocks);
-    response.set_pending_blocks(result->pending_blocks);
+    v1::AppendResponse response = ToProto(*result);
     bool own_buffer;
     grpc::Status s =
         grpc::SerializationTraits<v1::AppendResponse>::Serialize(response, response_, &own_buffer);

@@ -9,7 +9,7 @@
 //
 // Limits (docs/api.md, "Timeouts and limits"): Append and Fetch streams count
 // against max_concurrent_streams and, per peer, max_streams_per_client;
-// Lookup, Evict and ReportAttention against max_concurrent_unary. A stream
+// Lookup, BatchLookup, Evict and ReportAttention against max_concurrent_unary. A stream
 // that makes no progress for stream_idle_timeout_ms is cancelled with
 // DEADLINE_EXCEEDED and gives back its slot, its append session and its
 // blocks. A Fetch holds a reference only to blocks not yet handed to gRPC
@@ -44,9 +44,10 @@ struct CacheServiceOptions {
 
 using CacheServiceBase =
     v1::Cache::WithCallbackMethod_RegisterModel<v1::Cache::WithCallbackMethod_Lookup<
-        v1::Cache::WithCallbackMethod_ReleaseLease<v1::Cache::WithRawCallbackMethod_Append<
-            v1::Cache::WithRawCallbackMethod_Fetch<v1::Cache::WithCallbackMethod_Evict<
-                v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>;
+        v1::Cache::WithCallbackMethod_BatchLookup<v1::Cache::WithCallbackMethod_ReleaseLease<
+            v1::Cache::WithRawCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
+                v1::Cache::WithCallbackMethod_Evict<
+                    v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>>;
 
 class CacheService final : public CacheServiceBase {
  public:
@@ -58,6 +59,9 @@ class CacheService final : public CacheServiceBase {
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
                                    const v1::LookupRequest* request,
                                    v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* BatchLookup(grpc::CallbackServerContext* ctx,
+                                        const v1::BatchLookupRequest* request,
+                                        v1::BatchLookupResponse* response) override;
   grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* ctx,
                                          const v1::ReleaseLeaseRequest* request,
                                          v1::ReleaseLeaseResponse* response) override;

@@ -18,25 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "server/rpc/unix_socket.h"
 
 namespace kvcache {
 namespace {
-
-std::string ErrnoText(int err) { return std::strerror(err); }
-
-// Closes a file descriptor when it goes out of scope.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-
- private:
-  const int fd_;
-};
 
 // Binds (and at once releases) every address `tcp_address` resolves to, the
 // way gRPC will (SO_REUSEADDR, no SO_REUSEPORT), so a port another process
@@ -72,7 +57,7 @@ absl::Status CheckTcpAddressFree(const std::string& tcp_address) {
   for (addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
-    FdCloser closer(fd);
+    UniqueFd closer(fd);
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
@@ -82,59 +67,6 @@ absl::Status CheckTcpAddressFree(const std::string& tcp_address) {
   }
   ::freeaddrinfo(found);
   return status;
-}
-
-// Makes `path` free for the daemon's Unix socket: nothing there, or a stale
-// socket (one that refuses connections), which is removed. Anything else is
-// left alone and refused: a socket a live process listens on (UNAVAILABLE),
-// a path that is not a socket (FAILED_PRECONDITION).
-absl::Status ClaimUnixSocketPath(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("listen.unix_socket \"", path, "\" is ",
-                                                   path.size(), " bytes; the limit is ",
-                                                   sizeof(addr.sun_path) - 1));
-  }
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("unix socket ", path, ": cannot stat it: ", ErrnoText(errno)));
-  }
-  if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("unix socket ", path,
-                     " exists and is not a socket; not replacing it (remove it or choose "
-                     "another listen.unix_socket)"));
-  }
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("unix socket: socket(): ", ErrnoText(errno)));
-  }
-  int connect_errno = 0;
-  {
-    FdCloser closer(fd);
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-      connect_errno = errno;
-    }
-  }
-  if (connect_errno == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on unix socket ", path,
-                     ": another process is listening on it (another kvcached?)"));
-  }
-  if (connect_errno != ECONNREFUSED) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix socket ", path,
-                                               ": probing it failed: ", ErrnoText(connect_errno)));
-  }
-  // A stale socket from an earlier run that did not stop cleanly.
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot remove the stale unix socket ", path, ": ", ErrnoText(errno)));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -149,7 +81,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
     if (absl::Status s = CheckTcpAddressFree(options.tcp_address); !s.ok()) return s;
   }
   if (!options.unix_socket.empty()) {
-    if (absl::Status s = ClaimUnixSocketPath(options.unix_socket); !s.ok()) return s;
+    if (absl::Status s = ClaimUnixSocketPath(options.unix_socket, "listen.unix_socket"); !s.ok()) return s;
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -1,0 +1,69 @@
+#include "server/rpc/cache_calls.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/rpc/proto_convert.h"
+
+namespace kvcache {
+
+absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
+                       v1::LookupResponse* response) {
+  auto key = ToModelKey(request.namespace_(), request.model_id());
+  if (!key.ok()) return key.status();
+  LeaseRequest lease{.acquire = request.acquire_lease(),
+                     .ttl = absl::Milliseconds(request.lease_ttl_ms())};
+  auto result = cache.Lookup(*key, TokensOf(request.tokens()), lease, request.accept_lossy());
+  if (!result.ok()) return result.status();
+  response->set_matched_tokens(result->matched_tokens);
+  response->set_withheld_tokens(result->withheld_tokens);
+  for (const BlockInfo& b : result->blocks) {
+    v1::BlockDescriptor* d = response->add_blocks();
+    d->set_index(b.index);
+    d->set_key(b.key);
+    d->set_checksum(b.checksum);
+    d->set_bytes(b.bytes);
+    if (b.lossy) {
+      d->set_lossy(true);
+      d->set_stored_bytes(b.stored_bytes);
+      d->set_stored_checksum(b.stored_checksum);
+    }
+  }
+  if (result->lease_id != 0) {
+    response->set_lease_id(result->lease_id);
+    response->set_lease_expires_unix_ms(absl::ToUnixMillis(result->lease_expires));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
+                            v1::BatchLookupResponse* response) {
+  if (request.lookups_size() > kMaxBatchLookups) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch holds ", request.lookups_size(),
+                                                   " lookups; the limit is ", kMaxBatchLookups));
+  }
+  for (const v1::LookupRequest& lookup : request.lookups()) {
+    v1::LookupOutcome* outcome = response->add_outcomes();
+    absl::Status status = RunLookup(cache, lookup, outcome->mutable_response());
+    if (!status.ok()) {
+      outcome->clear_response();
+      outcome->set_code(static_cast<int>(status.code()));
+      outcome->set_message(std::string(status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::AppendResponse ToProto(const AppendResult& result) {
+  v1::AppendResponse response;
+  response.set_stored_blocks(result.stored_blocks);
+  response.set_deduplicated_blocks(result.deduplicated_blocks);
+  response.set_stored_bytes(result.stored_bytes);
+  response.set_cached_tokens(result.cached_tokens);
+  response.set_conflicting_blocks(result.conflicting_blocks);
+  response.set_first_conflicting_block(result.first_conflicting_block);
+  response.set_restored_blocks(result.restored_blocks);
+  response.set_pending_blocks(result.pending_blocks);
+  return response;
+}
+
+}  // namespace kvcache

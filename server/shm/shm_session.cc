@@ -1,0 +1,257 @@
+#include "server/shm/shm_session.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/core/fetch_block.h"
+#include "server/rpc/cache_calls.h"
+#include "server/rpc/proto_convert.h"
+
+namespace kvcache {
+namespace {
+
+void SetStatus(const absl::Status& status, v1::ShmResponse* response) {
+  response->set_code(static_cast<int>(status.code()));
+  response->set_message(std::string(status.message()));
+}
+
+// The name an operation is counted under (kvcached_rpcs_total{method=...}).
+std::string_view MethodName(v1::ShmRequest::OpCase op) {
+  switch (op) {
+    case v1::ShmRequest::kHello:
+      return "ShmHello";
+    case v1::ShmRequest::kAttachRegion:
+      return "ShmAttachRegion";
+    case v1::ShmRequest::kDetachRegion:
+      return "ShmDetachRegion";
+    case v1::ShmRequest::kLookup:
+      return "ShmLookup";
+    case v1::ShmRequest::kBatchLookup:
+      return "ShmBatchLookup";
+    case v1::ShmRequest::kFetchInto:
+      return "ShmFetchInto";
+    case v1::ShmRequest::kAppendFrom:
+      return "ShmAppendFrom";
+    case v1::ShmRequest::kReleaseLease:
+      return "ShmReleaseLease";
+    case v1::ShmRequest::OP_NOT_SET:
+      break;
+  }
+  return "ShmUnknown";
+}
+
+}  // namespace
+
+ShmSession::ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier,
+                       RpcObserver* observer)
+    : limits_(limits), cache_(cache), copier_(copier), observer_(observer) {}
+
+ShmSession::~ShmSession() = default;
+
+v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<UniqueFd> fds) {
+  const absl::Time start = absl::Now();
+  v1::ShmResponse response;
+  uint64_t bytes = 0;
+  absl::Status status = [&]() -> absl::Status {
+    if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {
+      return absl::InvalidArgumentError(
+          "file descriptors came with a request that is not attach_region; they were closed");
+    }
+    switch (request.op_case()) {
+      case v1::ShmRequest::kHello: {
+        v1::ShmHelloResponse* hello = response.mutable_hello();
+        hello->set_version(v1::SHM_VERSION_1);
+        hello->set_max_frame_bytes(limits_.max_frame_bytes);
+        hello->set_max_regions(limits_.max_regions);
+        hello->set_max_region_bytes(limits_.max_region_bytes);
+        return absl::OkStatus();
+      }
+      case v1::ShmRequest::kAttachRegion: {
+        auto attached = Attach(request.attach_region(), fds);
+        if (!attached.ok()) return attached.status();
+        *response.mutable_attach_region() = *std::move(attached);
+        return absl::OkStatus();
+      }
+      case v1::ShmRequest::kDetachRegion:
+        response.mutable_detach_region();
+        return Detach(request.detach_region());
+      case v1::ShmRequest::kLookup:
+        return RunLookup(*cache_, request.lookup(), response.mutable_lookup());
+      case v1::ShmRequest::kBatchLookup:
+        return RunBatchLookup(*cache_, request.batch_lookup(), response.mutable_batch_lookup());
+      case v1::ShmRequest::kReleaseLease:
+        response.mutable_release_lease()->set_released(
+            cache_->ReleaseLease(request.release_lease().lease_id()));
+        return absl::OkStatus();
+      case v1::ShmRequest::kFetchInto: {
+        auto fetched = FetchInto(request.fetch_into(), &bytes);
+        if (!fetched.ok()) return fetched.status();
+        *response.mutable_fetch_into() = *std::move(fetched);
+        return absl::OkStatus();
+      }
+      case v1::ShmRequest::kAppendFrom: {
+        auto appended = AppendFrom(request.append_from(), &bytes);
+        if (!appended.ok()) return appended.status();
+        *response.mutable_append_from() = *std::move(appended);
+        return absl::OkStatus();
+      }
+      case v1::ShmRequest::OP_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError("the request names no operation this daemon knows");
+  }();
+  if (!status.ok()) {
+    response.clear_result();
+    SetStatus(status, &response);
+  }
+  observer_->OnRpcDone(MethodName(request.op_case()), status.code(), absl::Now() - start, bytes);
+  return response;
+}
+
+absl::StatusOr<v1::AttachRegionResponse> ShmSession::Attach(
+    const v1::AttachRegionRequest& request, std::vector<UniqueFd>& fds) {
+  if (fds.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attach_region carries exactly one file descriptor (SCM_RIGHTS); ",
+                     fds.size(), " came"));
+  }
+  if (regions_.size() >= limits_.max_regions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this connection has ", regions_.size(),
+                     " regions attached, the limit (shm.max_regions_per_connection); detach one"));
+  }
+  auto region = MappedRegion::Map(fds[0].get(), request.bytes(), limits_.max_region_bytes);
+  if (!region.ok()) return region.status();
+  uint64_t id = 0;
+  while (id == 0 || regions_.contains(id)) id = absl::Uniform<uint64_t>(ids_);
+  mapped_bytes_ += (*region)->size();
+  regions_.emplace(id, *std::move(region));
+  v1::AttachRegionResponse response;
+  response.set_region_id(id);
+  return response;
+}
+
+absl::Status ShmSession::Detach(const v1::DetachRegionRequest& request) {
+  auto it = regions_.find(request.region_id());
+  if (it == regions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("region ", request.region_id(), " is not attached on this connection"));
+  }
+  mapped_bytes_ -= it->second->size();
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::span<std::byte>> ShmSession::Resolve(
+    const v1::RegionRange& range, std::shared_ptr<MappedRegion>* region) const {
+  auto it = regions_.find(range.region_id());
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "region ", range.region_id(),
+        " is not attached on this connection (regions are bound to the connection that "
+        "attached them)"));
+  }
+  *region = it->second;
+  return it->second->Range(range.offset(), range.length());
+}
+
+absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const v1::FetchIntoRequest& request,
+                                                            uint64_t* bytes) {
+  std::shared_ptr<MappedRegion> region;
+  auto destination = Resolve(request.destination(), &region);
+  if (!destination.ok()) return destination.status();
+  auto key = ToModelKey(request.namespace_(), request.model_id());
+  if (!key.ok()) return key.status();
+  absl::StatusOr<FetchPlan> plan;
+  if (request.lease_id() != 0) {
+    if (!request.tokens().empty()) {
+      return absl::InvalidArgumentError("set either tokens or lease_id, not both");
+    }
+    plan = cache_->PrepareFetchLease(*key, request.lease_id(), request.accept_lossy());
+  } else {
+    plan = cache_->PrepareFetch(*key, TokensOf(request.tokens()), request.accept_lossy());
+  }
+  if (!plan.ok()) return plan.status();
+  const uint64_t block_bytes = plan->layout.BlockBytes();
+  const uint64_t block_tokens = plan->layout.block_tokens;
+  if (request.max_blocks() != 0 && plan->blocks.size() > request.max_blocks()) {
+    plan->blocks.resize(request.max_blocks());
+    plan->matched_tokens = plan->blocks.size() * block_tokens;
+  }
+  const uint64_t needed = plan->blocks.size() * block_bytes;
+  if (needed > destination->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the destination range holds ", destination->size(), " bytes; the ", plan->blocks.size(),
+        " cached blocks need ", needed, " (", block_bytes,
+        " each): give a range of at least that, or set max_blocks"));
+  }
+  // What each block goes out as: stored bytes, or decoded ones (lossy blocks
+  // only when the plan accepted them).
+  std::vector<FetchBlock> sent;
+  sent.reserve(plan->blocks.size());
+  std::vector<CopyRange> copies;
+  copies.reserve(plan->blocks.size());
+  bool lossy = false;
+  for (size_t i = 0; i < plan->blocks.size(); ++i) {
+    lossy |= plan->blocks[i]->compressed();
+    absl::StatusOr<FetchBlock> block = MaterializeForFetch(plan->blocks[i], false);
+    if (!block.ok()) return block.status();
+    copies.push_back(
+        {destination->data() + i * block_bytes, block->bytes->data().data(), block_bytes});
+    sent.push_back(*std::move(block));
+  }
+  copier_->Copy(copies);
+  // Compression switched off while copying: lossy KV of a model that is off
+  // is not handed out, even if its bytes already landed.
+  if (lossy && !plan->MaySendLossy()) {
+    return absl::AbortedError(
+        "compression was switched off for this model during the fetch; lossy blocks are no "
+        "longer sent: retry the fetch");
+  }
+  v1::FetchIntoResponse response;
+  response.set_matched_tokens(plan->matched_tokens);
+  response.set_withheld_tokens(plan->withheld_tokens);
+  response.set_block_bytes(block_bytes);
+  for (size_t i = 0; i < sent.size(); ++i) {
+    v1::FetchedBlock* b = response.add_blocks();
+    b->set_index(static_cast<uint32_t>(i));
+    b->set_checksum(sent[i].bytes->checksum());
+    b->set_encoding(static_cast<v1::BlockEncoding>(sent[i].encoding));
+    b->mutable_kept_tokens()->Add(sent[i].kept_tokens.begin(), sent[i].kept_tokens.end());
+  }
+  *bytes = needed;
+  return response;
+}
+
+absl::StatusOr<v1::AppendResponse> ShmSession::AppendFrom(const v1::AppendFromRequest& request,
+                                                          uint64_t* bytes) {
+  std::shared_ptr<MappedRegion> region;
+  auto source = Resolve(request.source(), &region);
+  if (!source.ok()) return source.status();
+  const v1::AppendHeader& h = request.header();
+  auto key = ToModelKey(h.namespace_(), h.model_id());
+  if (!key.ok()) return key.status();
+  std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
+  std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
+  auto session = cache_->BeginAppend(*key, std::move(tokens), h.start_token(),
+                                     FromProto(h.hints()), std::move(checksums));
+  if (!session.ok()) return session.status();
+  if ((*session)->expected_bytes() != source->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the source range holds ", source->size(), " bytes; the append's blocks are ",
+                     (*session)->expected_bytes(), " bytes"));
+  }
+  for (uint64_t at = 0; at < source->size(); at += kAppendPieceBytes) {
+    const uint64_t n = std::min<uint64_t>(kAppendPieceBytes, source->size() - at);
+    if (absl::Status s = (*session)->Write(source->subspan(at, n)); !s.ok()) return s;
+  }
+  auto result = (*session)->Commit();
+  if (!result.ok()) return result.status();
+  *bytes = source->size();
+  return ToProto(*result);
+}
+
+}  // namespace kvcache

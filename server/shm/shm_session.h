@@ -1,0 +1,91 @@
+// ShmSession: what one shared-memory connection may do, and its regions.
+//
+// The daemon's ShmServer gives every worker connection a session and feeds it
+// each request frame it reads (with the descriptors that came along); the
+// session answers it. It holds the regions the worker attached on this
+// connection, under ids valid only here: an id from another connection, or
+// one detached, is NOT_FOUND. Every (region, offset, length) is checked
+// against the region before anything is looked up, stored or copied, so a bad
+// range changes nothing.
+//
+//   hello          the daemon's protocol version and limits
+//   attach_region  maps the memfd that came with the frame (MappedRegion)
+//   detach_region  unmaps it (once requests using it are done)
+//   lookup, batch_lookup, release_lease   as the gRPC calls
+//   fetch_into     lookup + copy of the prefix's blocks into a region, with
+//                  each block's checksum in the answer (the worker verifies)
+//   append_from    an append whose KV lies in a region: copied into the pool
+//                  once, hashed from the pool's copy, verified against the
+//                  header's checksums
+//
+// Destroying the session drops its regions (they unmap when no request uses
+// them). Not thread-safe: one connection thread drives one session.
+#ifndef KVCACHE_SERVER_SHM_SHM_SESSION_H_
+#define KVCACHE_SERVER_SHM_SHM_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/status/statusor.h"
+#include "kvcache/v1/shm.pb.h"
+#include "server/core/cache.h"
+#include "server/rpc/rpc_observer.h"
+#include "server/rpc/unix_socket.h"
+#include "server/shm/copy_engine.h"
+#include "server/shm/mapped_region.h"
+
+namespace kvcache {
+
+struct ShmLimits {
+  uint32_t max_regions = 64;
+  uint64_t max_region_bytes = uint64_t{64} << 30;
+  uint64_t max_frame_bytes = uint64_t{64} << 20;
+};
+
+class ShmSession {
+ public:
+  // Appends are fed to the cache in pieces of this size: the pool's copy is
+  // hashed while it is still in cache.
+  static constexpr uint64_t kAppendPieceBytes = uint64_t{256} << 10;
+
+  // `cache`, `copier` and `observer` outlive the session.
+  ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier, RpcObserver* observer);
+  ~ShmSession();
+  ShmSession(const ShmSession&) = delete;
+  ShmSession& operator=(const ShmSession&) = delete;
+
+  // Answers one request; `fds` are the descriptors that came with it (the
+  // session closes them). Never fails as a whole: errors are in the response.
+  v1::ShmResponse Handle(const v1::ShmRequest& request, std::vector<UniqueFd> fds);
+
+  size_t regions() const { return regions_.size(); }
+  uint64_t mapped_bytes() const { return mapped_bytes_; }
+
+ private:
+  absl::StatusOr<v1::AttachRegionResponse> Attach(const v1::AttachRegionRequest& request,
+                                                  std::vector<UniqueFd>& fds);
+  absl::Status Detach(const v1::DetachRegionRequest& request);
+  // The bytes `range` names; NOT_FOUND for a region not attached here,
+  // OUT_OF_RANGE for bytes outside it. `region` keeps the mapping alive.
+  absl::StatusOr<std::span<std::byte>> Resolve(const v1::RegionRange& range,
+                                               std::shared_ptr<MappedRegion>* region) const;
+  absl::StatusOr<v1::FetchIntoResponse> FetchInto(const v1::FetchIntoRequest& request,
+                                                  uint64_t* bytes);
+  absl::StatusOr<v1::AppendResponse> AppendFrom(const v1::AppendFromRequest& request,
+                                                uint64_t* bytes);
+
+  const ShmLimits limits_;
+  Cache* const cache_;
+  CopyEngine* const copier_;
+  RpcObserver* const observer_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<MappedRegion>> regions_;
+  uint64_t mapped_bytes_ = 0;
+  absl::BitGen ids_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_SHM_SHM_SESSION_H_
