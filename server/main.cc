@@ -244,7 +244,14 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::info("metrics on http://{}/metrics", metrics_address);
   }
 
-  // The shared-memory data plane first: once gRPC answers, it is up too.
+  // The TCP port before any socket is touched; then the shared-memory data
+  // plane, so that once gRPC answers it is up too.
+  if (const std::string tcp = Enabled(config.listen().tcp_address()); !tcp.empty()) {
+    if (absl::Status s = CheckTcpAddressFree(tcp); !s.ok()) {
+      spdlog::error("{}", s.ToString());
+      return 2;
+    }
+  }
   std::unique_ptr<ShmServer> shm_server;
   if (const std::string shm_socket = ShmSocketPath(config.listen()); !shm_socket.empty()) {
     const v1::ShmConfig& shm = config.shm();

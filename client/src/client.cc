@@ -18,10 +18,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "fetch_assembler.h"
+#include "shm_transport.h"
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -30,6 +32,9 @@ namespace {
 
 constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+// Under DataPath::kAuto, how long a daemon found without a usable shared-memory
+// socket is served over gRPC before the client probes again.
+constexpr absl::Duration kShmProbeInterval = absl::Seconds(5);
 // Room in a message for everything but the payload bytes: a fetch chunk of a
 // pruned block carries up to ~5.2 KB of kept_tokens (docs/api.md).
 constexpr uint64_t kMessageOverhead = 8192;
@@ -42,6 +47,8 @@ absl::Status ToAbslStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
+
+AppendResult ToAppendResult(const v1::AppendResponse& resp);
 
 // What the client needs of a model's layout.
 struct LayoutInfo {
@@ -108,10 +115,23 @@ class ClientImpl final : public Client {
           std::min<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), UINT32_MAX)));
     }
     v1::LookupResponse resp;
-    auto call = [&](grpc::ClientContext* ctx) { return cache_->Lookup(ctx, req, &resp); };
     // A leasing Lookup pins blocks; repeating it could leak a lease.
-    absl::Status s = options.acquire_lease ? CallOnce(call) : CallWithRetry(call);
+    const bool idempotent = !options.acquire_lease;
+    auto shm = Shm();
+    if (!shm.ok()) return shm.status();
+    if (*shm != nullptr) {
+      absl::StatusOr<v1::LookupResponse> r =
+          ShmCall(idempotent, [&] { return (*shm)->Lookup(req); });
+      if (!r.ok()) return r.status();
+      return ToLookupResult(*r);
+    }
+    auto call = [&](grpc::ClientContext* ctx) { return cache_->Lookup(ctx, req, &resp); };
+    absl::Status s = idempotent ? CallWithRetry(call) : CallOnce(call);
     if (!s.ok()) return s;
+    return ToLookupResult(resp);
+  }
+
+  static LookupResult ToLookupResult(const v1::LookupResponse& resp) {
     LookupResult result;
     result.matched_tokens = resp.matched_tokens();
     result.withheld_tokens = resp.withheld_tokens();
@@ -122,10 +142,91 @@ class ClientImpl final : public Client {
     return result;
   }
 
+  absl::StatusOr<std::vector<absl::StatusOr<LookupResult>>> BatchLookup(
+      std::string_view model_id, std::span<const std::span<const uint32_t>> sequences,
+      const LookupOptions& options) override {
+    return WithReregistration(model_id,
+                              [&] { return BatchLookupOnce(model_id, sequences, options); });
+  }
+
+  absl::StatusOr<std::vector<absl::StatusOr<LookupResult>>> BatchLookupOnce(
+      std::string_view model_id, std::span<const std::span<const uint32_t>> sequences,
+      const LookupOptions& options) {
+    v1::BatchLookupRequest req;
+    for (std::span<const uint32_t> tokens : sequences) {
+      v1::LookupRequest* one = req.add_lookups();
+      one->set_namespace_(ns_);
+      one->set_model_id(std::string(model_id));
+      one->mutable_tokens()->Add(tokens.begin(), tokens.end());
+      one->set_acquire_lease(options.acquire_lease);
+      one->set_accept_lossy(options.accept_lossy);
+      if (options.acquire_lease && options.lease_ttl > absl::ZeroDuration()) {
+        one->set_lease_ttl_ms(static_cast<uint32_t>(
+            std::min<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), UINT32_MAX)));
+      }
+    }
+    const bool idempotent = !options.acquire_lease;
+    v1::BatchLookupResponse resp;
+    auto shm = Shm();
+    if (!shm.ok()) return shm.status();
+    if (*shm != nullptr) {
+      absl::StatusOr<v1::BatchLookupResponse> r =
+          ShmCall(idempotent, [&] { return (*shm)->BatchLookup(req); });
+      if (!r.ok()) return r.status();
+      resp = *std::move(r);
+    } else {
+      auto call = [&](grpc::ClientContext* ctx) { return cache_->BatchLookup(ctx, req, &resp); };
+      absl::Status s = idempotent ? CallWithRetry(call) : CallOnce(call);
+      if (!s.ok()) return s;
+    }
+    if (resp.outcomes_size() != req.lookups_size()) {
+      return absl::DataLossError(absl::StrCat("BatchLookup: ", req.lookups_size(),
+                                              " lookups got ", resp.outcomes_size(), " answers"));
+    }
+    std::vector<absl::StatusOr<LookupResult>> results;
+    results.reserve(resp.outcomes_size());
+    bool all_unregistered = resp.outcomes_size() > 0;
+    for (const v1::LookupOutcome& o : resp.outcomes()) {
+      if (o.code() == 0) {
+        results.push_back(ToLookupResult(o.response()));
+        all_unregistered = false;
+      } else {
+        absl::Status error(static_cast<absl::StatusCode>(o.code()), o.message());
+        all_unregistered &= IsModelNotRegistered(error);
+        results.push_back(std::move(error));
+      }
+    }
+    // Every lookup names the same model: if it is not registered, say so for
+    // the whole batch, so WithReregistration can register it and retry.
+    if (all_unregistered) return results.front().status();
+    return results;
+  }
+
+  absl::StatusOr<std::shared_ptr<SharedRegion>> CreateSharedRegion(uint64_t bytes) override {
+    auto shm = Shm();
+    if (!shm.ok()) return shm.status();
+    if (*shm == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shared-memory data path is not in use for ", options_.target,
+          " (it needs a unix:// target or DataPath::kSharedMemory, and a daemon that offers it)"));
+    }
+    return (*shm)->CreateRegion(bytes);
+  }
+
+  bool UsesSharedMemory() override {
+    auto shm = Shm();
+    return shm.ok() && *shm != nullptr;
+  }
+
   absl::StatusOr<bool> ReleaseLease(uint64_t lease_id) override {
     v1::ReleaseLeaseRequest req;
     req.set_lease_id(lease_id);
     v1::ReleaseLeaseResponse resp;
+    auto shm = Shm();
+    if (!shm.ok()) return shm.status();
+    if (*shm != nullptr) {
+      return ShmCall(/*idempotent=*/true, [&] { return (*shm)->ReleaseLease(lease_id); });
+    }
     absl::Status s = CallWithRetry(
         [&](grpc::ClientContext* ctx) { return cache_->ReleaseLease(ctx, req, &resp); });
     if (!s.ok()) return s;
@@ -146,7 +247,12 @@ class ClientImpl final : public Client {
     req.set_model_id(std::string(model_id));
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
     req.set_accept_lossy(options.accept_lossy);
-    return WithReregistration(model_id, [&] { return DoFetch(model_id, req, out); });
+    return WithReregistration(model_id, [&]() -> absl::StatusOr<FetchResult> {
+      auto shm = Shm();
+      if (!shm.ok()) return shm.status();
+      if (*shm != nullptr) return ShmFetch(**shm, req, out);
+      return DoFetch(model_id, req, out);
+    });
   }
 
   absl::StatusOr<FetchResult> FetchLease(std::string_view model_id, uint64_t lease_id,
@@ -157,6 +263,9 @@ class ClientImpl final : public Client {
     req.set_model_id(std::string(model_id));
     req.set_lease_id(lease_id);
     req.set_accept_lossy(options.accept_lossy);
+    auto shm = Shm();
+    if (!shm.ok()) return shm.status();
+    if (*shm != nullptr) return ShmFetch(**shm, req, out);
     return DoFetch(model_id, req, out);
   }
 
@@ -257,6 +366,71 @@ class ClientImpl final : public Client {
   }
 
  private:
+  // The shared-memory transport data calls use, or nullptr for gRPC. Opened
+  // on first use (one GetServerInfo names the socket). Under kAuto a daemon
+  // that does not offer it (or cannot be reached) means gRPC, probed again
+  // after kShmProbeInterval; under kSharedMemory it is an error.
+  absl::StatusOr<internal::ShmTransport*> Shm() {
+    if (options_.data_path == DataPath::kGrpc) return nullptr;
+    const bool required = options_.data_path == DataPath::kSharedMemory;
+    if (!required && !absl::StartsWith(options_.target, "unix:")) return nullptr;
+    absl::MutexLock lock(&shm_mu_);
+    if (shm_ != nullptr) return shm_.get();
+    if (!required && absl::Now() < shm_next_probe_) return nullptr;
+    absl::Status why;
+    absl::StatusOr<v1::GetServerInfoResponse> info = GetServerInfo();
+    if (!info.ok()) {
+      why = info.status();
+    } else if (info->shm_socket().empty()) {
+      why = absl::FailedPreconditionError(
+          absl::StrCat("kvcached at ", options_.target,
+                       " offers no shared-memory data plane (listen.shm_socket is \"none\")"));
+    } else {
+      auto opened = internal::ShmTransport::Open({.socket_path = info->shm_socket(),
+                                                  .max_connections = options_.max_shm_connections,
+                                                  .staging_bytes = options_.shm_staging_bytes,
+                                                  .timeout = options_.timeout});
+      if (opened.ok()) {
+        shm_ = *std::move(opened);
+        return shm_.get();
+      }
+      why = opened.status();
+    }
+    if (required) return why;
+    shm_next_probe_ = absl::Now() + kShmProbeInterval;
+    return nullptr;
+  }
+
+  // Runs a shared-memory call; an idempotent one is repeated on UNAVAILABLE
+  // (a broken connection is replaced by a fresh one) as CallWithRetry does.
+  template <typename F>
+  auto ShmCall(bool idempotent, F&& call) -> decltype(call()) {
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    absl::Duration backoff = kInitialBackoff;
+    for (int i = 1;; ++i) {
+      auto result = call();
+      if (result.ok() || !absl::IsUnavailable(result.status()) || !idempotent ||
+          i >= options_.max_attempts) {
+        return result;
+      }
+      const absl::Duration sleep = Jitter(backoff);
+      if (absl::Now() + sleep >= deadline) return result;
+      absl::SleepFor(sleep);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+    }
+  }
+
+  absl::StatusOr<FetchResult> ShmFetch(internal::ShmTransport& shm, const v1::FetchRequest& req,
+                                       std::span<std::byte> out) {
+    v1::FetchIntoRequest into;
+    into.set_namespace_(req.namespace_());
+    into.set_model_id(req.model_id());
+    *into.mutable_tokens() = req.tokens();
+    into.set_lease_id(req.lease_id());
+    into.set_accept_lossy(req.accept_lossy());
+    return ShmCall(/*idempotent=*/true, [&] { return shm.Fetch(into, out); });
+  }
+
   // Runs `attempt` once under the call deadline.
   template <typename F>
   absl::Status CallOnce(F&& attempt) {
@@ -349,6 +523,10 @@ class ClientImpl final : public Client {
   const std::unique_ptr<v1::Cache::Stub> cache_;
   const std::unique_ptr<v1::Admin::Stub> admin_;
 
+  absl::Mutex shm_mu_;
+  std::shared_ptr<internal::ShmTransport> shm_ ABSL_GUARDED_BY(shm_mu_);
+  absl::Time shm_next_probe_ ABSL_GUARDED_BY(shm_mu_) = absl::InfinitePast();
+
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, LayoutInfo> layouts_ ABSL_GUARDED_BY(mu_);
   // The layouts this client registered, to register again after a restart.
@@ -418,6 +596,23 @@ absl::StatusOr<AppendResult> ClientImpl::AppendOnce(std::string_view model_id,
     }
   }
 
+  auto forget_stale_layout = [&](const absl::Status& s) {
+    if (s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInvalidArgument ||
+        s.code() == absl::StatusCode::kDataLoss) {
+      ForgetLayout(model_id);  // in case the layout we split by is stale
+    }
+  };
+  auto shm = Shm();
+  if (!shm.ok()) return shm.status();
+  if (*shm != nullptr) {
+    absl::StatusOr<v1::AppendResponse> resp = (*shm)->Append(header, kv);
+    if (!resp.ok()) {
+      forget_stale_layout(resp.status());
+      return resp.status();
+    }
+    return ToAppendResult(*resp);
+  }
+
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   v1::AppendResponse resp;
@@ -435,12 +630,13 @@ absl::StatusOr<AppendResult> ClientImpl::AppendOnce(std::string_view model_id,
   if (ok) writer->WritesDone();
   absl::Status s = ToAbslStatus(writer->Finish());
   if (!s.ok()) {
-    if (s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kInvalidArgument ||
-        s.code() == absl::StatusCode::kDataLoss) {
-      ForgetLayout(model_id);  // in case the layout we split by is stale
-    }
+    forget_stale_layout(s);
     return s;
   }
+  return ToAppendResult(resp);
+}
+
+AppendResult ToAppendResult(const v1::AppendResponse& resp) {
   return AppendResult{.stored_blocks = resp.stored_blocks(),
                       .deduplicated_blocks = resp.deduplicated_blocks(),
                       .stored_bytes = resp.stored_bytes(),

@@ -21,12 +21,7 @@
 #include "server/rpc/unix_socket.h"
 
 namespace kvcache {
-namespace {
 
-// Binds (and at once releases) every address `tcp_address` resolves to, the
-// way gRPC will (SO_REUSEADDR, no SO_REUSEPORT), so a port another process
-// holds is found before anything else is touched. An address this cannot
-// parse or resolve is left for gRPC to judge.
 absl::Status CheckTcpAddressFree(const std::string& tcp_address) {
   std::string host;
   std::string port;
@@ -68,8 +63,6 @@ absl::Status CheckTcpAddressFree(const std::string& tcp_address) {
   ::freeaddrinfo(found);
   return status;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions options,
                                                               Cache* cache, RpcObserver* observer) {

@@ -34,6 +34,12 @@ namespace kvcache {
 // Permissions of the Unix socket: read/write for owner and group.
 inline constexpr mode_t kUnixSocketMode = 0660;
 
+// Binds (and at once releases) every address `tcp_address` resolves to, the
+// way gRPC will (SO_REUSEADDR, no SO_REUSEPORT), so a port another process
+// holds is found before anything else is touched: UNAVAILABLE then. An
+// address this cannot parse or resolve is left for gRPC to judge (OK).
+absl::Status CheckTcpAddressFree(const std::string& tcp_address);
+
 struct GrpcServerOptions {
   std::string tcp_address;  // empty: no TCP
   std::string unix_socket;  // empty: no Unix socket

@@ -43,9 +43,15 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectClient(const BenchOptions& opts) 
   o.target = opts.target;
   o.ns = opts.ns;
   o.timeout = absl::Seconds(opts.timeout_s);
+  if (opts.transport == "grpc") o.data_path = DataPath::kGrpc;
+  if (opts.transport == "shm") o.data_path = DataPath::kSharedMemory;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
   if (!client.ok()) return client.status();
   if (absl::Status s = (*client)->WaitForReady(absl::Seconds(10)); !s.ok()) return s;
+  if (opts.transport == "shm" && !(*client)->UsesSharedMemory()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--transport shm: ", opts.target, " offers no shared-memory data plane"));
+  }
   return client;
 }
 

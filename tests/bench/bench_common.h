@@ -29,6 +29,11 @@ struct BenchOptions {
   std::string model = "bench-model";
   int clients = 4;
   bool shared_client = false;
+  // How data calls travel: "grpc", "shm" (the shared-memory data plane,
+  // with each thread's buffers in a SharedRegion: no client-side copy) or
+  // "auto" (the client's default: shared memory for unix:// targets, through
+  // its staging region).
+  std::string transport = "auto";
   double duration_s = 10;
   double timeout_s = 30;
   uint64_t seed = 0;  // 0: derived from the clock, so runs do not share blocks

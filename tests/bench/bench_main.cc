@@ -30,6 +30,11 @@ int main(int argc, char** argv) {
   app.add_option("--clients", o.clients, "client threads (load modes)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--transport", o.transport,
+                 "grpc, shm (shared memory, buffers in SharedRegions; same host only) or auto "
+                 "(shared memory for unix:// targets, through the client's staging region)")
+      ->check(CLI::IsMember({"grpc", "shm", "auto"}))
+      ->capture_default_str();
   app.add_flag("--shared-client", o.shared_client,
                "all threads share one Client (one channel) instead of one each");
   app.add_option("--duration", o.duration_s, "seconds to run (load modes)")

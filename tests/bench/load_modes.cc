@@ -39,9 +39,18 @@ class LoadRunner {
 
  private:
   uint64_t SeqKey(int thread, uint64_t n) const { return run_key_ ^ (uint64_t(thread) << 40) ^ n; }
-  absl::Status Append(Client& client, uint64_t seq_key, ThreadResult* r);
+  // A thread's append source and fetch destination, each one sequence long:
+  // in a SharedRegion with --transport shm, on the heap otherwise.
+  struct Buffers {
+    std::shared_ptr<SharedRegion> region;
+    std::vector<std::byte> heap;
+    std::span<std::byte> append;
+    std::span<std::byte> fetch;
+  };
+  absl::StatusOr<Buffers> MakeBuffers(Client& client) const;
+  absl::Status Append(Client& client, uint64_t seq_key, std::span<std::byte> kv, ThreadResult* r);
   void Lookup(Client& client, uint64_t seq_key, ThreadResult* r);
-  void Fetch(Client& client, uint64_t seq_key, ThreadResult* r);
+  void Fetch(Client& client, uint64_t seq_key, std::span<std::byte> out, ThreadResult* r);
 
   const BenchOptions& opts_;
   const uint64_t block_bytes_;
@@ -49,10 +58,28 @@ class LoadRunner {
   std::atomic<bool> stop_{false};
 };
 
-absl::Status LoadRunner::Append(Client& client, uint64_t seq_key, ThreadResult* r) {
+absl::StatusOr<LoadRunner::Buffers> LoadRunner::MakeBuffers(Client& client) const {
+  const uint64_t seq_bytes = uint64_t{opts_.blocks_per_seq} * block_bytes_;
+  Buffers b;
+  std::span<std::byte> all;
+  if (opts_.transport == "shm") {
+    absl::StatusOr<std::shared_ptr<SharedRegion>> region = client.CreateSharedRegion(2 * seq_bytes);
+    if (!region.ok()) return region.status();
+    b.region = *std::move(region);
+    all = b.region->bytes();
+  } else {
+    b.heap.resize(2 * seq_bytes);
+    all = b.heap;
+  }
+  b.append = all.subspan(0, seq_bytes);
+  b.fetch = all.subspan(seq_bytes, seq_bytes);
+  return b;
+}
+
+absl::Status LoadRunner::Append(Client& client, uint64_t seq_key, std::span<std::byte> kv,
+                                ThreadResult* r) {
   const size_t n_tokens = size_t{opts_.blocks_per_seq} * opts_.block_tokens;
   const std::vector<uint32_t> tokens = SequenceTokens(seq_key, n_tokens);
-  std::vector<std::byte> kv(opts_.blocks_per_seq * block_bytes_);
   for (uint32_t b = 0; b < opts_.blocks_per_seq; ++b) {
     FillBlock(seq_key, b, std::span(kv).subspan(b * block_bytes_, block_bytes_));
   }
@@ -79,10 +106,10 @@ void LoadRunner::Lookup(Client& client, uint64_t seq_key, ThreadResult* r) {
   if (res->matched_tokens != n_tokens) ++r->partial;
 }
 
-void LoadRunner::Fetch(Client& client, uint64_t seq_key, ThreadResult* r) {
+void LoadRunner::Fetch(Client& client, uint64_t seq_key, std::span<std::byte> out,
+                       ThreadResult* r) {
   const size_t n_tokens = size_t{opts_.blocks_per_seq} * opts_.block_tokens;
   const std::vector<uint32_t> tokens = SequenceTokens(seq_key, n_tokens);
-  std::vector<std::byte> out(opts_.blocks_per_seq * block_bytes_);
   const absl::Time t0 = absl::Now();
   absl::StatusOr<FetchResult> res = client.Fetch(opts_.model, tokens, out);
   if (!res.ok()) {
@@ -109,13 +136,20 @@ void LoadRunner::Fetch(Client& client, uint64_t seq_key, ThreadResult* r) {
 void LoadRunner::Run(Client& client, int thread, absl::Barrier* ready, absl::Barrier* start,
                      ThreadResult* r) {
   std::mt19937_64 rng(run_key_ + thread);
+  absl::StatusOr<Buffers> buffers = MakeBuffers(client);
+  if (!buffers.ok()) {
+    r->setup_error = absl::StrCat("buffers: ", buffers.status().ToString());
+    ready->Block();
+    start->Block();
+    return;
+  }
   std::vector<uint64_t> ring;  // the thread's sequences, oldest replaced first
   uint64_t next_seq = 0;
   size_t ring_next = 0;
   if (opts_.mode != "append") {
     for (uint32_t i = 0; i < opts_.working_set; ++i) {
       const uint64_t key = SeqKey(thread, next_seq++);
-      if (absl::Status s = Append(client, key, r); !s.ok()) {
+      if (absl::Status s = Append(client, key, buffers->append, r); !s.ok()) {
         r->setup_error = absl::StrCat("setup append: ", s.ToString());
         break;
       }
@@ -140,7 +174,7 @@ void LoadRunner::Run(Client& client, int thread, absl::Barrier* ready, absl::Bar
     const int op = pick(rng);
     if (op == 0) {
       const uint64_t key = SeqKey(thread, next_seq++);
-      if (!Append(client, key, r).ok()) continue;
+      if (!Append(client, key, buffers->append, r).ok()) continue;
       if (ring.size() < std::max<uint32_t>(opts_.working_set, 1)) {
         ring.push_back(key);
       } else {
@@ -153,7 +187,7 @@ void LoadRunner::Run(Client& client, int thread, absl::Barrier* ready, absl::Bar
     if (op == 1) {
       Lookup(client, key, r);
     } else {
-      Fetch(client, key, r);
+      Fetch(client, key, buffers->fetch, r);
     }
   }
 }

@@ -157,15 +157,18 @@ TEST_F(OpsTest, KvcachectlReportsErrorsWithExitCodes) {
 }
 
 TEST_F(OpsTest, MetricsEndpointServesValidPrometheusText) {
-  // Some traffic, including an error, so the RPC families have samples.
+  // Some traffic, including an error, so the RPC families have samples. The
+  // client reaches the daemon over its Unix socket, so its data calls take the
+  // shared-memory path and are counted under the Shm* methods.
   ASSERT_TRUE(client_->Lookup("llama-test", tokens_).ok());
   EXPECT_FALSE(client_->Lookup("unknown-model", tokens_).ok());
   const std::string url = absl::StrCat("http://127.0.0.1:", daemon_->metrics_port(), "/metrics");
   CommandResult scrape = RunCommand("curl -sf " + url);
   ASSERT_EQ(scrape.exit_code, 0) << scrape.output;
   for (const char* name :
-       {"kvcached_rpcs_total{code=\"OK\",method=\"Append\"} 1",
-        "kvcached_rpcs_total{code=\"NOT_FOUND\",method=\"Lookup\"} 1",
+       {"kvcached_rpcs_total{code=\"OK\",method=\"ShmAppendFrom\"} 1",
+        "kvcached_rpcs_total{code=\"NOT_FOUND\",method=\"ShmLookup\"} 1",
+        "kvcached_rpcs_total{code=\"OK\",method=\"RegisterModel\"} 1",
         "kvcached_rpc_latency_seconds_bucket", "kvcached_rpc_payload_bytes_total",
         "kvcached_lookup_hit_tokens_total{namespace=\"default\",model=\"llama-test\"} 64",
         "kvcached_model_blocks{namespace=\"default\",model=\"llama-test\"} 4",

@@ -29,6 +29,18 @@
 // lease died with the daemon; ReportAttention; Evict; the admin calls) return
 // the NOT_FOUND. UnregisterModel forgets the remembered layout.
 //
+// Data path. A worker on the daemon's host moves KV through shared memory
+// instead of gRPC (docs/api.md, "Same-host shared memory"): the client hands
+// the daemon a memfd of its own (CreateSharedRegion, or a staging region per
+// connection), and the daemon copies blocks straight into it (Fetch,
+// FetchLease) or out of it (Append); Lookup, BatchLookup and ReleaseLease go
+// over the same socket. With DataPath::kAuto (the default) a client whose
+// target is "unix://..." uses it whenever the daemon offers it (its
+// GetServerInfo names the socket) and gRPC otherwise; kSharedMemory insists
+// on it (FAILED_PRECONDITION when the daemon offers none), kGrpc never uses
+// it. Buffers inside a SharedRegion cost no copy on the client; others one
+// memcpy through the staging region. Verification is the same on both paths.
+//
 // Errors are absl::Status values carrying the server's gRPC code and message.
 #ifndef KVCACHE_CLIENT_CLIENT_H_
 #define KVCACHE_CLIENT_CLIENT_H_
@@ -48,6 +60,10 @@
 
 namespace kvcache {
 
+// How Lookup, Fetch, FetchLease, Append, BatchLookup and ReleaseLease reach
+// the daemon (see above).
+enum class DataPath { kAuto, kGrpc, kSharedMemory };
+
 struct ClientOptions {
   std::string target = "localhost:50051";  // or "unix:///tmp/kvcached.sock"
   std::string ns;                          // namespace; empty means "default"
@@ -55,6 +71,24 @@ struct ClientOptions {
   int max_attempts = 3;                             // for idempotent calls
   uint64_t max_message_bytes = uint64_t{64} << 20;  // must match the server's limit
   uint64_t append_chunk_bytes = uint64_t{1} << 20;  // size of kv_chunk messages
+  DataPath data_path = DataPath::kAuto;
+  // Shared-memory path: connections at most (one call at a time each), and
+  // the staging region each connection keeps for buffers outside every
+  // SharedRegion (it grows to fit a larger call).
+  int max_shm_connections = 16;
+  uint64_t shm_staging_bytes = uint64_t{64} << 20;
+};
+
+// Memory this client shares with a daemon on the same host (a sealed memfd,
+// mapped in both). Fetch into it and Append from it move KV with one copy, by
+// the daemon. A worker may register it with its GPU runtime (e.g.
+// cudaHostRegister(bytes().data(), ...)) so the GPU DMAs from it. It stays
+// valid while the caller holds it, even after the Client is gone; it must
+// outlive every call using it.
+class SharedRegion {
+ public:
+  virtual ~SharedRegion() = default;
+  virtual std::span<std::byte> bytes() const = 0;
 };
 
 struct LookupOptions {
@@ -143,6 +177,19 @@ class Client {
   virtual absl::StatusOr<LookupResult> Lookup(std::string_view model_id,
                                               std::span<const uint32_t> tokens,
                                               const LookupOptions& options = {}) = 0;
+
+  // Looks up each sequence as Lookup would, in one call; each entry is that
+  // sequence's result or error. INVALID_ARGUMENT past 4096 sequences.
+  virtual absl::StatusOr<std::vector<absl::StatusOr<LookupResult>>> BatchLookup(
+      std::string_view model_id, std::span<const std::span<const uint32_t>> sequences,
+      const LookupOptions& options = {}) = 0;
+
+  // A region of at least `bytes` bytes shared with the daemon (see
+  // SharedRegion). FAILED_PRECONDITION when the shared-memory path is not in
+  // use (DataPath::kGrpc, a TCP target under kAuto, a daemon without it).
+  virtual absl::StatusOr<std::shared_ptr<SharedRegion>> CreateSharedRegion(uint64_t bytes) = 0;
+  // Whether data calls go over shared memory now (probing the daemon once).
+  virtual bool UsesSharedMemory() = 0;
 
   // OK with *released=false when the lease had already expired.
   virtual absl::StatusOr<bool> ReleaseLease(uint64_t lease_id) = 0;
