@@ -1,5 +1,6 @@
 #include "tests/integration/daemon_process.h"
 
+#include <cstdlib>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -119,11 +120,25 @@ DaemonProcess::~DaemonProcess() {
   std::filesystem::remove_all(dir_, ignored);
 }
 
+DataPath TestDataPath() {
+  const char* path = std::getenv("KVCACHE_TEST_DATA_PATH");
+  if (path == nullptr) return DataPath::kAuto;
+  const std::string p(path);
+  if (p == "grpc") return DataPath::kGrpc;
+  if (p == "shm") return DataPath::kSharedMemory;
+  return DataPath::kAuto;
+}
+
 std::unique_ptr<Client> DaemonProcess::NewClient(const std::string& ns) const {
+  return NewClient(ns, TestDataPath());
+}
+
+std::unique_ptr<Client> DaemonProcess::NewClient(const std::string& ns, DataPath path) const {
   ClientOptions options;
   options.target = unix_target();
   options.ns = ns;
   options.timeout = absl::Seconds(30);
+  options.data_path = path;
   auto client = Client::Connect(options);
   return client.ok() ? *std::move(client) : nullptr;
 }

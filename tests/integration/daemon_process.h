@@ -44,8 +44,11 @@ class DaemonProcess {
   int metrics_port() const { return metrics_port_; }
   const std::string& log_path() const { return log_path_; }
 
-  // A client in `ns` (empty: default) over the Unix socket.
+  // A client in `ns` (empty: default) over the Unix socket, on the data path
+  // TestDataPath() names.
   std::unique_ptr<Client> NewClient(const std::string& ns = "") const;
+  std::unique_ptr<Client> NewClient(const std::string& ns, DataPath path) const;
+  pid_t pid() const { return pid_; }
 
  private:
   DaemonProcess() = default;
@@ -56,6 +59,11 @@ class DaemonProcess {
   int tcp_port_ = 0;
   int metrics_port_ = 0;
 };
+
+// The data path test clients use: $KVCACHE_TEST_DATA_PATH ("grpc", "shm";
+// unset or anything else: auto, i.e. shared memory over the Unix socket).
+// CMake runs the main integration suites once per path.
+DataPath TestDataPath();
 
 // A free TCP port on 127.0.0.1 (bound once and released).
 int PickFreePort();
