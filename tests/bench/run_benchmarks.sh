@@ -627,7 +627,7 @@ load_table() {  # load_table KV_LABEL REDIS_LABEL MC_LABEL
       row+=" | $(gbs_cell "$size" "$bytes" "$n" memcpy copy)"
       row+=" | $(pratio "load $size $n kv-tcp $kv ops" "load $size $n redis-tcp $rd ops")"
       row+=" | $( ((SHM == 1)) && pratio "load $size $n kv-shm $kv ops" "load $size $n redis-unix $rd ops" || echo n/a)"
-      row+=" | $(pratio "load $size $n kv-tcp $kv ops" "load $size $n mooncake $mc ops")"
+      if ((MC == 1)); then row+=" | $(pratio "load $size $n kv-tcp $kv ops" "load $size $n mooncake $mc ops")"; else row+=" | n/a"; fi
       best="kv-tcp"
       if ((SHM == 1)) && [[ -n $(sel load "$size" "$n" kv-shm "$kv" ops) ]]; then best="kv-shm"; fi
       row+=" | $(pratio "load $size $n $best $kv ops" "load $size $n memcpy copy ops") |"
@@ -642,7 +642,7 @@ latency_table() {  # latency_table KV_LABEL REDIS_LABEL MC_LABEL
   for spec in "${SIZES[@]}"; do
     read -r size _ <<<"$spec"
     for n in "${WORKER_LIST[@]}"; do
-      echo "| $size | $n | $(p50_cell "$size" "$n" kv-tcp "$kv") | $(spread_cell "$size" "$n" kv-tcp "$kv") | $( ((SHM == 1)) && p50_cell "$size" "$n" kv-shm "$kv" || echo n/a) | $(p50_cell "$size" "$n" redis-tcp "$rd") | $(spread_cell "$size" "$n" redis-tcp "$rd") | $(p50_cell "$size" "$n" redis-unix "$rd") | $(p50_cell "$size" "$n" mooncake "$mc") |"
+      echo "| $size | $n | $(p50_cell "$size" "$n" kv-tcp "$kv") | $(spread_cell "$size" "$n" kv-tcp "$kv") | $( ((SHM == 1)) && p50_cell "$size" "$n" kv-shm "$kv" || echo n/a) | $(p50_cell "$size" "$n" redis-tcp "$rd") | $(spread_cell "$size" "$n" redis-tcp "$rd") | $(p50_cell "$size" "$n" redis-unix "$rd") | $( ((MC == 1)) && p50_cell "$size" "$n" mooncake "$mc" || echo n/a) |"
     done
   done
 }
