@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   AppendHints hints = request_hints;
   hints.protected_ranges = MergeRanges(std::move(hints.protected_ranges));
 
-  // Chain keys of every whole block, hashed before taking the lock.
+  // Chain keys and lookup hashes of every whole block, before taking the lock.
   ModelLayout layout;
   {
     MutexLock lock(&mu_);
@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     chain[b] = PrefixIndex::ChainKey(b == 0 ? 0 : chain[b - 1],
                                      std::span<const Token>(tokens).subspan(b * bt, bt));
   }
+  BlockHashes hashes = BlockHashes::Of(bt, tokens);
 
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
@@ -108,7 +109,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
                                                    " blocks"));
   }
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, &path);
+  MatchLocked(m, tokens, hashes, &path);
   if (path.size() < start_block) {
     return absl::FailedPreconditionError(
         absl::StrCat("start_token ", start_token, " is beyond the cached prefix of ",
@@ -141,7 +142,8 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   }
   auto session = std::unique_ptr<AppendSession>(new AppendSession(
       this, model, m.layout, std::move(tokens), start_block, std::move(hints),
-      std::move(block_checksums), std::move(keys), std::move(pinned), std::move(plan),
+      std::move(block_checksums), std::move(keys), std::move(hashes), std::move(pinned),
+      std::move(plan),
       // Novelty is computed as blocks arrive only when the model
       // compresses; otherwise compaction computes it if it ever must.
       m.policy.mode == CompressionMode::kOff
@@ -159,8 +161,8 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
 AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
                              std::vector<Token> tokens, uint64_t start_block, AppendHints hints,
                              std::vector<uint64_t> checksums, std::vector<uint64_t> keys,
-                             std::vector<BlockRef> pinned, std::vector<BlockPlan> plan,
-                             std::vector<uint32_t> novelty_layers)
+                             BlockHashes hashes, std::vector<BlockRef> pinned,
+                             std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers)
     : cache_(cache),
       model_(std::move(model)),
       layout_(layout),
@@ -172,6 +174,7 @@ AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
       block_bytes_(layout.BlockBytes()),
       expected_bytes_(plan.size() * layout.BlockBytes()),
       keys_(std::move(keys)),
+      hashes_(std::move(hashes)),
       pinned_(std::move(pinned)),
       plan_(std::move(plan)),
       new_blocks_(num_blocks_),
@@ -298,6 +301,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   std::vector<BlockRef> unused;  // duplicates and replaced copies; freed after the lock
   MutexLock lock(&cache_->mu_);
   auto fail = [&](absl::Status status) {  // Fail() for when the lock is held
+    cache_->mu_.AssertHeld();
     status_ = status;
     cache_->ReleaseClaimsLocked(*this);
     unused.insert(unused.end(), std::make_move_iterator(new_blocks_.begin()),
@@ -318,7 +322,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   // First pass: the prefix must still be there, and so must every block we
   // found cached (MatchLocked also drops expired blocks).
   std::vector<IndexNode*> path;
-  cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), &path);
+  cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), hashes_, &path);
   const uint64_t present = path.size();
   for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
     if (i < start_block_ || plan_[i - start_block_] == BlockPlan::kCached ||
@@ -333,7 +337,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
                                  : cache_->clock_->Now() + hints_.ttl;
   for (uint64_t i = 0; i < start_block_; ++i) {
     if (!pins[i].empty()) {
-      std::vector<uint8_t>& have = path[i]->tokens_state.pinned;
+      std::vector<uint8_t>& have = path[i]->mutable_tokens_state().pinned;
       if (have.empty()) have.assign(bt, 0);
       for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
       cache_->RecountMetadataLocked(path[i]);
@@ -363,7 +367,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
       if (payload != nullptr) unused.push_back(std::move(payload));
       // A worker's pins apply to the cached copy too.
       if (!pins[i].empty()) {
-        std::vector<uint8_t>& have = cached->tokens_state.pinned;
+        std::vector<uint8_t>& have = cached->mutable_tokens_state().pinned;
         if (have.empty()) have.assign(bt, 0);
         for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
         cache_->RecountMetadataLocked(cached);
@@ -380,8 +384,11 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     child->expires = expires;
     child->priority = hints_.priority;
     child->workload = static_cast<uint8_t>(hints_.workload);
-    child->tokens_state.novelty = std::move(novelty_[j]);
-    child->tokens_state.pinned = std::move(pins[i]);
+    if (!novelty_[j].empty() || !pins[i].empty()) {
+      BlockTokenState& ts = child->mutable_tokens_state();
+      ts.novelty = std::move(novelty_[j]);
+      ts.pinned = std::move(pins[i]);
+    }
     cache_->RecountMetadataLocked(child);
     cache_->policy_->Insert(child);
     ++result.stored_blocks;

@@ -15,8 +15,12 @@ Cache::~Cache() {
   MutexLock lock(&mu_);
   leases_.clear();
   lease_expiry_.clear();
-  for (auto& [key, state] : models_) {
-    state->index.Clear([&](IndexNode* n) { ForgetNodeLocked(*state, n); });
+  for (auto& entry : models_) {
+    ModelState& state = *entry.second;
+    state.index.Clear([&](IndexNode* n) {
+      mu_.AssertHeld();  // the lambda runs under the lock
+      ForgetNodeLocked(state, n);
+    });
   }
 }
 
@@ -90,12 +94,26 @@ std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
   return out;
 }
 
-void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens,
+absl::StatusOr<BlockHashes> Cache::HashBlocks(const ModelKey& model,
+                                              std::span<const Token> tokens) const {
+  uint32_t block_tokens;
+  {
+    MutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    block_tokens = (*state)->layout.block_tokens;
+  }
+  return BlockHashes::Of(block_tokens, tokens);
+}
+
+void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
                         std::vector<IndexNode*>* path) {
-  state.index.Match(tokens, path);
+  state.index.Match(tokens, hashes, path);
   const absl::Time now = clock_->Now();
-  auto expired = std::find_if(path->begin(), path->end(),
-                              [now](const IndexNode* n) { return n->expires <= now; });
+  auto expired = std::find_if(path->begin(), path->end(), [now](const IndexNode* n) {
+    __builtin_prefetch(n->payload.get());  // callers read the payloads next
+    return n->expires <= now;
+  });
   if (expired != path->end()) {
     std::vector<BlockRef> dropped;  // released when this function returns; refs only
     RemoveSubtreeLocked(state, *expired, &dropped);
@@ -117,8 +135,8 @@ void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
 }
 
 void Cache::ForgetCompressionLocked(ModelState& state, IndexNode* node) {
-  BlockTokenState& ts = node->tokens_state;
-  if (!ts.compressed) return;
+  if (!node->tokens_state().compressed) return;
+  BlockTokenState& ts = node->mutable_tokens_state();
   --state.compressed_blocks;
   state.int8_tokens -= ts.num_int8;
   state.pruned_tokens -= ts.num_pruned;
@@ -129,15 +147,14 @@ void Cache::ForgetCompressionLocked(ModelState& state, IndexNode* node) {
 }
 
 uint64_t Cache::NodeMetadataBytes(const IndexNode& node) {
-  const BlockTokenState& ts = node.tokens_state;
-  uint64_t bytes = sizeof(IndexNode) + node.tokens.capacity() * sizeof(Token) +
-                   ts.novelty.capacity() * sizeof(float) + ts.activity.capacity() * sizeof(float) +
-                   ts.pinned.capacity();
-  if (node.child_map != nullptr) {
-    // A slot per capacity entry: the key, the pointer and a control byte.
-    bytes += node.child_map->capacity() * (sizeof(uint64_t) + sizeof(void*) + 1);
+  uint64_t bytes = sizeof(IndexNode) + node.tokens().size_bytes() + kNodeAllocationOverhead;
+  if (node.has_tokens_state()) {
+    const BlockTokenState& ts = node.tokens_state();
+    bytes += sizeof(BlockTokenState) + kTokenStateAllocationOverhead +
+             ts.novelty.capacity() * sizeof(float) + ts.activity.capacity() * sizeof(float) +
+             ts.pinned.capacity();
   }
-  return bytes + kNodeAllocationOverhead;
+  return bytes;
 }
 
 void Cache::RecountMetadataLocked(IndexNode* node) {
@@ -167,6 +184,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   uint64_t freeing = 0;
   size_t counted = 0;
   auto committed = [&]() {
+    mu_.AssertHeld();  // the lambda runs under the lock
     for (; counted < dropped->size(); ++counted) {
       const BlockRef& b = (*dropped)[counted];
       if (b != nullptr && b.use_count() == 1) freeing += b->footprint();
@@ -191,6 +209,7 @@ EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                        std::vector<BlockRef>* dropped) {
   EvictResult result;
   state.index.RemoveSubtree(node, [&](IndexNode* n) {
+    mu_.AssertHeld();  // the lambda runs under the lock
     ForgetNodeLocked(state, n);
     ++result.evicted_blocks;
     result.evicted_bytes += n->payload->size();
@@ -223,12 +242,17 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
         absl::StrCat("lease_ttl_ms must be at most ",
                      absl::ToInt64Milliseconds(options_.max_lease_ttl), " (max_lease_ttl_ms)"));
   }
+  // Hashing, and copying the tokens a lease keeps, need no lock.
+  absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
+  if (!hashes.ok()) return hashes.status();
+  std::vector<Token> lease_tokens;
+  if (lease.acquire) lease_tokens.assign(tokens.begin(), tokens.end());
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, &path);
+  MatchLocked(m, tokens, *hashes, &path);
 
   LookupResult result;
   const uint32_t bt = m.layout.block_tokens;
@@ -251,21 +275,22 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   m.hit_tokens += result.matched_tokens;
   m.miss_tokens += (tokens.size() / bt) * bt - result.matched_tokens;
   result.blocks.reserve(path.size());
+  const uint64_t block_bytes = m.layout.BlockBytes();
   for (const IndexNode* n : path) {
     const BlockPayload& p = *n->payload;
     result.blocks.push_back({.index = n->depth,
                              .key = n->key,
                              .checksum = p.decoded_checksum(),
-                             .bytes = m.layout.BlockBytes(),
+                             .bytes = block_bytes,
                              .lossy = p.compressed(),
                              .stored_bytes = p.size(),
                              .stored_checksum = p.checksum()});
   }
   if (lease.acquire && !path.empty()) {
     const absl::Time now = clock_->Now();
-    Lease l{.model = model,
-            .matched_tokens = result.matched_tokens,
-            .tokens = std::vector<Token>(tokens.begin(), tokens.begin() + result.matched_tokens)};
+    lease_tokens.resize(result.matched_tokens);  // a prefix of `tokens`: shrinks
+    Lease l{
+        .model = model, .matched_tokens = result.matched_tokens, .tokens = std::move(lease_tokens)};
     l.expires = now + (lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl);
     for (IndexNode* n : path) l.blocks.push_back(n->payload);
     uint64_t id;
@@ -332,12 +357,14 @@ void Cache::ExpireLeases() {
 absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
                                               bool accept_lossy) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
+  if (!hashes.ok()) return hashes.status();
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, &path);
+  MatchLocked(m, tokens, *hashes, &path);
   std::vector<BlockRef> blocks;
   blocks.reserve(path.size());
   for (IndexNode* n : path) blocks.push_back(n->payload);
@@ -378,6 +405,8 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
                                                std::span<const Token> tokens) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
+  if (!hashes.ok()) return hashes.status();
   std::vector<BlockRef> dropped;
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
@@ -389,7 +418,7 @@ absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
                                                    "the model's block_tokens (", bt, ")"));
   }
   std::vector<IndexNode*> path;
-  (*state)->index.Match(tokens, &path);
+  (*state)->index.Match(tokens, *hashes, &path);
   if (path.size() * bt != tokens.size()) return EvictResult{};
   return RemoveSubtreeLocked(**state, path.back(), &dropped);
 }
@@ -397,6 +426,7 @@ absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
 EvictResult Cache::ClearModelLocked(ModelState& m, std::vector<BlockRef>* dropped) {
   EvictResult result;
   m.index.Clear([&](IndexNode* n) {
+    mu_.AssertHeld();  // the lambda runs under the lock
     ForgetNodeLocked(m, n);
     ++result.evicted_blocks;
     result.evicted_bytes += n->payload->size();

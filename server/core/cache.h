@@ -362,9 +362,16 @@ class Cache {
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckTokenCount(size_t n) const;
-  // The cached path of `tokens`, with expired blocks removed, touched leaf-first.
-  void MatchLocked(ModelState& state, std::span<const Token> tokens, std::vector<IndexNode*>* path)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lookup hashes of `tokens` for `model`'s block size: the lock is held
+  // only to read the block size, not while hashing. NOT_FOUND for an unknown
+  // model.
+  absl::StatusOr<BlockHashes> HashBlocks(const ModelKey& model, std::span<const Token> tokens) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The cached path of `tokens`, with expired blocks removed, touched
+  // leaf-first. `hashes` are for `tokens` (hashed again if the model's block
+  // size changed since).
+  void MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
+                   std::vector<IndexNode*>* path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the subtree at `node`; returns what it removed. Payload references
   // are moved to `dropped` so they are released after the lock.
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,
@@ -384,10 +391,14 @@ class Cache {
   // Undoes a compressed block's share of its model's compression stats.
   void ForgetCompressionLocked(ModelState& state, IndexNode* node)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Metadata the cache holds for `node` (node, tokens, importance state),
-  // with kNodeAllocationOverhead for the allocator's bookkeeping.
+  // Metadata the cache holds for `node` (node and tokens, importance state),
+  // with kNodeAllocationOverhead for the allocator's bookkeeping (16) and the
+  // node's slot in its index's hash map (16 bytes and a control byte, at a
+  // load of 7/16 to 7/8).
   static uint64_t NodeMetadataBytes(const IndexNode& node);
-  static constexpr uint64_t kNodeAllocationOverhead = 64;
+  static constexpr uint64_t kNodeAllocationOverhead = 56;
+  // A node's token state, once it has one, is an allocation of its own.
+  static constexpr uint64_t kTokenStateAllocationOverhead = 16;
   // What a lease holds besides its block references, for the metadata budget.
   static uint64_t LeaseMetadataBytes(uint64_t tokens, uint64_t blocks) {
     return 128 + tokens * sizeof(Token) + blocks * sizeof(BlockRef);
@@ -493,7 +504,7 @@ class AppendSession {
   struct HashState;
   AppendSession(Cache* cache, ModelKey model, ModelLayout layout, std::vector<Token> tokens,
                 uint64_t start_block, AppendHints hints, std::vector<uint64_t> checksums,
-                std::vector<uint64_t> keys, std::vector<BlockRef> pinned,
+                std::vector<uint64_t> keys, BlockHashes hashes, std::vector<BlockRef> pinned,
                 std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
   // The pinned flags of block `index` of the sequence; empty when none.
@@ -513,6 +524,7 @@ class AppendSession {
   const uint64_t block_bytes_;
   const uint64_t expected_bytes_;
   const std::vector<uint64_t> keys_;  // chain key of each new block (claims)
+  const BlockHashes hashes_;          // lookup hashes of every whole block (the re-walk)
   // The model's index when the session began: claims are keyed by it (never
   // dereferenced), and a commit into another index (the model registered
   // anew) aborts.

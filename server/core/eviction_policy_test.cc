@@ -129,12 +129,12 @@ TYPED_TEST(EvictionPolicyTest, VictimSatisfiesThePredicate) {
   absl::flat_hash_set<const IndexNode*> tracked(nodes.begin(), nodes.end());
   auto odd = [&](const IndexNode& n) {
     EXPECT_TRUE(tracked.contains(&n)) << "asked about an untracked block";
-    return n.tokens[0] / 1024 % 2 == 1;
+    return n.tokens()[0] / 1024 % 2 == 1;
   };
   for (int round = 0; round < 3; ++round) {
     IndexNode* victim = this->policy_->PickVictim(odd);
     ASSERT_NE(victim, nullptr);
-    EXPECT_EQ(victim->tokens[0] / 1024 % 2, 1u);
+    EXPECT_EQ(victim->tokens()[0] / 1024 % 2, 1u);
     this->policy_->Touch(nodes[round]);
   }
 }

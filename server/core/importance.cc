@@ -67,7 +67,7 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
     // below another is removed first and no removal touches a removed node.
     std::vector<IndexNode*> compressed;
     m.index.VisitPostOrder([&](IndexNode* n) {
-      if (n->tokens_state.compressed) compressed.push_back(n);
+      if (n->tokens_state().compressed) compressed.push_back(n);
     });
     for (IndexNode* n : compressed) {
       change.dropped_blocks += RemoveSubtreeLocked(m, n, &dropped).evicted_blocks;
@@ -99,6 +99,13 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
       for (size_t t = 0; t < per_row; ++t) mass[t] += attention[r * per_row + t];
     }
   }
+  // The tokens of a report without a lease are hashed before taking the lock.
+  BlockHashes hashes;
+  if (lease_id == 0) {
+    absl::StatusOr<BlockHashes> h = HashBlocks(model, tokens);
+    if (!h.ok()) return h.status();
+    hashes = *std::move(h);
+  }
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
@@ -128,12 +135,13 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   const std::vector<float> observed = importance::ObserveAttention(mass, m.policy.params);
 
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, &path);
+  if (lease_id != 0) hashes = BlockHashes::Of(m.layout.block_tokens, tokens);
+  MatchLocked(m, tokens, hashes, &path);
   const uint32_t bt = m.layout.block_tokens;
   const ImportanceOptions& o = options_.importance;
   ReportResult result{.matched_tokens = path.size() * bt};
   for (IndexNode* node : path) {
-    BlockTokenState& ts = node->tokens_state;
+    BlockTokenState& ts = node->mutable_tokens_state();
     const double elapsed = SecondsBetween(ts.activity_updated, now);
     if (ts.activity.empty()) {
       ts.activity.assign(bt, 0.0f);
@@ -230,6 +238,7 @@ CompactionResult Cache::Compact() {
       const int64_t bt = m.layout.block_tokens;
       absl::flat_hash_map<const IndexNode*, uint32_t> deepest;
       m.index.VisitPostOrder([&](IndexNode* n) {
+        mu_.AssertHeld();  // the lambda runs under the lock
         // Children come first, so deepest[n] already holds their maximum.
         // (Copy it out: inserting the parent may move the map's values.)
         const uint32_t d = std::max(deepest[n], n->depth);
@@ -238,12 +247,13 @@ CompactionResult Cache::Compact() {
           uint32_t& pd = deepest[n->parent];
           pd = std::max(pd, d);
         }
-        if (n->tokens_state.compressed || n->payload.use_count() != 1 || compacting_.contains(n)) {
+        if (n->tokens_state().compressed || n->payload.use_count() != 1 ||
+            compacting_.contains(n)) {
           return;
         }
         if (!result.under_pressure && n->last_access > now - o.cold_after) return;
         const int64_t seq = (int64_t{d} + 1) * bt;
-        if (FullyProtected(m.policy, int64_t{n->depth} * bt, bt, seq, n->tokens_state.pinned)) {
+        if (FullyProtected(m.policy, int64_t{n->depth} * bt, bt, seq, n->tokens_state().pinned)) {
           return;
         }
         candidates.push_back({n->last_access, &m, n, seq});
@@ -255,7 +265,7 @@ CompactionResult Cache::Compact() {
     if (candidates.size() > o.max_blocks_per_pass) candidates.resize(o.max_blocks_per_pass);
     jobs.reserve(candidates.size());
     for (const Candidate& c : candidates) {
-      const BlockTokenState& ts = c.node->tokens_state;
+      const BlockTokenState& ts = c.node->tokens_state();
       CompactionJob job{.node = c.node,
                         .old = c.node->payload,
                         .layout = c.model->layout,
@@ -385,8 +395,8 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
       RemoveSubtreeLocked(m, job.node, dropped);
       continue;
     }
-    if (job.novelty_computed && job.node->tokens_state.novelty.empty()) {
-      job.node->tokens_state.novelty = std::move(job.novelty);
+    if (job.novelty_computed && job.node->tokens_state().novelty.empty()) {
+      job.node->mutable_tokens_state().novelty = std::move(job.novelty);
       RecountMetadataLocked(job.node);
     }
     // A policy change since planning (above all a switch to off) voids the job.
@@ -397,11 +407,12 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
     const uint64_t delta = job.old->size() - job.encoded->size();
     const uint64_t saved = job.old->footprint() - job.encoded->footprint();
     job.node->payload = job.encoded;
-    BlockTokenState& ts = job.node->tokens_state;
+    BlockTokenState& ts = job.node->mutable_tokens_state();
     ts.compressed = true;
     ts.num_int8 = job.num_int8;
     ts.num_pruned = job.num_pruned;
     ts.bytes_saved = saved;
+    RecountMetadataLocked(job.node);  // the state may be new
     ++m.compressed_blocks;
     m.int8_tokens += job.num_int8;
     m.pruned_tokens += job.num_pruned;

@@ -1,8 +1,7 @@
-// LRU over all tracked blocks: a list in recency order (front: coldest) and a
-// map from node to its list position.
-#include <list>
-
-#include "absl/container/flat_hash_map.h"
+// LRU over all tracked blocks: an intrusive list in recency order (head:
+// coldest), threaded through the nodes' policy hooks, so a touch is a few
+// pointer writes to nodes the caller has just read, with no allocation and
+// no look-up.
 #include "server/core/eviction_policy.h"
 
 namespace kvcache {
@@ -11,34 +10,53 @@ namespace {
 class LruPolicy final : public EvictionPolicy {
  public:
   void Insert(IndexNode* node) override {
-    order_.push_back(node);
-    position_.emplace(node, std::prev(order_.end()));
+    PushBack(node);
+    ++size_;
   }
 
   void Touch(IndexNode* node) override {
-    auto it = position_.find(node);
-    order_.splice(order_.end(), order_, it->second);
+    if (node == tail_) return;
+    Unlink(node);
+    PushBack(node);
   }
 
   void Erase(IndexNode* node) override {
-    auto it = position_.find(node);
-    order_.erase(it->second);
-    position_.erase(it);
+    Unlink(node);
+    --size_;
   }
 
   IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) override {
-    for (IndexNode* node : order_) {
+    for (IndexNode* node = head_; node != nullptr; node = node->policy_hook.next) {
       if (evictable(*node)) return node;
     }
     return nullptr;
   }
 
-  size_t size() const override { return order_.size(); }
+  size_t size() const override { return size_; }
   std::string_view name() const override { return "lru"; }
 
  private:
-  std::list<IndexNode*> order_;
-  absl::flat_hash_map<IndexNode*, std::list<IndexNode*>::iterator> position_;
+  void PushBack(IndexNode* node) {
+    node->policy_hook.prev = tail_;
+    node->policy_hook.next = nullptr;
+    if (tail_ != nullptr) {
+      tail_->policy_hook.next = node;
+    } else {
+      head_ = node;
+    }
+    tail_ = node;
+  }
+
+  void Unlink(IndexNode* node) {
+    IndexNode::PolicyHook& h = node->policy_hook;
+    (h.prev != nullptr ? h.prev->policy_hook.next : head_) = h.next;
+    (h.next != nullptr ? h.next->policy_hook.prev : tail_) = h.prev;
+    h.prev = h.next = nullptr;
+  }
+
+  IndexNode* head_ = nullptr;  // coldest
+  IndexNode* tail_ = nullptr;  // most recent
+  size_t size_ = 0;
 };
 
 }  // namespace

@@ -3,20 +3,67 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 #include <utility>
+
+#if defined(KVCACHE_XXH3_DISPATCH)
+#include <xxh_x86dispatch.h>
+#endif
 
 namespace kvcache {
 namespace {
 
-uint64_t HashTokens(std::span<const Token> block, uint64_t seed) {
-  return XXH3_64bits_withSeed(block.data(), block.size_bytes(), seed);
+// XXH3 of a block's tokens, with the widest vector unit the CPU has where
+// libxxhash offers the run-time dispatch.
+uint64_t HashBlock(std::span<const Token> block) {
+#if defined(KVCACHE_XXH3_DISPATCH)
+  return XXH3_64bits_dispatch(block.data(), block.size_bytes());
+#else
+  return XXH3_64bits(block.data(), block.size_bytes());
+#endif
+}
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finalizer: a bijection
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
+  return x ^ (x >> 31);
 }
 
 bool SameTokens(const IndexNode& node, std::span<const Token> block) {
-  return std::equal(node.tokens.begin(), node.tokens.end(), block.begin(), block.end());
+  const std::span<const Token> mine = node.tokens();
+  return mine.size() == block.size() &&
+         std::memcmp(mine.data(), block.data(), block.size_bytes()) == 0;
 }
 
+constexpr size_t kCacheLine = 64;
+
+// Brings what a lookup reads of a node towards the CPU before it is needed:
+// the first bytes of the node (IndexNode::kHotBytes) and its `token_bytes`.
+void Prefetch(const IndexNode* node, size_t token_bytes) {
+  const char* p = reinterpret_cast<const char*>(node);
+  for (size_t i = 0; i < IndexNode::kHotBytes; i += kCacheLine) __builtin_prefetch(p + i);
+  p = reinterpret_cast<const char*>(node + 1);
+  for (size_t i = 0; i < token_bytes; i += kCacheLine) __builtin_prefetch(p + i);
+}
+
+// How far ahead Match prefetches map slots and nodes.
+constexpr size_t kPrefetchDistance = 8;
+
 }  // namespace
+
+const BlockTokenState IndexNode::kNoTokenState;
+
+BlockHashes BlockHashes::Of(uint32_t block_tokens, std::span<const Token> tokens) {
+  BlockHashes out{.block_tokens = block_tokens};
+  out.hashes.resize(tokens.size() / block_tokens);
+  uint64_t h = 0;
+  for (size_t b = 0; b < out.hashes.size(); ++b) {
+    h = PrefixIndex::LookupHash(h, tokens.subspan(b * block_tokens, block_tokens));
+    out.hashes[b] = h;
+  }
+  return out;
+}
 
 PrefixIndex::PrefixIndex(uint32_t block_tokens) : block_tokens_(block_tokens) {
   root_.index = this;
@@ -27,148 +74,146 @@ PrefixIndex::~PrefixIndex() {
 }
 
 uint64_t PrefixIndex::ChainKey(uint64_t parent_key, std::span<const Token> block) {
-  return HashTokens(block, parent_key);
+  return XXH3_64bits_withSeed(block.data(), block.size_bytes(), parent_key);
 }
 
-IndexNode* PrefixIndex::ChildOf(const IndexNode* parent, uint64_t tokens_hash) const {
-  if (parent == nullptr) parent = &root_;
-  if (parent->child_map != nullptr) {
-    auto it = parent->child_map->find(tokens_hash);
-    return it == parent->child_map->end() ? nullptr : it->second.get();
-  }
-  for (uint32_t i = 0; i < parent->num_children; ++i) {
-    if (parent->inline_children[i]->tokens_hash == tokens_hash) {
-      return parent->inline_children[i].get();
-    }
-  }
-  return nullptr;
+uint64_t PrefixIndex::LookupHash(uint64_t parent_hash, std::span<const Token> block) {
+  // Mix is a bijection: distinct (parent, block hash) pairs collide only
+  // when their XORs do.
+  return Mix(parent_hash ^ HashBlock(block));
+}
+
+IndexNode* PrefixIndex::NewNode(std::span<const Token> block) {
+  void* memory =
+      ::operator new (sizeof(IndexNode) + block.size_bytes(), std::align_val_t{kCacheLine});
+  auto* node = new (memory) IndexNode();
+  node->index = this;
+  std::memcpy(static_cast<void*>(node + 1), block.data(), block.size_bytes());
+  return node;
+}
+
+void PrefixIndex::DeleteNode(IndexNode* node) {
+  node->~IndexNode();
+  ::operator delete (static_cast<void*>(node), std::align_val_t{kCacheLine});
 }
 
 IndexNode* PrefixIndex::FindChild(const IndexNode* parent, std::span<const Token> block) const {
-  IndexNode* child = ChildOf(parent, HashTokens(block, 0));
-  return child != nullptr && SameTokens(*child, block) ? child : nullptr;
+  auto it = nodes_.find(LookupHash(parent == nullptr ? 0 : parent->lookup_hash, block));
+  if (it == nodes_.end()) return nullptr;
+  IndexNode* child = it->second;
+  return child->parent == parent && SameTokens(*child, block) ? child : nullptr;
 }
 
 void PrefixIndex::Match(std::span<const Token> tokens, std::vector<IndexNode*>* path) const {
-  const IndexNode* node = nullptr;
-  for (size_t pos = 0; pos + block_tokens_ <= tokens.size(); pos += block_tokens_) {
-    IndexNode* child = FindChild(node, tokens.subspan(pos, block_tokens_));
-    if (child == nullptr) return;
-    path->push_back(child);
-    node = child;
+  Match(tokens, BlockHashes::Of(block_tokens_, tokens), path);
+}
+
+void PrefixIndex::Match(std::span<const Token> tokens, const BlockHashes& hashes,
+                        std::vector<IndexNode*>* path) const {
+  if (hashes.block_tokens != block_tokens_) {
+    Match(tokens, BlockHashes::Of(block_tokens_, tokens), path);
+    return;
   }
+  const std::vector<uint64_t>& h = hashes.hashes;
+  const size_t n = std::min(h.size(), tokens.size() / block_tokens_);
+  const size_t first = path->size();
+  // Candidates: every block's node by its hash. The look-ups are independent,
+  // so the CPU overlaps their misses; the slots are prefetched ahead.
+  for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) nodes_.prefetch(h[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) nodes_.prefetch(h[i + kPrefetchDistance]);
+    auto it = nodes_.find(h[i]);
+    if (it == nodes_.end()) break;
+    path->push_back(it->second);
+  }
+  // Each candidate must be the child of the block before it and hold the
+  // prompt's tokens; the path ends before the first that is not.
+  const size_t found = path->size() - first;
+  const size_t token_bytes = block_tokens_ * sizeof(Token);
+  for (size_t i = 0; i < std::min(found, kPrefetchDistance); ++i) {
+    Prefetch((*path)[first + i], token_bytes);
+  }
+  const IndexNode* parent = nullptr;
+  size_t i = 0;
+  for (; i < found; ++i) {
+    if (i + kPrefetchDistance < found) {
+      Prefetch((*path)[first + i + kPrefetchDistance], token_bytes);
+    }
+    const IndexNode* node = (*path)[first + i];
+    if (node->parent != parent ||
+        !SameTokens(*node, tokens.subspan(i * block_tokens_, block_tokens_))) {
+      break;
+    }
+    parent = node;
+  }
+  path->resize(first + i);
 }
 
 IndexNode* PrefixIndex::AddChild(IndexNode* parent, std::span<const Token> block,
                                  BlockRef payload) {
   IndexNode* holder = parent == nullptr ? &root_ : parent;
-  const uint64_t tokens_hash = HashTokens(block, 0);
-  if (ChildOf(holder, tokens_hash) != nullptr) return nullptr;
+  const uint64_t lookup_hash = LookupHash(parent == nullptr ? 0 : parent->lookup_hash, block);
+  auto [slot, inserted] = nodes_.try_emplace(lookup_hash, nullptr);
+  if (!inserted) return nullptr;  // the same block, or a collision
 
-  auto node = std::make_unique<IndexNode>();
-  node->index = this;
+  IndexNode* node = NewNode(block);
   node->parent = parent;
   node->key = ChainKey(parent == nullptr ? 0 : parent->key, block);
-  node->tokens_hash = tokens_hash;
+  node->lookup_hash = lookup_hash;
   node->depth = parent == nullptr ? 0 : parent->depth + 1;
-  node->tokens.assign(block.begin(), block.end());
   node->payload = std::move(payload);
-  IndexNode* raw = node.get();
+  slot->second = node;
 
-  if (holder->child_map == nullptr && holder->num_children == IndexNode::kInlineChildren) {
-    // Grow from inline slots into a map.
-    holder->child_map =
-        std::make_unique<absl::flat_hash_map<uint64_t, std::unique_ptr<IndexNode>>>();
-    for (auto& child : holder->inline_children) {
-      uint64_t h = child->tokens_hash;
-      holder->child_map->emplace(h, std::move(child));
-    }
-  }
-  if (holder->child_map != nullptr) {
-    holder->child_map->emplace(tokens_hash, std::move(node));
-  } else {
-    holder->inline_children[holder->num_children] = std::move(node);
-  }
+  node->next_sibling_ = holder->first_child_;
+  if (holder->first_child_ != nullptr) holder->first_child_->prev_sibling_ = node;
+  holder->first_child_ = node;
   ++holder->num_children;
-  ++num_blocks_;
-  return raw;
+  return node;
 }
 
-std::unique_ptr<IndexNode> PrefixIndex::Detach(IndexNode* node) {
+void PrefixIndex::Unlink(IndexNode* node) {
   IndexNode* holder = node->parent == nullptr ? &root_ : node->parent;
-  std::unique_ptr<IndexNode> owned;
-  if (holder->child_map != nullptr) {
-    auto it = holder->child_map->find(node->tokens_hash);
-    owned = std::move(it->second);
-    holder->child_map->erase(it);
+  if (node->prev_sibling_ != nullptr) {
+    node->prev_sibling_->next_sibling_ = node->next_sibling_;
   } else {
-    auto* begin = holder->inline_children.begin();
-    auto* end = begin + holder->num_children;
-    auto* it = std::find_if(begin, end, [node](const auto& c) { return c.get() == node; });
-    owned = std::move(*it);
-    std::move(it + 1, end, it);  // keep the inline slots dense
+    holder->first_child_ = node->next_sibling_;
   }
+  if (node->next_sibling_ != nullptr) node->next_sibling_->prev_sibling_ = node->prev_sibling_;
+  node->prev_sibling_ = node->next_sibling_ = nullptr;
   --holder->num_children;
-  return owned;
-}
-
-void PrefixIndex::DestroySubtree(std::unique_ptr<IndexNode> node,
-                                 absl::FunctionRef<void(IndexNode*)> on_remove) {
-  // Iterative post-order so a deep chain cannot overflow the stack.
-  std::vector<std::unique_ptr<IndexNode>> stack;
-  std::vector<std::unique_ptr<IndexNode>> order;
-  stack.push_back(std::move(node));
-  while (!stack.empty()) {
-    std::unique_ptr<IndexNode> n = std::move(stack.back());
-    stack.pop_back();
-    if (n->child_map != nullptr) {
-      for (auto& [h, child] : *n->child_map) stack.push_back(std::move(child));
-      n->child_map.reset();
-    } else {
-      for (uint32_t i = 0; i < n->num_children; ++i) {
-        stack.push_back(std::move(n->inline_children[i]));
-      }
-    }
-    n->num_children = 0;
-    order.push_back(std::move(n));
-  }
-  // `order` lists parents before children; report children first.
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    on_remove(it->get());
-    --num_blocks_;
-  }
 }
 
 void PrefixIndex::RemoveSubtree(IndexNode* node, absl::FunctionRef<void(IndexNode*)> on_remove) {
-  DestroySubtree(Detach(node), on_remove);
+  // Iterative, so a deep chain cannot overflow the stack: `order` lists
+  // parents before children, and is removed from the back.
+  std::vector<IndexNode*> order = {node};
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (IndexNode* c = order[i]->first_child_; c != nullptr; c = c->next_sibling_) {
+      order.push_back(c);
+    }
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    IndexNode* n = *it;
+    on_remove(n);  // its children are gone already; its parent is still there
+    Unlink(n);
+    nodes_.erase(n->lookup_hash);
+    DeleteNode(n);
+  }
 }
 
 void PrefixIndex::Clear(absl::FunctionRef<void(IndexNode*)> on_remove) {
-  while (root_.num_children > 0) {
-    IndexNode* first = root_.child_map != nullptr ? root_.child_map->begin()->second.get()
-                                                  : root_.inline_children[0].get();
-    RemoveSubtree(first, on_remove);
-  }
-  root_.child_map.reset();
+  while (root_.first_child_ != nullptr) RemoveSubtree(root_.first_child_, on_remove);
 }
 
 void PrefixIndex::VisitPostOrder(absl::FunctionRef<void(IndexNode*)> visit) const {
   // Iterative: parents are pushed to `order` before their children.
-  std::vector<IndexNode*> stack;
   std::vector<IndexNode*> order;
-  auto push_children = [&stack](const IndexNode* n) {
-    if (n->child_map != nullptr) {
-      for (const auto& [h, child] : *n->child_map) stack.push_back(child.get());
-    } else {
-      for (uint32_t i = 0; i < n->num_children; ++i) stack.push_back(n->inline_children[i].get());
+  order.reserve(nodes_.size());
+  for (IndexNode* c = root_.first_child_; c != nullptr; c = c->next_sibling_) order.push_back(c);
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (IndexNode* c = order[i]->first_child_; c != nullptr; c = c->next_sibling_) {
+      order.push_back(c);
     }
-  };
-  push_children(&root_);
-  while (!stack.empty()) {
-    IndexNode* n = stack.back();
-    stack.pop_back();
-    order.push_back(n);
-    push_children(n);
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) visit(*it);
 }

@@ -1,24 +1,31 @@
 // PrefixIndex: a radix tree over the token blocks of one (namespace, model).
 //
 // Every node is one block of `block_tokens` tokens; the path from the root to
-// a node spells the token prefix whose KV the node's payload holds. A node's
-// children are found by their block's tokens: the first four live inline in
-// the node, more move to a hash map keyed by the hash of the child's tokens.
-// Lookups compare the tokens themselves, so a hash collision can only cost a
-// cache miss, never return another prefix's KV. Each node also carries a key
-// chained over the whole prefix (XXH3 of its tokens seeded with its parent's
-// key), the block's identity in the API.
+// a node spells the token prefix whose KV the node's payload holds. A node
+// per block is the path compression this index needs: an edge already spans
+// a whole block (16..1024 tokens), and per-block nodes let eviction trim a
+// branch one block at a time.
 //
-// A node per block is the path compression this index needs: an edge already
-// spans a whole block (16..1024 tokens), and per-block nodes let eviction
-// trim a branch one block at a time.
+// Finding a node does not walk the tree. Each node has a lookup hash chained
+// over its whole prefix (BlockHashes), and the index keeps one hash map from
+// lookup hash to node. A match looks every block of a prompt up in that map
+// at once (the look-ups do not depend on each other, so their cache misses
+// overlap instead of chasing 512 pointers one after the other), then checks
+// each candidate: its parent must be the block matched before it and its
+// tokens must equal the prompt's. So a hash collision can only cost a cache
+// miss (or leave a block uncached), never return another prefix's KV. The
+// hashes need no index: callers compute them before taking a lock.
+//
+// A node's tokens sit in the same allocation, right after it. Children are
+// a list threaded through their nodes (for removal and traversal only).
+// Besides its lookup hash each node carries `key`, the block's identity in
+// the API: XXH3 of its tokens seeded with its parent's key.
 //
 // Not thread-safe: the owning Cache serialises access. Node pointers stay valid
 // until the node is removed.
 #ifndef KVCACHE_SERVER_CORE_PREFIX_INDEX_H_
 #define KVCACHE_SERVER_CORE_PREFIX_INDEX_H_
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -35,32 +42,68 @@ namespace kvcache {
 
 class PrefixIndex;
 
+// The lookup hashes of the whole blocks of a token sequence, for an index of
+// `block_tokens`-token blocks: hashes[i] covers tokens[0 .. (i+1)*block_tokens).
+struct BlockHashes {
+  uint32_t block_tokens = 0;
+  std::vector<uint64_t> hashes;
+
+  // REQUIRES: block_tokens > 0.
+  static BlockHashes Of(uint32_t block_tokens, std::span<const Token> tokens);
+};
+
+// A cached block. The fields a lookup reads or writes come first, in the
+// node's first two cache lines (a node is 64-byte aligned); its tokens follow
+// the node in the same allocation.
 struct IndexNode {
-  PrefixIndex* index = nullptr;  // the tree this node belongs to
-  IndexNode* parent = nullptr;   // nullptr for a first block
-  uint64_t key = 0;              // chained over tokens[0 .. (depth+1)*block_tokens)
-  uint64_t tokens_hash = 0;      // hash of this block's own tokens
-  uint32_t depth = 0;            // block index in the sequence
-  std::vector<Token> tokens;     // this block's tokens
+  IndexNode* parent = nullptr;  // nullptr for a first block
   BlockRef payload;
+  uint64_t key = 0;    // chained over tokens[0 .. (depth+1)*block_tokens)
+  uint32_t depth = 0;  // block index in the sequence
+  uint32_t num_children = 0;
+  // Owned by the cache's EvictionPolicy (e.g. LRU list links); null while
+  // the node is not tracked.
+  struct PolicyHook {
+    IndexNode* prev = nullptr;
+    IndexNode* next = nullptr;
+  } policy_hook;
+  PrefixIndex* index = nullptr;  // the tree this node belongs to
   // Hints from the append that stored the block (read by policies).
   absl::Time expires = absl::InfiniteFuture();
-  int32_t priority = 0;
-  uint8_t workload = 0;
   // When a lookup, fetch, append or attention report last used the block.
   absl::Time last_access = absl::InfinitePast();
-  // Per-token importance inputs and the block's precision (token_state.h).
-  BlockTokenState tokens_state;
+  uint64_t lookup_hash = 0;  // BlockHashes entry of this block: its key in the index's map
   // Metadata bytes the owning cache counted for this node (its budget).
   uint64_t metadata_bytes = 0;
+  int32_t priority = 0;
+  uint8_t workload = 0;
 
   bool is_leaf() const { return num_children == 0; }
+  // Per-token importance inputs and the block's precision (token_state.h);
+  // an empty state until something is set (most blocks of a model that does
+  // not compress never have any, and pay 8 bytes for it).
+  const BlockTokenState& tokens_state() const {
+    return token_state_ != nullptr ? *token_state_ : kNoTokenState;
+  }
+  BlockTokenState& mutable_tokens_state() {
+    if (token_state_ == nullptr) token_state_ = std::make_unique<BlockTokenState>();
+    return *token_state_;
+  }
+  bool has_tokens_state() const { return token_state_ != nullptr; }
+  // This block's tokens (stored right after the node). Not for the index's root.
+  std::span<const Token> tokens() const;
 
-  // Children: inline first, then a map.
-  static constexpr int kInlineChildren = 4;
-  uint32_t num_children = 0;
-  std::array<std::unique_ptr<IndexNode>, kInlineChildren> inline_children;
-  std::unique_ptr<absl::flat_hash_map<uint64_t, std::unique_ptr<IndexNode>>> child_map;
+  // The first bytes of a node that a lookup touches.
+  static constexpr size_t kHotBytes = 128;
+
+ private:
+  friend class PrefixIndex;
+  static const BlockTokenState kNoTokenState;
+  std::unique_ptr<BlockTokenState> token_state_;
+  // Children: a doubly linked list of siblings.
+  IndexNode* first_child_ = nullptr;
+  IndexNode* prev_sibling_ = nullptr;
+  IndexNode* next_sibling_ = nullptr;
 };
 
 class PrefixIndex {
@@ -71,10 +114,15 @@ class PrefixIndex {
   PrefixIndex& operator=(const PrefixIndex&) = delete;
 
   uint32_t block_tokens() const { return block_tokens_; }
-  uint64_t num_blocks() const { return num_blocks_; }
+  uint64_t num_blocks() const { return nodes_.size(); }
 
   // Appends to `path` the nodes of the longest cached prefix of `tokens`
-  // (whole blocks only), from the first block on.
+  // (whole blocks only), from the first block on. `hashes` are
+  // BlockHashes::Of(block_tokens(), tokens); if they are for another block
+  // size, Match hashes again itself.
+  void Match(std::span<const Token> tokens, const BlockHashes& hashes,
+             std::vector<IndexNode*>* path) const;
+  // The same, hashing `tokens` itself.
   void Match(std::span<const Token> tokens, std::vector<IndexNode*>* path) const;
 
   // The child of `parent` (nullptr: the root) whose tokens are `block`, or
@@ -83,7 +131,7 @@ class PrefixIndex {
 
   // Adds a child of `parent` (nullptr: the root) for `block` holding `payload`.
   // Returns nullptr without inserting when a child with the same tokens
-  // exists, or when another child has the same token hash (a collision; the
+  // exists, or when another node has the same lookup hash (a collision; the
   // block is then simply not cached).
   // REQUIRES: block.size() == block_tokens(), payload != nullptr.
   IndexNode* AddChild(IndexNode* parent, std::span<const Token> block, BlockRef payload);
@@ -101,18 +149,26 @@ class PrefixIndex {
 
   // Chained key of a block given its parent's key (0 for the first block).
   static uint64_t ChainKey(uint64_t parent_key, std::span<const Token> block);
+  // Lookup hash of a block given its parent's (0 for the first block).
+  static uint64_t LookupHash(uint64_t parent_hash, std::span<const Token> block);
 
  private:
-  // The tree hangs from a sentinel root node that holds no block.
-  IndexNode* ChildOf(const IndexNode* parent, uint64_t tokens_hash) const;
-  std::unique_ptr<IndexNode> Detach(IndexNode* node);
-  void DestroySubtree(std::unique_ptr<IndexNode> node,
-                      absl::FunctionRef<void(IndexNode*)> on_remove);
+  IndexNode* NewNode(std::span<const Token> block);
+  static void DeleteNode(IndexNode* node);
+  // Takes `node` out of its parent's child list.
+  void Unlink(IndexNode* node);
 
   const uint32_t block_tokens_;
+  // Holds the first blocks as its children; no block of its own.
   IndexNode root_;
-  uint64_t num_blocks_ = 0;
+  // Every node, by lookup hash. The index owns the nodes.
+  absl::flat_hash_map<uint64_t, IndexNode*> nodes_;
 };
+
+inline std::span<const Token> IndexNode::tokens() const {
+  // The node was allocated with room for block_tokens() tokens after it.
+  return {reinterpret_cast<const Token*>(this + 1), index->block_tokens()};
+}
 
 }  // namespace kvcache
 

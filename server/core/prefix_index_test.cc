@@ -1,6 +1,6 @@
-// Unit tests for PrefixIndex: whole-block matching, child storage (inline and
-// map), subtree removal order, chained keys, duplicates, deep chains, and a
-// randomized comparison with a reference set of block prefixes.
+// Unit tests for PrefixIndex: whole-block matching, many siblings, subtree
+// removal order, chained keys, lookup-hash collisions, duplicates, deep
+// chains, and a randomized comparison with a reference set of block prefixes.
 #include "server/core/prefix_index.h"
 
 #include <algorithm>
@@ -36,7 +36,7 @@ std::vector<Token> Seq(const std::vector<uint32_t>& ids) {
   return tokens;
 }
 
-uint32_t IdOf(const IndexNode& node) { return node.tokens[0] / 1024; }
+uint32_t IdOf(const IndexNode& node) { return node.tokens()[0] / 1024; }
 
 // The block ids on the path from the root to `node`.
 std::vector<uint32_t> PathOf(const IndexNode* node) {
@@ -95,7 +95,7 @@ TEST_F(PrefixIndexTest, MatchesWholeBlocksOnly) {
   ASSERT_EQ(path.size(), 3u);
   for (uint32_t i = 0; i < 3; ++i) {
     EXPECT_EQ(path[i]->depth, i);
-    EXPECT_EQ(path[i]->tokens, Block(i + 1));
+    EXPECT_THAT(path[i]->tokens(), ::testing::ElementsAreArray(Block(i + 1)));
     EXPECT_EQ(path[i]->parent, i == 0 ? nullptr : path[i - 1]);
     EXPECT_EQ(path[i]->index, &index_);
   }
@@ -130,9 +130,8 @@ TEST_F(PrefixIndexTest, DivergenceInsideABlockStopsBeforeIt) {
   EXPECT_EQ(MatchLength(tokens), 2u);
 }
 
-TEST_F(PrefixIndexTest, ManySiblingsMoveToTheMapAndStayFindable) {
-  // Give each sibling a child first, so growing the parent's storage must
-  // carry whole subtrees along.
+TEST_F(PrefixIndexTest, ManySiblingsStayFindable) {
+  // Siblings with children of their own.
   constexpr uint32_t kSiblings = 20;
   for (uint32_t i = 0; i < kSiblings; ++i) {
     Insert({100 + i, 500 + i});
@@ -142,7 +141,6 @@ TEST_F(PrefixIndexTest, ManySiblingsMoveToTheMapAndStayFindable) {
   IndexNode* one = index_.FindChild(nullptr, Block(1));
   ASSERT_NE(one, nullptr);
   EXPECT_EQ(one->num_children, kSiblings);
-  EXPECT_NE(one->child_map, nullptr);
   for (uint32_t i = 0; i < kSiblings; ++i) {
     EXPECT_EQ(MatchLength(Seq({100 + i, 500 + i})), 2u) << i;
     EXPECT_EQ(MatchLength(Seq({1, 200 + i, 600 + i})), 3u) << i;
@@ -150,7 +148,7 @@ TEST_F(PrefixIndexTest, ManySiblingsMoveToTheMapAndStayFindable) {
     ASSERT_NE(child, nullptr);
     EXPECT_EQ(child->parent, one);
   }
-  // Remove every other sibling in map mode; the rest stay.
+  // Remove every other sibling; the rest stay.
   for (uint32_t i = 0; i < kSiblings; i += 2) {
     index_.RemoveSubtree(index_.FindChild(one, Block(200 + i)), [](IndexNode*) {});
   }
@@ -158,22 +156,22 @@ TEST_F(PrefixIndexTest, ManySiblingsMoveToTheMapAndStayFindable) {
   for (uint32_t i = 0; i < kSiblings; ++i) {
     EXPECT_EQ(MatchLength(Seq({1, 200 + i, 600 + i})), i % 2 == 0 ? 1u : 3u) << i;
   }
-  // Re-adding works in map mode too.
+  // Re-adding works.
   Insert({1, 200, 600});
   EXPECT_EQ(MatchLength(Seq({1, 200, 600})), 3u);
 }
 
-TEST_F(PrefixIndexTest, InlineRemovalKeepsTheOtherSiblings) {
-  for (uint32_t i = 0; i < IndexNode::kInlineChildren; ++i) Insert({1, 10 + i});
+TEST_F(PrefixIndexTest, RemovalKeepsTheOtherSiblings) {
+  constexpr uint32_t kChildren = 4;
+  for (uint32_t i = 0; i < kChildren; ++i) Insert({1, 10 + i});
   IndexNode* one = index_.FindChild(nullptr, Block(1));
-  EXPECT_EQ(one->child_map, nullptr);
   index_.RemoveSubtree(index_.FindChild(one, Block(11)), [](IndexNode*) {});
-  EXPECT_EQ(one->num_children, IndexNode::kInlineChildren - 1);
-  for (uint32_t i = 0; i < IndexNode::kInlineChildren; ++i) {
+  EXPECT_EQ(one->num_children, kChildren - 1);
+  for (uint32_t i = 0; i < kChildren; ++i) {
     EXPECT_EQ(MatchLength(Seq({1, 10 + i})), i == 1 ? 1u : 2u) << i;
   }
   Insert({1, 11});
-  Insert({1, 14});  // fills the slots again, then grows
+  Insert({1, 14});
   Insert({1, 15});
   for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(MatchLength(Seq({1, 10 + i})), 2u) << i;
 }
@@ -193,8 +191,7 @@ TEST_F(PrefixIndexTest, RemoveSubtreeReportsChildrenBeforeParents) {
   absl::flat_hash_set<const IndexNode*> seen;
   index_.RemoveSubtree(two, [&](IndexNode* n) {
     // A node's children were all reported before it; its parent is still alive.
-    for (const auto& c : n->inline_children) EXPECT_EQ(c, nullptr);
-    EXPECT_TRUE(n->child_map == nullptr || n->child_map->empty());
+    EXPECT_EQ(n->num_children, 0u);
     EXPECT_FALSE(seen.contains(n->parent)) << "parent reported before child";
     EXPECT_NE(n->payload, nullptr);
     seen.insert(n);
@@ -220,8 +217,9 @@ TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
   IndexNode* b = Insert({2, 3});
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(a->tokens_hash, b->tokens_hash);  // same block tokens...
-  EXPECT_NE(a->key, b->key);                  // ...under different parents
+  EXPECT_THAT(a->tokens(), ::testing::ElementsAreArray(b->tokens()));  // same block tokens...
+  EXPECT_NE(a->key, b->key);                                           // ...under different parents
+  EXPECT_NE(a->lookup_hash, b->lookup_hash);
   const uint64_t k1 = PrefixIndex::ChainKey(0, Block(1));
   EXPECT_EQ(a->parent->key, k1);
   EXPECT_EQ(a->key, PrefixIndex::ChainKey(k1, Block(3)));
@@ -232,7 +230,33 @@ TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
   IndexNode* p = other.AddChild(nullptr, Block(1), payload_);
   IndexNode* c = other.AddChild(p, Block(3), payload_);
   EXPECT_EQ(c->key, a->key);
+  EXPECT_EQ(c->lookup_hash, a->lookup_hash);
   EXPECT_EQ(c->depth, 1u);
+  // The lookup hashes of a sequence are those of its nodes.
+  const BlockHashes hashes = BlockHashes::Of(kBt, Seq({1, 3}));
+  EXPECT_EQ(hashes.block_tokens, kBt);
+  EXPECT_THAT(hashes.hashes, ::testing::ElementsAre(a->parent->lookup_hash, a->lookup_hash));
+}
+
+TEST_F(PrefixIndexTest, WrongCandidatesNeverMatch) {
+  // Whatever the hashes say, a node matches only where its parent and its
+  // tokens agree with the prompt: hashes of another prompt (as a collision
+  // would give) find nodes that the checks then refuse.
+  Insert({1, 2, 3});
+  Insert({4, 5, 6});
+  const std::vector<Token> prompt = Seq({1, 2, 3});
+  std::vector<IndexNode*> path;
+  index_.Match(prompt, BlockHashes::Of(kBt, Seq({4, 5, 6})), &path);
+  EXPECT_TRUE(path.empty());
+  // A hash of the right node at the wrong place: block 2 under block 4.
+  BlockHashes mixed = BlockHashes::Of(kBt, Seq({1, 2, 3}));
+  mixed.hashes[1] = BlockHashes::Of(kBt, Seq({4, 5})).hashes[1];
+  index_.Match(prompt, mixed, &path);
+  EXPECT_EQ(path.size(), 1u);
+  // Hashes for another block size are recomputed.
+  path.clear();
+  index_.Match(prompt, BlockHashes::Of(2 * kBt, prompt), &path);
+  EXPECT_EQ(path.size(), 3u);
 }
 
 TEST_F(PrefixIndexTest, AddChildRefusesDuplicates) {

@@ -238,6 +238,7 @@ class SlabPoolImpl final : public SlabPool {
   void MakeRoomToMap(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t capacity = options_.capacity_bytes;
     auto mapped = [&] {
+      mu_.AssertHeld();  // the lambda runs under the lock
       return reserved_bytes_ + free_run_bytes_ + free_slabs_.size() * options_.slab_bytes;
     };
     while (!free_runs_.empty() && mapped() + bytes > capacity) {
