@@ -22,7 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "append_encoder.h"
 #include "fetch_assembler.h"
+#include "fetch_decoder.h"
 #include "shm_transport.h"
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -39,6 +41,13 @@ constexpr absl::Duration kShmProbeInterval = absl::Seconds(5);
 // pruned block carries up to ~5.2 KB of kept_tokens (docs/api.md).
 constexpr uint64_t kMessageOverhead = 8192;
 constexpr std::string_view kDefaultNamespace = "default";
+constexpr char kFetchMethod[] = "/kvcache.v1.Cache/Fetch";
+constexpr char kAppendMethod[] = "/kvcache.v1.Cache/Append";
+// The HTTP/2 flow-control window a stream starts with.
+constexpr int kStreamWindowBytes = 8 << 20;
+// How long an Append waits, after its call ended, for gRPC to let go of the
+// caller's bytes (see AppendOnce).
+constexpr absl::Duration kBorrowGrace = absl::Seconds(10);
 
 // Abseil 20220623 as Debian builds it has its own string_view type.
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -65,6 +74,8 @@ class ClientImpl final : public Client {
         channel_(std::move(channel)),
         cache_(v1::Cache::NewStub(channel_)),
         admin_(v1::Admin::NewStub(channel_)),
+        fetch_method_(kFetchMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_),
+        append_method_(kAppendMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
         rng_(std::random_device{}()) {}
 
   absl::Status WaitForReady(absl::Duration timeout) override {
@@ -503,6 +514,9 @@ class ClientImpl final : public Client {
                                                             std::span<const uint32_t> tokens,
                                                             bool accept_compressed,
                                                             const FetchOptions& options);
+  // One Append call: the header, then `kv` in chunks that borrow its bytes.
+  grpc::Status StreamAppend(const v1::AppendRequest& header_msg, std::span<const std::byte> kv,
+                            internal::AppendEncoder* encoder, v1::AppendResponse* resp);
   absl::StatusOr<FetchResult> DoFetch(std::string_view model_id, v1::FetchRequest& req,
                                       std::span<std::byte> out);
   grpc::Status FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
@@ -522,6 +536,10 @@ class ClientImpl final : public Client {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Cache::Stub> cache_;
   const std::unique_ptr<v1::Admin::Stub> admin_;
+  // Fetch and Append are called raw (grpc::ByteBuffer), the way the
+  // generated stub calls them but without protobuf copies of the payload.
+  const grpc::internal::RpcMethod fetch_method_;
+  const grpc::internal::RpcMethod append_method_;
 
   absl::Mutex shm_mu_;
   std::shared_ptr<internal::ShmTransport> shm_ ABSL_GUARDED_BY(shm_mu_);
@@ -613,22 +631,15 @@ absl::StatusOr<AppendResult> ClientImpl::AppendOnce(std::string_view model_id,
     return ToAppendResult(*resp);
   }
 
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   v1::AppendResponse resp;
-  std::unique_ptr<grpc::ClientWriter<v1::AppendRequest>> writer = cache_->Append(&ctx, &resp);
-  bool ok = writer->Write(header_msg);
-  const uint64_t chunk =
-      std::min(options_.append_chunk_bytes, options_.max_message_bytes - kMessageOverhead);
-  v1::AppendRequest chunk_msg;
-  for (uint64_t off = 0; ok && off < kv.size(); off += chunk) {
-    const uint64_t n = std::min<uint64_t>(chunk, kv.size() - off);
-    chunk_msg.set_kv_chunk(reinterpret_cast<const char*>(kv.data() + off), n);
-    ok = writer->Write(chunk_msg);
-  }
-  // A failed Write means the stream is broken; Finish() says why.
-  if (ok) writer->WritesDone();
-  absl::Status s = ToAbslStatus(writer->Finish());
+  internal::AppendEncoder encoder;
+  absl::Status s = ToAbslStatus(StreamAppend(header_msg, kv, &encoder, &resp));
+  // gRPC lets go of the chunks (slices over `kv`) as the call ends, or, when
+  // a socket write was in flight as it failed, once that write completes.
+  // Wait for it, so the caller may reuse `kv` when Append returns; a socket
+  // that stays stuck longer than kBorrowGrace can at worst still send some
+  // of these bytes on a stream that has ended.
+  encoder.WaitUntilReleased(kBorrowGrace);
   if (!s.ok()) {
     forget_stale_layout(s);
     return s;
@@ -647,17 +658,57 @@ AppendResult ToAppendResult(const v1::AppendResponse& resp) {
                       .pending_blocks = resp.pending_blocks()};
 }
 
+grpc::Status ClientImpl::StreamAppend(const v1::AppendRequest& header_msg,
+                                      std::span<const std::byte> kv,
+                                      internal::AppendEncoder* encoder, v1::AppendResponse* resp) {
+  grpc::ByteBuffer header_bytes;
+  bool own_buffer;
+  grpc::Status s = grpc::SerializationTraits<v1::AppendRequest>::Serialize(
+      header_msg, &header_bytes, &own_buffer);
+  if (!s.ok()) return s;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), append_method_,
+                                                                    &ctx, resp));
+  // The last message half-closes the stream in the same write.
+  const grpc::WriteOptions more;
+  const grpc::WriteOptions last = grpc::WriteOptions().set_last_message();
+  bool ok = writer->Write(header_bytes, kv.empty() ? last : more);
+  const uint64_t chunk =
+      std::min(options_.append_chunk_bytes, options_.max_message_bytes - kMessageOverhead);
+  for (uint64_t off = 0; ok && off < kv.size(); off += chunk) {
+    const uint64_t n = std::min<uint64_t>(chunk, kv.size() - off);
+    ok = writer->Write(encoder->KvChunk(kv.subspan(off, n)), off + n == kv.size() ? last : more);
+  }
+  // A failed Write means the stream is broken; Finish() says why.
+  return writer->Finish();
+}
+
 grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
                                    std::span<std::byte> out, const LayoutInfo& layout,
                                    std::optional<FetchResult>* result, bool* layout_mismatch) {
   internal::FetchAssembler assembler(out, layout.block_bytes, layout.block_tokens);
-  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader = cache_->Fetch(ctx, req);
-  v1::FetchResponse msg;
+  // Read raw: the payload goes from gRPC's slices into `out`, with no
+  // protobuf string in between.
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), fetch_method_,
+                                                                    ctx, req));
+  grpc::ByteBuffer msg;
+  std::vector<grpc::Slice> slices;
+  internal::FetchChunk chunk;
   absl::Status local;
   uint64_t withheld = 0;
   while (reader->Read(&msg)) {
-    withheld = msg.withheld_tokens();
-    local = assembler.Add(msg);
+    slices.clear();
+    if (!msg.Dump(&slices).ok()) {
+      local = absl::InternalError("Fetch: cannot read a response's bytes");
+      break;
+    }
+    local = internal::DecodeFetchResponse(slices, &chunk);
+    if (!local.ok()) break;
+    withheld = chunk.withheld_tokens;
+    local = assembler.Add(chunk);
     if (!local.ok()) break;
   }
   if (!local.ok()) {
@@ -831,6 +882,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // Each Client gets its own connection, so several clients in one process
   // (threads of a worker, the benchmark) do not share one TCP stream.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // A fetch stream may receive a whole large value before it waits for a
+  // window update (HTTP/2's default is 64 KiB; the daemon uses the same).
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
   if (channel == nullptr) {

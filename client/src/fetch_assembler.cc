@@ -44,9 +44,9 @@ absl::Status FetchAssembler::Fail(absl::Status status) {
   return status;
 }
 
-absl::Status FetchAssembler::StartStream(const v1::FetchResponse& msg) {
+absl::Status FetchAssembler::StartStream(const FetchChunk& msg) {
   started_ = true;
-  matched_tokens_ = msg.matched_tokens();
+  matched_tokens_ = msg.matched_tokens;
   if (matched_tokens_ % block_tokens_ != 0) {
     return Fail(absl::DataLossError(
         absl::StrCat("Fetch: server reported matched_tokens=", matched_tokens_,
@@ -54,10 +54,10 @@ absl::Status FetchAssembler::StartStream(const v1::FetchResponse& msg) {
   }
   expected_blocks_ = matched_tokens_ / block_tokens_;
   if (expected_blocks_ == 0) return absl::OkStatus();
-  if (msg.block_bytes() != expected_block_bytes_) {
+  if (msg.block_bytes != expected_block_bytes_) {
     layout_mismatch_ = true;
     return Fail(absl::FailedPreconditionError(
-        absl::StrCat("Fetch: server sends blocks of ", msg.block_bytes(),
+        absl::StrCat("Fetch: server sends blocks of ", msg.block_bytes,
                      " bytes but the model's layout has ", expected_block_bytes_)));
   }
   // Check the whole prefix fits before writing a byte of it.
@@ -71,91 +71,92 @@ absl::Status FetchAssembler::StartStream(const v1::FetchResponse& msg) {
   return absl::OkStatus();
 }
 
-absl::Status FetchAssembler::StartBlock(const v1::FetchResponse& msg) {
+absl::Status FetchAssembler::StartBlock(const FetchChunk& msg) {
   if (blocks_done_ >= expected_blocks_) {
     return Fail(
-        absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(), " arrived after all ",
+        absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index, " arrived after all ",
                                          expected_blocks_, " blocks of the prefix")));
   }
-  if (msg.block_index() != blocks_done_) {
+  if (msg.block_index != blocks_done_) {
     return Fail(absl::DataLossError(
-        absl::StrCat("Fetch: expected block ", blocks_done_, ", got block ", msg.block_index())));
+        absl::StrCat("Fetch: expected block ", blocks_done_, ", got block ", msg.block_index)));
   }
-  if (msg.offset() != 0) {
+  if (msg.offset != 0) {
     return Fail(absl::DataLossError(absl::StrCat(
-        "Fetch: block ", msg.block_index(), " starts at offset ", msg.offset(), " instead of 0")));
+        "Fetch: block ", msg.block_index, " starts at offset ", msg.offset, " instead of 0")));
   }
-  if (msg.encoding() != v1::BLOCK_ENCODING_RAW &&
-      msg.encoding() != v1::BLOCK_ENCODING_DEQUANTIZED) {
-    return Fail(absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(),
-                                                 " arrived in encoding ", msg.encoding(),
-                                                 ", which this fetch did not ask for")));
+  if (msg.encoding != v1::BLOCK_ENCODING_RAW && msg.encoding != v1::BLOCK_ENCODING_DEQUANTIZED) {
+    return Fail(
+        absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index, " arrived in encoding ",
+                                         msg.encoding, ", which this fetch did not ask for")));
   }
   XXH3_64bits_reset(state_);
   in_block_ = true;
   block_offset_ = 0;
-  block_checksum_ = msg.block_checksum();
-  block_encoding_ = msg.encoding();
-  if (msg.encoding() == v1::BLOCK_ENCODING_DEQUANTIZED) ++dequantized_blocks_;
-  kept_tokens_.emplace_back(msg.kept_tokens().begin(), msg.kept_tokens().end());
+  block_checksum_ = msg.block_checksum;
+  block_encoding_ = msg.encoding;
+  if (msg.encoding == v1::BLOCK_ENCODING_DEQUANTIZED) ++dequantized_blocks_;
+  kept_tokens_.emplace_back(msg.kept_tokens.begin(), msg.kept_tokens.end());
   for (size_t i = 0; i < kept_tokens_.back().size(); ++i) {
     if (kept_tokens_.back()[i] >= block_tokens_ ||
         (i > 0 && kept_tokens_.back()[i] <= kept_tokens_.back()[i - 1])) {
-      return Fail(absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(),
+      return Fail(absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index,
                                                    " lists kept tokens out of order or range")));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status FetchAssembler::Add(const v1::FetchResponse& msg) {
+absl::Status FetchAssembler::Add(const FetchChunk& msg) {
   if (!failed_.ok()) return failed_;
   if (!started_) {
     if (absl::Status s = StartStream(msg); !s.ok()) return s;
-  } else if (msg.matched_tokens() != matched_tokens_) {
+  } else if (msg.matched_tokens != matched_tokens_) {
     return Fail(absl::DataLossError(absl::StrCat("Fetch: matched_tokens changed mid-stream from ",
-                                                 matched_tokens_, " to ", msg.matched_tokens())));
+                                                 matched_tokens_, " to ", msg.matched_tokens)));
   }
   if (expected_blocks_ == 0) {
-    if (!msg.data().empty()) {
+    if (msg.data_size != 0) {
       return Fail(absl::DataLossError(
-          absl::StrCat("Fetch: server sent ", msg.data().size(), " bytes for an empty prefix")));
+          absl::StrCat("Fetch: server sent ", msg.data_size, " bytes for an empty prefix")));
     }
     return absl::OkStatus();
   }
-  if (msg.block_bytes() != expected_block_bytes_) {
-    return Fail(
-        absl::DataLossError(absl::StrCat("Fetch: block_bytes changed mid-stream from ",
-                                         expected_block_bytes_, " to ", msg.block_bytes())));
+  if (msg.block_bytes != expected_block_bytes_) {
+    return Fail(absl::DataLossError(absl::StrCat("Fetch: block_bytes changed mid-stream from ",
+                                                 expected_block_bytes_, " to ", msg.block_bytes)));
   }
   if (!in_block_) {
     if (absl::Status s = StartBlock(msg); !s.ok()) return s;
-  } else if (msg.block_index() != blocks_done_ || msg.offset() != block_offset_ ||
-             msg.block_checksum() != block_checksum_ || msg.encoding() != block_encoding_ ||
-             !msg.kept_tokens().empty()) {
+  } else if (msg.block_index != blocks_done_ || msg.offset != block_offset_ ||
+             msg.block_checksum != block_checksum_ || msg.encoding != block_encoding_ ||
+             !msg.kept_tokens.empty()) {
     return Fail(absl::DataLossError(absl::StrFormat(
         "Fetch: expected block %u at offset %u with checksum %016x, got block %u at offset %u "
         "with checksum %016x",
-        blocks_done_, block_offset_, block_checksum_, msg.block_index(), msg.offset(),
-        msg.block_checksum())));
+        blocks_done_, block_offset_, block_checksum_, msg.block_index, msg.offset,
+        msg.block_checksum)));
   }
-  const std::string& data = msg.data();
-  if (data.size() > expected_block_bytes_ - block_offset_) {
-    return Fail(absl::DataLossError(
-        absl::StrCat("Fetch: chunk of ", data.size(), " bytes at offset ", block_offset_,
-                     " overruns block ", blocks_done_, " of ", expected_block_bytes_, " bytes")));
+  const uint64_t size = msg.data_size;
+  if (size > expected_block_bytes_ - block_offset_) {
+    return Fail(absl::DataLossError(absl::StrCat("Fetch: chunk of ", size, " bytes at offset ",
+                                                 block_offset_, " overruns block ", blocks_done_,
+                                                 " of ", expected_block_bytes_, " bytes")));
   }
   const uint64_t at = uint64_t{blocks_done_} * expected_block_bytes_ + block_offset_;
   // StartStream checked the whole prefix fits; this guards the arithmetic anyway.
-  if (at > out_.size() || data.size() > out_.size() - at) {
+  if (at > out_.size() || size > out_.size() - at) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "Fetch: out holds ", out_.size(), " bytes, too small for block ", blocks_done_)));
   }
-  if (!data.empty()) {
-    std::memcpy(out_.data() + at, data.data(), data.size());
-    XXH3_64bits_update(state_, data.data(), data.size());
+  std::byte* dst = out_.data() + at;
+  for (std::span<const std::byte> piece : msg.data) {
+    std::memcpy(dst, piece.data(), piece.size());
+    // Hash the copy while it is in cache.
+    XXH3_64bits_update(state_, dst, piece.size());
+    dst += piece.size();
   }
-  block_offset_ += data.size();
+  block_offset_ += size;
   if (block_offset_ == expected_block_bytes_) {
     const uint64_t got = XXH3_64bits_digest(state_);
     if (got != block_checksum_) {

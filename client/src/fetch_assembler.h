@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "fetch_decoder.h"
 #include "kvcache/client.h"
 #include "kvcache/v1/kvcache.pb.h"
 
@@ -49,8 +50,9 @@ class FetchAssembler {
   FetchAssembler(const FetchAssembler&) = delete;
   FetchAssembler& operator=(const FetchAssembler&) = delete;
 
-  // Takes the next message of the stream.
-  absl::Status Add(const v1::FetchResponse& msg);
+  // Takes the next message of the stream; its data is copied into `out`.
+  absl::Status Add(const FetchChunk& chunk);
+  absl::Status Add(const v1::FetchResponse& msg) { return Add(ChunkOf(msg)); }
   // The stream ended with OK: checks that it ended on a block boundary and
   // carried exactly matched_tokens / block_tokens blocks.
   absl::Status Finish();
@@ -61,8 +63,8 @@ class FetchAssembler {
 
  private:
   absl::Status Fail(absl::Status status);
-  absl::Status StartStream(const v1::FetchResponse& msg);
-  absl::Status StartBlock(const v1::FetchResponse& msg);
+  absl::Status StartStream(const FetchChunk& msg);
+  absl::Status StartBlock(const FetchChunk& msg);
 
   std::span<std::byte> out_;
   const uint64_t expected_block_bytes_;

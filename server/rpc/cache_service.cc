@@ -434,6 +434,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     lifecycle_.End();
+    if (finished_with_write_ && ctx_->IsCancelled()) {
+      status_ = lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off"));
+    }
     service_->observer_->OnRpcDone("Fetch", status_.code(), absl::Now() - start_, bytes_);
     delete this;
   }
@@ -520,7 +523,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       ++block_;
       offset_ = 0;
     }
-    StartWrite(&buffer_);
+    if (block_ < plan_.blocks.size()) return StartWrite(&buffer_);
+    // The last chunk goes out with the status in one batch (one write, no
+    // further reaction); the slot is free once it is handed to gRPC.
+    status_ = absl::OkStatus();
+    finished_with_write_ = true;
+    lifecycle_.ReleaseSlot();
+    StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
   void Done(const absl::Status& status) {
@@ -543,6 +552,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   size_t block_ = 0;
   uint64_t offset_ = 0;
   grpc::ByteBuffer buffer_;
+  bool finished_with_write_ = false;  // the last chunk carried the status
   StreamLifecycle lifecycle_;
   uint64_t bytes_ = 0;
   absl::Status status_;
