@@ -178,7 +178,8 @@ int RunStatus(const Context& ctx) {
   for (int i = 0; i < info->listen_addresses_size(); ++i) {
     out << (i ? ", " : "") << info->listen_addresses(i);
   }
-  out << '\n';
+  out << '\n'
+      << "shm socket:   " << (info->shm_socket().empty() ? "-" : info->shm_socket()) << '\n';
   return code;
 }
 

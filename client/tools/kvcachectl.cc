@@ -41,6 +41,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-n,--namespace", ns,
                  "namespace to act in; empty means \"default\" (for `models`: every namespace)");
+  std::string data_path = "auto";
+  app.add_option("--data-path", data_path,
+                 "how lookups reach the daemon: auto (shared memory for unix:// targets), grpc "
+                 "or shm")
+      ->check(CLI::IsMember({"auto", "grpc", "shm"}))
+      ->capture_default_str();
   app.add_option("--timeout", timeout_s, "deadline of each call, in seconds")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -114,6 +120,8 @@ int main(int argc, char** argv) {
   options.target = target;
   options.ns = ns;
   options.timeout = absl::Seconds(timeout_s);
+  if (data_path == "grpc") options.data_path = kvcache::DataPath::kGrpc;
+  if (data_path == "shm") options.data_path = kvcache::DataPath::kSharedMemory;
   absl::StatusOr<std::unique_ptr<kvcache::Client>> client = kvcache::Client::Connect(options);
   if (!client.ok()) {
     std::cerr << "kvcachectl: " << client.status().message() << '\n';
