@@ -307,7 +307,7 @@ kv_run() {
   local target=$KV_TCP
   local extra=()
   case $peer in
-    kv-unix) target=unix://$KV_UNIX ;;
+    kv-unix) target=unix://$KV_UNIX extra=(--transport=grpc) ;;
     kv-shm) target=unix://$KV_UNIX extra=(--transport=shm) ;;
   esac
   local logf=$OUT_DIR/$peer-$label-$size.log rc=0 out
@@ -514,6 +514,9 @@ for ((r = 1; r <= RUNS; r++)); do
     kv_run "kv-$tr" lookup small "$CLIENTS" "$r" lookup bench-lookup "${small_layout[@]}"
     redis_run "redis-$tr" GET16 small "$CLIENTS" "$r" get 16 "$n_small"
   done
+  if ((SHM)); then
+    kv_run kv-shm lookup small "$CLIENTS" "$r" lookup bench-lookup "${small_layout[@]}"
+  fi
 done
 section_end "small round trip"
 stop_kvcached
@@ -715,10 +718,15 @@ latency_table() {  # latency_table KV_LABEL REDIS_LABEL MC_LABEL
   echo
   echo "| transport | lookup ops/s | p50 ms | Redis GET16 ops/s | p50 ms | lookup/GET |"
   echo "|---|---:|---:|---:|---:|---:|"
-  for tr in tcp unix; do
+  for tr in tcp unix shm; do
+    # gRPC over TCP and over the Unix socket; the shared-memory socket is
+    # compared with Redis over its Unix socket.
+    rtr=$tr
+    [[ $tr == shm ]] && rtr=unix
     a=$(sel load small "$CLIENTS" "kv-$tr" lookup ops | median)
-    b=$(sel load small "$CLIENTS" "redis-$tr" GET16 ops | median)
-    echo "| $tr | $(fmt "$a") | $(p50_cell small "$CLIENTS" "kv-$tr" lookup) | $(fmt "$b") | $(p50_cell small "$CLIENTS" "redis-$tr" GET16) | $(pratio "load small $CLIENTS kv-$tr lookup ops" "load small $CLIENTS redis-$tr GET16 ops") |"
+    [[ -n $a ]] || continue
+    b=$(sel load small "$CLIENTS" "redis-$rtr" GET16 ops | median)
+    echo "| $tr | $(fmt "$a") | $(p50_cell small "$CLIENTS" "kv-$tr" lookup) | $(fmt "$b") | $(p50_cell small "$CLIENTS" "redis-$rtr" GET16) | $(pratio "load small $CLIENTS kv-$tr lookup ops" "load small $CLIENTS redis-$rtr GET16 ops") |"
   done
   echo
   echo "## Trace replay: hit ratios vs SOURCES.md's LRU simulation"
