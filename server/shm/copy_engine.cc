@@ -30,7 +30,9 @@ void CopyEngine::Copy(std::span<const CopyRange> ranges) {
   uint64_t total = 0;
   for (const CopyRange& r : ranges) total += r.bytes;
   if (helpers_.empty() || total < min_parallel_bytes_) {
-    for (const CopyRange& r : ranges) std::memcpy(r.dst, r.src, r.bytes);
+    for (const CopyRange& r : ranges) {
+      if (r.bytes > 0) std::memcpy(r.dst, r.src, r.bytes);
+    }
     return;
   }
   Job job;
