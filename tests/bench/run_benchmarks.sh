@@ -712,7 +712,7 @@ latency_table() {  # latency_table KV_LABEL REDIS_LABEL MC_LABEL
   done
   echo
   ev_total=$(awk -F'\t' '$1=="load" && $6=="evictions"{s+=$NF} END{print s+0}' "$RES")
-  echo "Capacity evictions during kvcached load runs (should be 0): $ev_total."
+  echo "Capacity evictions: the daemon's cumulative counter as each kvcached load run ended, summed over the runs: $ev_total (0 means no run evicted; appends over shared memory can fill KV_CAPACITY within one run, and then run under eviction)."
   echo
   echo "## Small round trip: kvcached Lookup (one 16-token block) vs Redis GET of 16 bytes, $CLIENTS clients (medians of $RUNS runs)"
   echo
