@@ -20,9 +20,10 @@ CopyEngine::CopyEngine(uint32_t helpers, uint64_t min_parallel_bytes)
 
 CopyEngine::~CopyEngine() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  work_.notify_all();
   for (std::thread& t : helpers_) t.join();
 }
 
@@ -42,17 +43,18 @@ void CopyEngine::Copy(std::span<const CopyRange> ranges) {
     }
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(&job);
   }
+  work_.notify_all();
   Work(job);
   // Every piece is taken. Unqueue the job, then wait for the helpers still
   // copying theirs: once none holds it, every piece is copied.
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (auto it = std::find(queue_.begin(), queue_.end(), &job); it != queue_.end()) {
     queue_.erase(it);
   }
-  mu_.Await(absl::Condition(+[](Job* j) { return j->helpers == 0; }, &job));
+  idle_.wait(lock, [&job] { return job.helpers == 0; });
 }
 
 void CopyEngine::Work(Job& job) {
@@ -68,12 +70,8 @@ void CopyEngine::HelperLoop() {
   for (;;) {
     Job* job = nullptr;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](CopyEngine* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return e->stopping_ || !e->queue_.empty();
-          },
-          this));
+      std::unique_lock<std::mutex> lock(mu_);
+      work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       job = queue_.front();
       if (job->next.load() >= job->pieces.size()) {
@@ -83,8 +81,11 @@ void CopyEngine::HelperLoop() {
       ++job->helpers;
     }
     Work(*job);
-    absl::MutexLock lock(&mu_);
-    --job->helpers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --job->helpers;
+    }
+    idle_.notify_all();
   }
 }
 

@@ -10,14 +10,14 @@
 #ifndef KVCACHE_SERVER_SHM_COPY_ENGINE_H_
 #define KVCACHE_SERVER_SHM_COPY_ENGINE_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
-
-#include "absl/synchronization/mutex.h"
 
 namespace kvcache {
 
@@ -48,9 +48,13 @@ class CopyEngine {
   static void Work(Job& job);
 
   const uint64_t min_parallel_bytes_;
-  absl::Mutex mu_;
-  std::deque<Job*> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A std::mutex, which ThreadSanitizer sees (server/core/mutex.h says why
+  // not absl::Mutex). It guards queue_, stopping_ and every Job::helpers.
+  std::mutex mu_;
+  std::condition_variable work_;  // a job was queued, or stopping_
+  std::condition_variable idle_;  // a helper left a job
+  std::deque<Job*> queue_;
+  bool stopping_ = false;
   std::vector<std::thread> helpers_;
 };
 

@@ -72,7 +72,7 @@ ShmServer::ShmServer(const ShmServerOptions& options, Cache* cache, RpcObserver*
 ShmServer::~ShmServer() { Shutdown(); }
 
 int ShmServer::connections() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return active_;
 }
 
@@ -93,7 +93,7 @@ void ShmServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     // A connection thread blocked reading its next request wakes with EOF;
     // one serving a request finishes it (its answer may still go out).
@@ -104,8 +104,8 @@ void ShmServer::Shutdown() {
   const uint64_t one = 1;
   (void)!::write(wake_.get(), &one, sizeof(one));
   acceptor_.join();
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int* active) { return *active == 0; }, &active_));
+  std::unique_lock<std::mutex> lock(mu_);
+  finished_.wait(lock, [this] { return active_ == 0; });
   ReapFinishedLocked();
   ::unlink(options_.socket_path.c_str());
 }
@@ -150,7 +150,7 @@ void ShmServer::Admit(UniqueFd fd) {
     return refuse(absl::PermissionDeniedError(
         "the shared-memory socket serves the daemon's user, root and the daemon's group only"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return refuse(absl::UnavailableError("the daemon is shutting down"));
   ReapFinishedLocked();
   if (static_cast<uint32_t>(active_) >= options_.max_connections) {
@@ -197,10 +197,13 @@ void ShmServer::Serve(Connection* connection) {
       if (!shm::WriteFrame(connection->fd.get(), response).ok()) break;
     }
   }  // the session's regions unmap here
-  absl::MutexLock lock(&mu_);
-  connection->fd.Reset();  // under mu_: Shutdown() reads it
-  connection->finished = true;  // reaped (joined, freed) by Admit or Shutdown
-  --active_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connection->fd.Reset();       // under mu_: Shutdown() reads it
+    connection->finished = true;  // reaped (joined, freed) by Admit or Shutdown
+    --active_;
+  }
+  finished_.notify_all();
 }
 
 }  // namespace kvcache
