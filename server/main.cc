@@ -255,15 +255,14 @@ int Serve(const v1::ServerConfig& config) {
   std::unique_ptr<ShmServer> shm_server;
   if (const std::string shm_socket = ShmSocketPath(config.listen()); !shm_socket.empty()) {
     const v1::ShmConfig& shm = config.shm();
-    auto started = ShmServer::Start(
-        {.socket_path = shm_socket,
-         .max_connections = shm.max_connections(),
-         .limits = {.max_regions = shm.max_regions_per_connection(),
-                    .max_region_bytes = shm.max_region_bytes(),
-                    .max_frame_bytes = limits.max_message_bytes()},
-         .copy_threads = shm.copy_threads(),
-         .parallel_copy_min_bytes = shm.parallel_copy_min_bytes()},
-        &cache, metrics.get());
+    auto started = ShmServer::Start({.socket_path = shm_socket,
+                                     .max_connections = shm.max_connections(),
+                                     .limits = {.max_regions = shm.max_regions_per_connection(),
+                                                .max_region_bytes = shm.max_region_bytes(),
+                                                .max_frame_bytes = limits.max_message_bytes()},
+                                     .copy_threads = shm.copy_threads(),
+                                     .parallel_copy_min_bytes = shm.parallel_copy_min_bytes()},
+                                    &cache, metrics.get());
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
       return 2;

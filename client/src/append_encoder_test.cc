@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvcache/v1/kvcache.pb.h"
@@ -23,8 +23,8 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
 
 TEST(AppendEncoderTest, KvChunkIsWhatProtobufWrites) {
   AppendEncoder encoder;
-  for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{300},
-                      size_t{16383}, size_t{16384}, size_t{1} << 20, (size_t{2} << 20) + 7}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{300}, size_t{16383},
+                      size_t{16384}, size_t{1} << 20, (size_t{2} << 20) + 7}) {
     std::vector<std::byte> kv(size);
     for (size_t i = 0; i < size; ++i) kv[i] = std::byte(static_cast<uint8_t>(i * 13 + 1));
     v1::AppendRequest request;

@@ -18,16 +18,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "append_encoder.h"
 #include "fetch_assembler.h"
 #include "fetch_decoder.h"
-#include "shm_transport.h"
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "shm_transport.h"
 
 namespace kvcache {
 namespace {
@@ -191,8 +191,8 @@ class ClientImpl final : public Client {
       if (!s.ok()) return s;
     }
     if (resp.outcomes_size() != req.lookups_size()) {
-      return absl::DataLossError(absl::StrCat("BatchLookup: ", req.lookups_size(),
-                                              " lookups got ", resp.outcomes_size(), " answers"));
+      return absl::DataLossError(absl::StrCat("BatchLookup: ", req.lookups_size(), " lookups got ",
+                                              resp.outcomes_size(), " answers"));
     }
     std::vector<absl::StatusOr<LookupResult>> results;
     results.reserve(resp.outcomes_size());

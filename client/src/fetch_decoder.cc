@@ -3,15 +3,16 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kvcache/slice_cursor.h"
 
 namespace kvcache::internal {
 namespace {
 
-// Wire types (protobuf encoding).
-constexpr uint32_t kVarint = 0;
-constexpr uint32_t kFixed64 = 1;
-constexpr uint32_t kLengthDelimited = 2;
-constexpr uint32_t kFixed32 = 5;
+using wire::kFixed32;
+using wire::kFixed64;
+using wire::kLengthDelimited;
+using wire::kVarint;
+using wire::SliceCursor;
 
 // FetchResponse field numbers (kvcache.proto).
 enum Field : uint64_t {
@@ -24,55 +25,6 @@ enum Field : uint64_t {
   kKeptTokens = 7,
   kWithheldTokens = 8,
   kData = 15,
-};
-
-// A cursor over a sequence of slices.
-class SliceCursor {
- public:
-  explicit SliceCursor(std::span<const grpc::Slice> slices) : slices_(slices) { Skip(0); }
-
-  bool done() const { return slice_ == slices_.size(); }
-
-  bool ReadVarint(uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (done()) return false;
-      const uint8_t b = slices_[slice_].begin()[offset_];
-      Skip(1);
-      *v |= uint64_t{b & 0x7Fu} << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;  // more than 10 bytes
-  }
-
-  // Calls `fn` with consecutive pieces covering the next `n` bytes; false
-  // when the message ends first.
-  template <typename F>
-  bool ForEachPiece(uint64_t n, F&& fn) {
-    while (n > 0) {
-      if (done()) return false;
-      const grpc::Slice& s = slices_[slice_];
-      const size_t take = std::min<uint64_t>(n, s.size() - offset_);
-      fn(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.begin()) + offset_, take));
-      Skip(take);
-      n -= take;
-    }
-    return true;
-  }
-
- private:
-  // Advances by n bytes within the current slice, then past empty slices.
-  void Skip(size_t n) {
-    offset_ += n;
-    while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) {
-      ++slice_;
-      offset_ = 0;
-    }
-  }
-
-  std::span<const grpc::Slice> slices_;
-  size_t slice_ = 0;
-  size_t offset_ = 0;
 };
 
 absl::Status Malformed(absl::string_view what) {
@@ -136,7 +88,7 @@ absl::Status DecodeFetchResponse(std::span<const grpc::Slice> slices, FetchChunk
         continue;
       case kFixed64:
       case kFixed32:
-        if (!cursor.ForEachPiece(wire_type == kFixed64 ? 8 : 4, [](auto) {})) {
+        if (!cursor.SkipBytes(wire_type == kFixed64 ? 8 : 4)) {
           return Malformed(absl::StrCat("truncated fixed-size field ", field));
         }
         continue;
@@ -155,6 +107,7 @@ absl::Status DecodeFetchResponse(std::span<const grpc::Slice> slices, FetchChunk
       out->data_size = length;
       complete = cursor.ForEachPiece(length, [&](std::span<const std::byte> piece) {
         if (!piece.empty()) out->data.push_back(piece);
+        return true;
       });
     } else if (field == kKeptTokens) {
       // Packed varints: collect the bytes (a few KB at most), then split.
@@ -162,6 +115,7 @@ absl::Status DecodeFetchResponse(std::span<const grpc::Slice> slices, FetchChunk
       complete = cursor.ForEachPiece(length, [&](std::span<const std::byte> piece) {
         const auto* p = reinterpret_cast<const uint8_t*>(piece.data());
         packed.insert(packed.end(), p, p + piece.size());
+        return true;
       });
       if (complete) {
         grpc::Slice packed_slice(packed.data(), packed.size());
@@ -173,7 +127,7 @@ absl::Status DecodeFetchResponse(std::span<const grpc::Slice> slices, FetchChunk
         }
       }
     } else {
-      complete = cursor.ForEachPiece(length, [](auto) {});
+      complete = cursor.SkipBytes(length);
     }
     if (!complete) {
       return Malformed(

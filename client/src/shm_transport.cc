@@ -145,8 +145,7 @@ absl::StatusOr<std::unique_ptr<ShmTransport::Connection>> ShmTransport::Connect(
   auto connection = std::make_unique<Connection>(fd);
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot connect to kvcached's shared-memory socket ",
-                                               options_.socket_path, ": ",
-                                               std::strerror(errno)));
+                                               options_.socket_path, ": ", std::strerror(errno)));
   }
   const timeval tv = absl::ToTimeval(options_.timeout);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -249,7 +248,7 @@ absl::StatusOr<uint64_t> ShmTransport::AttachedId(Connection& c, Region& region)
 }
 
 absl::StatusOr<std::pair<std::span<std::byte>, uint64_t>> ShmTransport::Staging(Connection& c,
-                                                                                 uint64_t bytes) {
+                                                                                uint64_t bytes) {
   if (c.staging == nullptr || c.staging->size() < bytes) {
     if (c.staging != nullptr) {
       v1::ShmRequest detach;
@@ -367,9 +366,8 @@ absl::StatusOr<FetchResult> ShmTransport::Fetch(v1::FetchIntoRequest request,
   const uint64_t block_bytes = f.block_bytes();
   const uint64_t blocks = static_cast<uint64_t>(f.blocks_size());
   if (blocks > 0 && (block_bytes == 0 || blocks > out.size() / block_bytes)) {
-    return absl::DataLossError(absl::StrCat("Fetch: the daemon reports ", blocks,
-                                            " blocks of ", block_bytes, " bytes for a buffer of ",
-                                            out.size()));
+    return absl::DataLossError(absl::StrCat("Fetch: the daemon reports ", blocks, " blocks of ",
+                                            block_bytes, " bytes for a buffer of ", out.size()));
   }
   FetchResult result;
   result.matched_tokens = f.matched_tokens();
@@ -386,8 +384,7 @@ absl::StatusOr<FetchResult> ShmTransport::Fetch(v1::FetchIntoRequest request,
     std::byte* at = out.data() + b * block_bytes;
     if (landing != out.data()) std::memcpy(at, landing + b * block_bytes, block_bytes);
     if (XXH3_64bits(at, block_bytes) != block.checksum()) {
-      return absl::DataLossError(
-          absl::StrCat("Fetch: block ", b, " does not match its checksum"));
+      return absl::DataLossError(absl::StrCat("Fetch: block ", b, " does not match its checksum"));
     }
     if (block.encoding() == v1::BLOCK_ENCODING_DEQUANTIZED) ++result.dequantized_blocks;
     pruned |= block.kept_tokens_size() > 0;

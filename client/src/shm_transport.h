@@ -80,8 +80,7 @@ class ShmTransport : public std::enable_shared_from_this<ShmTransport> {
   // The id of `region` on `c`, attaching it first if needed.
   absl::StatusOr<uint64_t> AttachedId(Connection& c, Region& region);
   // `bytes` of `c`'s staging region (grown as needed) and its id on `c`.
-  absl::StatusOr<std::pair<std::span<std::byte>, uint64_t>> Staging(Connection& c,
-                                                                    uint64_t bytes);
+  absl::StatusOr<std::pair<std::span<std::byte>, uint64_t>> Staging(Connection& c, uint64_t bytes);
   // The region holding all of `span`, or nullptr.
   Region* FindRegion(const std::byte* data, size_t size);
   // Called as a Region dies: detaches it from every connection.

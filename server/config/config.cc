@@ -291,8 +291,8 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = CheckRange("shm.max_connections", shm.max_connections(), 1, 65536); !s.ok()) {
     return s;
   }
-  if (auto s = CheckRange("shm.max_regions_per_connection", shm.max_regions_per_connection(), 1,
-                          4096);
+  if (auto s =
+          CheckRange("shm.max_regions_per_connection", shm.max_regions_per_connection(), 1, 4096);
       !s.ok()) {
     return s;
   }

@@ -4,62 +4,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kvcache/slice_cursor.h"
 
 namespace kvcache {
 namespace {
 
-// A cursor over a sequence of slices.
-class SliceCursor {
- public:
-  explicit SliceCursor(std::span<const grpc::Slice> slices) : slices_(slices) { Skip(0); }
-
-  bool done() const { return slice_ == slices_.size(); }
-
-  bool ReadByte(uint8_t* b) {
-    if (done()) return false;
-    *b = slices_[slice_].begin()[offset_];
-    Skip(1);
-    return true;
-  }
-
-  bool ReadVarint(uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      uint8_t b;
-      if (!ReadByte(&b)) return false;
-      *v |= uint64_t{b & 0x7Fu} << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;  // more than 10 bytes
-  }
-
-  // Calls `fn` with consecutive pieces covering the next `n` bytes.
-  bool ForEachPiece(uint64_t n, absl::FunctionRef<bool(std::span<const std::byte>)> fn) {
-    while (n > 0) {
-      if (done()) return false;
-      const grpc::Slice& s = slices_[slice_];
-      const size_t take = std::min<uint64_t>(n, s.size() - offset_);
-      if (!fn({reinterpret_cast<const std::byte*>(s.begin()) + offset_, take})) return false;
-      Skip(take);
-      n -= take;
-    }
-    return true;
-  }
-
- private:
-  // Advances by n bytes within the current slice, then past empty slices.
-  void Skip(size_t n) {
-    offset_ += n;
-    while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) {
-      ++slice_;
-      offset_ = 0;
-    }
-  }
-
-  std::span<const grpc::Slice> slices_;
-  size_t slice_ = 0;
-  size_t offset_ = 0;
-};
+using wire::SliceCursor;
 
 absl::Status Malformed(std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed AppendRequest: ", std::string(what)));
@@ -83,7 +33,7 @@ absl::Status DecodeAppendRequest(std::span<const grpc::Slice> slices,
         continue;
       case 1:  // 64-bit
       case 5:  // 32-bit
-        if (!cursor.ForEachPiece(wire_type == 1 ? 8 : 4, [](auto) { return true; })) {
+        if (!cursor.SkipBytes(wire_type == wire::kFixed64 ? 8 : 4)) {
           return Malformed("truncated fixed field");
         }
         continue;
@@ -113,7 +63,7 @@ absl::Status DecodeAppendRequest(std::span<const grpc::Slice> slices,
       }
       if (!out->header.ParseFromString(bytes)) return Malformed("header does not parse");
       out->has_header = true;
-    } else if (!cursor.ForEachPiece(length, [](auto) { return true; })) {
+    } else if (!cursor.SkipBytes(length)) {
       return Malformed("field runs past the message");
     }
   }

@@ -151,8 +151,8 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                const v1::LookupRequest* request,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status =
-      RunLimited("Lookup", [&]() -> absl::Status { return RunLookup(*cache_, *request, response); });
+  absl::Status status = RunLimited(
+      "Lookup", [&]() -> absl::Status { return RunLookup(*cache_, *request, response); });
   return FinishUnary(ctx, "Lookup", start, status);
 }
 
@@ -160,9 +160,8 @@ grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext*
                                                     const v1::BatchLookupRequest* request,
                                                     v1::BatchLookupResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited("BatchLookup", [&]() -> absl::Status {
-    return RunBatchLookup(*cache_, *request, response);
-  });
+  absl::Status status = RunLimited(
+      "BatchLookup", [&]() -> absl::Status { return RunBatchLookup(*cache_, *request, response); });
   return FinishUnary(ctx, "BatchLookup", start, status);
 }
 

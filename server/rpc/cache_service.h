@@ -42,12 +42,11 @@ struct CacheServiceOptions {
   Clock* clock = SystemClock::Get();  // what the idle timeout reads
 };
 
-using CacheServiceBase =
-    v1::Cache::WithCallbackMethod_RegisterModel<v1::Cache::WithCallbackMethod_Lookup<
-        v1::Cache::WithCallbackMethod_BatchLookup<v1::Cache::WithCallbackMethod_ReleaseLease<
-            v1::Cache::WithRawCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
-                v1::Cache::WithCallbackMethod_Evict<
-                    v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>>;
+using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
+    v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_BatchLookup<
+        v1::Cache::WithCallbackMethod_ReleaseLease<v1::Cache::WithRawCallbackMethod_Append<
+            v1::Cache::WithRawCallbackMethod_Fetch<v1::Cache::WithCallbackMethod_Evict<
+                v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>>;
 
 class CacheService final : public CacheServiceBase {
  public:

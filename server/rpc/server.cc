@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
     if (absl::Status s = CheckTcpAddressFree(options.tcp_address); !s.ok()) return s;
   }
   if (!options.unix_socket.empty()) {
-    if (absl::Status s = ClaimUnixSocketPath(options.unix_socket, "listen.unix_socket"); !s.ok()) return s;
+    if (absl::Status s = ClaimUnixSocketPath(options.unix_socket, "listen.unix_socket"); !s.ok())
+      return s;
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

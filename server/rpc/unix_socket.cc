@@ -25,8 +25,8 @@ absl::Status ClaimUnixSocketPath(const std::string& path, const char* setting) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(setting, " \"", path, "\" is ",
-                                                   path.size(), " bytes; the limit is ",
+    return absl::InvalidArgumentError(absl::StrCat(setting, " \"", path, "\" is ", path.size(),
+                                                   " bytes; the limit is ",
                                                    sizeof(addr.sun_path) - 1));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
@@ -40,7 +40,8 @@ absl::Status ClaimUnixSocketPath(const std::string& path, const char* setting) {
     return absl::FailedPreconditionError(
         absl::StrCat("unix socket ", path,
                      " exists and is not a socket; not replacing it (remove it or choose "
-                     "another ", setting, ")"));
+                     "another ",
+                     setting, ")"));
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -69,6 +70,5 @@ absl::Status ClaimUnixSocketPath(const std::string& path, const char* setting) {
   }
   return absl::OkStatus();
 }
-
 
 }  // namespace kvcache

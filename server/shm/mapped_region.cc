@@ -14,9 +14,9 @@ namespace kvcache {
 absl::StatusOr<std::shared_ptr<MappedRegion>> MappedRegion::Map(int fd, uint64_t bytes,
                                                                 uint64_t max_bytes) {
   if (bytes == 0 || bytes > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a region of ", bytes, " bytes; it must hold 1 to shm.max_region_bytes (", max_bytes,
-        ") bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a region of ", bytes, " bytes; it must hold 1 to shm.max_region_bytes (",
+                     max_bytes, ") bytes"));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {

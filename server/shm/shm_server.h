@@ -18,13 +18,12 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
-
-#include <condition_variable>
-#include <mutex>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"

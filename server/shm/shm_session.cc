@@ -111,12 +111,11 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
   return response;
 }
 
-absl::StatusOr<v1::AttachRegionResponse> ShmSession::Attach(
-    const v1::AttachRegionRequest& request, std::vector<UniqueFd>& fds) {
+absl::StatusOr<v1::AttachRegionResponse> ShmSession::Attach(const v1::AttachRegionRequest& request,
+                                                            std::vector<UniqueFd>& fds) {
   if (fds.size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attach_region carries exactly one file descriptor (SCM_RIGHTS); ",
-                     fds.size(), " came"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attach_region carries exactly one file descriptor (SCM_RIGHTS); ", fds.size(), " came"));
   }
   if (regions_.size() >= limits_.max_regions) {
     return absl::ResourceExhaustedError(
@@ -183,10 +182,10 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const v1::FetchIntoR
   }
   const uint64_t needed = plan->blocks.size() * block_bytes;
   if (needed > destination->size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the destination range holds ", destination->size(), " bytes; the ", plan->blocks.size(),
-        " cached blocks need ", needed, " (", block_bytes,
-        " each): give a range of at least that, or set max_blocks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the destination range holds ", destination->size(), " bytes; the ",
+                     plan->blocks.size(), " cached blocks need ", needed, " (", block_bytes,
+                     " each): give a range of at least that, or set max_blocks"));
   }
   // What each block goes out as: stored bytes, or decoded ones (lossy blocks
   // only when the plan accepted them).
@@ -236,13 +235,13 @@ absl::StatusOr<v1::AppendResponse> ShmSession::AppendFrom(const v1::AppendFromRe
   if (!key.ok()) return key.status();
   std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
   std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
-  auto session = cache_->BeginAppend(*key, std::move(tokens), h.start_token(),
-                                     FromProto(h.hints()), std::move(checksums));
+  auto session = cache_->BeginAppend(*key, std::move(tokens), h.start_token(), FromProto(h.hints()),
+                                     std::move(checksums));
   if (!session.ok()) return session.status();
   if ((*session)->expected_bytes() != source->size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the source range holds ", source->size(), " bytes; the append's blocks are ",
-                     (*session)->expected_bytes(), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("the source range holds ", source->size(),
+                                                   " bytes; the append's blocks are ",
+                                                   (*session)->expected_bytes(), " bytes"));
   }
   for (uint64_t at = 0; at < source->size(); at += kAppendPieceBytes) {
     const uint64_t n = std::min<uint64_t>(kAppendPieceBytes, source->size() - at);

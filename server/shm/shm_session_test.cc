@@ -82,9 +82,8 @@ class ShmSessionTest : public CacheTest {
     return response.attach_region().region_id();
   }
 
-  v1::ShmResponse AppendFrom(ShmSession& session, const std::vector<Token>& tokens,
-                             uint64_t region, uint64_t offset, uint64_t length,
-                             bool checksums = true) {
+  v1::ShmResponse AppendFrom(ShmSession& session, const std::vector<Token>& tokens, uint64_t region,
+                             uint64_t offset, uint64_t length, bool checksums = true) {
     v1::ShmRequest request;
     v1::AppendFromRequest* a = request.mutable_append_from();
     a->mutable_header()->set_model_id(Mid().key.model_id);
@@ -98,9 +97,8 @@ class ShmSessionTest : public CacheTest {
     return session.Handle(request, {});
   }
 
-  v1::ShmResponse FetchInto(ShmSession& session, const std::vector<Token>& tokens,
-                            uint64_t region, uint64_t offset, uint64_t length,
-                            uint32_t max_blocks = 0) {
+  v1::ShmResponse FetchInto(ShmSession& session, const std::vector<Token>& tokens, uint64_t region,
+                            uint64_t offset, uint64_t length, uint32_t max_blocks = 0) {
     v1::ShmRequest request;
     v1::FetchIntoRequest* f = request.mutable_fetch_into();
     f->set_model_id(Mid().key.model_id);
@@ -209,8 +207,7 @@ TEST_F(ShmSessionTest, UnknownAndForeignRegionsAreNotFound) {
   EXPECT_EQ(r.code(), static_cast<int>(kNotFound));
   EXPECT_THAT(r.message(), HasSubstr("not attached on this connection"));
   EXPECT_EQ(FetchInto(*other, tokens, id, 0, kBlock).code(), static_cast<int>(kNotFound));
-  EXPECT_EQ(AppendFrom(*session_, tokens, id + 1, 0, kBlock).code(),
-            static_cast<int>(kNotFound));
+  EXPECT_EQ(AppendFrom(*session_, tokens, id + 1, 0, kBlock).code(), static_cast<int>(kNotFound));
   EXPECT_EQ(Matched(Mid(), tokens), 0u);
   // The owner still can.
   EXPECT_EQ(AppendFrom(*session_, tokens, id, 0, kBlock).code(), 0);

@@ -1,6 +1,5 @@
 #include "tests/integration/daemon_process.h"
 
-#include <cstdlib>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -9,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"

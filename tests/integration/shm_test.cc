@@ -213,8 +213,8 @@ struct TestRegion {
     if (seal) {
       EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
     }
-    data = static_cast<std::byte*>(
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    data =
+        static_cast<std::byte*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   }
   ~TestRegion() {
     ::munmap(data, bytes);
@@ -387,10 +387,10 @@ TEST_F(ShmTest, WorkersKilledMidCallLeaveTheCacheCorrectAndTheirRegionsReleased)
     if (worker == 0) {
       const std::string duration = "30";
       ::execl(KVCACHE_BENCH_BINARY, KVCACHE_BENCH_BINARY, "mixed", "--target",
-              daemon_->unix_target().c_str(), "--transport", "shm", "--clients", "3",
-              "--duration", duration.c_str(), "--layers", "8", "--kv-heads", "8", "--head-dim",
-              "128", "--block-tokens", "16", "--seed", "77", "--working-set", "6",
-              "--blocks-per-seq", "16", "--mix", "50,0,50", static_cast<char*>(nullptr));
+              daemon_->unix_target().c_str(), "--transport", "shm", "--clients", "3", "--duration",
+              duration.c_str(), "--layers", "8", "--kv-heads", "8", "--head-dim", "128",
+              "--block-tokens", "16", "--seed", "77", "--working-set", "6", "--blocks-per-seq",
+              "16", "--mix", "50,0,50", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(400 + 450 * round));
@@ -405,8 +405,8 @@ TEST_F(ShmTest, WorkersKilledMidCallLeaveTheCacheCorrectAndTheirRegionsReleased)
   // The sequences the killed workers set up (same seed) are cached with
   // exactly their bytes: a fresh worker re-appends them (every block must be
   // a duplicate without conflict) and fetches and checks every byte.
-  auto [code, out] = Bench(daemon_->unix_target(),
-                           "fetch --transport grpc --clients 3 --duration 1 " + common);
+  auto [code, out] =
+      Bench(daemon_->unix_target(), "fetch --transport grpc --clients 3 --duration 1 " + common);
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("WRONG BYTES")));
   auto stats = grpc_->GetStats();
