@@ -5,6 +5,7 @@
 // endpoint, the shared-memory data plane and the gRPC server, runs the periodic work (lease expiry,
 // importance compaction, weight calibration), and serves until SIGTERM or SIGINT, which
 // drain in-flight calls (up to drain_timeout_seconds) and exit 0.
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -43,6 +44,7 @@ struct Flags {
   std::string unix_socket;
   std::string shm_socket;
   std::string metrics_address;
+  bool allow_insecure_remote = false;
   uint64_t capacity_bytes = 0;
   uint64_t slab_bytes = 0;
   std::string log_level;
@@ -54,6 +56,7 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.listen.empty()) c->mutable_listen()->set_tcp_address(f.listen);
   if (!f.unix_socket.empty()) c->mutable_listen()->set_unix_socket(f.unix_socket);
   if (!f.shm_socket.empty()) c->mutable_listen()->set_shm_socket(f.shm_socket);
+  if (f.allow_insecure_remote) c->mutable_listen()->set_allow_insecure_remote(true);
   if (!f.metrics_address.empty()) c->mutable_listen()->set_metrics_address(f.metrics_address);
   if (f.capacity_bytes != 0) c->mutable_host_tier()->set_capacity_bytes(f.capacity_bytes);
   if (f.slab_bytes != 0) c->mutable_host_tier()->set_slab_bytes(f.slab_bytes);
@@ -244,6 +247,26 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::info("metrics on http://{}/metrics", metrics_address);
   }
 
+  const v1::ListenConfig& listen = config.listen();
+  int64_t socket_gid = -1;
+  if (!listen.socket_group().empty()) {
+    const group* g = ::getgrnam(listen.socket_group().c_str());
+    if (g == nullptr) {
+      spdlog::error("listen.socket_group \"{}\" is not a group on this host",
+                    listen.socket_group());
+      return 2;
+    }
+    socket_gid = g->gr_gid;
+  }
+  if (listen.allow_insecure_remote() && Enabled(listen.tcp_address()) != "" &&
+      !IsLoopbackAddress(listen.tcp_address())) {
+    spdlog::warn(
+        "INSECURE: listening on {} with listen.allow_insecure_remote: nothing authenticates "
+        "callers or encrypts traffic, so anyone who can reach this address can read, evict and "
+        "reconfigure every model's KV. Use it only on a network you trust.",
+        listen.tcp_address());
+  }
+
   // The TCP port before any socket is touched; then the shared-memory data
   // plane, so that once gRPC answers it is up too.
   if (const std::string tcp = Enabled(config.listen().tcp_address()); !tcp.empty()) {
@@ -256,6 +279,7 @@ int Serve(const v1::ServerConfig& config) {
   if (const std::string shm_socket = ShmSocketPath(config.listen()); !shm_socket.empty()) {
     const v1::ShmConfig& shm = config.shm();
     auto started = ShmServer::Start({.socket_path = shm_socket,
+                                     .socket_gid = socket_gid,
                                      .max_connections = shm.max_connections(),
                                      .limits = {.max_regions = shm.max_regions_per_connection(),
                                                 .max_region_bytes = shm.max_region_bytes(),
@@ -274,6 +298,7 @@ int Serve(const v1::ServerConfig& config) {
   GrpcServerOptions server_options{
       .tcp_address = Enabled(config.listen().tcp_address()),
       .unix_socket = Enabled(config.listen().unix_socket()),
+      .socket_gid = socket_gid,
       .max_message_bytes = limits.max_message_bytes(),
       .grpc_memory_quota_bytes = limits.grpc_memory_quota_bytes(),
       .keepalive_time = absl::Milliseconds(limits.keepalive_time_ms()),
@@ -336,14 +361,18 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", flags.config_path, "JSON config file (kvcache.v1.ServerConfig)")
       ->check(CLI::ExistingFile);
   app.add_option("--listen", flags.listen,
-                 "TCP address HOST:PORT, or 'none' (default 0.0.0.0:50051)");
+                 "TCP address HOST:PORT, or 'none' (default 127.0.0.1:50051; other hosts "
+                 "need --allow-insecure-remote)");
   app.add_option("--unix-socket", flags.unix_socket,
                  "Unix socket path, or 'none' (default /tmp/kvcached.sock)");
   app.add_option("--shm-socket", flags.shm_socket,
                  "Shared-memory data plane socket for workers on this host, or 'none' "
                  "(default: the Unix socket's path + '.shm')");
+  app.add_flag("--allow-insecure-remote", flags.allow_insecure_remote,
+               "Allow a --listen address other hosts can reach, with no TLS or authentication "
+               "(listen.allow_insecure_remote)");
   app.add_option("--metrics-address", flags.metrics_address,
-                 "Prometheus endpoint HOST:PORT, or 'none' (default 0.0.0.0:9464)");
+                 "Prometheus endpoint HOST:PORT, or 'none' (default 127.0.0.1:9464)");
   app.add_option("--capacity-bytes", flags.capacity_bytes,
                  "Host-memory tier capacity in bytes (default 1 GiB)");
   app.add_option("--slab-bytes", flags.slab_bytes, "Slab size in bytes (default 4 MiB)");

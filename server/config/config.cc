@@ -87,11 +87,25 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
 
 }  // namespace
 
+bool IsLoopbackAddress(std::string_view address) {
+  std::string_view host = address;
+  if (!host.empty() && host.front() == '[') {
+    const size_t close = host.find(']');
+    host = close == std::string_view::npos ? host.substr(1) : host.substr(1, close - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8, written as a dotted quad.
+  return host.size() > 4 && host.substr(0, 4) == "127." &&
+         host.find_first_not_of("0123456789.") == std::string_view::npos;
+}
+
 void ApplyDefaults(v1::ServerConfig* c) {
   v1::ListenConfig* listen = c->mutable_listen();
-  if (listen->tcp_address().empty()) listen->set_tcp_address("0.0.0.0:50051");
+  if (listen->tcp_address().empty()) listen->set_tcp_address("127.0.0.1:50051");
   if (listen->unix_socket().empty()) listen->set_unix_socket("/tmp/kvcached.sock");
-  if (listen->metrics_address().empty()) listen->set_metrics_address("0.0.0.0:9464");
+  if (listen->metrics_address().empty()) listen->set_metrics_address("127.0.0.1:9464");
 
   v1::LimitsConfig* limits = c->mutable_limits();
   if (limits->max_message_bytes() == 0) limits->set_max_message_bytes(uint64_t{64} << 20);
@@ -301,6 +315,16 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64); !s.ok()) return s;
+  if (listen.tcp_address() != kDisabled && !IsLoopbackAddress(listen.tcp_address()) &&
+      !listen.allow_insecure_remote()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen.tcp_address \"", listen.tcp_address(),
+        "\" can be reached from other hosts, and kvcached does not yet authenticate callers or "
+        "encrypt traffic: anyone reaching it could read, evict and reconfigure every model's KV. "
+        "Listen on 127.0.0.1 (workers on this host can also use the Unix socket), or set "
+        "listen.allow_insecure_remote to true (flag --allow-insecure-remote) on a network you "
+        "trust"));
+  }
   if (auto s = CheckRange("drain_timeout_seconds", c.drain_timeout_seconds(), 1, 3600); !s.ok()) {
     return s;
   }

@@ -51,6 +51,11 @@ absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path);
 // REQUIRES: defaults applied.
 absl::Status ValidateConfig(const v1::ServerConfig& config);
 
+// Whether HOST:PORT (or [HOST]:PORT) names this host only: localhost,
+// 127.0.0.0/8 or ::1. Anything else, 0.0.0.0 and host names included, can be
+// reachable from other hosts.
+bool IsLoopbackAddress(std::string_view address);
+
 // Multi-line JSON with every field, for logs and --print-default-config.
 std::string ConfigToJson(const v1::ServerConfig& config);
 

@@ -21,7 +21,9 @@ using ::testing::HasSubstr;
 TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   v1::ServerConfig c = DefaultConfig();
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
-  EXPECT_EQ(c.listen().tcp_address(), "0.0.0.0:50051");
+  EXPECT_EQ(c.listen().tcp_address(), "127.0.0.1:50051");
+  EXPECT_EQ(c.listen().metrics_address(), "127.0.0.1:9464");
+  EXPECT_FALSE(c.listen().allow_insecure_remote());
   EXPECT_EQ(c.listen().unix_socket(), "/tmp/kvcached.sock");
   EXPECT_EQ(c.host_tier().capacity_bytes(), uint64_t{1} << 30);
   EXPECT_EQ(c.host_tier().slab_bytes(), uint64_t{4} << 20);
@@ -33,6 +35,25 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.limits().grpc_memory_quota_bytes(), uint64_t{1} << 30);
   EXPECT_EQ(c.limits().keepalive_time_ms(), 30000u);
   EXPECT_EQ(c.limits().keepalive_timeout_ms(), 10000u);
+}
+
+TEST(ConfigTest, RemoteListenersNeedAnExplicitOptIn) {
+  for (const char* address : {"0.0.0.0:50051", "[::]:50051", "10.1.2.3:7000", "kvhost:50051"}) {
+    v1::ServerConfig c = DefaultConfig();
+    c.mutable_listen()->set_tcp_address(address);
+    absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << address;
+    EXPECT_THAT(s.message(), HasSubstr("allow_insecure_remote")) << address;
+    c.mutable_listen()->set_allow_insecure_remote(true);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << address;
+  }
+  for (const char* address : {"127.0.0.1:1", "127.8.9.10:50051", "localhost:5", "[::1]:50051"}) {
+    v1::ServerConfig c = DefaultConfig();
+    c.mutable_listen()->set_tcp_address(address);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << address;
+  }
+  EXPECT_FALSE(IsLoopbackAddress("127.evil.example:1"));
+  EXPECT_FALSE(IsLoopbackAddress("1270.0.0.1:1"));
 }
 
 TEST(ConfigTest, PerClientStreamCapDefaultsToTheTotal) {
@@ -49,7 +70,7 @@ TEST(ConfigTest, JsonOverridesOnlyWhatItSets) {
   EXPECT_EQ(c->host_tier().capacity_bytes(), 8388608u);
   EXPECT_EQ(c->host_tier().slab_bytes(), uint64_t{4} << 20);  // default kept
   EXPECT_EQ(c->listen().unix_socket(), "none");
-  EXPECT_EQ(c->listen().tcp_address(), "0.0.0.0:50051");
+  EXPECT_EQ(c->listen().tcp_address(), "127.0.0.1:50051");
 }
 
 TEST(ConfigTest, PrintedDefaultsParseBackToTheSameConfig) {

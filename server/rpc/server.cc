@@ -148,6 +148,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   if (!options.tcp_address.empty() && server->tcp_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", options.tcp_address));
   }
+  if (!options.unix_socket.empty() && options.socket_gid >= 0 &&
+      ::chown(options.unix_socket.c_str(), static_cast<uid_t>(-1),
+              static_cast<gid_t>(options.socket_gid)) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot give the unix socket ",
+                                                    options.unix_socket, " to group ",
+                                                    options.socket_gid, ": ", ErrnoText(errno)));
+  }
   if (!options.unix_socket.empty() && ::chmod(options.unix_socket.c_str(), kUnixSocketMode) != 0) {
     return absl::InternalError(
         absl::StrCat("cannot chmod the unix socket ", options.unix_socket, ": ", ErrnoText(errno)));

@@ -43,6 +43,7 @@ absl::Status CheckTcpAddressFree(const std::string& tcp_address);
 struct GrpcServerOptions {
   std::string tcp_address;  // empty: no TCP
   std::string unix_socket;  // empty: no Unix socket
+  int64_t socket_gid = -1;  // group the Unix socket is given to; -1: the daemon's
   uint64_t max_message_bytes = uint64_t{64} << 20;
   uint64_t grpc_memory_quota_bytes = uint64_t{1} << 30;  // grpc::ResourceQuota
   absl::Duration keepalive_time = absl::Seconds(30);     // ping every connection this often

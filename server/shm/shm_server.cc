@@ -48,7 +48,9 @@ absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Start(const ShmServerOptio
     return absl::UnavailableError(absl::StrCat("cannot listen on shm socket ", options.socket_path,
                                                ": ", ErrnoText(bind_errno)));
   }
-  if (::chmod(options.socket_path.c_str(), kUnixSocketMode) != 0 ||
+  if ((options.socket_gid >= 0 && ::chown(options.socket_path.c_str(), static_cast<uid_t>(-1),
+                                          static_cast<gid_t>(options.socket_gid)) != 0) ||
+      ::chmod(options.socket_path.c_str(), kUnixSocketMode) != 0 ||
       ::listen(listener.get(), 128) != 0) {
     const int err = errno;
     ::unlink(options.socket_path.c_str());
@@ -144,11 +146,13 @@ void ShmServer::Admit(UniqueFd fd) {
     return refuse(absl::InternalError("cannot read the peer's credentials (SO_PEERCRED)"));
   }
   const ucred& peer = connection->peer;
-  if (peer.uid != ::geteuid() && peer.uid != 0 && peer.gid != ::getegid()) {
+  const gid_t group =
+      options_.socket_gid >= 0 ? static_cast<gid_t>(options_.socket_gid) : ::getegid();
+  if (peer.uid != ::geteuid() && peer.uid != 0 && peer.gid != group) {
     spdlog::warn("shm socket: refused pid {} (uid {}, gid {}): not the daemon's user or group",
                  peer.pid, peer.uid, peer.gid);
     return refuse(absl::PermissionDeniedError(
-        "the shared-memory socket serves the daemon's user, root and the daemon's group only"));
+        "the shared-memory socket serves the daemon's user, root and the socket's group only"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return refuse(absl::UnavailableError("the daemon is shutting down"));

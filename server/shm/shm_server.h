@@ -4,10 +4,10 @@
 // socket) and serves kvcache.v1 shm.proto: each accepted connection gets a
 // thread of its own and an ShmSession, and is served one request at a time
 // (read a frame, answer it). A connection is accepted only from a peer whose
-// credentials (SO_PEERCRED) show the daemon's user, root, or the daemon's
-// group; one past shm.max_connections, or from another user, is answered
-// with an error frame and closed. A connection that closes (the worker exits
-// or crashes) ends its session, which unmaps its regions.
+// credentials (SO_PEERCRED) show the daemon's user, root, or the socket's
+// group (as a primary group: SO_PEERCRED carries no supplementary groups); one past
+// shm.max_connections, or from another user, is answered with an error frame and closed. A
+// connection that closes (the worker exits or crashes) ends its session, which unmaps its regions.
 //
 // Shutdown() stops accepting, lets each connection finish the request it is
 // serving, closes them all and joins their threads.
@@ -37,6 +37,9 @@ namespace kvcache {
 
 struct ShmServerOptions {
   std::string socket_path;
+  // Group the socket is given to and whose members may connect besides the
+  // daemon's user and root; -1: the daemon's primary group.
+  int64_t socket_gid = -1;
   uint32_t max_connections = 256;
   ShmLimits limits;
   uint32_t copy_threads = 0;

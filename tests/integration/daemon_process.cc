@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
   }
   if (options.tcp) {
     d->tcp_port_ = PickFreePort();
-    args.insert(args.end(), {"--listen", absl::StrCat("127.0.0.1:", d->tcp_port_)});
+    args.insert(args.end(), {"--listen", absl::StrCat(options.tcp_host, ":", d->tcp_port_)});
   } else {
     args.insert(args.end(), {"--listen", "none"});
   }

@@ -2,6 +2,7 @@
 // the Unix socket's file, SIGTERM draining in-flight streams, and the stream
 // limit.
 #include <gmock/gmock.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -81,6 +82,48 @@ TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
   ProcessResult no_listener = RunKvcached("--listen none --unix-socket none");
   EXPECT_EQ(no_listener.exit_code, 2);
   EXPECT_THAT(no_listener.output, HasSubstr("enable at least one"));
+}
+
+TEST(LifecycleTest, RemoteListeningNeedsTheInsecureOptInAndIsLoud) {
+  const std::string port = std::to_string(PickFreePort());
+  ProcessResult refused =
+      RunKvcached("--listen 0.0.0.0:" + port + " --unix-socket none --metrics-address none");
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.output, HasSubstr("listen.tcp_address \"0.0.0.0:" + port));
+  EXPECT_THAT(refused.output, HasSubstr("allow_insecure_remote"));
+
+  auto daemon = DaemonProcess::Start(
+      {.tcp = true, .tcp_host = "0.0.0.0", .extra_flags = {"--allow-insecure-remote"}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_THAT(ReadFile((*daemon)->log_path()),
+              HasSubstr("[warning] INSECURE: listening on 0.0.0.0:"));
+  EXPECT_EQ((*daemon)->Stop(), 0);
+}
+
+TEST(LifecycleTest, SocketsBelongToTheConfiguredGroup) {
+  if (::geteuid() != 0) GTEST_SKIP() << "giving a socket to another group needs root (CI is root)";
+  // A group other than ours, so the test sees the daemon change it.
+  const group* other = ::getgrnam("nogroup");
+  ASSERT_NE(other, nullptr) << "Debian's nogroup is missing";
+  ASSERT_NE(other->gr_gid, ::getegid());
+  const gid_t gid = other->gr_gid;
+  auto daemon = DaemonProcess::Start(
+      {.extra_flags = {"--config",
+                       WriteFile("group.json", R"({"listen": {"socket_group": "nogroup"}})")}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  for (const std::string& path : {(*daemon)->socket_path(), (*daemon)->socket_path() + ".shm"}) {
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_gid, gid) << path;
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << path;
+  }
+  EXPECT_EQ((*daemon)->Stop(), 0);
+
+  ProcessResult unknown =
+      RunKvcached("--listen none --metrics-address none --config " +
+                  WriteFile("nogroup.json", R"({"listen": {"socket_group": "no-such-group-kv"}})"));
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.output, HasSubstr("no-such-group-kv"));
 }
 
 TEST(LifecycleTest, ABadCalibrationFileIsLoggedAndTheDaemonStartsWithDefaultWeights) {

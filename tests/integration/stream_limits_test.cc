@@ -277,7 +277,7 @@ TEST(StreamLimitsTest, PerClientCapLeavesRoomForOthers) {
   std::vector<std::unique_ptr<StalledAppend>> held;
   for (int i = 0; i < 2; ++i) held.push_back(StallAppend(*greedy, Header("m", tokens)));
   absl::Status third;
-  for (int attempt = 0; attempt < 50; ++attempt) {  // until the server has taken both
+  for (int attempt = 0; attempt < 300; ++attempt) {  // until the server has taken both (30 s)
     third = ProbeStream(*greedy);
     if (third.code() == absl::StatusCode::kResourceExhausted) break;
     absl::SleepFor(absl::Milliseconds(100));
