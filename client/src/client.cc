@@ -37,6 +37,8 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 // Under DataPath::kAuto, how long a daemon found without a usable shared-memory
 // socket is served over gRPC before the client probes again.
 constexpr absl::Duration kShmProbeInterval = absl::Seconds(5);
+// How long that probe (one GetServerInfo) may take.
+constexpr absl::Duration kShmProbeTimeout = absl::Seconds(2);
 // Room in a message for everything but the payload bytes: a fetch chunk of a
 // pruned block carries up to ~5.2 KB of kept_tokens (docs/api.md).
 constexpr uint64_t kMessageOverhead = 8192;
@@ -389,7 +391,16 @@ class ClientImpl final : public Client {
     if (shm_ != nullptr) return shm_.get();
     if (!required && absl::Now() < shm_next_probe_) return nullptr;
     absl::Status why;
-    absl::StatusOr<v1::GetServerInfoResponse> info = GetServerInfo();
+    // One short attempt: a daemon that does not answer now is served (and
+    // retried) by the gRPC path, which would otherwise wait twice.
+    v1::GetServerInfoResponse info_response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + std::min(options_.timeout, kShmProbeTimeout)));
+    const absl::Status probed =
+        ToAbslStatus(admin_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info_response));
+    absl::StatusOr<v1::GetServerInfoResponse> info =
+        probed.ok() ? absl::StatusOr<v1::GetServerInfoResponse>(std::move(info_response)) : probed;
     if (!info.ok()) {
       why = info.status();
     } else if (info->shm_socket().empty()) {
