@@ -7,22 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/slice_cursor_test_util.h"
+
 namespace kvcache {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Splits `wire` into slices at random points (including empty slices).
-std::vector<grpc::Slice> RandomSlices(const std::string& wire, std::mt19937& rng) {
-  std::vector<grpc::Slice> slices;
-  size_t pos = 0;
-  while (pos < wire.size()) {
-    const size_t n = std::min<size_t>(wire.size() - pos, rng() % 7 == 0 ? 0 : 1 + rng() % 40);
-    slices.emplace_back(wire.data() + pos, n);
-    pos += n;
-  }
-  return slices;
-}
+using wire::RandomSlices;
 
 absl::Status Decode(const std::vector<grpc::Slice>& slices, std::string* kv, DecodedAppend* out) {
   return DecodeAppendRequest(

@@ -20,11 +20,11 @@ namespace kvcache::testing {
 
 struct DaemonOptions {
   uint64_t capacity_bytes = uint64_t{256} << 20;
-  uint64_t slab_bytes = 0;  // 0: the daemon's default
-  bool tcp = false;         // also listen on a free TCP port
+  uint64_t slab_bytes = 0;             // 0: the daemon's default
+  bool tcp = false;                    // also listen on a free TCP port
   std::string tcp_host = "127.0.0.1";  // of that TCP listener
-  bool metrics = false;     // serve metrics on a free port
-  std::string unix_socket;  // empty: kvcached.sock in the daemon's own directory
+  bool metrics = false;                // serve metrics on a free port
+  std::string unix_socket;             // empty: kvcached.sock in the daemon's own directory
   std::vector<std::string> extra_flags;
 };
 
