@@ -118,16 +118,16 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   // A protected token must be exact; one stored lossy can only be made exact
   // again by its bytes, so the append must carry them.
   for (uint64_t i = 0; i < start_block; ++i) {
-    if (path[i]->payload->compressed() &&
+    if (path[i]->seal().compressed &&
         Overlaps(hints.protected_ranges, i * uint64_t{bt}, (i + 1) * uint64_t{bt})) {
       return absl::FailedPreconditionError(absl::StrCat(
           "block ", i, " holds protected tokens but is stored lossy; resend its KV (start_token ",
           i * uint64_t{bt}, " or less) so it can be stored exactly"));
     }
   }
-  std::vector<BlockRef> pinned;
+  std::vector<TieredBlock> pinned;
   pinned.reserve(path.size());
-  for (IndexNode* n : path) pinned.push_back(n->payload);
+  for (IndexNode* n : path) pinned.push_back(TakeBlock(*n));
   using Plan = AppendSession::BlockPlan;
   std::vector<Plan> plan(num_blocks);
   std::vector<uint64_t> keys(num_blocks);
@@ -135,7 +135,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     const uint64_t i = start_block + j;
     keys[j] = chain[i];
     if (i < path.size()) {
-      plan[j] = path[i]->payload->compressed() ? Plan::kRestore : Plan::kCached;
+      plan[j] = path[i]->seal().compressed ? Plan::kRestore : Plan::kCached;
     } else {
       plan[j] = claims_.contains({&m.index, keys[j]}) ? Plan::kPending : Plan::kStore;
     }
@@ -161,7 +161,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
 AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
                              std::vector<Token> tokens, uint64_t start_block, AppendHints hints,
                              std::vector<uint64_t> checksums, std::vector<uint64_t> keys,
-                             BlockHashes hashes, std::vector<BlockRef> pinned,
+                             BlockHashes hashes, std::vector<Cache::TieredBlock> pinned,
                              std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers)
     : cache_(cache),
       model_(std::move(model)),
@@ -350,18 +350,26 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     if (i < present) {
       IndexNode* cached = path[i];
       ++result.deduplicated_blocks;
-      if (digests_[j] != cached->payload->raw_checksum()) {
+      const BlockSeal cached_seal = cached->seal();
+      if (digests_[j] != cached_seal.raw_checksum) {
         // Same tokens, other bytes: keep what every reader has been served.
         ++result.conflicting_blocks;
         if (result.first_conflicting_block < 0)
           result.first_conflicting_block = static_cast<int64_t>(i);
-      } else if (cached->payload->compressed() && payload != nullptr) {
-        // The exact bytes of a block stored lossy: make it exact again.
-        const uint64_t old_size = cached->payload->size();
+      } else if (cached_seal.compressed && payload != nullptr) {
+        // The exact bytes of a block stored lossy: make it exact again (in
+        // host memory; a lossy copy in the lower tier is stale now).
+        const uint64_t old_size = cached_seal.size;
         cache_->ForgetCompressionLocked(m, cached);
-        unused.push_back(std::exchange(cached->payload, std::move(payload)));
-        m.bytes = m.bytes - old_size + cached->payload->size();
-        cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + cached->payload->size();
+        m.bytes = m.bytes - old_size + payload->size();
+        if (cached->payload != nullptr) {
+          cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + payload->size();
+          unused.push_back(std::exchange(cached->payload, std::move(payload)));
+          cache_->DropLowerCopyLocked(cached);
+        } else {
+          cache_->SetHostCopyLocked(cached, std::move(payload));
+          cache_->DropLowerCopyLocked(cached);
+        }
         ++result.restored_blocks;
       }
       if (payload != nullptr) unused.push_back(std::move(payload));
@@ -390,17 +398,14 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
       ts.pinned = std::move(pins[i]);
     }
     cache_->RecountMetadataLocked(child);
-    cache_->policy_->Insert(child);
+    cache_->policy_->Insert(child);  // a new block is in host memory
     ++result.stored_blocks;
     result.stored_bytes += payload->size();
     node = child;
   }
   // Touch the whole path leaf-first (a parent is never colder than its child).
   const absl::Time now = cache_->clock_->Now();
-  for (IndexNode* n = node; n != nullptr; n = n->parent) {
-    cache_->policy_->Touch(n);
-    n->last_access = now;
-  }
+  for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->TouchLocked(n, now);
   m.bytes += result.stored_bytes;
   m.appended_blocks += result.stored_blocks;
   m.deduplicated_blocks += result.deduplicated_blocks;

@@ -33,6 +33,19 @@ namespace kvcache {
 // XXH3-64 of `bytes`; the checksum every block carries end to end.
 uint64_t Checksum(std::span<const std::byte> bytes);
 
+// What a sealed block's bytes are, wherever a copy of them lives: a host
+// payload and every copy of it in a lower tier carry the same seal.
+struct BlockSeal {
+  uint64_t size = 0;              // bytes the copy holds
+  uint64_t checksum = 0;          // XXH3-64 of those bytes
+  uint64_t raw_checksum = 0;      // of the block as a worker appended it
+  uint64_t decoded_checksum = 0;  // of the decoding of a compressed block
+  bool compressed = false;        // the compressed block format (lossy)
+
+  // Checksum of what a fetch that decodes the block sends.
+  uint64_t fetch_checksum() const { return compressed ? decoded_checksum : checksum; }
+};
+
 class BlockPayload {
  public:
   // Takes ownership of `allocation` (from `pool`), of which `size` bytes are used.
@@ -68,6 +81,22 @@ class BlockPayload {
 
   void set_compressed(bool compressed) { compressed_ = compressed; }
   bool compressed() const { return compressed_; }
+
+  BlockSeal seal() const {
+    return {.size = size_,
+            .checksum = checksum_,
+            .raw_checksum = raw_checksum_,
+            .decoded_checksum = decoded_checksum(),
+            .compressed = compressed_};
+  }
+  // Seals this payload as a copy of a block sealed with `seal` (a block read
+  // back from a lower tier). REQUIRES: seal.size == size().
+  void SealAs(const BlockSeal& seal) {
+    checksum_ = seal.checksum;
+    raw_checksum_ = seal.raw_checksum;
+    decoded_checksum_ = seal.decoded_checksum;
+    compressed_ = seal.compressed;
+  }
 
  private:
   SlabPool* const pool_;

@@ -8,8 +8,16 @@
 namespace kvcache {
 
 Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
-             std::unique_ptr<EvictionPolicy> policy, Clock* clock)
-    : options_(options), pool_(std::move(pool)), clock_(clock), policy_(std::move(policy)) {}
+             std::unique_ptr<EvictionPolicy> policy, Clock* clock,
+             std::shared_ptr<BlockStore> lower, std::unique_ptr<EvictionPolicy> lower_policy)
+    : options_(options),
+      pool_(std::move(pool)),
+      clock_(clock),
+      lower_(std::move(lower)),
+      policy_(std::move(policy)),
+      lower_policy_(std::move(lower_policy)) {
+  if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
+}
 
 Cache::~Cache() {
   MutexLock lock(&mu_);
@@ -111,7 +119,7 @@ void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const 
   state.index.Match(tokens, hashes, path);
   const absl::Time now = clock_->Now();
   auto expired = std::find_if(path->begin(), path->end(), [now](const IndexNode* n) {
-    __builtin_prefetch(n->payload.get());  // callers read the payloads next
+    __builtin_prefetch(n->payload.get());  // callers read the seals next
     return n->expires <= now;
   });
   if (expired != path->end()) {
@@ -120,14 +128,22 @@ void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const 
     path->erase(expired, path->end());
   }
   // Leaf-first, so that a parent is never colder than its children.
-  for (auto it = path->rbegin(); it != path->rend(); ++it) {
-    policy_->Touch(*it);
-    (*it)->last_access = now;
-  }
+  for (auto it = path->rbegin(); it != path->rend(); ++it) TouchLocked(*it, now);
+}
+
+void Cache::TouchLocked(IndexNode* node, absl::Time now) {
+  PolicyFor(*node)->Touch(node);
+  node->last_access = now;
+  if (node->references != UINT16_MAX) ++node->references;
 }
 
 void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
-  policy_->Erase(node);
+  PolicyFor(*node)->Erase(node);
+  if (node->lower != nullptr) {
+    --tier_.lower_blocks;
+    tier_.lower_payload_bytes -= node->lower->seal().size;
+    if (node->payload == nullptr) --tier_.lower_only_blocks;
+  }
   compacting_.erase(node);
   ForgetCompressionLocked(state, node);
   metadata_bytes_ -= node->metadata_bytes;
@@ -164,6 +180,8 @@ void Cache::RecountMetadataLocked(IndexNode* node) {
 }
 
 bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
+  // The lower tier's blocks are colder than the host's: they go first.
+  if (lower_ != nullptr && EvictLowerOneLocked(dropped)) return true;
   // Evictable: a leaf that only the index references (use_count is exact
   // here: new references are only taken under mu_).
   IndexNode* victim = policy_->PickVictim(
@@ -196,7 +214,8 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
       pool.capacity_bytes - std::min(pool.capacity_bytes, staging == 0 ? 0 : staging);
   uint64_t evicted = 0;
   while (true) {
-    const bool for_space = staging != 0 && committed() > target;
+    // With a lower tier, room is made by demotion (Migrate, MakeRoomForSpace).
+    const bool for_space = staging != 0 && lower_ == nullptr && committed() > target;
     const bool for_metadata = meta_cap != 0 && metadata_bytes_ > meta_cap;
     if (!(for_space || for_metadata) || !EvictOneLocked(dropped)) break;
     ++evicted;
@@ -205,32 +224,40 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   return evicted;
 }
 
+void Cache::DropNodeLocked(ModelState& state, IndexNode* n, std::vector<BlockRef>* dropped,
+                           EvictResult* result) {
+  ForgetNodeLocked(state, n);
+  const uint64_t size = n->seal().size;
+  ++result->evicted_blocks;
+  result->evicted_bytes += size;
+  if (n->payload != nullptr) {
+    payload_bytes_ -= size;
+    dropped->push_back(std::move(n->payload));
+  }
+}
+
 EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                        std::vector<BlockRef>* dropped) {
   EvictResult result;
   state.index.RemoveSubtree(node, [&](IndexNode* n) {
     mu_.AssertHeld();  // the lambda runs under the lock
-    ForgetNodeLocked(state, n);
-    ++result.evicted_blocks;
-    result.evicted_bytes += n->payload->size();
-    dropped->push_back(std::move(n->payload));
+    DropNodeLocked(state, n, dropped, &result);
   });
   state.bytes -= result.evicted_bytes;
   state.evicted_blocks += result.evicted_blocks;
-  payload_bytes_ -= result.evicted_bytes;
   return result;
 }
 
 size_t Cache::ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lossy) {
   if (accept_lossy) return path.size();
   auto lossy = std::find_if(path.begin(), path.end(),
-                            [](const IndexNode* n) { return n->payload->compressed(); });
+                            [](const IndexNode* n) { return n->seal().compressed; });
   return static_cast<size_t>(lossy - path.begin());
 }
 
-size_t Cache::ExactBlocks(std::span<const BlockRef> blocks) {
-  auto lossy =
-      std::find_if(blocks.begin(), blocks.end(), [](const BlockRef& b) { return b->compressed(); });
+size_t Cache::ExactBlocks(std::span<const TieredBlock> blocks) {
+  auto lossy = std::find_if(blocks.begin(), blocks.end(),
+                            [](const TieredBlock& b) { return b.seal().compressed; });
   return static_cast<size_t>(lossy - blocks.begin());
 }
 
@@ -277,22 +304,25 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   result.blocks.reserve(path.size());
   const uint64_t block_bytes = m.layout.BlockBytes();
   for (const IndexNode* n : path) {
-    const BlockPayload& p = *n->payload;
+    const BlockSeal seal = n->seal();
     result.blocks.push_back({.index = n->depth,
+                             .tier = n->in_host() ? BlockTier::kHost : BlockTier::kLower,
                              .key = n->key,
-                             .checksum = p.decoded_checksum(),
+                             .checksum = seal.fetch_checksum(),
                              .bytes = block_bytes,
-                             .lossy = p.compressed(),
-                             .stored_bytes = p.size(),
-                             .stored_checksum = p.checksum()});
+                             .lossy = seal.compressed,
+                             .stored_bytes = seal.size,
+                             .stored_checksum = seal.checksum});
   }
   if (lease.acquire && !path.empty()) {
     const absl::Time now = clock_->Now();
     lease_tokens.resize(result.matched_tokens);  // a prefix of `tokens`: shrinks
-    Lease l{
-        .model = model, .matched_tokens = result.matched_tokens, .tokens = std::move(lease_tokens)};
+    Lease l{.model = model,
+            .index = &m.index,
+            .matched_tokens = result.matched_tokens,
+            .tokens = std::move(lease_tokens)};
     l.expires = now + (lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl);
-    for (IndexNode* n : path) l.blocks.push_back(n->payload);
+    for (IndexNode* n : path) l.blocks.push_back(TakeBlock(*n));
     uint64_t id;
     do {
       id = absl::Uniform<uint64_t>(lease_ids_);
@@ -359,47 +389,77 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<c
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
-  MutexLock lock(&mu_);
-  auto state = FindModelLocked(model);
-  if (!state.ok()) return state.status();
-  ModelState& m = **state;
-  std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, *hashes, &path);
-  std::vector<BlockRef> blocks;
-  blocks.reserve(path.size());
-  for (IndexNode* n : path) blocks.push_back(n->payload);
-  return MakePlan(m, std::move(blocks), accept_lossy);
+  FetchPlan plan;
+  std::vector<TieredBlock> blocks;
+  const PrefixIndex* index;
+  {
+    MutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    ModelState& m = **state;
+    std::vector<IndexNode*> path;
+    MatchLocked(m, tokens, *hashes, &path);
+    blocks.reserve(path.size());
+    for (IndexNode* n : path) blocks.push_back(TakeBlock(*n));
+    plan = MakePlan(m, &blocks, accept_lossy);
+    index = &m.index;
+  }
+  return FinishPlan(std::move(plan), index, std::move(blocks));
 }
 
-FetchPlan Cache::MakePlan(const ModelState& m, std::vector<BlockRef> blocks, bool accept_lossy) {
-  const size_t readable = accept_lossy ? blocks.size() : ExactBlocks(blocks);
+FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
+                          bool accept_lossy) {
+  const size_t readable = accept_lossy ? blocks->size() : ExactBlocks(*blocks);
   const uint32_t bt = m.layout.block_tokens;
   FetchPlan plan{.layout = m.layout,
                  .matched_tokens = readable * bt,
-                 .withheld_tokens = (blocks.size() - readable) * bt,
+                 .withheld_tokens = (blocks->size() - readable) * bt,
                  .lossless_epoch = m.lossless_epoch,
                  .epoch = m.lossless_epoch->load()};
-  blocks.resize(readable);
-  plan.blocks = std::move(blocks);
+  blocks->resize(readable);
+  return plan;
+}
+
+FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
+                            std::vector<TieredBlock> blocks) {
+  const bool all_host = std::all_of(blocks.begin(), blocks.end(),
+                                    [](const TieredBlock& b) { return b.host != nullptr; });
+  if (!all_host) {
+    const size_t readable = LoadLowerBlocks(index, blocks);
+    if (readable < blocks.size()) {
+      blocks.resize(readable);
+      plan.matched_tokens = readable * plan.layout.block_tokens;
+    }
+  }
+  plan.blocks.reserve(blocks.size());
+  for (TieredBlock& b : blocks) plan.blocks.push_back(std::move(b.host));
   return plan;
 }
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
                                                    bool accept_lossy) {
-  MutexLock lock(&mu_);
-  auto state = FindModelLocked(model);
-  if (!state.ok()) return state.status();
-  ExpireLeasesLocked(clock_->Now());
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
-    return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
+  FetchPlan plan;
+  std::vector<TieredBlock> blocks;
+  const PrefixIndex* index;
+  {
+    MutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    ExpireLeasesLocked(clock_->Now());
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) {
+      return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
+    }
+    if (it->second.model != model) {
+      return absl::InvalidArgumentError(absl::StrCat("lease_id ", lease_id, " belongs to model \"",
+                                                     it->second.model.model_id, "\", not \"",
+                                                     model.model_id, "\""));
+    }
+    blocks = it->second.blocks;
+    plan = MakePlan(**state, &blocks, accept_lossy);
+    index = it->second.index;
   }
-  if (it->second.model != model) {
-    return absl::InvalidArgumentError(absl::StrCat("lease_id ", lease_id, " belongs to model \"",
-                                                   it->second.model.model_id, "\", not \"",
-                                                   model.model_id, "\""));
-  }
-  return MakePlan(**state, it->second.blocks, accept_lossy);
+  return FinishPlan(std::move(plan), index, std::move(blocks));
 }
 
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
@@ -427,14 +487,10 @@ EvictResult Cache::ClearModelLocked(ModelState& m, std::vector<BlockRef>* droppe
   EvictResult result;
   m.index.Clear([&](IndexNode* n) {
     mu_.AssertHeld();  // the lambda runs under the lock
-    ForgetNodeLocked(m, n);
-    ++result.evicted_blocks;
-    result.evicted_bytes += n->payload->size();
-    dropped->push_back(std::move(n->payload));
+    DropNodeLocked(m, n, dropped, &result);
   });
   m.bytes -= result.evicted_bytes;
   m.evicted_blocks += result.evicted_blocks;
-  payload_bytes_ -= result.evicted_bytes;
   return result;
 }
 
@@ -471,7 +527,12 @@ absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
                           .released_leases = lease_ids.size()};
 }
 
-bool Cache::EvictOneForSpace() {
+bool Cache::MakeRoomForSpace() {
+  if (lower_ != nullptr) {
+    uint64_t bytes = 0;
+    bool refused = false;
+    return DemoteOne(&bytes, &refused) != DemoteOutcome::kNothing;
+  }
   std::vector<BlockRef> dropped;  // freed after the lock is released
   MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
@@ -489,13 +550,14 @@ absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
       return std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
     }
     if (!absl::IsResourceExhausted(a.status())) return a.status();
-    if (!EvictOneForSpace()) {
+    if (!MakeRoomForSpace()) {
       const SlabPoolStats s = pool_->GetStats();
       MutexLock lock(&mu_);
       ++rejected_appends_;
       return absl::ResourceExhaustedError(absl::StrCat(
           "host tier is full: capacity_bytes ", s.capacity_bytes, ", ", s.reserved_bytes,
-          " reserved, and no block can be evicted (all leased, being fetched or appended to)"));
+          " reserved, and no block can be ", lower_ != nullptr ? "demoted or " : "",
+          "evicted (all leased, being fetched or appended to)"));
     }
   }
 }
@@ -540,6 +602,11 @@ CacheStats Cache::GetStats() const {
   stats.metadata_bytes = metadata_bytes_;
   stats.staged_bytes = staged_bytes_;
   stats.lease_tokens = lease_tokens_;
+  stats.tiers = tier_;
+  if (lower_ != nullptr) {
+    stats.has_lower = true;
+    stats.lower_store = lower_->GetStats();
+  }
   return stats;
 }
 

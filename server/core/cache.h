@@ -20,12 +20,26 @@
 //                  the coldest, under memory pressure) of models in quantize
 //                  or prune mode are re-encoded (server/importance)
 //   Calibrate      refits each model's weights on its sampled reports
+//   Migrate        one pass of the tier migrator: demotes cold host blocks to
+//                  the lower tier (SSD) past the host's high watermark
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
 // that nothing but the index references (not leased, not being fetched, not
 // the prefix of an append in flight). When nothing is evictable the append
 // fails with RESOURCE_EXHAUSTED and what was stored stays as it was.
+//
+// Tiers (docs/tiers.md). With a lower tier (a BlockStore: the SSD), host
+// memory is the upper tier and blocks move between the two instead of
+// leaving: the migrator (Migrate) and an append that finds the pool full
+// demote the host block the host policy picks (written to the lower tier
+// outside the lock, the host copy dropped once written; a block already
+// there is dropped without a write), admitted by a frequency gate and a
+// write-rate budget; eviction happens only in the lower tier (its own
+// policy, leaves only) or for a block not admitted. A lookup matches blocks
+// in either tier (BlockInfo::tier says where); a fetch reads lower blocks
+// back, verified (a copy that fails its checksum is dropped, never served:
+// the fetch ends before it), and promotes them when the host has room.
 //
 // Thread-safety: every method is thread-safe. One mutex guards the metadata
 // (registry, indexes, policy, leases); it is never held while payload bytes
@@ -62,6 +76,27 @@
 
 namespace kvcache {
 
+// How blocks move between the host tier and a lower tier (no effect without one).
+struct TierOptions {
+  // The migrator demotes host blocks once the pool's committed bytes pass
+  // high_watermark x capacity, down to low_watermark x capacity (and below
+  // capacity - append_staging_bytes). 0 < low <= high <= 1.
+  double host_high_watermark = 0.90;
+  double host_low_watermark = 0.80;
+  // A block is written to the lower tier only once lookups, fetches and
+  // appends used it this many times (1: every block; 2: seen twice);
+  // a block not admitted is evicted.
+  uint32_t lower_admit_min_references = 1;
+  // Bytes per second the migrator may write to the lower tier (a token
+  // bucket holding one second); 0: no limit.
+  uint64_t lower_write_bytes_per_second = 0;
+  // Most blocks one Migrate() call moves.
+  uint32_t max_demotions_per_pass = 256;
+  // A fetch that reads a lower block back keeps it in host memory when the
+  // host is below its high watermark.
+  bool promote_on_fetch = true;
+};
+
 struct CacheOptions {
   uint64_t max_tokens_per_request = uint64_t{1} << 20;
   absl::Duration default_lease_ttl = absl::Seconds(30);
@@ -84,6 +119,7 @@ struct CacheOptions {
   // hints.protected_ranges of one append, after merging overlaps.
   uint32_t max_protected_ranges = 1024;
   ImportanceOptions importance;
+  TierOptions tiers;
   // Test seam: called by Compact() after it encoded a pass's blocks, outside
   // the lock, before it installs them (tests race policy changes there).
   std::function<void()> on_compaction_encoded;
@@ -111,8 +147,11 @@ struct RegisterResult {
 };
 
 // One block of a lookup, as a fetch with the same acceptance would send it.
+enum class BlockTier : uint8_t { kHost = 0, kLower = 1 };
+
 struct BlockInfo {
   uint32_t index = 0;
+  BlockTier tier = BlockTier::kHost;  // where the block is now (host also when in both)
   uint64_t key = 0;
   uint64_t checksum = 0;         // of the bytes a fetch sends (raw, or decoded when lossy)
   uint64_t bytes = 0;            // raw block bytes
@@ -207,6 +246,14 @@ struct CompactionResult {
   uint64_t pruned_tokens = 0;
 };
 
+struct MigrationResult {
+  uint64_t demoted_blocks = 0;  // written to the lower tier, host copy dropped
+  uint64_t demoted_bytes = 0;
+  uint64_t clean_drops = 0;     // host copy dropped, the lower copy existed
+  uint64_t evicted_blocks = 0;  // not admitted (or the lower tier refused): evicted
+  uint64_t refused_blocks = 0;  // of those, refused by the admission gate or budget
+};
+
 struct CalibrationOutcome {
   ModelKey model;
   size_t samples = 0;
@@ -222,9 +269,13 @@ class AppendSession;
 
 class Cache {
  public:
-  // REQUIRES: pool, policy non-null; clock outlives the cache.
+  // REQUIRES: pool, policy non-null; clock outlives the cache. `lower` (may
+  // be null: one tier) is the tier below host memory, ranked by
+  // `lower_policy` (REQUIRES: non-null with `lower`).
   Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
-        std::unique_ptr<EvictionPolicy> policy, Clock* clock);
+        std::unique_ptr<EvictionPolicy> policy, Clock* clock,
+        std::shared_ptr<BlockStore> lower = nullptr,
+        std::unique_ptr<EvictionPolicy> lower_policy = nullptr);
   ~Cache();
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -313,6 +364,14 @@ class Cache {
   // moving them at most calibration_max_step, and starts a new sample.
   std::vector<CalibrationOutcome> Calibrate();
 
+  // One pass of the tier migrator: when the host's committed bytes are past
+  // its high watermark, demotes blocks until they are below the low one, at
+  // most max_demotions_per_pass. Does nothing without a lower tier. The
+  // daemon calls it from a thread of its own (it writes to the SSD).
+  MigrationResult Migrate();
+  // Whether the host tier is past its high watermark (Migrate has work).
+  bool NeedsMigration() const;
+
   CacheStats GetStats() const;
 
  private:
@@ -350,11 +409,25 @@ class Cache {
     std::shared_ptr<std::atomic<uint64_t>> lossless_epoch =
         std::make_shared<std::atomic<uint64_t>>(0);
   };
+  // A block as a reader took it: its host copy, or (when it had none) its
+  // lower-tier copy to read back; `lookup_hash` finds its node again.
+  struct TieredBlock {
+    BlockRef host;
+    StoredRef lower;
+    uint64_t lookup_hash = 0;
+    BlockSeal seal() const { return host != nullptr ? host->seal() : lower->seal(); }
+  };
+  static TieredBlock TakeBlock(const IndexNode& n) {
+    return {.host = n.payload,
+            .lower = n.payload == nullptr ? n.lower : nullptr,
+            .lookup_hash = n.lookup_hash};
+  }
   struct Lease {
     ModelKey model;
+    const PrefixIndex* index = nullptr;  // the model's index when leased
     uint64_t matched_tokens = 0;
     std::vector<Token> tokens;  // the matched tokens, for attention reports
-    std::vector<BlockRef> blocks;
+    std::vector<TieredBlock> blocks;
     absl::Time expires;
     uint64_t metadata_bytes = 0;  // counted in the cache's metadata total
   };
@@ -377,6 +450,10 @@ class Cache {
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                   std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets one node leaving its index and counts it in `result`; its host
+  // copy goes to `dropped`.
+  void DropNodeLocked(ModelState& state, IndexNode* n, std::vector<BlockRef>* dropped,
+                      EvictResult* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes every block of `m` (references moved to `dropped`).
   EvictResult ClearModelLocked(ModelState& m, std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -401,16 +478,62 @@ class Cache {
   static constexpr uint64_t kTokenStateAllocationOverhead = 16;
   // What a lease holds besides its block references, for the metadata budget.
   static uint64_t LeaseMetadataBytes(uint64_t tokens, uint64_t blocks) {
-    return 128 + tokens * sizeof(Token) + blocks * sizeof(BlockRef);
+    return 128 + tokens * sizeof(Token) + blocks * sizeof(TieredBlock);
   }
   // How many blocks of `path` a reader may get: all with `accept_lossy`,
   // else those before the first one stored lossy.
   static size_t ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lossy);
   // How many of `blocks` come before the first one stored lossy.
-  static size_t ExactBlocks(std::span<const BlockRef> blocks);
-  // A plan of `blocks` of model `m`: all with `accept_lossy`, else up to the
-  // first lossy one; stamped with the model's lossless epoch.
-  static FetchPlan MakePlan(const ModelState& m, std::vector<BlockRef> blocks, bool accept_lossy);
+  static size_t ExactBlocks(std::span<const TieredBlock> blocks);
+  // The head of a plan of `blocks` of model `m`: all with `accept_lossy`,
+  // else up to the first lossy one (`blocks` is cut there); stamped with the
+  // model's lossless epoch. FinishPlan fills in the blocks.
+  static FetchPlan MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
+                            bool accept_lossy);
+  // Puts `blocks` (of `index`) into `plan`, reading lower-only blocks back
+  // first; the plan ends before a block that could not be read.
+  FetchPlan FinishPlan(FetchPlan plan, const PrefixIndex* index, std::vector<TieredBlock> blocks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads the lower-only blocks of `blocks` into host payloads (pool memory
+  // when the host is below its high watermark, else the heap); returns how
+  // many blocks from the first are readable. Promotes what it read into pool
+  // memory; drops a block whose copy fails its checksum. Called without mu_.
+  size_t LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The policy that ranks `node`: the host's while it has a host copy.
+  EvictionPolicy* PolicyFor(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return node.payload != nullptr ? policy_.get() : lower_policy_.get();
+  }
+  void TouchLocked(IndexNode* node, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node of `index` with `lookup_hash` if the index still belongs to a
+  // model; nullptr otherwise.
+  IndexNode* RefindLocked(const PrefixIndex* index, uint64_t lookup_hash) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `node`'s host copy (into `dropped`), leaving its lower copy.
+  // REQUIRES: node->payload and node->lower set.
+  void DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `node` a host copy again (a promotion or a restore).
+  void SetHostCopyLocked(IndexNode* node, BlockRef payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `node`'s lower copy, if any (stale after its host copy changed).
+  void DropLowerCopyLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the admission gate and the write budget let `node` be written
+  // to the lower tier now (consumes budget when it does).
+  bool AdmitLowerLocked(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts one lower-only leaf nothing else references; false when none.
+  bool EvictLowerOneLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a copy of `payload` to the lower tier, evicting lower blocks for
+  // room (a bounded number of times).
+  absl::StatusOr<StoredRef> WriteLower(uint64_t key, const BlockPayload& payload)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  enum class DemoteOutcome : uint8_t { kNothing, kDemoted, kCleanDrop, kEvicted, kRaced };
+  // The move primitive for host -> lower: picks the host policy's victim,
+  // writes it outside the lock and installs the copy only if the block did
+  // not change meanwhile. `refused` counts a refusal by the gate or budget.
+  DemoteOutcome DemoteOne(uint64_t* bytes, bool* refused) ABSL_LOCKS_EXCLUDED(mu_);
+  // Committed host bytes: the pool's allocated bytes less appends in flight.
+  uint64_t CommittedHostBytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts least recently used blocks until the committed blocks leave
   // append_staging_bytes of the pool free and metadata is within
   // max_metadata_bytes, or nothing more is evictable. Returns blocks evicted.
@@ -431,15 +554,18 @@ class Cache {
   void SwapCompactedLocked(std::vector<CompactionJob>& jobs, const std::vector<float>& all_scores,
                            std::vector<BlockRef>* dropped, CompactionResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts one block; false when nothing is evictable.
-  bool EvictOneForSpace();
+  // Makes room in the pool: demotes a block when there is a lower tier,
+  // else evicts one. False when nothing could be moved or evicted.
+  bool MakeRoomForSpace();
 
   const CacheOptions options_;
   const std::unique_ptr<SlabPool> pool_;
   Clock* const clock_;
+  const std::shared_ptr<BlockStore> lower_;  // null: one tier
 
   mutable Mutex mu_;
-  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks
+  std::unique_ptr<EvictionPolicy> lower_policy_ ABSL_GUARDED_BY(mu_);  // lower-only blocks
   absl::btree_map<ModelKey, std::unique_ptr<ModelState>> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
@@ -464,6 +590,10 @@ class Cache {
   absl::flat_hash_set<const IndexNode*> compacting_ ABSL_GUARDED_BY(mu_);
   ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
   uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
+  TierCounters tier_ ABSL_GUARDED_BY(mu_);
+  // The lower tier's write budget: bytes that may be written now, and when.
+  double write_budget_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time write_budget_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // Receives one append's KV bytes and stores its new blocks on Commit().
@@ -504,8 +634,9 @@ class AppendSession {
   struct HashState;
   AppendSession(Cache* cache, ModelKey model, ModelLayout layout, std::vector<Token> tokens,
                 uint64_t start_block, AppendHints hints, std::vector<uint64_t> checksums,
-                std::vector<uint64_t> keys, BlockHashes hashes, std::vector<BlockRef> pinned,
-                std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers);
+                std::vector<uint64_t> keys, BlockHashes hashes,
+                std::vector<Cache::TieredBlock> pinned, std::vector<BlockPlan> plan,
+                std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
   // The pinned flags of block `index` of the sequence; empty when none.
   // hints_.protected_ranges is sorted and disjoint.
@@ -531,7 +662,7 @@ class AppendSession {
   const PrefixIndex* index_ = nullptr;
   // References to the blocks that were cached when the session began (the
   // prefix and blocks to deduplicate): they cannot be evicted for space.
-  std::vector<BlockRef> pinned_;
+  std::vector<Cache::TieredBlock> pinned_;
   std::vector<BlockPlan> plan_;                 // per new block
   std::vector<BlockRef> new_blocks_;            // per new block: the payload written, or null
   std::vector<uint64_t> digests_;               // per new block, once complete

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "server/core/block_store.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/slab_pool.h"
@@ -56,6 +57,26 @@ struct ScoreHistogram {
   }
 };
 
+// What the cache did across its tiers (docs/tiers.md).
+struct TierCounters {
+  uint64_t lower_blocks = 0;         // blocks with a lower-tier copy
+  uint64_t lower_payload_bytes = 0;  // their sizes
+  uint64_t lower_only_blocks = 0;    // of those, without a host copy
+  uint64_t demotions = 0;            // host -> lower writes
+  uint64_t demoted_bytes = 0;
+  uint64_t clean_drops = 0;  // host copies dropped with no write (already below)
+  uint64_t promotions = 0;   // lower -> host on a fetch
+  uint64_t promoted_bytes = 0;
+  uint64_t lower_reads = 0;  // blocks a fetch read back
+  uint64_t lower_read_bytes = 0;
+  uint64_t lower_evictions = 0;         // evicted from the lower tier for room
+  uint64_t admissions_refused = 0;      // by the frequency gate or the write budget
+  uint64_t not_admitted_evictions = 0;  // host blocks evicted instead of demoted
+  uint64_t lower_write_failures = 0;    // writes the lower tier refused (full, I/O)
+  uint64_t checksum_failures = 0;       // lower copies that failed verification: dropped
+  uint64_t migrate_passes = 0;
+};
+
 struct CacheStats {
   std::vector<ModelStats> models;
   SlabPoolStats host_pool;
@@ -71,6 +92,10 @@ struct CacheStats {
   uint64_t metadata_bytes = 0;       // index nodes, tokens, importance state, lease tokens
   uint64_t staged_bytes = 0;         // pool memory of appends in flight
   uint64_t lease_tokens = 0;         // tokens held by live leases
+  // The lower tier, when there is one.
+  bool has_lower = false;
+  BlockStoreStats lower_store;
+  TierCounters tiers;
 };
 
 }  // namespace kvcache

@@ -56,7 +56,7 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
       if (lease.model != model) continue;
       const size_t keep = ExactBlocks(lease.blocks);
       auto lossy = lease.blocks.begin() + static_cast<ptrdiff_t>(keep);
-      for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(std::move(*it));
+      for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(std::move(it->host));
       lease.blocks.erase(lossy, lease.blocks.end());
       lease.matched_tokens = keep * m.layout.block_tokens;
     }
@@ -407,6 +407,7 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
     const uint64_t delta = job.old->size() - job.encoded->size();
     const uint64_t saved = job.old->footprint() - job.encoded->footprint();
     job.node->payload = job.encoded;
+    DropLowerCopyLocked(job.node);  // a raw copy below no longer matches the seal
     BlockTokenState& ts = job.node->mutable_tokens_state();
     ts.compressed = true;
     ts.num_int8 = job.num_int8;

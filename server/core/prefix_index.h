@@ -35,6 +35,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "server/core/block.h"
+#include "server/core/block_store.h"
 #include "server/core/layout.h"
 #include "server/core/token_state.h"
 
@@ -55,11 +56,15 @@ struct BlockHashes {
 // A cached block. The fields a lookup reads or writes come first, in the
 // node's first two cache lines (a node is 64-byte aligned); its tokens follow
 // the node in the same allocation.
+//
+// A block lives in host memory (`payload`), in the lower tier (`lower`), or
+// in both (a host copy of a block also on SSD is clean: dropping it needs no
+// write). At least one of the two is set.
 struct IndexNode {
   IndexNode* parent = nullptr;  // nullptr for a first block
-  BlockRef payload;
-  uint64_t key = 0;    // chained over tokens[0 .. (depth+1)*block_tokens)
-  uint32_t depth = 0;  // block index in the sequence
+  BlockRef payload;             // the host copy, or null
+  uint64_t key = 0;             // chained over tokens[0 .. (depth+1)*block_tokens)
+  uint32_t depth = 0;           // block index in the sequence
   uint32_t num_children = 0;
   // Owned by the cache's EvictionPolicy (e.g. LRU list links); null while
   // the node is not tracked.
@@ -77,8 +82,15 @@ struct IndexNode {
   uint64_t metadata_bytes = 0;
   int32_t priority = 0;
   uint8_t workload = 0;
+  // Lookups, fetches and appends that used the block (saturating); the lower
+  // tier's admission gate reads it.
+  uint16_t references = 0;
+  StoredRef lower;  // the copy in the lower tier, or null
 
   bool is_leaf() const { return num_children == 0; }
+  bool in_host() const { return payload != nullptr; }
+  // The seal of the block, from whichever copy it has.
+  const BlockSeal seal() const { return payload != nullptr ? payload->seal() : lower->seal(); }
   // Per-token importance inputs and the block's precision (token_state.h);
   // an empty state until something is set (most blocks of a model that does
   // not compress never have any, and pay 8 bytes for it).
@@ -128,6 +140,14 @@ class PrefixIndex {
   // The child of `parent` (nullptr: the root) whose tokens are `block`, or
   // nullptr. REQUIRES: block.size() == block_tokens().
   IndexNode* FindChild(const IndexNode* parent, std::span<const Token> block) const;
+
+  // The node whose lookup hash is `lookup_hash`, or nullptr: how a caller
+  // that let go of the lock finds a node again without keeping a pointer
+  // that may dangle.
+  IndexNode* FindByLookupHash(uint64_t lookup_hash) const {
+    auto it = nodes_.find(lookup_hash);
+    return it == nodes_.end() ? nullptr : it->second;
+  }
 
   // Adds a child of `parent` (nullptr: the root) for `block` holding `payload`.
   // Returns nullptr without inserting when a child with the same tokens

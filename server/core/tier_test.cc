@@ -1,0 +1,274 @@
+// The Cache over two tiers: host memory and a lower tier (a MemoryBlockStore
+// standing in for the SSD). Demotion, promotion, admission, the lower tier's
+// own eviction, leases across tiers, and corrupt copies that must never be
+// served.
+#include <thread>
+
+#include "server/core/cache_test_util.h"
+#include "server/core/memory_block_store.h"
+
+namespace kvcache {
+namespace cache_test {
+namespace {
+
+class TierTest : public CacheTest {
+ protected:
+  void SetUp() override {}
+
+  // A host tier of `slabs` 64 KiB slabs over a lower tier of `lower_bytes`.
+  void MakeTiered(uint64_t slabs, uint64_t lower_bytes, CacheOptions options = {}) {
+    cache_.reset();
+    auto pool = SlabPool::Create(
+        {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    lower_ = MemoryBlockStore::Create(lower_bytes);
+    cache_ = std::make_unique<Cache>(options, *std::move(pool), NewLruPolicy(), &clock_, lower_,
+                                     NewLruPolicy());
+  }
+
+  // Appends sequences 0..n-1 of `blocks` blocks each (Big: 8 KiB blocks).
+  void AppendSequences(uint32_t n, uint32_t blocks) {
+    for (uint32_t s = 0; s < n; ++s) {
+      auto r = Append(*cache_, Big(), SequenceOf(s, blocks));
+      ASSERT_TRUE(r.ok()) << "sequence " << s << ": " << r.status();
+    }
+  }
+  static std::vector<Token> SequenceOf(uint32_t s, uint32_t blocks) {
+    Ids ids;
+    for (uint32_t b = 0; b < blocks; ++b) ids.push_back(s * 100 + b + 1);
+    return Seq(ids);
+  }
+
+  TierCounters Tiers() const { return cache_->GetStats().tiers; }
+
+  std::shared_ptr<MemoryBlockStore> lower_;
+};
+
+TEST_F(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
+  MakeTiered(4, 4 << 20);  // host: 32 blocks of 8 KiB; lower: 512
+  Register(Big());
+  AppendSequences(20, 4);  // 80 blocks: 2.5x the host
+  const CacheStats stats = cache_->GetStats();
+  EXPECT_EQ(stats.blocks, 80u);
+  EXPECT_GT(stats.tiers.demotions, 0u);
+  EXPECT_EQ(stats.tiers.lower_evictions, 0u);
+  EXPECT_EQ(stats.capacity_evictions, 0u);
+  EXPECT_EQ(stats.lower_store.live_copies, stats.tiers.lower_blocks);
+  // Every sequence is still whole, whichever tier holds it, and every byte
+  // fetched back is the byte appended.
+  for (uint32_t s = 0; s < 20; ++s) {
+    const std::vector<Token> tokens = SequenceOf(s, 4);
+    EXPECT_EQ(Matched(Big(), tokens), 4 * kBt) << "sequence " << s;
+    EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt) << "sequence " << s;
+  }
+  EXPECT_GT(Tiers().lower_reads, 0u);
+}
+
+TEST_F(TierTest, LookupSaysWhichTierHoldsEachBlock) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);  // 48 blocks; the first sequences were demoted
+  auto first = cache_->Lookup(Big().key, SequenceOf(0, 4));
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->blocks.size(), 4u);
+  for (const BlockInfo& b : first->blocks) EXPECT_EQ(b.tier, BlockTier::kLower);
+  auto last = cache_->Lookup(Big().key, SequenceOf(11, 4));
+  ASSERT_TRUE(last.ok());
+  for (const BlockInfo& b : last->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
+  // The descriptors are the same as when the block was in host memory.
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  EXPECT_EQ(first->blocks[2].checksum, Checksum(Pattern(Big(), tokens, 2)));
+  EXPECT_EQ(first->blocks[2].key, PrefixKey(tokens, 2));
+}
+
+TEST_F(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  // Make room so the fetch may promote.
+  while (cache_->NeedsMigration()) cache_->Migrate();
+  const uint64_t writes_before = lower_->GetStats().writes;
+  const uint64_t demotions_before = Tiers().demotions;
+  EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
+  EXPECT_EQ(Tiers().promotions, 4u);
+  auto again = cache_->Lookup(Big().key, tokens);
+  ASSERT_TRUE(again.ok());
+  for (const BlockInfo& b : again->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
+  // Push the promoted blocks out again: they are still below, so no write.
+  AppendSequences(24, 4);
+  EXPECT_GE(Tiers().clean_drops, 4u);
+  // Writes are demotions only: the clean drops wrote nothing.
+  EXPECT_EQ(lower_->GetStats().writes - writes_before, Tiers().demotions - demotions_before);
+  EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
+}
+
+TEST_F(TierTest, MigrateBringsTheHostBelowItsLowWatermark) {
+  CacheOptions options;
+  options.tiers.host_high_watermark = 0.5;
+  options.tiers.host_low_watermark = 0.25;
+  MakeTiered(8, 4 << 20, options);
+  Register(Big());
+  AppendSequences(10, 4);  // 40 of 64 host blocks: past the high watermark
+  ASSERT_TRUE(cache_->NeedsMigration());
+  MigrationResult r;
+  while (cache_->NeedsMigration() || r.demoted_blocks == 0) {
+    const MigrationResult pass = cache_->Migrate();
+    r.demoted_blocks += pass.demoted_blocks;
+    if (pass.demoted_blocks == 0) break;
+  }
+  EXPECT_FALSE(cache_->NeedsMigration());
+  EXPECT_LE(Allocated(), 8 * kSlab / 4);
+  EXPECT_GT(r.demoted_blocks, 0u);
+  for (uint32_t s = 0; s < 10; ++s) EXPECT_EQ(Fetched(Big(), SequenceOf(s, 4)), 4 * kBt);
+}
+
+TEST_F(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  // A lease holds the same copies as the index.
+  auto leased = cache_->Lookup(Big().key, tokens, {.acquire = true});
+  ASSERT_TRUE(leased.ok());
+  ASSERT_EQ(leased->blocks[2].tier, BlockTier::kLower);
+  ASSERT_EQ(lower_->Corrupt(PrefixKey(tokens, 2), 100), 1);
+  auto plan = cache_->PrepareFetch(Big().key, tokens);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->matched_tokens, 2 * kBt);  // ends before the corrupt block
+  EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));
+  EXPECT_EQ(Tiers().checksum_failures, 1u);
+  EXPECT_EQ(StatsOf(Big()).corrupt_blocks, 1u);
+  // The block (and the one below it) left the cache.
+  EXPECT_EQ(Matched(Big(), tokens), 2 * kBt);
+  // The lease's copy is the same corrupt one: its fetch stops there too.
+  auto lease_plan = cache_->PrepareFetchLease(Big().key, leased->lease_id);
+  ASSERT_TRUE(lease_plan.ok());
+  EXPECT_EQ(lease_plan->matched_tokens, 2 * kBt);
+  EXPECT_TRUE(PlanHolds(*lease_plan, Big(), tokens));
+}
+
+TEST_F(TierTest, TheAdmissionGateEvictsBlocksUsedOnce) {
+  CacheOptions options;
+  options.tiers.lower_admit_min_references = 3;  // append + two uses
+  MakeTiered(4, 4 << 20, options);
+  Register(Big());
+  const std::vector<Token> hot = SequenceOf(0, 4);
+  ASSERT_TRUE(Append(*cache_, Big(), hot).ok());
+  EXPECT_EQ(Matched(Big(), hot), 4 * kBt);
+  AppendSequences(12, 4);  // sequences 1..11 are used once; 0 (in the list again) hot
+  const TierCounters t = Tiers();
+  EXPECT_GT(t.admissions_refused, 0u);
+  EXPECT_EQ(t.admissions_refused, t.not_admitted_evictions);
+  // Only the hot sequence reached the lower tier; cold ones were evicted.
+  EXPECT_EQ(Matched(Big(), hot), 4 * kBt);
+  EXPECT_EQ(Matched(Big(), SequenceOf(1, 4)), 0u);
+  EXPECT_EQ(t.demotions, 4u);
+}
+
+TEST_F(TierTest, TheWriteBudgetSparesTheDevice) {
+  CacheOptions options;
+  options.tiers.lower_write_bytes_per_second = 3 * 8192;  // three blocks a second
+  MakeTiered(4, 4 << 20, options);
+  Register(Big());
+  AppendSequences(12, 4);
+  TierCounters t = Tiers();
+  EXPECT_EQ(t.demotions, 3u);
+  EXPECT_GT(t.admissions_refused, 0u);
+  clock_.Advance(absl::Seconds(1));  // the bucket refills
+  AppendSequences(14, 4);
+  t = Tiers();
+  EXPECT_EQ(t.demotions, 6u);
+}
+
+TEST_F(TierTest, AFullLowerTierEvictsItsColdestLeaves) {
+  MakeTiered(4, 128 << 10);  // lower: 16 blocks
+  Register(Big());
+  AppendSequences(20, 4);  // 80 blocks > 32 + 16
+  const CacheStats stats = cache_->GetStats();
+  EXPECT_GT(stats.tiers.lower_evictions, 0u);
+  EXPECT_LE(stats.lower_store.allocated_bytes, uint64_t{128} << 10);
+  // The newest sequences are whole; every byte served is right.
+  for (uint32_t s = 0; s < 20; ++s) {
+    const std::vector<Token> tokens = SequenceOf(s, 4);
+    const uint64_t got = Fetched(Big(), tokens);
+    if (s >= 17) EXPECT_EQ(got, 4 * kBt) << "sequence " << s;
+  }
+}
+
+TEST_F(TierTest, ALeaseKeepsALowerBlockReadableAfterItLeaves) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  auto leased = cache_->Lookup(Big().key, tokens, {.acquire = true});
+  ASSERT_TRUE(leased.ok());
+  ASSERT_TRUE(cache_->EvictPrefix(Big().key, std::span(tokens).first(kBt)).ok());
+  EXPECT_EQ(Matched(Big(), tokens), 0u);
+  auto plan = cache_->PrepareFetchLease(Big().key, leased->lease_id);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->matched_tokens, 4 * kBt);
+  EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));
+  EXPECT_EQ(Tiers().promotions, 0u);  // nothing to promote into: the blocks left
+}
+
+TEST_F(TierTest, UnregisterAndEvictFreeTheLowerTier) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);
+  ASSERT_GT(lower_->GetStats().live_copies, 0u);
+  ASSERT_TRUE(cache_->EvictModel(Big().key).ok());
+  EXPECT_EQ(lower_->GetStats().live_copies, 0u);
+  EXPECT_EQ(Tiers().lower_blocks, 0u);
+  EXPECT_EQ(Tiers().lower_only_blocks, 0u);
+  EXPECT_EQ(cache_->GetStats().payload_bytes, 0u);
+}
+
+// Many workers over tiny tiers: constant demotion, promotion and lower-tier
+// eviction; every byte any of them fetches must be the byte appended.
+TEST_F(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
+  CacheOptions options;
+  options.tiers.host_high_watermark = 0.6;
+  options.tiers.host_low_watermark = 0.3;
+  MakeTiered(4, 256 << 10, options);
+  Register(Big());
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> fetched_blocks{0}, bad{0};
+  std::thread migrator([&] {
+    while (!stop.load()) {
+      if (cache_->Migrate().demoted_blocks == 0) std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 16; ++w) {
+    workers.emplace_back([&, w] {
+      std::mt19937 rng(w);
+      for (int i = 0; i < 1500; ++i) {
+        const std::vector<Token> tokens = SequenceOf(rng() % 40, 1 + rng() % 4);
+        if (rng() % 3 == 0) {
+          auto r = Append(*cache_, Big(), tokens);
+          if (!r.ok() && !absl::IsResourceExhausted(r.status()) && !absl::IsAborted(r.status())) {
+            ++bad;
+          }
+        } else {
+          auto plan = cache_->PrepareFetch(Big().key, tokens);
+          if (!plan.ok() || !PlanHolds(*plan, Big(), tokens)) ++bad;
+          if (plan.ok()) fetched_blocks += plan->blocks.size();
+        }
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  stop = true;
+  migrator.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(fetched_blocks.load(), 0u);
+  const CacheStats stats = cache_->GetStats();
+  EXPECT_GT(stats.tiers.demotions, 0u);
+  EXPECT_EQ(stats.tiers.checksum_failures, 0u);
+  EXPECT_EQ(stats.lower_store.live_copies, stats.tiers.lower_blocks);
+}
+
+}  // namespace
+}  // namespace cache_test
+}  // namespace kvcache

@@ -1,0 +1,258 @@
+// The Cache's tier moves: demotion of host blocks to the lower tier, the
+// lower tier's eviction, reading lower blocks back for a fetch, and
+// promotion. See cache.h ("Tiers") and docs/tiers.md.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/cache.h"
+
+namespace kvcache {
+namespace {
+
+// Evictions from the lower tier one write may cause before it gives up
+// (its size class may need several).
+constexpr int kMaxLowerEvictionsPerWrite = 32;
+
+}  // namespace
+
+IndexNode* Cache::RefindLocked(const PrefixIndex* index, uint64_t lookup_hash) const {
+  if (index == nullptr || !by_index_.contains(index)) return nullptr;
+  return index->FindByLookupHash(lookup_hash);
+}
+
+void Cache::DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped) {
+  policy_->Erase(node);
+  payload_bytes_ -= node->payload->size();
+  dropped->push_back(std::move(node->payload));
+  lower_policy_->Insert(node);
+  ++tier_.lower_only_blocks;
+}
+
+void Cache::SetHostCopyLocked(IndexNode* node, BlockRef payload) {
+  lower_policy_->Erase(node);
+  payload_bytes_ += payload->size();
+  node->payload = std::move(payload);
+  policy_->Insert(node);
+  --tier_.lower_only_blocks;
+}
+
+void Cache::DropLowerCopyLocked(IndexNode* node) {
+  if (node->lower == nullptr) return;
+  --tier_.lower_blocks;
+  tier_.lower_payload_bytes -= node->lower->seal().size;
+  node->lower.reset();
+}
+
+bool Cache::AdmitLowerLocked(const IndexNode& node) {
+  const TierOptions& o = options_.tiers;
+  if (node.references < o.lower_admit_min_references) return false;
+  if (o.lower_write_bytes_per_second == 0) return true;
+  const double rate = static_cast<double>(o.lower_write_bytes_per_second);
+  const absl::Time now = clock_->Now();
+  if (write_budget_at_ == absl::InfinitePast()) {
+    write_budget_ = rate;
+  } else {
+    write_budget_ =
+        std::min(rate, write_budget_ + rate * absl::ToDoubleSeconds(now - write_budget_at_));
+  }
+  write_budget_at_ = now;
+  const double size = static_cast<double>(node.payload->size());
+  if (write_budget_ < size) return false;
+  write_budget_ -= size;
+  return true;
+}
+
+bool Cache::EvictLowerOneLocked(std::vector<BlockRef>* dropped) {
+  // A lower-only leaf that nothing but the index references (leases and
+  // reads in flight hold the copy too).
+  IndexNode* victim = lower_policy_->PickVictim(
+      [](const IndexNode& n) { return n.is_leaf() && n.lower.use_count() == 1; });
+  if (victim == nullptr) return false;
+  RemoveSubtreeLocked(*by_index_.at(victim->index), victim, dropped);
+  ++tier_.lower_evictions;
+  return true;
+}
+
+absl::StatusOr<StoredRef> Cache::WriteLower(uint64_t key, const BlockPayload& payload) {
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<StoredRef> copy = lower_->Write(key, payload);
+    if (copy.ok() || !absl::IsResourceExhausted(copy.status()) ||
+        attempt == kMaxLowerEvictionsPerWrite) {
+      return copy;
+    }
+    std::vector<BlockRef> dropped;  // freed after the lock
+    MutexLock lock(&mu_);
+    if (!EvictLowerOneLocked(&dropped)) return copy;
+  }
+}
+
+Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
+  *refused = false;
+  const PrefixIndex* index;
+  uint64_t lookup_hash, key;
+  BlockRef payload;  // keeps the victim from being picked (or compacted) twice
+  {
+    std::vector<BlockRef> dropped;  // freed after the lock
+    MutexLock lock(&mu_);
+    ExpireLeasesLocked(clock_->Now());
+    IndexNode* victim =
+        policy_->PickVictim([](const IndexNode& n) { return n.payload.use_count() == 1; });
+    if (victim == nullptr) return DemoteOutcome::kNothing;
+    if (victim->lower != nullptr) {  // clean: the lower tier has it already
+      *bytes = victim->payload->size();
+      DropHostCopyLocked(victim, &dropped);
+      ++tier_.clean_drops;
+      return DemoteOutcome::kCleanDrop;
+    }
+    if (!AdmitLowerLocked(*victim)) {
+      *refused = true;
+      ++tier_.admissions_refused;
+      // Not worth an SSD write: evict it, or the host's coldest leaf when it
+      // has children (they stay, below it).
+      if (victim->is_leaf()) {
+        RemoveSubtreeLocked(*by_index_.at(victim->index), victim, &dropped);
+      } else if (!EvictOneLocked(&dropped)) {
+        return DemoteOutcome::kNothing;
+      }
+      ++tier_.not_admitted_evictions;
+      ++capacity_evictions_;
+      return DemoteOutcome::kEvicted;
+    }
+    index = victim->index;
+    lookup_hash = victim->lookup_hash;
+    key = victim->key;
+    payload = victim->payload;
+  }
+  // The write, outside the lock.
+  absl::StatusOr<StoredRef> copy = WriteLower(key, *payload);
+
+  std::vector<BlockRef> dropped;
+  MutexLock lock(&mu_);
+  IndexNode* node = RefindLocked(index, lookup_hash);
+  if (node == nullptr || node->payload != payload) return DemoteOutcome::kRaced;
+  if (!copy.ok()) {
+    ++tier_.lower_write_failures;
+    // The lower tier cannot take it: evict it instead, if it is still a
+    // leaf only we (and the index) hold.
+    if (node->is_leaf() && node->payload.use_count() == 2) {
+      RemoveSubtreeLocked(*by_index_.at(index), node, &dropped);
+      ++tier_.not_admitted_evictions;
+      ++capacity_evictions_;
+      return DemoteOutcome::kEvicted;
+    }
+    return DemoteOutcome::kRaced;
+  }
+  node->lower = *std::move(copy);
+  ++tier_.lower_blocks;
+  tier_.lower_payload_bytes += payload->size();
+  ++tier_.demotions;
+  tier_.demoted_bytes += payload->size();
+  *bytes = payload->size();
+  DropHostCopyLocked(node, &dropped);
+  return DemoteOutcome::kDemoted;
+}
+
+uint64_t Cache::CommittedHostBytes() const {
+  const uint64_t allocated = pool_->GetStats().allocated_bytes;
+  MutexLock lock(&mu_);
+  return allocated - std::min(allocated, staged_bytes_);
+}
+
+bool Cache::NeedsMigration() const {
+  if (lower_ == nullptr) return false;
+  const double capacity = static_cast<double>(pool_->GetStats().capacity_bytes);
+  return static_cast<double>(CommittedHostBytes()) > options_.tiers.host_high_watermark * capacity;
+}
+
+MigrationResult Cache::Migrate() {
+  MigrationResult result;
+  if (!NeedsMigration()) return result;
+  const uint64_t capacity = pool_->GetStats().capacity_bytes;
+  uint64_t target =
+      static_cast<uint64_t>(options_.tiers.host_low_watermark * static_cast<double>(capacity));
+  target = std::min(target, capacity - std::min(capacity, options_.append_staging_bytes));
+  for (uint32_t i = 0; i < options_.tiers.max_demotions_per_pass && CommittedHostBytes() > target;
+       ++i) {
+    uint64_t bytes = 0;
+    bool refused = false;
+    const DemoteOutcome outcome = DemoteOne(&bytes, &refused);
+    if (outcome == DemoteOutcome::kNothing) break;
+    switch (outcome) {
+      case DemoteOutcome::kDemoted:
+        ++result.demoted_blocks;
+        result.demoted_bytes += bytes;
+        break;
+      case DemoteOutcome::kCleanDrop:
+        ++result.clean_drops;
+        break;
+      case DemoteOutcome::kEvicted:
+        ++result.evicted_blocks;
+        if (refused) ++result.refused_blocks;
+        break;
+      default:
+        break;
+    }
+  }
+  MutexLock lock(&mu_);
+  ++tier_.migrate_passes;
+  return result;
+}
+
+size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks) {
+  // Read into pool memory (to promote) while the host has room; else into
+  // the heap, for this fetch only.
+  const bool promote = options_.tiers.promote_on_fetch && !NeedsMigration();
+  std::vector<StoredRead> reads;
+  std::vector<size_t> which;
+  std::vector<bool> pooled;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    TieredBlock& b = blocks[i];
+    if (b.host != nullptr) continue;
+    const uint64_t size = b.lower->seal().size;
+    BlockRef into;
+    if (promote) {
+      absl::StatusOr<Allocation> a = pool_->Allocate(size);
+      if (a.ok()) into = std::make_shared<BlockPayload>(pool_.get(), *a, size);
+    }
+    pooled.push_back(into != nullptr);
+    if (into == nullptr) into = BlockPayload::FromHeap(size);
+    reads.push_back({.copy = b.lower.get(), .out = into->mutable_data()});
+    which.push_back(i);
+    b.host = std::move(into);
+  }
+  lower_->ReadBatch(std::span<StoredRead>(reads));
+
+  size_t readable = blocks.size();
+  std::vector<BlockRef> dropped;  // freed after the lock
+  MutexLock lock(&mu_);
+  for (size_t k = 0; k < reads.size(); ++k) {
+    TieredBlock& b = blocks[which[k]];
+    IndexNode* node = RefindLocked(index, b.lookup_hash);
+    const bool same = node != nullptr && node->payload == nullptr && node->lower == b.lower;
+    if (!reads[k].status.ok()) {
+      readable = std::min(readable, which[k]);
+      if (absl::IsDataLoss(reads[k].status)) {
+        // Never served: the block leaves the cache (with what hangs below it).
+        ++tier_.checksum_failures;
+        if (same) {
+          ModelState& m = *by_index_.at(index);
+          ++m.corrupt_blocks;
+          RemoveSubtreeLocked(m, node, &dropped);
+        }
+      }
+      continue;
+    }
+    b.host->SealAs(b.lower->seal());
+    ++tier_.lower_reads;
+    tier_.lower_read_bytes += b.host->size();
+    if (pooled[k] && same) {
+      tier_.promoted_bytes += b.host->size();
+      ++tier_.promotions;
+      SetHostCopyLocked(node, b.host);
+    }
+  }
+  return readable;
+}
+
+}  // namespace kvcache
