@@ -1,10 +1,12 @@
 // kvcached: the KV-cache daemon.
 //
 // Builds the configuration (embedded defaults < --config file < flags),
-// validates and logs it, creates the host-memory cache, starts the metrics
-// endpoint, the shared-memory data plane and the gRPC server, runs the periodic work (lease expiry,
-// importance compaction, weight calibration), and serves until SIGTERM or SIGINT, which
-// drain in-flight calls (up to drain_timeout_seconds) and exit 0.
+// validates and logs it, creates the cache over its tiers (host memory and,
+// when configured, SSD), starts the metrics endpoint, the shared-memory data
+// plane and the gRPC server, runs the periodic work (lease expiry, importance
+// compaction, weight calibration) and the tier migrator, and serves until
+// SIGTERM or SIGINT, which drain in-flight calls (up to
+// drain_timeout_seconds) and exit 0.
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/config/calibration_file.h"
 #include "server/config/config.h"
@@ -27,6 +30,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/server.h"
 #include "server/shm/shm_server.h"
+#include "server/tier/ssd_block_store.h"
 
 #ifndef KVCACHE_VERSION
 #define KVCACHE_VERSION "dev"
@@ -47,6 +51,8 @@ struct Flags {
   bool allow_insecure_remote = false;
   uint64_t capacity_bytes = 0;
   uint64_t slab_bytes = 0;
+  std::string ssd_path;
+  uint64_t ssd_capacity_bytes = 0;
   std::string log_level;
   bool print_default_config = false;
 };
@@ -60,6 +66,8 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.metrics_address.empty()) c->mutable_listen()->set_metrics_address(f.metrics_address);
   if (f.capacity_bytes != 0) c->mutable_host_tier()->set_capacity_bytes(f.capacity_bytes);
   if (f.slab_bytes != 0) c->mutable_host_tier()->set_slab_bytes(f.slab_bytes);
+  if (!f.ssd_path.empty()) c->mutable_ssd_tier()->set_path(f.ssd_path);
+  if (f.ssd_capacity_bytes != 0) c->mutable_ssd_tier()->set_capacity_bytes(f.ssd_capacity_bytes);
   if (!f.log_level.empty()) c->mutable_logging()->set_level(f.log_level);
 }
 
@@ -181,6 +189,56 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
   }
 }
 
+// Demotes cold host blocks to the lower tier whenever the host is past its
+// high watermark, until `stopping`.
+void RunMigrator(Cache& cache, const std::atomic<bool>& stopping) {
+  while (!stopping.load()) {
+    if (!cache.NeedsMigration()) {
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
+    }
+    const absl::Time start = absl::Now();
+    const MigrationResult r = cache.Migrate();
+    spdlog::debug(
+        "migration: {} blocks ({} bytes) demoted to ssd, {} clean host copies dropped, {} "
+        "evicted ({} not admitted) in {:.1f} ms",
+        r.demoted_blocks, r.demoted_bytes, r.clean_drops, r.evicted_blocks, r.refused_blocks,
+        absl::ToDoubleMilliseconds(absl::Now() - start));
+    if (r.demoted_blocks + r.clean_drops + r.evicted_blocks == 0) {
+      absl::SleepFor(absl::Milliseconds(20));  // nothing movable now (all leased or in use)
+    }
+  }
+}
+
+// The SSD tier of ssd_tier, or null when it is off. An error when it cannot be
+// opened and on_open_failure is "refuse".
+absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig& c) {
+  if (c.path().empty()) return nullptr;
+  SsdStoreOptions options{.path = c.path(),
+                          .capacity_bytes = c.capacity_bytes(),
+                          .region_bytes = c.region_bytes(),
+                          .direct_io = c.direct_io(),
+                          .engine = c.io_engine() == "io_uring" ? SsdIoEngine::kIoUring
+                                    : c.io_engine() == "threads" ? SsdIoEngine::kThreadPool
+                                                                 : SsdIoEngine::kAuto,
+                          .io_threads = c.io_threads(),
+                          .epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
+  absl::StatusOr<std::shared_ptr<BlockStore>> store = OpenSsdBlockStore(options);
+  if (!store.ok()) {
+    if (c.on_open_failure() == "skip") {
+      spdlog::error("ssd tier: {}; running without it (ssd_tier.on_open_failure is skip)",
+                    store.status().ToString());
+      return nullptr;
+    }
+    return absl::Status(store.status().code(),
+                        absl::StrCat("ssd tier at ", c.path(), ": ", store.status().message()));
+  }
+  const SsdStoreStats s = SsdStatsOf(**store);
+  spdlog::info("ssd tier: {} bytes at {}, {} I/O, engine {}", s.capacity_bytes, c.path(),
+               s.direct_io ? "direct" : "buffered (the file system refused O_DIRECT)", s.engine);
+  return store;
+}
+
 int Serve(const v1::ServerConfig& config) {
   sigset_t signals = StopSignals();
   spdlog::set_level(spdlog::level::from_str(config.logging().level()));
@@ -230,7 +288,19 @@ int Serve(const v1::ServerConfig& config) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
   }
-  Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get());
+  absl::StatusOr<std::shared_ptr<BlockStore>> ssd = OpenSsdTier(config.ssd_tier());
+  if (!ssd.ok()) {
+    spdlog::error("{}", ssd.status().ToString());
+    return 2;
+  }
+  const v1::SsdTierConfig& ssd_config = config.ssd_tier();
+  cache_options.tiers = {.host_high_watermark = config.host_tier().high_watermark(),
+                         .host_low_watermark = config.host_tier().low_watermark(),
+                         .lower_admit_min_references = ssd_config.admit_min_references(),
+                         .lower_write_bytes_per_second = ssd_config.max_write_bytes_per_second(),
+                         .promote_on_fetch = ssd_config.promote_on_fetch()};
+  Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get(), *ssd,
+              *ssd != nullptr ? NewLruPolicy() : nullptr);
 
   auto stats_source = [&cache] { return cache.GetStats(); };
   std::unique_ptr<Metrics> metrics;
@@ -326,6 +396,8 @@ int Serve(const v1::ServerConfig& config) {
   std::atomic<bool> stopping{false};
   std::thread maintenance(
       [&] { RunMaintenance(cache, config.importance(), std::move(calibrated), stopping); });
+  std::thread migrator;
+  if (*ssd != nullptr) migrator = std::thread([&] { RunMigrator(cache, stopping); });
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
@@ -336,6 +408,7 @@ int Serve(const v1::ServerConfig& config) {
   if (shm_server) shm_server->Shutdown();
   stopping = true;
   maintenance.join();
+  if (migrator.joinable()) migrator.join();
   server->reset();  // before the cache: in-flight fetches hold its blocks
   shm_server.reset();
   spdlog::info("kvcached stopped");
@@ -376,6 +449,10 @@ int main(int argc, char** argv) {
   app.add_option("--capacity-bytes", flags.capacity_bytes,
                  "Host-memory tier capacity in bytes (default 1 GiB)");
   app.add_option("--slab-bytes", flags.slab_bytes, "Slab size in bytes (default 4 MiB)");
+  app.add_option("--ssd-path", flags.ssd_path,
+                 "File (or block device) of the SSD tier below host memory; unset: no SSD tier");
+  app.add_option("--ssd-capacity-bytes", flags.ssd_capacity_bytes,
+                 "Bytes of --ssd-path the SSD tier may use (default 16 GiB)");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn or error");
   app.add_flag("--print-default-config", flags.print_default_config,
                "Print the embedded default configuration as JSON and exit");

@@ -183,6 +183,59 @@ int RunStatus(const Context& ctx) {
   return code;
 }
 
+int RunTiers(const Context& ctx) {
+  absl::StatusOr<v1::GetStatsResponse> stats = ctx.client->GetStats();
+  if (!stats.ok()) return Fail(ctx, "tiers", stats.status());
+  if (ctx.json) {
+    v1::GetStatsResponse tiers_only;
+    *tiers_only.mutable_tiers() = stats->tiers();
+    *ctx.out << ToJson(tiers_only) << '\n';
+    return kExitOk;
+  }
+  std::ostream& out = *ctx.out;
+  Table tiers({{"TIER"},
+               {"CAPACITY", true},
+               {"USED", true},
+               {"USED%", true},
+               {"PAYLOAD", true},
+               {"UTIL%", true},
+               {"BLOCKS", true}});
+  for (const v1::TierStats& t : stats->tiers()) {
+    tiers.AddRow({t.name(), HumanBytes(t.capacity_bytes()), HumanBytes(t.used_bytes()),
+                  Percent(t.used_bytes(), t.capacity_bytes()), HumanBytes(t.payload_bytes()),
+                  Percent(t.payload_bytes(), t.used_bytes()), absl::StrCat(t.blocks())});
+  }
+  tiers.Print(out);
+  Table moves({{"TIER"},
+               {"DEMOTED", true},
+               {"WRITTEN", true},
+               {"CLEAN_DROPS", true},
+               {"PROMOTED", true},
+               {"READS", true},
+               {"READ", true},
+               {"EVICTED", true},
+               {"REFUSED", true},
+               {"WRITE_FAIL", true},
+               {"CHECKSUM_FAIL", true}});
+  bool any = false;
+  for (const v1::TierStats& t : stats->tiers()) {
+    if (t.name() == "host") continue;
+    any = true;
+    moves.AddRow({t.name(), absl::StrCat(t.demotions()), HumanBytes(t.write_bytes()),
+                  absl::StrCat(t.clean_drops()), absl::StrCat(t.promotions()),
+                  absl::StrCat(t.reads()), HumanBytes(t.read_bytes()), absl::StrCat(t.evictions()),
+                  absl::StrCat(t.admissions_refused()), absl::StrCat(t.write_failures()),
+                  absl::StrCat(t.checksum_failures())});
+  }
+  if (any) {
+    out << "\nMoves\n";
+    moves.Print(out);
+  } else {
+    out << "\nNo tier below host memory (set ssd_tier.path to add the SSD tier).\n";
+  }
+  return kExitOk;
+}
+
 int RunStats(const Context& ctx) {
   absl::StatusOr<v1::GetStatsResponse> stats = ctx.client->GetStats();
   if (!stats.ok()) return Fail(ctx, "stats", stats.status());

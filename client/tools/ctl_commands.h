@@ -38,6 +38,8 @@ struct Context {
 int RunStatus(const Context& ctx);
 // Per-model and per-tier tables and global counters.
 int RunStats(const Context& ctx);
+// kvcachectl tiers: the tiers and the moves between them.
+int RunTiers(const Context& ctx);
 // Registered models and their layouts; `ctx.ns` empty lists every namespace.
 int RunModels(const Context& ctx);
 // The longest cached prefix of `tokens` (no lease is taken).

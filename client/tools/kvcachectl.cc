@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
       "status", "server version, uptime, addresses, CUDA support and grpc.health.v1 status");
   CLI::App* stats = app.add_subcommand(
       "stats", "per-tier capacity/usage and per-model blocks, bytes, hits, appends, evictions");
+  CLI::App* tiers = app.add_subcommand(
+      "tiers",
+      "each tier's capacity, use, utilization and blocks, and the moves between tiers "
+      "(demotions, promotions, evictions, refused admissions, checksum failures)");
   CLI::App* models =
       app.add_subcommand("models", "registered models and their KV layouts and block sizes");
 
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
 
   if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
   if (stats->parsed()) return kvcache::ctl::RunStats(ctx);
+  if (tiers->parsed()) return kvcache::ctl::RunTiers(ctx);
   if (models->parsed()) return kvcache::ctl::RunModels(ctx);
   if (policy->parsed()) return kvcache::ctl::RunPolicy(ctx, policy_model, policy_change);
   if (unregister->parsed()) return kvcache::ctl::RunUnregister(ctx, unregister_model);

@@ -12,6 +12,40 @@
 namespace kvcache {
 namespace {
 
+absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi);
+
+absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
+  if (ssd.path().empty()) return absl::OkStatus();
+  if (auto s = CheckRange("ssd_tier.region_bytes", ssd.region_bytes(), 1 << 20, uint64_t{1} << 30);
+      !s.ok()) {
+    return s;
+  }
+  if (!std::has_single_bit(ssd.region_bytes())) {
+    return absl::InvalidArgumentError(absl::StrCat("ssd_tier.region_bytes is ", ssd.region_bytes(),
+                                                   "; it must be a power of two"));
+  }
+  if (auto s = CheckRange("ssd_tier.capacity_bytes", ssd.capacity_bytes(), ssd.region_bytes(),
+                          uint64_t{1} << 52);
+      !s.ok()) {
+    return s;
+  }
+  if (ssd.io_engine() != "auto" && ssd.io_engine() != "io_uring" && ssd.io_engine() != "threads") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ssd_tier.io_engine is \"", ssd.io_engine(), "\"; it must be auto, io_uring or threads"));
+  }
+  if (auto s = CheckRange("ssd_tier.io_threads", ssd.io_threads(), 1, 256); !s.ok()) return s;
+  if (auto s = CheckRange("ssd_tier.admit_min_references", ssd.admit_min_references(), 1, 65535);
+      !s.ok()) {
+    return s;
+  }
+  if (ssd.on_open_failure() != "refuse" && ssd.on_open_failure() != "skip") {
+    return absl::InvalidArgumentError(absl::StrCat("ssd_tier.on_open_failure is \"",
+                                                   ssd.on_open_failure(),
+                                                   "\"; it must be refuse or skip"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi) {
   if (value < lo || value > hi) {
     return absl::InvalidArgumentError(
@@ -134,6 +168,18 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (host->slab_bytes() == 0) host->set_slab_bytes(uint64_t{4} << 20);
   if (!host->has_append_staging_fraction()) host->set_append_staging_fraction(0.125);
   if (!host->has_metadata_fraction()) host->set_metadata_fraction(0.125);
+  if (!host->has_high_watermark()) host->set_high_watermark(0.90);
+  if (!host->has_low_watermark()) host->set_low_watermark(0.80);
+
+  v1::SsdTierConfig* ssd = c->mutable_ssd_tier();
+  if (ssd->capacity_bytes() == 0) ssd->set_capacity_bytes(uint64_t{16} << 30);
+  if (ssd->region_bytes() == 0) ssd->set_region_bytes(uint64_t{16} << 20);
+  if (!ssd->has_direct_io()) ssd->set_direct_io(true);
+  if (ssd->io_engine().empty()) ssd->set_io_engine("auto");
+  if (ssd->io_threads() == 0) ssd->set_io_threads(4);
+  if (ssd->admit_min_references() == 0) ssd->set_admit_min_references(1);
+  if (!ssd->has_promote_on_fetch()) ssd->set_promote_on_fetch(true);
+  if (ssd->on_open_failure().empty()) ssd->set_on_open_failure("refuse");
 
   v1::ShmConfig* shm = c->mutable_shm();
   if (shm->max_connections() == 0) shm->set_max_connections(256);
@@ -290,6 +336,13 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host_tier.metadata_fraction is ", h.metadata_fraction(), "; it must be in [0, 1]"));
   }
+  if (!(h.low_watermark() > 0 && h.low_watermark() <= h.high_watermark() &&
+        h.high_watermark() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_tier.low_watermark (", h.low_watermark(), ") and high_watermark (",
+        h.high_watermark(), ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
+  }
+  if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
       level != "error") {

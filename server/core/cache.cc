@@ -17,9 +17,14 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       policy_(std::move(policy)),
       lower_policy_(std::move(lower_policy)) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
+  if (lower_ != nullptr) {
+    prefetcher_ = std::make_unique<Prefetcher>(std::max(1u, options_.tiers.prefetch_threads),
+                                               std::max(1u, options_.tiers.prefetch_queue));
+  }
 }
 
 Cache::~Cache() {
+  prefetcher_.reset();  // its jobs use the cache
   MutexLock lock(&mu_);
   leases_.clear();
   lease_expiry_.clear();
@@ -606,6 +611,7 @@ CacheStats Cache::GetStats() const {
   if (lower_ != nullptr) {
     stats.has_lower = true;
     stats.lower_store = lower_->GetStats();
+    stats.prefetch = prefetcher_->GetStats();
   }
   return stats;
 }

@@ -70,6 +70,7 @@
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/mutex.h"
+#include "server/core/prefetcher.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
 #include "server/importance/calibration.h"
@@ -95,7 +96,14 @@ struct TierOptions {
   // A fetch that reads a lower block back keeps it in host memory when the
   // host is below its high watermark.
   bool promote_on_fetch = true;
+  // Background promotions (Prefetch): threads, and jobs queued at most
+  // (more are dropped).
+  uint32_t prefetch_threads = 1;
+  uint32_t prefetch_queue = 256;
 };
+
+// What Prefetch does: start promoting and return, or wait for it.
+enum class PrefetchMode : uint8_t { kNone = 0, kBestEffort = 1, kWait = 2 };
 
 struct CacheOptions {
   uint64_t max_tokens_per_request = uint64_t{1} << 20;
@@ -371,6 +379,16 @@ class Cache {
   MigrationResult Migrate();
   // Whether the host tier is past its high watermark (Migrate has work).
   bool NeedsMigration() const;
+  bool HasLowerTier() const { return lower_ != nullptr; }
+
+  // Reads the lower-tier blocks of `tokens`' cached prefix back into host
+  // memory (promotes them while the host has room), as a fetch would. With
+  // kBestEffort it queues the work and returns false at once (true when the
+  // cache has no lower tier); with kWait it returns once the work is done
+  // (true) or `timeout` passed (false; the work goes on). A zero `timeout`
+  // waits as long as the work takes. Counted in CacheStats::prefetch.
+  bool Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
+                PrefetchMode mode, absl::Duration timeout);
 
   CacheStats GetStats() const;
 
@@ -562,6 +580,8 @@ class Cache {
   const std::unique_ptr<SlabPool> pool_;
   Clock* const clock_;
   const std::shared_ptr<BlockStore> lower_;  // null: one tier
+  // Runs background promotions; null without a lower tier. Destroyed first.
+  std::unique_ptr<Prefetcher> prefetcher_;
 
   mutable Mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks

@@ -10,6 +10,7 @@
 
 #include "server/core/block_store.h"
 #include "server/core/importance_policy.h"
+#include "server/core/prefetcher.h"
 #include "server/core/layout.h"
 #include "server/core/slab_pool.h"
 
@@ -96,6 +97,7 @@ struct CacheStats {
   bool has_lower = false;
   BlockStoreStats lower_store;
   TierCounters tiers;
+  PrefetchStats prefetch;
 };
 
 }  // namespace kvcache

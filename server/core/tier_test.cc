@@ -103,6 +103,44 @@ TEST_F(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
 }
 
+TEST_F(TierTest, PrefetchWaitPromotesBeforeItReturns) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);
+  while (cache_->NeedsMigration()) cache_->Migrate();
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  ASSERT_EQ(cache_->Lookup(Big().key, tokens)->blocks[0].tier, BlockTier::kLower);
+  EXPECT_TRUE(cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kWait, absl::ZeroDuration()));
+  auto after = cache_->Lookup(Big().key, tokens);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->matched_tokens, 4 * kBt);
+  for (const BlockInfo& b : after->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
+  EXPECT_EQ(Tiers().promotions, 4u);
+  const PrefetchStats p = cache_->GetStats().prefetch;
+  EXPECT_EQ(p.issued, 1u);
+  EXPECT_EQ(p.completed, 1u);
+  EXPECT_EQ(p.late, 0u);
+  EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
+}
+
+TEST_F(TierTest, PrefetchBestEffortPromotesInTheBackground) {
+  MakeTiered(4, 4 << 20);
+  Register(Big());
+  AppendSequences(12, 4);
+  while (cache_->NeedsMigration()) cache_->Migrate();
+  const std::vector<Token> tokens = SequenceOf(1, 4);
+  EXPECT_FALSE(
+      cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kBestEffort, absl::ZeroDuration()));
+  // The worker thread finishes on its own; wait for it (bounded).
+  for (int i = 0; i < 5000 && cache_->GetStats().prefetch.completed == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(cache_->GetStats().prefetch.completed, 1u);
+  auto after = cache_->Lookup(Big().key, tokens);
+  ASSERT_TRUE(after.ok());
+  for (const BlockInfo& b : after->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
+}
+
 TEST_F(TierTest, MigrateBringsTheHostBelowItsLowWatermark) {
   CacheOptions options;
   options.tiers.host_high_watermark = 0.5;

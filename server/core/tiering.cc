@@ -199,6 +199,23 @@ MigrationResult Cache::Migrate() {
   return result;
 }
 
+bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
+                     PrefetchMode mode, absl::Duration timeout) {
+  if (lower_ == nullptr || mode == PrefetchMode::kNone) return true;
+  auto job = [this, model, tokens = std::vector<Token>(tokens.begin(), tokens.end()),
+              accept_lossy] {
+    // The plan is dropped at once: what matters is the promotion on the way.
+    (void)PrepareFetch(model, tokens, accept_lossy);
+  };
+  std::shared_ptr<PrefetchTicket> ticket = prefetcher_->Submit(std::move(job));
+  if (ticket == nullptr || mode == PrefetchMode::kBestEffort) return false;
+  if (ticket->WaitFor(timeout == absl::ZeroDuration() ? absl::InfiniteDuration() : timeout)) {
+    return true;
+  }
+  prefetcher_->CountLate();
+  return false;
+}
+
 size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks) {
   // Read into pool memory (to promote) while the host has room; else into
   // the heap, for this fetch only.

@@ -32,6 +32,11 @@ MetricFamily Family(std::string name, std::string help, MetricType type) {
   return MetricFamily{.name = std::move(name), .help = std::move(help), .type = type, .metric = {}};
 }
 
+// part / whole, 0 when whole is 0.
+double Ratio(uint64_t part, uint64_t whole) {
+  return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
+}
+
 void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, double value) {
   ClientMetric m;
   m.label = std::move(labels);
@@ -169,7 +174,74 @@ class CacheCollector final : public prometheus::Collectable {
                           MetricType::Gauge);
     AddSample(payload, host, static_cast<double>(s.payload_bytes));
     auto tier_blocks = Family("kvcached_tier_blocks", "Blocks cached in a tier", MetricType::Gauge);
-    AddSample(tier_blocks, host, static_cast<double>(s.blocks));
+    AddSample(tier_blocks, host, static_cast<double>(s.blocks - s.tiers.lower_only_blocks));
+    auto utilization =
+        Family("kvcached_tier_utilization_ratio",
+               "Live payload bytes over the bytes a tier has reserved", MetricType::Gauge);
+    AddSample(utilization, host, Ratio(s.payload_bytes, s.host_pool.reserved_bytes));
+    std::vector<MetricFamily> out;
+    if (s.has_lower) {
+      const std::vector<ClientMetric::Label> ssd = {{"tier", s.lower_store.kind}};
+      const TierCounters& t = s.tiers;
+      AddSample(capacity, ssd, static_cast<double>(s.lower_store.capacity_bytes));
+      AddSample(used, ssd, static_cast<double>(s.lower_store.allocated_bytes));
+      AddSample(payload, ssd, static_cast<double>(t.lower_payload_bytes));
+      AddSample(tier_blocks, ssd, static_cast<double>(t.lower_blocks));
+      AddSample(utilization, ssd, Ratio(t.lower_payload_bytes, s.lower_store.allocated_bytes));
+      auto moves = Family("kvcached_tier_migrations_total",
+                          "Blocks moved between tiers, by direction and reason", MetricType::Counter);
+      const std::string lower = s.lower_store.kind;
+      AddSample(moves, {{"from", "host"}, {"to", lower}, {"reason", "demote"}},
+                static_cast<double>(t.demotions));
+      AddSample(moves, {{"from", "host"}, {"to", lower}, {"reason", "clean_drop"}},
+                static_cast<double>(t.clean_drops));
+      AddSample(moves, {{"from", lower}, {"to", "host"}, {"reason", "promote"}},
+                static_cast<double>(t.promotions));
+      auto moved_bytes = Family("kvcached_tier_migrated_bytes_total",
+                                "Bytes moved between tiers, by direction", MetricType::Counter);
+      AddSample(moved_bytes, {{"from", "host"}, {"to", lower}}, static_cast<double>(t.demoted_bytes));
+      AddSample(moved_bytes, {{"from", lower}, {"to", "host"}},
+                static_cast<double>(t.promoted_bytes));
+      auto tier_evictions = Family("kvcached_tier_evictions_total",
+                                   "Blocks evicted from a tier, by reason", MetricType::Counter);
+      AddSample(tier_evictions, {{"tier", lower}, {"reason", "capacity"}},
+                static_cast<double>(t.lower_evictions));
+      AddSample(tier_evictions, {{"tier", "host"}, {"reason", "not_admitted"}},
+                static_cast<double>(t.not_admitted_evictions));
+      auto refused = Family("kvcached_tier_admissions_refused_total",
+                            "Demotions the admission gate or the write budget refused",
+                            MetricType::Counter);
+      AddSample(refused, ssd, static_cast<double>(t.admissions_refused));
+      auto reads = Family("kvcached_tier_reads_total", "Blocks read back from a tier for fetches",
+                          MetricType::Counter);
+      AddSample(reads, ssd, static_cast<double>(t.lower_reads));
+      auto read_bytes = Family("kvcached_tier_read_bytes_total",
+                               "Bytes read back from a tier for fetches", MetricType::Counter);
+      AddSample(read_bytes, ssd, static_cast<double>(t.lower_read_bytes));
+      auto failures = Family("kvcached_tier_checksum_failures_total",
+                             "Copies that failed verification when read: dropped, never served",
+                             MetricType::Counter);
+      AddSample(failures, ssd, static_cast<double>(t.checksum_failures));
+      auto write_failures = Family("kvcached_tier_write_failures_total",
+                                   "Writes a tier refused (full after evicting, or an I/O error)",
+                                   MetricType::Counter);
+      AddSample(write_failures, ssd, static_cast<double>(t.lower_write_failures));
+      auto prefetches = Family("kvcached_tier_prefetches_total",
+                               "Lookup prefetches of a tier's blocks, by outcome",
+                               MetricType::Counter);
+      AddSample(prefetches, {{"tier", lower}, {"outcome", "issued"}},
+                static_cast<double>(s.prefetch.issued));
+      AddSample(prefetches, {{"tier", lower}, {"outcome", "completed"}},
+                static_cast<double>(s.prefetch.completed));
+      AddSample(prefetches, {{"tier", lower}, {"outcome", "dropped"}},
+                static_cast<double>(s.prefetch.dropped));
+      AddSample(prefetches, {{"tier", lower}, {"outcome", "late"}},
+                static_cast<double>(s.prefetch.late));
+      for (auto* f : {&moves, &moved_bytes, &tier_evictions, &refused, &reads, &read_bytes,
+                      &failures, &write_failures, &prefetches}) {
+        out.push_back(std::move(*f));
+      }
+    }
     auto evictions = Family("kvcached_capacity_evictions_total",
                             "Blocks evicted to make room for new ones", MetricType::Counter);
     AddSample(evictions, {}, static_cast<double>(s.capacity_evictions));
@@ -193,10 +265,12 @@ class CacheCollector final : public prometheus::Collectable {
     auto lease_tokens =
         Family("kvcached_lease_tokens", "Tokens held by live leases", MetricType::Gauge);
     AddSample(lease_tokens, {}, static_cast<double>(s.lease_tokens));
-    std::vector<MetricFamily> out = {
-        blocks,      bytes,    appended, dedup,       evicted,   hits,     misses,
-        capacity,    used,     payload,  tier_blocks, evictions, rejected, leases,
-        conflicting, restored, corrupt,  budget,      metadata,  staged,   lease_tokens};
+    for (auto* f : {&blocks,      &bytes,    &appended, &dedup,       &evicted,     &hits,
+                    &misses,      &capacity, &used,     &payload,     &tier_blocks, &utilization,
+                    &evictions,   &rejected, &leases,   &conflicting, &restored,    &corrupt,
+                    &budget,      &metadata, &staged,   &lease_tokens}) {
+      out.push_back(std::move(*f));
+    }
     for (MetricFamily& f : ImportanceFamilies(s)) out.push_back(std::move(f));
     return out;
   }

@@ -87,7 +87,30 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
   host->set_used_bytes(stats.host_pool.reserved_bytes);
   host->set_payload_bytes(stats.payload_bytes);
   host->set_slab_bytes(stats.host_pool.slab_bytes);
-  host->set_blocks(stats.blocks);
+  host->set_blocks(stats.blocks - stats.tiers.lower_only_blocks);
+  if (stats.has_lower) {
+    const TierCounters& t = stats.tiers;
+    v1::TierStats* lower = response->add_tiers();
+    lower->set_name(stats.lower_store.kind);
+    lower->set_capacity_bytes(stats.lower_store.capacity_bytes);
+    lower->set_used_bytes(stats.lower_store.allocated_bytes);
+    lower->set_payload_bytes(t.lower_payload_bytes);
+    lower->set_blocks(t.lower_blocks);
+    lower->set_demotions(t.demotions);
+    lower->set_promotions(t.promotions);
+    lower->set_clean_drops(t.clean_drops);
+    lower->set_evictions(t.lower_evictions);
+    lower->set_admissions_refused(t.admissions_refused);
+    lower->set_checksum_failures(t.checksum_failures);
+    lower->set_reads(t.lower_reads);
+    lower->set_read_bytes(t.lower_read_bytes);
+    lower->set_write_bytes(t.demoted_bytes);
+    lower->set_write_failures(t.lower_write_failures);
+    lower->set_prefetches_issued(stats.prefetch.issued);
+    lower->set_prefetches_completed(stats.prefetch.completed);
+    lower->set_prefetches_dropped(stats.prefetch.dropped);
+    lower->set_prefetches_late(stats.prefetch.late);
+  }
   response->set_active_leases(stats.active_leases);
   response->set_capacity_evictions(stats.capacity_evictions);
   response->set_rejected_appends(stats.rejected_appends);

@@ -1,5 +1,7 @@
 #include "server/rpc/cache_calls.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/rpc/proto_convert.h"
@@ -12,6 +14,15 @@ absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
   if (!key.ok()) return key.status();
   LeaseRequest lease{.acquire = request.acquire_lease(),
                      .ttl = absl::Milliseconds(request.lease_ttl_ms())};
+  if (request.prefetch_timeout_ms() > kMaxPrefetchTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch_timeout_ms is ",
+                                                   request.prefetch_timeout_ms(), "; at most ",
+                                                   kMaxPrefetchTimeoutMs));
+  }
+  if (request.prefetch() == v1::PREFETCH_WAIT) {
+    cache.Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(), PrefetchMode::kWait,
+                   absl::Milliseconds(request.prefetch_timeout_ms()));
+  }
   auto result = cache.Lookup(*key, TokensOf(request.tokens()), lease, request.accept_lossy());
   if (!result.ok()) return result.status();
   response->set_matched_tokens(result->matched_tokens);
@@ -22,11 +33,18 @@ absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
     d->set_key(b.key);
     d->set_checksum(b.checksum);
     d->set_bytes(b.bytes);
+    if (b.tier == BlockTier::kLower) d->set_tier("ssd");
     if (b.lossy) {
       d->set_lossy(true);
       d->set_stored_bytes(b.stored_bytes);
       d->set_stored_checksum(b.stored_checksum);
     }
+  }
+  if (request.prefetch() == v1::PREFETCH_BEST_EFFORT &&
+      std::any_of(result->blocks.begin(), result->blocks.end(),
+                  [](const BlockInfo& b) { return b.tier == BlockTier::kLower; })) {
+    cache.Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
+                   PrefetchMode::kBestEffort, absl::ZeroDuration());
   }
   if (result->lease_id != 0) {
     response->set_lease_id(result->lease_id);

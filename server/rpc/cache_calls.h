@@ -12,6 +12,8 @@ namespace kvcache {
 
 // Most lookups in one BatchLookup; more is INVALID_ARGUMENT.
 inline constexpr int kMaxBatchLookups = 4096;
+// Longest LookupRequest.prefetch_timeout_ms.
+inline constexpr uint32_t kMaxPrefetchTimeoutMs = 60000;
 
 // Answers `request` as Lookup does.
 absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,

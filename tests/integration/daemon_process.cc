@@ -57,6 +57,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
   } else {
     args.insert(args.end(), {"--metrics-address", "none"});
   }
+  if (options.ssd_bytes != 0) {
+    args.insert(args.end(), {"--ssd-path", d->ssd_path(), "--ssd-capacity-bytes",
+                             absl::StrCat(options.ssd_bytes)});
+  }
   args.insert(args.end(), options.extra_flags.begin(), options.extra_flags.end());
 
   d->pid_ = ::fork();

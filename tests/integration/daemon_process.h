@@ -25,6 +25,8 @@ struct DaemonOptions {
   std::string tcp_host = "127.0.0.1";  // of that TCP listener
   bool metrics = false;                // serve metrics on a free port
   std::string unix_socket;             // empty: kvcached.sock in the daemon's own directory
+  // An SSD tier of this many bytes in the daemon's directory (ssd_path()); 0: none.
+  uint64_t ssd_bytes = 0;
   std::vector<std::string> extra_flags;
 };
 
@@ -44,6 +46,10 @@ class DaemonProcess {
   std::string tcp_target() const { return "127.0.0.1:" + std::to_string(tcp_port_); }
   int metrics_port() const { return metrics_port_; }
   const std::string& log_path() const { return log_path_; }
+  // The daemon's own temporary directory (removed with it).
+  const std::string& dir() const { return dir_; }
+  // The SSD tier's file when DaemonOptions::ssd_bytes is set.
+  std::string ssd_path() const { return dir_ + "/ssd.bin"; }
 
   // A client in `ns` (empty: default) over the Unix socket, on the data path
   // TestDataPath() names.

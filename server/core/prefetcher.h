@@ -1,0 +1,78 @@
+// Prefetcher: worker threads that run the cache's background promotions (a
+// lookup's SSD blocks read back into host memory before the worker fetches
+// them). A bounded queue: work past max_queued is dropped, never waited for.
+//
+// Each submitted job gets a PrefetchTicket its submitter may wait on (with a
+// deadline). Destroying the Prefetcher finishes the running jobs, drops the
+// queued ones (their tickets are notified) and joins the threads.
+//
+// Thread-safe.
+#ifndef KVCACHE_SERVER_CORE_PREFETCHER_H_
+#define KVCACHE_SERVER_CORE_PREFETCHER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace kvcache {
+
+class PrefetchTicket {
+ public:
+  // True once the job ran (or was dropped at shutdown); false at the deadline.
+  bool WaitFor(absl::Duration timeout);
+  void Notify();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+struct PrefetchStats {
+  uint64_t issued = 0;     // jobs queued
+  uint64_t completed = 0;  // jobs run
+  uint64_t dropped = 0;    // refused: the queue was full
+  uint64_t late = 0;       // a submitter stopped waiting before its job ran
+};
+
+class Prefetcher {
+ public:
+  // REQUIRES: threads >= 1, max_queued >= 1.
+  Prefetcher(uint32_t threads, uint32_t max_queued);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Queues `job`; nullptr (and nothing queued) when the queue is full.
+  std::shared_ptr<PrefetchTicket> Submit(std::function<void()> job);
+  // Counts a submitter that gave up waiting.
+  void CountLate();
+
+  PrefetchStats GetStats() const;
+
+ private:
+  struct Job {
+    std::function<void()> run;
+    std::shared_ptr<PrefetchTicket> ticket;
+  };
+  void Work();
+
+  const uint32_t max_queued_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;  // guarded by mu_
+  bool stopping_ = false;  // guarded by mu_
+  PrefetchStats stats_;    // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_PREFETCHER_H_

@@ -1,0 +1,87 @@
+#include "server/tier/ssd_block_store.h"
+
+#include <utility>
+#include <vector>
+
+namespace kvcache {
+namespace {
+
+class SsdCopy final : public StoredCopy {
+ public:
+  SsdCopy(std::shared_ptr<SsdStore> store, SsdRef extent, const BlockSeal& seal)
+      : StoredCopy(extent->key(), seal, extent->footprint()),
+        store_(std::move(store)),
+        extent_(std::move(extent)) {}
+  ~SsdCopy() override {
+    extent_.reset();  // before the store it returns to
+  }
+  const SsdExtent& extent() const { return *extent_; }
+
+ private:
+  const std::shared_ptr<SsdStore> store_;
+  SsdRef extent_;
+};
+
+class SsdBlockStore final : public BlockStore {
+ public:
+  explicit SsdBlockStore(std::shared_ptr<SsdStore> store) : store_(std::move(store)) {}
+
+  absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) override {
+    absl::StatusOr<SsdRef> extent = store_->Write(key, payload.data(), payload.checksum());
+    if (!extent.ok()) return extent.status();
+    return std::make_shared<SsdCopy>(store_, *std::move(extent), payload.seal());
+  }
+
+  absl::Status Read(const StoredCopy& copy, std::span<std::byte> out) override {
+    return store_->Read(static_cast<const SsdCopy&>(copy).extent(), out);
+  }
+
+  void ReadBatch(std::span<StoredRead> reads) override {
+    std::vector<SsdReadRequest> requests;
+    requests.reserve(reads.size());
+    for (StoredRead& r : reads) {
+      requests.push_back({.extent = &static_cast<const SsdCopy*>(r.copy)->extent(),
+                          .out = r.out,
+                          .status = &r.status});
+    }
+    store_->ReadBatch(requests);
+  }
+
+  BlockStoreStats GetStats() const override {
+    const SsdStoreStats s = store_->GetStats();
+    return {.kind = "ssd",
+            .capacity_bytes = s.capacity_bytes,
+            .allocated_bytes = s.allocated_bytes,
+            .payload_bytes = s.payload_bytes,
+            .live_copies = s.live_extents,
+            .writes = s.writes,
+            .write_bytes = s.write_bytes,
+            .reads = s.reads,
+            .read_bytes = s.read_bytes,
+            .checksum_failures = s.checksum_failures,
+            .failed_writes = s.failed_writes};
+  }
+
+  const SsdStore& store() const { return *store_; }
+
+ private:
+  const std::shared_ptr<SsdStore> store_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdBlockStore(const SsdStoreOptions& options) {
+  absl::StatusOr<std::unique_ptr<SsdStore>> store = SsdStore::Open(options);
+  if (!store.ok()) return store.status();
+  return std::make_shared<SsdBlockStore>(std::shared_ptr<SsdStore>(*std::move(store)));
+}
+
+const SsdExtent& SsdExtentOf(const StoredCopy& copy) {
+  return static_cast<const SsdCopy&>(copy).extent();
+}
+
+SsdStoreStats SsdStatsOf(const BlockStore& store) {
+  return static_cast<const SsdBlockStore&>(store).store().GetStats();
+}
+
+}  // namespace kvcache

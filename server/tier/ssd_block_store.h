@@ -1,0 +1,34 @@
+// SsdBlockStore: the SSD tier as the cache sees it, a BlockStore over an
+// SsdStore (ssd_store.h: a preallocated file of checksummed extents).
+//
+// Each StoredCopy holds its SsdRef, so the extent stays allocated as long as
+// the index, a lease or a read in flight holds the copy. Reads are verified
+// by the SsdStore (header and XXH3-64 of the payload): a copy that fails is
+// DATA_LOSS, which the cache turns into a dropped block.
+//
+// Thread-safe, as SsdStore.
+#ifndef KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
+#define KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/core/block_store.h"
+#include "server/tier/ssd_store.h"
+
+namespace kvcache {
+
+// Opens the SSD tier. Errors as SsdStore::Open.
+absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdBlockStore(const SsdStoreOptions& options);
+
+// The SsdStore's own statistics (engine, direct I/O, regions), for the
+// start-up log and the metrics; REQUIRES: `store` came from OpenSsdBlockStore.
+SsdStoreStats SsdStatsOf(const BlockStore& store);
+
+// Where a copy lives in the file (tests and tools that inspect the file);
+// REQUIRES: `copy` came from an OpenSsdBlockStore store.
+const SsdExtent& SsdExtentOf(const StoredCopy& copy);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
