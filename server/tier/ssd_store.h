@@ -1,0 +1,196 @@
+// SsdStore: the SSD tier's block store.
+//
+// The cache demotes cold blocks from host memory to one file (or block device)
+// through this store and reads them back on a hit. Each block is written once
+// as an extent: a 64-byte header (magic, version, key, payload size, sequence,
+// epoch, payload checksum, header checksum; docs/ssd_format.md) followed by
+// the payload, the whole rounded up to 4 KiB so that O_DIRECT can write it.
+//
+// Space: the file is carved into regions of region_bytes. Each extent takes a
+// slot of a size class: one 4 KiB page for the header plus a slab-pool step
+// (the powers of two from 4 KiB and 1.25/1.5/1.75 times each, multiples of
+// 4 KiB), and region_bytes itself, so a block of 2^k payload bytes takes
+// 2^k + 4 KiB (a class from the page-rounded size up, RoundedSize()). A
+// region serves one class at a time, holds floor(region_bytes / class) slots
+// and returns to the free-region list when its last extent is freed. Writes
+// take the lowest free slot of the lowest partly used region of their class
+// (else the lowest free region), so they stay mostly region-sequential. For
+// blocks of S bytes, region_bytes of at least 16 * S keeps the slack of a
+// region (region_bytes mod class) under 1/16.
+//
+// Ownership: Write() returns an SsdRef, a shared reference to an immutable
+// SsdExtent; the extent's slot is freed when its last reference drops, so a
+// reader holding a reference never reads a slot rewritten under it. The store
+// must outlive every extent it handed out. The store never evicts: when no
+// slot of a class is free, Write() answers RESOURCE_EXHAUSTED and the caller
+// drops references and retries.
+//
+// Integrity: Read() verifies everything it returns: the header against the
+// extent (magic, version, header checksum, key, size, sequence, epoch) and the
+// XXH3-64 of the payload bytes that landed in `out` against
+// extent.checksum(). A mismatch or a short read is DATA_LOSS (counted in
+// checksum_failures); an I/O error is UNAVAILABLE with the errno text. No
+// error aborts the process.
+//
+// I/O engines: io_uring (one ring per calling thread; ReadBatch submits a
+// whole batch with one system call) or a pool of io_threads threads issuing
+// pread/pwrite. kAuto picks io_uring (see ssd_store.cc for the measurements);
+// when io_uring cannot be set up (old kernel, seccomp) the store uses the
+// thread pool and says so in SsdStoreStats::engine.
+//
+// Thread-safe: every method may be called concurrently.
+#ifndef KVCACHE_SERVER_TIER_SSD_STORE_H_
+#define KVCACHE_SERVER_TIER_SSD_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvcache {
+
+enum class SsdIoEngine : uint8_t { kAuto, kIoUring, kThreadPool };
+
+struct SsdStoreOptions {
+  // A regular file (created if missing and preallocated with fallocate to
+  // capacity_bytes) or a block device (at least capacity_bytes large).
+  std::string path;
+  uint64_t capacity_bytes = uint64_t{1} << 30;  // file size; nothing is written past it
+  uint64_t region_bytes = uint64_t{16} << 20;   // power of two, 64 KiB .. 1 GiB
+  // O_DIRECT. When the file system refuses it (EINVAL at open or on the first
+  // aligned read), the store uses buffered I/O: SsdStoreStats::direct_io is
+  // false and a line goes to stderr; Open() does not fail.
+  bool direct_io = true;
+  SsdIoEngine engine = SsdIoEngine::kAuto;
+  uint32_t io_threads = 2;    // thread-pool engine: 1 .. 256
+  uint32_t queue_depth = 64;  // io_uring ring entries (also ReadBatch's chunk): 1 .. 4096
+  uint64_t epoch = 0;         // written into every extent header and checked on read
+
+  // INVALID_ARGUMENT naming the field when out of range; capacity_bytes must
+  // hold at least one region.
+  absl::Status Validate() const;
+};
+
+class SsdStore;
+
+// One block's copy on the SSD. Immutable; made only by SsdStore::Write.
+// Destroying it (the last SsdRef) returns its slot to the store.
+class SsdExtent {
+ public:
+  ~SsdExtent();
+  SsdExtent(const SsdExtent&) = delete;
+  SsdExtent& operator=(const SsdExtent&) = delete;
+
+  uint64_t key() const { return key_; }            // the caller's block key, also in the header
+  uint64_t size() const { return size_; }          // payload bytes
+  uint64_t checksum() const { return checksum_; }  // XXH3-64 of the payload (verified on read)
+  uint64_t offset() const { return offset_; }      // byte offset of the extent (header) in the file
+  uint64_t footprint() const {
+    return footprint_;
+  }                                                // bytes of file the extent occupies (its class)
+  uint64_t sequence() const { return sequence_; }  // store-wide write number, also in the header
+
+ private:
+  friend class SsdStore;
+  SsdExtent(SsdStore* store, uint64_t key, uint64_t size, uint64_t checksum, uint64_t offset,
+            uint64_t footprint, uint64_t sequence)
+      : store_(store),
+        key_(key),
+        size_(size),
+        checksum_(checksum),
+        offset_(offset),
+        footprint_(footprint),
+        sequence_(sequence) {}
+
+  SsdStore* const store_;
+  const uint64_t key_;
+  const uint64_t size_;
+  const uint64_t checksum_;
+  const uint64_t offset_;
+  const uint64_t footprint_;
+  const uint64_t sequence_;
+};
+
+using SsdRef = std::shared_ptr<const SsdExtent>;
+
+// One read of a ReadBatch. REQUIRES: out.size() == extent->size(); `extent`
+// and `out` stay valid until ReadBatch returns; `status` is not null.
+struct SsdReadRequest {
+  const SsdExtent* extent = nullptr;
+  std::span<std::byte> out;
+  absl::Status* status = nullptr;
+};
+
+struct SsdStoreStats {
+  uint64_t capacity_bytes = 0;  // regions * region_bytes (the usable part of the file)
+  uint64_t region_bytes = 0;
+  uint64_t reserved_bytes = 0;   // regions serving a class
+  uint64_t allocated_bytes = 0;  // footprints of live extents (and writes in flight)
+  uint64_t live_extents = 0;
+  uint64_t payload_bytes = 0;      // payload bytes of live extents
+  uint64_t writes = 0;             // successful writes
+  uint64_t write_bytes = 0;        // their payload bytes
+  uint64_t reads = 0;              // reads answered OK
+  uint64_t read_bytes = 0;         // their payload bytes
+  uint64_t checksum_failures = 0;  // DATA_LOSS answers (mismatch or short read)
+  uint64_t failed_writes = 0;      // RESOURCE_EXHAUSTED answers
+  uint64_t io_errors = 0;          // UNAVAILABLE answers (errno from the kernel)
+  bool direct_io = false;          // O_DIRECT in use
+  std::string engine;              // "io_uring" or "thread_pool", plus why when it fell back
+};
+
+class SsdStore {
+ public:
+  // Opens (creating and preallocating if needed) the file at options.path.
+  // INVALID_ARGUMENT for bad options; UNAVAILABLE (with errno text) when the
+  // file cannot be opened, sized or preallocated.
+  static absl::StatusOr<std::unique_ptr<SsdStore>> Open(const SsdStoreOptions& options);
+  virtual ~SsdStore() = default;
+
+  // Writes one block (header + payload) and returns its extent once the data
+  // is in the page cache or on the device (no fsync). RESOURCE_EXHAUSTED when
+  // no slot of the block's class is free and no region is free; nothing is
+  // changed then. INVALID_ARGUMENT when payload is empty or larger than
+  // region_bytes minus the header. UNAVAILABLE on an I/O error.
+  // `checksum` is the caller's XXH3-64 of `payload` (not recomputed here).
+  virtual absl::StatusOr<SsdRef> Write(uint64_t key, std::span<const std::byte> payload,
+                                       uint64_t checksum) = 0;
+
+  // Reads the block into `out` and verifies it (see the top of this file).
+  // INVALID_ARGUMENT when out.size() != extent.size() or the extent belongs to
+  // another store. On any error the contents of `out` are unspecified.
+  virtual absl::Status Read(const SsdExtent& extent, std::span<std::byte> out) = 0;
+
+  // Many Read()s at once: each request's status is set as Read() would set
+  // it. With io_uring, up to queue_depth reads are in flight per submit.
+  virtual void ReadBatch(std::span<const SsdReadRequest> requests) = 0;
+
+  virtual SsdStoreStats GetStats() const = 0;
+
+  // The footprint Write() would use for a payload of this many bytes; 0 when
+  // Write() would refuse the size.
+  virtual uint64_t RoundedSize(uint64_t payload_bytes) const = 0;
+
+ protected:
+  SsdStore() = default;
+  // Makes an extent that returns to this store through ReleaseExtent().
+  SsdRef MakeExtent(uint64_t key, uint64_t size, uint64_t checksum, uint64_t offset,
+                    uint64_t footprint, uint64_t sequence) {
+    return SsdRef(new SsdExtent(this, key, size, checksum, offset, footprint, sequence));
+  }
+  // True when `extent` was made by this store.
+  bool Owns(const SsdExtent& extent) const { return extent.store_ == this; }
+
+ private:
+  friend class SsdExtent;
+  // Called once per extent from ~SsdExtent; frees its slot.
+  virtual void ReleaseExtent(const SsdExtent& extent) = 0;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_TIER_SSD_STORE_H_
