@@ -16,7 +16,9 @@
 // take the lowest free slot of the lowest partly used region of their class
 // (else the lowest free region), so they stay mostly region-sequential. For
 // blocks of S bytes, region_bytes of at least 16 * S keeps the slack of a
-// region (region_bytes mod class) under 1/16.
+// region (region_bytes mod class) under 1/16. Every class in use holds at
+// least one region, so capacity_bytes should hold many more regions than the
+// number of distinct classes the writers use.
 //
 // Ownership: Write() returns an SsdRef, a shared reference to an immutable
 // SsdExtent; the extent's slot is freed when its last reference drops, so a
