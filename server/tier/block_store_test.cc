@@ -187,9 +187,9 @@ TEST_F(SsdBlockStoreTest, CorruptionOnDiskIsDataLoss) {
   EXPECT_EQ(SsdStatsOf(*store_).live_extents, 2u);
   std::vector<std::byte> out(p->size());
   ASSERT_TRUE(store_->Read(**a, out).ok());
-  // Copy a: its last payload byte (after the 4 KiB header page). Copy b: a
+  // Copy a: its last payload byte (after the 64-byte header). Copy b: a
   // byte of its header.
-  FlipByteAt(SsdExtentOf(**a).offset() + 4096 + p->size() - 1);
+  FlipByteAt(SsdExtentOf(**a).offset() + 64 + p->size() - 1);
   FlipByteAt(SsdExtentOf(**b).offset() + 8);
   EXPECT_TRUE(absl::IsDataLoss(store_->Read(**a, out)));
   EXPECT_TRUE(absl::IsDataLoss(store_->Read(**b, out)));
