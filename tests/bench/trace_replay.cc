@@ -134,6 +134,7 @@ struct Counters {
   uint64_t requests = 0, blocks = 0, hit_blocks = 0, input_tokens = 0, hit_tokens = 0;
   uint64_t ideal_hit_blocks = 0, ideal_hit_tokens = 0;
   uint64_t stored = 0, dedup = 0, corrupt = 0;
+  uint64_t ssd_hit_blocks = 0, ssd_hit_tokens = 0;  // hits only the SSD tier held
 };
 
 }  // namespace
@@ -215,6 +216,13 @@ int RunTrace(const BenchOptions& opts) {
     const uint64_t matched_blocks = hit->matched_tokens / kTraceBlockTokens;
     n.hit_blocks += matched_blocks;
     n.hit_tokens += std::min<uint64_t>(hit->matched_tokens, req.input_length);
+    for (size_t b = 0; b < hit->blocks.size(); ++b) {
+      if (hit->blocks[b].tier() != "ssd") continue;
+      ++n.ssd_hit_blocks;
+      // The last block of a request may be partial.
+      const uint64_t begin = b * kTraceBlockTokens;
+      n.ssd_hit_tokens += std::min<uint64_t>(kTraceBlockTokens, req.input_length - begin);
+    }
 
     if (opts.fetch_hits && matched_blocks > 0) {
       buf.resize(matched_blocks * block_bytes);
@@ -276,6 +284,11 @@ int RunTrace(const BenchOptions& opts) {
               static_cast<unsigned long long>(n.input_tokens),
               static_cast<unsigned long long>(n.hit_tokens), ratio(n.hit_tokens, n.input_tokens),
               ratio(n.ideal_hit_tokens, n.input_tokens));
+  std::printf("hit tokens by tier: host=%llu (%.4f of input) ssd=%llu (%.4f of input)\n",
+              static_cast<unsigned long long>(n.hit_tokens - n.ssd_hit_tokens),
+              ratio(n.hit_tokens - n.ssd_hit_tokens, n.input_tokens),
+              static_cast<unsigned long long>(n.ssd_hit_tokens),
+              ratio(n.ssd_hit_tokens, n.input_tokens));
   std::printf("unique blocks=%zu (%.1f MiB of KV); appended: stored=%llu deduplicated=%llu\n",
               seen.size(), seen.size() * block_bytes / 1048576.0,
               static_cast<unsigned long long>(n.stored), static_cast<unsigned long long>(n.dedup));
