@@ -32,6 +32,14 @@
 namespace kvcache {
 namespace {
 
+// The prefetch fields of a LookupRequest from `options`.
+void SetPrefetch(const LookupOptions& options, v1::LookupRequest* req) {
+  if (options.prefetch == v1::PREFETCH_NONE) return;
+  req->set_prefetch(options.prefetch);
+  req->set_prefetch_timeout_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.prefetch_timeout), 0, UINT32_MAX)));
+}
+
 constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 // Under DataPath::kAuto, how long a daemon found without a usable shared-memory
@@ -123,6 +131,7 @@ class ClientImpl final : public Client {
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
     req.set_acquire_lease(options.acquire_lease);
     req.set_accept_lossy(options.accept_lossy);
+    SetPrefetch(options, &req);
     if (options.acquire_lease && options.lease_ttl > absl::ZeroDuration()) {
       req.set_lease_ttl_ms(static_cast<uint32_t>(
           std::min<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), UINT32_MAX)));
@@ -173,6 +182,7 @@ class ClientImpl final : public Client {
       one->mutable_tokens()->Add(tokens.begin(), tokens.end());
       one->set_acquire_lease(options.acquire_lease);
       one->set_accept_lossy(options.accept_lossy);
+      SetPrefetch(options, one);
       if (options.acquire_lease && options.lease_ttl > absl::ZeroDuration()) {
         one->set_lease_ttl_ms(static_cast<uint32_t>(
             std::min<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), UINT32_MAX)));

@@ -94,7 +94,7 @@ struct TierOptions {
   // Most blocks one Migrate() call moves.
   uint32_t max_demotions_per_pass = 256;
   // A fetch that reads a lower block back keeps it in host memory when the
-  // host is below its high watermark.
+  // pool has room for it without evicting.
   bool promote_on_fetch = true;
   // Background promotions (Prefetch): threads, and jobs queued at most
   // (more are dropped).

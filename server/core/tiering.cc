@@ -217,9 +217,10 @@ bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool 
 }
 
 size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks) {
-  // Read into pool memory (to promote) while the host has room; else into
-  // the heap, for this fetch only.
-  const bool promote = options_.tiers.promote_on_fetch && !NeedsMigration();
+  // Read into pool memory (to promote) while the pool has room; else into
+  // the heap, for this fetch only. A promotion may pass the high watermark:
+  // the block was just asked for, and the migrator demotes colder ones.
+  const bool promote = options_.tiers.promote_on_fetch;
   std::vector<StoredRead> reads;
   std::vector<size_t> which;
   std::vector<bool> pooled;

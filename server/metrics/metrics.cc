@@ -168,7 +168,8 @@ class CacheCollector final : public prometheus::Collectable {
     auto capacity = Family("kvcached_tier_capacity_bytes", "Capacity of a tier", MetricType::Gauge);
     AddSample(capacity, host, static_cast<double>(s.host_pool.capacity_bytes));
     auto used =
-        Family("kvcached_tier_used_bytes", "Bytes of a tier reserved by slabs", MetricType::Gauge);
+        Family("kvcached_tier_used_bytes",
+               "Bytes of a tier reserved by slabs (host) or extents (ssd)", MetricType::Gauge);
     AddSample(used, host, static_cast<double>(s.host_pool.reserved_bytes));
     auto payload = Family("kvcached_tier_payload_bytes", "Bytes of cached block payloads in a tier",
                           MetricType::Gauge);
@@ -188,8 +189,9 @@ class CacheCollector final : public prometheus::Collectable {
       AddSample(payload, ssd, static_cast<double>(t.lower_payload_bytes));
       AddSample(tier_blocks, ssd, static_cast<double>(t.lower_blocks));
       AddSample(utilization, ssd, Ratio(t.lower_payload_bytes, s.lower_store.allocated_bytes));
-      auto moves = Family("kvcached_tier_migrations_total",
-                          "Blocks moved between tiers, by direction and reason", MetricType::Counter);
+      auto moves =
+          Family("kvcached_tier_migrations_total",
+                 "Blocks moved between tiers, by direction and reason", MetricType::Counter);
       const std::string lower = s.lower_store.kind;
       AddSample(moves, {{"from", "host"}, {"to", lower}, {"reason", "demote"}},
                 static_cast<double>(t.demotions));
@@ -199,7 +201,8 @@ class CacheCollector final : public prometheus::Collectable {
                 static_cast<double>(t.promotions));
       auto moved_bytes = Family("kvcached_tier_migrated_bytes_total",
                                 "Bytes moved between tiers, by direction", MetricType::Counter);
-      AddSample(moved_bytes, {{"from", "host"}, {"to", lower}}, static_cast<double>(t.demoted_bytes));
+      AddSample(moved_bytes, {{"from", "host"}, {"to", lower}},
+                static_cast<double>(t.demoted_bytes));
       AddSample(moved_bytes, {{"from", lower}, {"to", "host"}},
                 static_cast<double>(t.promoted_bytes));
       auto tier_evictions = Family("kvcached_tier_evictions_total",
@@ -208,9 +211,9 @@ class CacheCollector final : public prometheus::Collectable {
                 static_cast<double>(t.lower_evictions));
       AddSample(tier_evictions, {{"tier", "host"}, {"reason", "not_admitted"}},
                 static_cast<double>(t.not_admitted_evictions));
-      auto refused = Family("kvcached_tier_admissions_refused_total",
-                            "Demotions the admission gate or the write budget refused",
-                            MetricType::Counter);
+      auto refused =
+          Family("kvcached_tier_admissions_refused_total",
+                 "Demotions the admission gate or the write budget refused", MetricType::Counter);
       AddSample(refused, ssd, static_cast<double>(t.admissions_refused));
       auto reads = Family("kvcached_tier_reads_total", "Blocks read back from a tier for fetches",
                           MetricType::Counter);
@@ -226,9 +229,9 @@ class CacheCollector final : public prometheus::Collectable {
                                    "Writes a tier refused (full after evicting, or an I/O error)",
                                    MetricType::Counter);
       AddSample(write_failures, ssd, static_cast<double>(t.lower_write_failures));
-      auto prefetches = Family("kvcached_tier_prefetches_total",
-                               "Lookup prefetches of a tier's blocks, by outcome",
-                               MetricType::Counter);
+      auto prefetches =
+          Family("kvcached_tier_prefetches_total",
+                 "Lookup prefetches of a tier's blocks, by outcome", MetricType::Counter);
       AddSample(prefetches, {{"tier", lower}, {"outcome", "issued"}},
                 static_cast<double>(s.prefetch.issued));
       AddSample(prefetches, {{"tier", lower}, {"outcome", "completed"}},
@@ -265,10 +268,10 @@ class CacheCollector final : public prometheus::Collectable {
     auto lease_tokens =
         Family("kvcached_lease_tokens", "Tokens held by live leases", MetricType::Gauge);
     AddSample(lease_tokens, {}, static_cast<double>(s.lease_tokens));
-    for (auto* f : {&blocks,      &bytes,    &appended, &dedup,       &evicted,     &hits,
-                    &misses,      &capacity, &used,     &payload,     &tier_blocks, &utilization,
-                    &evictions,   &rejected, &leases,   &conflicting, &restored,    &corrupt,
-                    &budget,      &metadata, &staged,   &lease_tokens}) {
+    for (auto* f : {&blocks,    &bytes,    &appended, &dedup,       &evicted,     &hits,
+                    &misses,    &capacity, &used,     &payload,     &tier_blocks, &utilization,
+                    &evictions, &rejected, &leases,   &conflicting, &restored,    &corrupt,
+                    &budget,    &metadata, &staged,   &lease_tokens}) {
       out.push_back(std::move(*f));
     }
     for (MetricFamily& f : ImportanceFamilies(s)) out.push_back(std::move(f));

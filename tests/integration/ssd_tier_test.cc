@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
 
@@ -15,6 +18,18 @@ namespace kvcache::testing {
 namespace {
 
 constexpr uint32_t kBlockTokens = 16;
+
+// Runs `command` (stdout and stderr) to its exit: {exit code, output}.
+std::pair<int, std::string> RunShell(const std::string& command) {
+  std::string output;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
 constexpr uint32_t kBlocksPerSequence = 8;
 
 class TierDaemonTest : public ::testing::Test {
@@ -100,6 +115,57 @@ TEST_F(TierDaemonTest, HoldsFarMoreThanHostMemoryAndServesItExactly) {
   ssd = Tier(*stats, "ssd");
   EXPECT_GT(ssd->reads(), 0u);
   EXPECT_EQ(ssd->checksum_failures(), 0u);
+}
+
+TEST_F(TierDaemonTest, OperatorsSeeTheTiersAndTheMovesBetweenThem) {
+  AppendAll(24);
+  ASSERT_EQ(FetchVerified(0), kBlocksPerSequence * kBlockTokens);  // a read-back
+  auto [code, tiers] =
+      RunShell(absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " tiers"));
+  ASSERT_EQ(code, 0) << tiers;
+  EXPECT_THAT(tiers, ::testing::HasSubstr("host"));
+  EXPECT_THAT(tiers, ::testing::HasSubstr("ssd"));
+  EXPECT_THAT(tiers, ::testing::HasSubstr("DEMOTED"));
+  const std::string url = absl::StrCat("http://127.0.0.1:", daemon_->metrics_port(), "/metrics");
+  auto [scraped, text] = RunShell("curl -sf " + url);
+  ASSERT_EQ(scraped, 0) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("kvcached_tier_capacity_bytes{tier=\"ssd\"} 67108864"));
+  EXPECT_THAT(text,
+              ::testing::ContainsRegex("kvcached_tier_migrations_total\\{from=\"host\",to=\"ssd\","
+                                       "reason=\"demote\"\\} [1-9]"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("kvcached_tier_reads_total\\{tier=\"ssd\"\\} [1-9]"));
+  auto [lint, lint_output] = RunShell("curl -sf " + url + " | promtool check metrics");
+  EXPECT_EQ(lint, 0) << lint_output;
+}
+
+TEST_F(TierDaemonTest, PrefetchWaitAnswersWithTheBlocksInHostMemory) {
+  AppendAll(24);
+  const std::vector<uint32_t> tokens = Sequence(0);
+  auto before = client_->Lookup("m", tokens);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->blocks.front().tier(), "ssd");
+  // A promotion needs room in the pool: wait (bounded) for the migrator to
+  // bring the host below its high watermark after the appends filled it.
+  for (int i = 0; i < 500; ++i) {
+    auto stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok());
+    const v1::TierStats* host = Tier(*stats, "host");
+    if (host->payload_bytes() <= host->capacity_bytes() * 9 / 10) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  LookupOptions options;
+  options.prefetch = v1::PREFETCH_WAIT;
+  auto after = client_->Lookup("m", tokens, options);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->matched_tokens, kBlocksPerSequence * kBlockTokens);
+  for (const v1::BlockDescriptor& b : after->blocks) EXPECT_EQ(b.tier(), "");
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok());
+  const v1::TierStats* ssd = Tier(*stats, "ssd");
+  ASSERT_NE(ssd, nullptr);
+  EXPECT_EQ(ssd->prefetches_completed(), 1u);
+  EXPECT_EQ(ssd->promotions(), kBlocksPerSequence);
+  EXPECT_EQ(FetchVerified(0), kBlocksPerSequence * kBlockTokens);
 }
 
 TEST_F(TierDaemonTest, BytesCorruptedOnDiskAreDetectedAndNeverServed) {

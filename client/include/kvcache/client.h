@@ -95,6 +95,11 @@ struct LookupOptions {
   bool acquire_lease = false;
   absl::Duration lease_ttl = absl::ZeroDuration();  // zero: server default
   bool accept_lossy = false;  // match blocks stored lossy too (docs/importance.md)
+  // Blocks only the SSD tier holds: leave them to Fetch (NONE), start reading
+  // them back (BEST_EFFORT), or read them back before answering (WAIT, for at
+  // most prefetch_timeout; zero: as long as it takes). docs/tiers.md.
+  v1::PrefetchMode prefetch = v1::PREFETCH_NONE;
+  absl::Duration prefetch_timeout = absl::ZeroDuration();
 };
 
 struct LookupResult {
