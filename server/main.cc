@@ -104,6 +104,15 @@ ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
   return o;
 }
 
+// The eviction policy cache.eviction_policy names (validated: lru or lru_k).
+std::unique_ptr<EvictionPolicy> EvictionPolicyFromConfig(const v1::CacheConfig& c, Clock* clock) {
+  if (c.eviction_policy() == "lru") return NewLruPolicy();
+  LruKOptions o;
+  o.correlated_period = absl::Milliseconds(c.lru_k().correlated_period_ms());
+  o.retained_history = c.lru_k().retained_history();
+  return NewLruKPolicy(o, clock);
+}
+
 // Saves the weights calibration applied into `saved` and, when the config
 // names a calibration file, writes it.
 void PersistCalibration(const std::vector<CalibrationOutcome>& outcomes,
@@ -230,7 +239,10 @@ int Serve(const v1::ServerConfig& config) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
   }
-  Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get());
+  std::unique_ptr<EvictionPolicy> policy =
+      EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
+  spdlog::info("eviction policy: {}", policy->name());
+  Cache cache(cache_options, *std::move(pool), std::move(policy), SystemClock::Get());
 
   auto stats_source = [&cache] { return cache.GetStats(); };
   std::unique_ptr<Metrics> metrics;
