@@ -81,9 +81,12 @@ struct LruKOptions {
   absl::Duration priority_step = absl::Minutes(1);
   absl::Duration importance_step = absl::Minutes(5);
   // How much older than its last use a block with fewer than K references
-  // ranks. InfiniteDuration (the default): such blocks always go first, as
-  // in classic LRU-K. Otherwise in [0, 10 years].
-  absl::Duration fewer_than_k_penalty = absl::InfiniteDuration();
+  // ranks, in [0, 10 years] or InfiniteDuration (such blocks always go
+  // first, as in classic LRU-K). The default, 10 minutes, did better than
+  // infinite on both Mooncake traces (tests/bench/README.md, "Eviction
+  // policies offline"): a new block of a conversation is often reused by
+  // its next turn, before it could earn a second reference.
+  absl::Duration fewer_than_k_penalty = absl::Minutes(10);
 
   // The K of a node whose workload hint is `workload`.
   int KFor(uint8_t workload) const;

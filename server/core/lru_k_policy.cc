@@ -15,6 +15,9 @@ constexpr uint32_t kNoReference = IndexNode::PolicyHook::kNoReference;
 // priority and importance terms can make up (times stay below 2^42 ms,
 // |priority| * priority_step below 2^31 * 1 day < 2^58 ms).
 constexpr int64_t kInfinitePenaltyMs = int64_t{1} << 62;
+// The rank of a block PickVictim found blocked by its children: behind every
+// rank the formula can give (those stay below 2^59 ms).
+constexpr int64_t kBlockedRank = int64_t{1} << 62;
 constexpr absl::Duration kMaxStep = absl::Hours(24);
 constexpr absl::Duration kMaxPenalty = absl::Hours(24 * 3660);
 
@@ -153,6 +156,12 @@ void LruKPolicy::Erase(IndexNode* node) {
   order_.erase(node);
   Retain(*node);
   node->policy_hook.order = {.rank = 0, .seq = 0};
+  // Its parent may be a leaf now: back to its own rank if it was set aside.
+  if (IndexNode* parent = node->parent;
+      parent != nullptr && parent->policy_hook.order.rank == kBlockedRank) {
+    order_.erase(parent);
+    Place(parent, /*used=*/false);
+  }
 }
 
 void LruKPolicy::SetImportance(IndexNode* node, float importance) {
@@ -162,8 +171,30 @@ void LruKPolicy::SetImportance(IndexNode* node, float importance) {
 }
 
 IndexNode* LruKPolicy::PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) {
+  IndexNode* victim = nullptr;
+  blocked_.clear();
   for (IndexNode* node : order_) {
-    if (evictable(*node)) return node;
+    if (node->policy_hook.order.rank == kBlockedRank) break;  // only set-aside blocks follow
+    if (evictable(*node)) {
+      victim = node;
+      break;
+    }
+    if (!node->is_leaf()) blocked_.push_back(node);
+  }
+  // Rejected blocks with children go behind the others until their next use
+  // or until a child of theirs is erased, so that the next call does not
+  // walk them again.
+  for (IndexNode* node : blocked_) {
+    order_.erase(node);
+    node->policy_hook.order.rank = kBlockedRank;
+    order_.insert(node);
+  }
+  if (victim != nullptr) return victim;
+  // Nothing in front: the set-aside blocks, in the order they were set aside.
+  IndexNode probe;
+  probe.policy_hook.order = {.rank = kBlockedRank, .seq = 0};
+  for (auto it = order_.lower_bound(&probe); it != order_.end(); ++it) {
+    if (evictable(**it)) return *it;
   }
   return nullptr;
 }

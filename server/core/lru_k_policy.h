@@ -17,11 +17,11 @@
 //        = last_use - fewer_than_k_penalty otherwise
 //
 // HIST(K) is the time of the K-th most recent reference, so the smallest
-// base is the largest backward K-distance. With the default (infinite)
-// penalty every block with fewer than K references goes before every block
-// with K, least recently used first among them, as in classic LRU-K; a
-// finite penalty lets a recently used newcomer outrank a block whose K-th
-// reference is older than last_use - penalty. `priority` is the append's
+// base is the largest backward K-distance. With an infinite penalty every
+// block with fewer than K references goes before every block with K, least
+// recently used first among them, as in classic LRU-K; a finite one (the
+// default: 10 minutes) lets a recently used newcomer outrank a block whose
+// K-th reference is older than last_use - penalty. `priority` is the append's
 // hint (IndexNode::priority; higher is kept longer) and `importance` the
 // cache's value in [0, 1] (IndexNode::importance, set through
 // SetImportance); each shifts the block's rank as if it had been used that
@@ -34,13 +34,23 @@
 // coming back earns its K references across evictions. Keys are the index's
 // chained block keys: two models caching the same tokens share an entry.
 //
+// Blocks with children. Only leaves are evictable in the Cache, but a parent
+// can rank before its children (its K-th reference is older than theirs,
+// or they have fewer than K with a finite penalty). PickVictim sets aside
+// each block with children that `evictable` rejects: it moves behind every
+// other block until its next use (Insert, Touch, SetImportance) or until
+// one of its children is erased, when it takes its own rank again. So for a
+// predicate that rejects every block with children (the Cache's) the victim
+// is exactly the lowest-ranked evictable block, and a parent is walked over
+// once per use instead of once per eviction. Another predicate may see a
+// set-aside block later than its rank says.
+//
 // Cost. The policy keeps its state in the node's policy_hook (40 bytes,
 // counted with the node by Cache::NodeMetadataBytes) and its order in a
 // B-tree of node pointers (about 12 bytes per block); Insert, Touch, Erase
 // and SetImportance are O(log n); PickVictim is O(log n) amortised when the
-// first blocks in rank order satisfy the predicate (in the Cache, leaves:
-// a parent is referenced whenever its children are, so it ranks later).
-// Retained entries take about 80 bytes each.
+// blocks it rejects are blocks with children (and O(n) when nothing is
+// evictable, like LRU). Retained entries take about 80 bytes each.
 //
 // Not thread-safe, like every EvictionPolicy: the Cache serialises calls.
 #ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
@@ -49,6 +59,7 @@
 #include <cstdint>
 #include <list>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
@@ -68,6 +79,8 @@ class LruKPolicy final : public EvictionPolicy {
 
   void Insert(IndexNode* node) override;
   void Touch(IndexNode* node) override;
+  // REQUIRES (besides the interface's): the node's parent, if any, is alive
+  // (in a PrefixIndex it always is: children are removed first).
   void Erase(IndexNode* node) override;
   IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) override;
   void SetImportance(IndexNode* node, float importance) override;
@@ -120,6 +133,7 @@ class LruKPolicy final : public EvictionPolicy {
   const int64_t penalty_ms_;  // what a block with fewer than K references loses
   uint64_t next_seq_ = 0;
   absl::btree_set<IndexNode*, ByRank> order_;
+  std::vector<IndexNode*> blocked_;  // PickVictim's scratch
   // Erased blocks' histories, most recently erased first, and by key.
   std::list<Retained> retained_;
   absl::flat_hash_map<uint64_t, std::list<Retained>::iterator> retained_by_key_;

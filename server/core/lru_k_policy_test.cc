@@ -299,7 +299,7 @@ TEST_F(LruKPolicyTest, FinitePenaltyLetsARecentNewcomerStay) {
   IndexNode* newcomer = Add(2);  // one reference at 65 s: ranks at 55 s
   EXPECT_EQ(policy_->PickVictim(All), old);
 
-  Reset({});  // infinite penalty: the newcomer goes first
+  Reset({.fewer_than_k_penalty = absl::InfiniteDuration()});  // the newcomer goes first
   old = Make(3);
   policy_->Insert(old);
   Advance(absl::Seconds(5));
@@ -336,6 +336,37 @@ TEST_F(LruKPolicyTest, SkipsBlocksThePredicateRejectsInRankOrder) {
   }
   EXPECT_EQ(policy_->PickVictim(leaf_not_other), nullptr);
   EXPECT_EQ(policy_->PickVictim(All), other);
+}
+
+TEST_F(LruKPolicyTest, ParentsRankedBeforeTheirChildrenAreWalkedOnce) {
+  // p: references at 0 and 5 s, then with its new child c an hour later
+  // (HIST(2) = 5 s); c: one reference (ranks at 1 h - 10 min). p ranks first
+  // but has a child.
+  IndexNode* p = Add(1);
+  Advance(absl::Seconds(5));
+  policy_->Touch(p);
+  Advance(absl::Hours(1));
+  IndexNode* c = Add(2, kUnspecified, 0, p);
+  for (IndexNode* n : {c, p}) policy_->Touch(n);
+  IndexNode* other = Add(3);
+  std::vector<const IndexNode*> asked;
+  auto leaf = [&](const IndexNode& n) {
+    asked.push_back(&n);
+    return n.is_leaf();
+  };
+  EXPECT_EQ(policy_->PickVictim(leaf), c);
+  EXPECT_THAT(asked, ElementsAre(p, c));
+  asked.clear();
+  EXPECT_EQ(policy_->PickVictim(leaf), c);
+  EXPECT_THAT(asked, ElementsAre(c));  // p was set aside
+  // A predicate that wants p still finds it, behind the others.
+  EXPECT_EQ(policy_->PickVictim([&](const IndexNode& n) { return &n == p; }), p);
+  EXPECT_EQ(policy_->size(), 3u);
+  // Erasing its child puts p back at its own rank: first.
+  policy_->Erase(c);
+  index_.RemoveSubtree(c, [](IndexNode*) {});
+  EXPECT_EQ(policy_->PickVictim(leaf), p);
+  EXPECT_THAT(Drain(), ElementsAre(p, other));
 }
 
 TEST_F(LruKPolicyTest, OptionsAreValidated) {
