@@ -25,8 +25,9 @@
 //
 // The traces carry no workload, priority or importance: every block is
 // WORKLOAD_KIND_UNSPECIFIED with priority 0 and importance 0, so the
-// combined rank equals plain LRU-K with default_k, and the "lru_k default"
-// column (the daemon's default settings) is LRU-K with K = 2.
+// combined rank equals plain LRU-K with default_k: the "combined" column
+// (LruKOptions{}, the daemon's defaults) is LRU-K with K = 2 and the
+// default settings, whatever the flags set for the K columns.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
@@ -209,8 +210,8 @@ struct Options {
   std::vector<std::string> traces;
   std::vector<double> capacity_percent = {1, 5, 10, 25};
   int64_t correlated_ms = 1000;
-  int64_t retained = -1;    // -1: as many as the capacity
-  int64_t penalty_ms = -1;  // -1: infinite
+  int64_t retained = 65536;     // the daemon's default; -1: the capacity
+  int64_t penalty_ms = 600000;  // the daemon's default; -1: infinite
   bool json = false;
 };
 
@@ -219,7 +220,8 @@ LruKOptions KOptions(const Options& o, int k, uint64_t capacity) {
   l.default_k = k;
   l.correlated_period = absl::Milliseconds(o.correlated_ms);
   l.retained_history = o.retained < 0 ? capacity : static_cast<size_t>(o.retained);
-  if (o.penalty_ms >= 0) l.fewer_than_k_penalty = absl::Milliseconds(o.penalty_ms);
+  l.fewer_than_k_penalty =
+      o.penalty_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(o.penalty_ms);
   return l;
 }
 
@@ -314,11 +316,12 @@ int main(int argc, char** argv) {
                  "LRU-K correlated period for the K columns, ms (default 1000)")
       ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
   app.add_option("--retained", o.retained,
-                 "LRU-K retained history for the K columns, entries (default: the capacity)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 26));
+                 "LRU-K retained history for the K columns, entries; -1: the capacity "
+                 "(default 65536)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 26));
   app.add_option("--penalty-ms", o.penalty_ms,
-                 "LRU-K fewer-than-K penalty for the K columns, ms (default: infinite)")
-      ->check(CLI::Range(int64_t{0}, int64_t{315360000000}));
+                 "LRU-K fewer-than-K penalty for the K columns, ms; -1: infinite (default 600000)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{315360000000}));
   app.add_flag("--json", o.json, "one JSON object per (trace, capacity, policy) instead");
   CLI11_PARSE(app, argc, argv);
   return kvcache::bench::Run(o);
