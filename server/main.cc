@@ -112,6 +112,15 @@ ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
   return o;
 }
 
+// The eviction policy cache.eviction_policy names (validated: lru or lru_k).
+std::unique_ptr<EvictionPolicy> EvictionPolicyFromConfig(const v1::CacheConfig& c, Clock* clock) {
+  if (c.eviction_policy() == "lru") return NewLruPolicy();
+  LruKOptions o;
+  o.correlated_period = absl::Milliseconds(c.lru_k().correlated_period_ms());
+  o.retained_history = c.lru_k().retained_history();
+  return NewLruKPolicy(o, clock);
+}
+
 // Saves the weights calibration applied into `saved` and, when the config
 // names a calibration file, writes it.
 void PersistCalibration(const std::vector<CalibrationOutcome>& outcomes,
@@ -218,7 +227,7 @@ absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig&
                           .capacity_bytes = c.capacity_bytes(),
                           .region_bytes = c.region_bytes(),
                           .direct_io = c.direct_io(),
-                          .engine = c.io_engine() == "io_uring" ? SsdIoEngine::kIoUring
+                          .engine = c.io_engine() == "io_uring"  ? SsdIoEngine::kIoUring
                                     : c.io_engine() == "threads" ? SsdIoEngine::kThreadPool
                                                                  : SsdIoEngine::kAuto,
                           .io_threads = c.io_threads(),
@@ -299,8 +308,12 @@ int Serve(const v1::ServerConfig& config) {
                          .lower_admit_min_references = ssd_config.admit_min_references(),
                          .lower_write_bytes_per_second = ssd_config.max_write_bytes_per_second(),
                          .promote_on_fetch = ssd_config.promote_on_fetch()};
-  Cache cache(cache_options, *std::move(pool), NewLruPolicy(), SystemClock::Get(), *ssd,
-              *ssd != nullptr ? NewLruPolicy() : nullptr);
+  std::unique_ptr<EvictionPolicy> policy =
+      EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
+  spdlog::info("eviction policy: {} (each tier ranks its blocks with its own)", policy->name());
+  Cache cache(
+      cache_options, *std::move(pool), std::move(policy), SystemClock::Get(), *ssd,
+      *ssd != nullptr ? EvictionPolicyFromConfig(config.cache(), SystemClock::Get()) : nullptr);
 
   auto stats_source = [&cache] { return cache.GetStats(); };
   std::unique_ptr<Metrics> metrics;

@@ -119,6 +119,20 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateCache(const v1::CacheConfig& c) {
+  if (c.eviction_policy() != "lru" && c.eviction_policy() != "lru_k") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache.eviction_policy is \"", c.eviction_policy(), "\"; it must be lru or lru_k"));
+  }
+  if (auto s = CheckRange("cache.lru_k.correlated_period_ms", c.lru_k().correlated_period_ms(), 0,
+                          86400000);
+      !s.ok()) {
+    return s;
+  }
+  return CheckRange("cache.lru_k.retained_history", c.lru_k().retained_history(), 0,
+                    uint64_t{1} << 26);
+}
+
 }  // namespace
 
 bool IsLoopbackAddress(std::string_view address) {
@@ -186,6 +200,12 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (shm->max_regions_per_connection() == 0) shm->set_max_regions_per_connection(64);
   if (shm->max_region_bytes() == 0) shm->set_max_region_bytes(uint64_t{64} << 30);
   if (shm->parallel_copy_min_bytes() == 0) shm->set_parallel_copy_min_bytes(uint64_t{8} << 20);
+
+  v1::CacheConfig* cache = c->mutable_cache();
+  if (cache->eviction_policy().empty()) cache->set_eviction_policy("lru_k");
+  v1::LruKConfig* lru_k = cache->mutable_lru_k();
+  if (!lru_k->has_correlated_period_ms()) lru_k->set_correlated_period_ms(1000);
+  if (!lru_k->has_retained_history()) lru_k->set_retained_history(65536);
 
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(10);
@@ -381,6 +401,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = CheckRange("drain_timeout_seconds", c.drain_timeout_seconds(), 1, 3600); !s.ok()) {
     return s;
   }
+  if (auto s = ValidateCache(c.cache()); !s.ok()) return s;
   return ValidateImportance(c.importance());
 }
 

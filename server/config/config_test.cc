@@ -173,6 +173,14 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"keepalive timeout too short",
        [](auto& c) { c.mutable_limits()->set_keepalive_timeout_ms(10); },
        "limits.keepalive_timeout_ms"},
+      {"unknown eviction policy", [](auto& c) { c.mutable_cache()->set_eviction_policy("arc"); },
+       "cache.eviction_policy"},
+      {"correlated period above a day",
+       [](auto& c) { c.mutable_cache()->mutable_lru_k()->set_correlated_period_ms(90000000); },
+       "cache.lru_k.correlated_period_ms"},
+      {"retained history too large",
+       [](auto& c) { c.mutable_cache()->mutable_lru_k()->set_retained_history(uint64_t{1} << 30); },
+       "cache.lru_k.retained_history"},
   };
   for (const BadValue& b : cases) {
     SCOPED_TRACE(b.name);
@@ -343,6 +351,22 @@ TEST_F(CalibrationSaveTest, AnUnreadableFileIsNotMistakenForAMissingOne) {
   EXPECT_NE(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr(path_));
+}
+
+TEST(ConfigTest, EvictionPolicyDefaultsAndExplicitZeros) {
+  const v1::CacheConfig d = DefaultConfig().cache();
+  EXPECT_EQ(d.eviction_policy(), "lru_k");
+  EXPECT_EQ(d.lru_k().correlated_period_ms(), 1000u);
+  EXPECT_EQ(d.lru_k().retained_history(), 65536u);
+  // 0 is a setting here (every use counts; keep no history), not "default".
+  auto c = ParseConfigJson(R"({"cache": {"eviction_policy": "lru",
+                                         "lru_k": {"correlated_period_ms": 0,
+                                                   "retained_history": "0"}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cache().eviction_policy(), "lru");
+  EXPECT_EQ(c->cache().lru_k().correlated_period_ms(), 0u);
+  EXPECT_EQ(c->cache().lru_k().retained_history(), 0u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
 }  // namespace

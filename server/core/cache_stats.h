@@ -10,8 +10,8 @@
 
 #include "server/core/block_store.h"
 #include "server/core/importance_policy.h"
-#include "server/core/prefetcher.h"
 #include "server/core/layout.h"
+#include "server/core/prefetcher.h"
 #include "server/core/slab_pool.h"
 
 namespace kvcache {

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "server/core/cache_test_util.h"
+#include "server/core/eviction_policy.h"
 
 namespace kvcache {
 namespace cache_test {
@@ -274,6 +275,30 @@ TEST_F(CapacityTest, EvictsLeastRecentlyUsedLeavesFirst) {
   EXPECT_EQ(Matched(Big(), seqs_[3]), 4 * kBt);
   EXPECT_EQ(Matched(Big(), seqs_[1]), 2 * kBt);
   EXPECT_EQ(Fetched(Big(), NewSeq(200, 5)), 5 * kBt);
+}
+
+// The same cache with LRU-K (K = 2, the defaults): a sequence used again a
+// minute after its append outlives newer sequences used once, where LRU
+// would evict it first.
+TEST_F(CacheTest, LruKKeepsASequenceUsedTwice) {
+  MakeCache(2, {}, NewLruKPolicy(LruKOptions{}, &clock_));
+  Register(Big());
+  std::vector<std::vector<Token>> seqs;
+  for (uint32_t s = 0; s < 4; ++s)
+    seqs.push_back(Seq({10 * s + 1, 10 * s + 2, 10 * s + 3, 10 * s + 4}));
+  ASSERT_TRUE(Append(*cache_, Big(), seqs[0]).ok());
+  clock_.Advance(absl::Minutes(1));
+  EXPECT_EQ(Matched(Big(), seqs[0]), 4 * kBt);  // its second reference
+  clock_.Advance(absl::Minutes(1));
+  for (uint32_t s = 1; s < 4; ++s) ASSERT_TRUE(Append(*cache_, Big(), seqs[s]).ok());
+  ASSERT_EQ(cache_->GetStats().blocks, 16u);  // full
+  clock_.Advance(absl::Minutes(1));
+  ASSERT_TRUE(Append(*cache_, Big(), Seq({100, 101})).ok());
+  EXPECT_EQ(cache_->GetStats().capacity_evictions, 2u);
+  EXPECT_EQ(Matched(Big(), seqs[0]), 4 * kBt);  // LRU's coldest, kept
+  EXPECT_EQ(Matched(Big(), seqs[1]), 2 * kBt);  // used once, the least recently: its leaves went
+  EXPECT_EQ(Matched(Big(), seqs[2]), 4 * kBt);
+  EXPECT_EQ(Matched(Big(), seqs[3]), 4 * kBt);
 }
 
 TEST_F(CapacityTest, LeasedBlocksAreNeverEvicted) {

@@ -175,12 +175,15 @@ class CacheTest : public ::testing::Test {
  protected:
   void SetUp() override { MakeCache(4); }
 
-  void MakeCache(uint64_t slabs, const CacheOptions& options = {}) {
+  // A cache of `slabs` slabs evicting with `policy` (nullptr: LRU).
+  void MakeCache(uint64_t slabs, const CacheOptions& options = {},
+                 std::unique_ptr<EvictionPolicy> policy = nullptr) {
     cache_.reset();
     auto pool = SlabPool::Create(
         {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
-    cache_ = std::make_unique<Cache>(options, *std::move(pool), NewLruPolicy(), &clock_);
+    if (policy == nullptr) policy = NewLruPolicy();
+    cache_ = std::make_unique<Cache>(options, *std::move(pool), std::move(policy), &clock_);
   }
 
   void Register(const TestModel& m) {

@@ -9,16 +9,23 @@
 // fetched), then erases it itself. The Cache touches a path leaf-first, so a
 // parent is always at least as recent as its children.
 //
-// Implementations are not thread-safe; the Cache serialises calls. The
-// importance-aware policy will implement this same interface; every policy
-// passes eviction_policy_test.cc's behaviour suite.
+// Implementations are not thread-safe; the Cache serialises calls. Every
+// policy passes eviction_policy_test.cc's behaviour suite. Two exist:
+//   lru    least recently used first (lru_policy.cc);
+//   lru_k  LRU-K with K by workload, a correlated-reference period, history
+//          kept for evicted blocks, and the append's priority and the
+//          cache's importance folded into one rank (lru_k_policy.h).
 #ifndef KVCACHE_SERVER_CORE_EVICTION_POLICY_H_
 #define KVCACHE_SERVER_CORE_EVICTION_POLICY_H_
 
+#include <cstddef>
 #include <memory>
 #include <string_view>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/core/clock.h"
 #include "server/core/prefix_index.h"
 
 namespace kvcache {
@@ -33,9 +40,21 @@ class EvictionPolicy {
   virtual void Touch(IndexNode* node) = 0;
   // REQUIRES: `node` is tracked; it is not tracked afterwards.
   virtual void Erase(IndexNode* node) = 0;
+  // A block moving between two tiers' policies (of the same kind): Release
+  // stops tracking it without treating it as gone (no history is retained
+  // for it), Adopt tracks it keeping the history its hook carries, without
+  // counting a use. REQUIRES as Erase and Insert.
+  virtual void Release(IndexNode* node) { Erase(node); }
+  virtual void Adopt(IndexNode* node) { Insert(node); }
   // The block to evict first among those for which `evictable` is true, or
   // nullptr when there is none. Does not erase it.
   virtual IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) = 0;
+  // Sets the block's importance (IndexNode::set_importance: clamped to
+  // [0, 1]) and re-ranks it if the policy ranks by importance. The default
+  // only stores it. REQUIRES: `node` is tracked.
+  virtual void SetImportance(IndexNode* node, float importance) {
+    node->set_importance(importance);
+  }
 
   virtual size_t size() const = 0;
   virtual std::string_view name() const = 0;
@@ -43,6 +62,47 @@ class EvictionPolicy {
 
 // Least recently used first.
 std::unique_ptr<EvictionPolicy> NewLruPolicy();
+
+// LRU-K's settings (lru_k_policy.h explains the rank they feed).
+struct LruKOptions {
+  // Largest K: the history a node holds.
+  static constexpr int kMaxK = 4;
+  // K by the append's workload hint (WorkloadKind): unspecified, chat, code,
+  // document. Each in 1..kMaxK.
+  int default_k = 2;
+  int chat_k = 2;
+  int code_k = 3;
+  int document_k = 4;
+  // A use within this long of the block's previous use is correlated with
+  // it (one request's lookup, fetch and append; a burst of retries): it
+  // refreshes the last use but adds no reference to the history.
+  absl::Duration correlated_period = absl::Seconds(1);
+  // How many evicted blocks' histories are kept (by IndexNode::key, least
+  // recently evicted dropped first), so a block that comes back resumes its
+  // history. 0 keeps none. About 80 bytes each.
+  size_t retained_history = 65536;
+  // Rank credit per unit of the append's priority hint and for importance
+  // 1.0 (linear in importance): a block ranks as if its K-th reference were
+  // this much more recent. Each in [0, 1 day].
+  absl::Duration priority_step = absl::Minutes(1);
+  absl::Duration importance_step = absl::Minutes(5);
+  // How much older than its last use a block with fewer than K references
+  // ranks, in [0, 10 years] or InfiniteDuration (such blocks always go
+  // first, as in classic LRU-K). The default, 10 minutes, did better than
+  // infinite on both Mooncake traces (tests/bench/README.md, "Eviction
+  // policies offline"): a new block of a conversation is often reused by
+  // its next turn, before it could earn a second reference.
+  absl::Duration fewer_than_k_penalty = absl::Minutes(10);
+
+  // The K of a node whose workload hint is `workload`.
+  int KFor(uint8_t workload) const;
+  // INVALID_ARGUMENT naming the field when one is out of range.
+  absl::Status Validate() const;
+};
+
+// LRU-K (lru_k_policy.h), reading time from `clock` (not owned; it must
+// outlive the policy). REQUIRES: options.Validate().ok().
+std::unique_ptr<EvictionPolicy> NewLruKPolicy(const LruKOptions& options, Clock* clock);
 
 }  // namespace kvcache
 

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/core/clock.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
 
@@ -27,6 +28,17 @@ constexpr uint32_t kBt = 16;
 struct LruFactory {
   static constexpr std::string_view kName = "lru";
   static std::unique_ptr<EvictionPolicy> Make() { return NewLruPolicy(); }
+};
+// LRU-K with every use counted (no correlated period), on a clock that
+// stands still within a test; lru_k_policy_test.cc tests what only LRU-K
+// promises.
+struct LruKFactory {
+  static constexpr std::string_view kName = "lru_k";
+  static std::unique_ptr<EvictionPolicy> Make() {
+    static ManualClock clock;
+    clock.Advance(absl::Hours(1));
+    return NewLruKPolicy({.correlated_period = absl::ZeroDuration()}, &clock);
+  }
 };
 
 std::vector<Token> Block(uint32_t id) {
@@ -94,7 +106,7 @@ struct FactoryName {
   }
 };
 
-using PolicyFactories = ::testing::Types<LruFactory>;
+using PolicyFactories = ::testing::Types<LruFactory, LruKFactory>;
 TYPED_TEST_SUITE(EvictionPolicyTest, PolicyFactories, FactoryName);
 
 TYPED_TEST(EvictionPolicyTest, StartsEmpty) {

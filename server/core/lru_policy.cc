@@ -26,7 +26,7 @@ class LruPolicy final : public EvictionPolicy {
   }
 
   IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) override {
-    for (IndexNode* node = head_; node != nullptr; node = node->policy_hook.next) {
+    for (IndexNode* node = head_; node != nullptr; node = node->policy_hook.list.next) {
       if (evictable(*node)) return node;
     }
     return nullptr;
@@ -37,10 +37,9 @@ class LruPolicy final : public EvictionPolicy {
 
  private:
   void PushBack(IndexNode* node) {
-    node->policy_hook.prev = tail_;
-    node->policy_hook.next = nullptr;
+    node->policy_hook.list = {.prev = tail_, .next = nullptr};
     if (tail_ != nullptr) {
-      tail_->policy_hook.next = node;
+      tail_->policy_hook.list.next = node;
     } else {
       head_ = node;
     }
@@ -48,9 +47,9 @@ class LruPolicy final : public EvictionPolicy {
   }
 
   void Unlink(IndexNode* node) {
-    IndexNode::PolicyHook& h = node->policy_hook;
-    (h.prev != nullptr ? h.prev->policy_hook.next : head_) = h.next;
-    (h.next != nullptr ? h.next->policy_hook.prev : tail_) = h.prev;
+    IndexNode::PolicyHook::List& h = node->policy_hook.list;
+    (h.prev != nullptr ? h.prev->policy_hook.list.next : head_) = h.next;
+    (h.next != nullptr ? h.next->policy_hook.list.prev : tail_) = h.prev;
     h.prev = h.next = nullptr;
   }
 

@@ -74,9 +74,11 @@ void Prefetcher::Work() {
       queue_.pop_front();
     }
     job.run();
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.completed;  // before the waiter wakes, so it sees the count
+    }
     job.ticket->Notify();
-    std::lock_guard lock(mu_);
-    ++stats_.completed;
   }
 }
 

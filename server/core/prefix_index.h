@@ -66,11 +66,29 @@ struct IndexNode {
   uint64_t key = 0;             // chained over tokens[0 .. (depth+1)*block_tokens)
   uint32_t depth = 0;           // block index in the sequence
   uint32_t num_children = 0;
-  // Owned by the cache's EvictionPolicy (e.g. LRU list links); null while
-  // the node is not tracked.
+  // Owned by the cache's EvictionPolicy; each policy uses its own members
+  // and only while it tracks the node. 40 bytes.
   struct PolicyHook {
-    IndexNode* prev = nullptr;
-    IndexNode* next = nullptr;
+    // LRU: the recency list's links (null while untracked).
+    struct List {
+      IndexNode* prev;
+      IndexNode* next;
+    };
+    // LRU-K: the node's eviction order key (rank, then last-use sequence).
+    struct Order {
+      int64_t rank;
+      uint64_t seq;
+    };
+    union {
+      List list{nullptr, nullptr};
+      Order order;
+    };
+    // LRU-K reference history, in milliseconds: the last use, and how long
+    // before it the 1st..4th most recent uncorrelated references were
+    // (kNoReference: fewer references).
+    int64_t last_ms = 0;
+    uint32_t history_age_ms[4] = {};
+    static constexpr uint32_t kNoReference = ~uint32_t{0};
   } policy_hook;
   PrefixIndex* index = nullptr;  // the tree this node belongs to
   // Hints from the append that stored the block (read by policies).
@@ -91,6 +109,15 @@ struct IndexNode {
   bool in_host() const { return payload != nullptr; }
   // The seal of the block, from whichever copy it has.
   const BlockSeal seal() const { return payload != nullptr ? payload->seal() : lower->seal(); }
+  // How much the cache values the block, in [0, 1] (0 until set); stored in
+  // 16 bits. Policies that rank by it must be told when it changes
+  // (EvictionPolicy::SetImportance), so set it through the policy while the
+  // node is tracked.
+  float importance() const { return static_cast<float>(importance_) / kImportanceScale; }
+  void set_importance(float importance) {
+    const float clamped = importance > 0 ? (importance < 1 ? importance : 1) : 0;
+    importance_ = static_cast<uint16_t>(clamped * kImportanceScale + 0.5f);
+  }
   // Per-token importance inputs and the block's precision (token_state.h);
   // an empty state until something is set (most blocks of a model that does
   // not compress never have any, and pay 8 bytes for it).
@@ -110,6 +137,8 @@ struct IndexNode {
 
  private:
   friend class PrefixIndex;
+  static constexpr float kImportanceScale = 65535.0f;
+  uint16_t importance_ = 0;  // importance() * kImportanceScale, in the padding after workload
   static const BlockTokenState kNoTokenState;
   std::unique_ptr<BlockTokenState> token_state_;
   // Children: a doubly linked list of siblings.

@@ -11,7 +11,8 @@ namespace kvcache {
 namespace cache_test {
 namespace {
 
-class TierTest : public CacheTest {
+// Every test runs with each eviction policy ranking both tiers.
+class TierTest : public CacheTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {}
 
@@ -22,8 +23,11 @@ class TierTest : public CacheTest {
         {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
     lower_ = MemoryBlockStore::Create(lower_bytes);
-    cache_ = std::make_unique<Cache>(options, *std::move(pool), NewLruPolicy(), &clock_, lower_,
-                                     NewLruPolicy());
+    cache_ = std::make_unique<Cache>(options, *std::move(pool), NewPolicy(), &clock_, lower_,
+                                     NewPolicy());
+  }
+  std::unique_ptr<EvictionPolicy> NewPolicy() {
+    return GetParam() == "lru_k" ? NewLruKPolicy(LruKOptions{}, &clock_) : NewLruPolicy();
   }
 
   // Appends sequences 0..n-1 of `blocks` blocks each (Big: 8 KiB blocks).
@@ -44,7 +48,7 @@ class TierTest : public CacheTest {
   std::shared_ptr<MemoryBlockStore> lower_;
 };
 
-TEST_F(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
+TEST_P(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
   MakeTiered(4, 4 << 20);  // host: 32 blocks of 8 KiB; lower: 512
   Register(Big());
   AppendSequences(20, 4);  // 80 blocks: 2.5x the host
@@ -64,7 +68,7 @@ TEST_F(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
   EXPECT_GT(Tiers().lower_reads, 0u);
 }
 
-TEST_F(TierTest, LookupSaysWhichTierHoldsEachBlock) {
+TEST_P(TierTest, LookupSaysWhichTierHoldsEachBlock) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);  // 48 blocks; the first sequences were demoted
@@ -81,7 +85,7 @@ TEST_F(TierTest, LookupSaysWhichTierHoldsEachBlock) {
   EXPECT_EQ(first->blocks[2].key, PrefixKey(tokens, 2));
 }
 
-TEST_F(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
+TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);
@@ -103,14 +107,15 @@ TEST_F(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
 }
 
-TEST_F(TierTest, PrefetchWaitPromotesBeforeItReturns) {
+TEST_P(TierTest, PrefetchWaitPromotesBeforeItReturns) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);
   while (cache_->NeedsMigration()) cache_->Migrate();
   const std::vector<Token> tokens = SequenceOf(0, 4);
   ASSERT_EQ(cache_->Lookup(Big().key, tokens)->blocks[0].tier, BlockTier::kLower);
-  EXPECT_TRUE(cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kWait, absl::ZeroDuration()));
+  EXPECT_TRUE(
+      cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kWait, absl::ZeroDuration()));
   auto after = cache_->Lookup(Big().key, tokens);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->matched_tokens, 4 * kBt);
@@ -123,7 +128,7 @@ TEST_F(TierTest, PrefetchWaitPromotesBeforeItReturns) {
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
 }
 
-TEST_F(TierTest, PrefetchBestEffortPromotesInTheBackground) {
+TEST_P(TierTest, PrefetchBestEffortPromotesInTheBackground) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);
@@ -141,7 +146,7 @@ TEST_F(TierTest, PrefetchBestEffortPromotesInTheBackground) {
   for (const BlockInfo& b : after->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
 }
 
-TEST_F(TierTest, MigrateBringsTheHostBelowItsLowWatermark) {
+TEST_P(TierTest, MigrateBringsTheHostBelowItsLowWatermark) {
   CacheOptions options;
   options.tiers.host_high_watermark = 0.5;
   options.tiers.host_low_watermark = 0.25;
@@ -161,7 +166,7 @@ TEST_F(TierTest, MigrateBringsTheHostBelowItsLowWatermark) {
   for (uint32_t s = 0; s < 10; ++s) EXPECT_EQ(Fetched(Big(), SequenceOf(s, 4)), 4 * kBt);
 }
 
-TEST_F(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
+TEST_P(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);
@@ -186,7 +191,7 @@ TEST_F(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
   EXPECT_TRUE(PlanHolds(*lease_plan, Big(), tokens));
 }
 
-TEST_F(TierTest, TheAdmissionGateEvictsBlocksUsedOnce) {
+TEST_P(TierTest, TheAdmissionGateEvictsBlocksUsedOnce) {
   CacheOptions options;
   options.tiers.lower_admit_min_references = 3;  // append + two uses
   MakeTiered(4, 4 << 20, options);
@@ -204,7 +209,7 @@ TEST_F(TierTest, TheAdmissionGateEvictsBlocksUsedOnce) {
   EXPECT_EQ(t.demotions, 4u);
 }
 
-TEST_F(TierTest, TheWriteBudgetSparesTheDevice) {
+TEST_P(TierTest, TheWriteBudgetSparesTheDevice) {
   CacheOptions options;
   options.tiers.lower_write_bytes_per_second = 3 * 8192;  // three blocks a second
   MakeTiered(4, 4 << 20, options);
@@ -219,7 +224,7 @@ TEST_F(TierTest, TheWriteBudgetSparesTheDevice) {
   EXPECT_EQ(t.demotions, 6u);
 }
 
-TEST_F(TierTest, AFullLowerTierEvictsItsColdestLeaves) {
+TEST_P(TierTest, AFullLowerTierEvictsItsColdestLeaves) {
   MakeTiered(4, 128 << 10);  // lower: 16 blocks
   Register(Big());
   AppendSequences(20, 4);  // 80 blocks > 32 + 16
@@ -234,7 +239,7 @@ TEST_F(TierTest, AFullLowerTierEvictsItsColdestLeaves) {
   }
 }
 
-TEST_F(TierTest, ALeaseKeepsALowerBlockReadableAfterItLeaves) {
+TEST_P(TierTest, ALeaseKeepsALowerBlockReadableAfterItLeaves) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);
@@ -250,7 +255,7 @@ TEST_F(TierTest, ALeaseKeepsALowerBlockReadableAfterItLeaves) {
   EXPECT_EQ(Tiers().promotions, 0u);  // nothing to promote into: the blocks left
 }
 
-TEST_F(TierTest, UnregisterAndEvictFreeTheLowerTier) {
+TEST_P(TierTest, UnregisterAndEvictFreeTheLowerTier) {
   MakeTiered(4, 4 << 20);
   Register(Big());
   AppendSequences(12, 4);
@@ -264,7 +269,7 @@ TEST_F(TierTest, UnregisterAndEvictFreeTheLowerTier) {
 
 // Many workers over tiny tiers: constant demotion, promotion and lower-tier
 // eviction; every byte any of them fetches must be the byte appended.
-TEST_F(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
+TEST_P(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
   CacheOptions options;
   options.tiers.host_high_watermark = 0.6;
   options.tiers.host_low_watermark = 0.3;
@@ -306,6 +311,9 @@ TEST_F(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
   EXPECT_EQ(stats.tiers.checksum_failures, 0u);
   EXPECT_EQ(stats.lower_store.live_copies, stats.tiers.lower_blocks);
 }
+
+INSTANTIATE_TEST_SUITE_P(Policies, TierTest, ::testing::Values("lru", "lru_k"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace cache_test

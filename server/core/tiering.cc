@@ -22,18 +22,18 @@ IndexNode* Cache::RefindLocked(const PrefixIndex* index, uint64_t lookup_hash) c
 }
 
 void Cache::DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped) {
-  policy_->Erase(node);
+  policy_->Release(node);
   payload_bytes_ -= node->payload->size();
   dropped->push_back(std::move(node->payload));
-  lower_policy_->Insert(node);
+  lower_policy_->Adopt(node);
   ++tier_.lower_only_blocks;
 }
 
 void Cache::SetHostCopyLocked(IndexNode* node, BlockRef payload) {
-  lower_policy_->Erase(node);
+  lower_policy_->Release(node);
   payload_bytes_ += payload->size();
   node->payload = std::move(payload);
-  policy_->Insert(node);
+  policy_->Adopt(node);
   --tier_.lower_only_blocks;
 }
 

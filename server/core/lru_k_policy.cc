@@ -1,0 +1,241 @@
+#include "server/core/lru_k_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+namespace {
+
+constexpr uint32_t kNoReference = IndexNode::PolicyHook::kNoReference;
+// What an infinite fewer_than_k_penalty subtracts: more than any base,
+// priority and importance terms can make up (times stay below 2^42 ms,
+// |priority| * priority_step below 2^31 * 1 day < 2^58 ms).
+constexpr int64_t kInfinitePenaltyMs = int64_t{1} << 62;
+// The rank of a block PickVictim found blocked by its children: behind every
+// rank the formula can give (those stay below 2^59 ms).
+constexpr int64_t kBlockedRank = int64_t{1} << 62;
+constexpr absl::Duration kMaxStep = absl::Hours(24);
+constexpr absl::Duration kMaxPenalty = absl::Hours(24 * 3660);
+
+uint32_t AddAge(uint32_t age, int64_t ms) {
+  if (age == kNoReference) return kNoReference;
+  return static_cast<uint32_t>(std::min<int64_t>(int64_t{age} + ms, kNoReference - 1));
+}
+
+int CountReferences(const uint32_t (&age)[LruKOptions::kMaxK]) {
+  int n = 0;
+  while (n < LruKOptions::kMaxK && age[n] != kNoReference) ++n;
+  return n;
+}
+
+}  // namespace
+
+int LruKOptions::KFor(uint8_t workload) const {
+  switch (workload) {  // WorkloadKind (proto/kvcache/v1/kvcache.proto)
+    case 1:
+      return chat_k;
+    case 2:
+      return code_k;
+    case 3:
+      return document_k;
+    default:
+      return default_k;
+  }
+}
+
+absl::Status LruKOptions::Validate() const {
+  for (auto [field, k] : {std::pair<std::string_view, int>{"default_k", default_k},
+                          {"chat_k", chat_k},
+                          {"code_k", code_k},
+                          {"document_k", document_k}}) {
+    if (k < 1 || k > kMaxK) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lru_k.", std::string(field), " is ", k, "; it must be in 1..", kMaxK));
+    }
+  }
+  if (correlated_period < absl::ZeroDuration() || correlated_period > kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("lru_k.correlated_period is ",
+                                                   absl::FormatDuration(correlated_period),
+                                                   "; it must be in [0, 24h]"));
+  }
+  for (auto [field, d] :
+       {std::pair<std::string_view, absl::Duration>{"priority_step", priority_step},
+        {"importance_step", importance_step}}) {
+    if (d < absl::ZeroDuration() || d > kMaxStep) {
+      return absl::InvalidArgumentError(absl::StrCat("lru_k.", std::string(field), " is ",
+                                                     absl::FormatDuration(d),
+                                                     "; it must be in [0, 24h]"));
+    }
+  }
+  if (fewer_than_k_penalty != absl::InfiniteDuration() &&
+      (fewer_than_k_penalty < absl::ZeroDuration() || fewer_than_k_penalty > kMaxPenalty)) {
+    return absl::InvalidArgumentError(absl::StrCat("lru_k.fewer_than_k_penalty is ",
+                                                   absl::FormatDuration(fewer_than_k_penalty),
+                                                   "; it must be in [0, 3660 days] or infinite"));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<EvictionPolicy> NewLruKPolicy(const LruKOptions& options, Clock* clock) {
+  return std::make_unique<LruKPolicy>(options, clock);
+}
+
+LruKPolicy::LruKPolicy(const LruKOptions& options, Clock* clock)
+    : options_(options),
+      clock_(clock),
+      correlated_ms_(absl::ToInt64Milliseconds(options.correlated_period)),
+      priority_step_ms_(absl::ToInt64Milliseconds(options.priority_step)),
+      importance_step_ms_(absl::ToInt64Milliseconds(options.importance_step)),
+      penalty_ms_(options.fewer_than_k_penalty == absl::InfiniteDuration()
+                      ? kInfinitePenaltyMs
+                      : absl::ToInt64Milliseconds(options.fewer_than_k_penalty)) {}
+
+int64_t LruKPolicy::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
+
+void LruKPolicy::Reference(IndexNode::PolicyHook& hook, int64_t now_ms) const {
+  uint32_t(&age)[LruKOptions::kMaxK] = hook.history_age_ms;
+  if (age[0] == kNoReference) {  // the first reference
+    hook.last_ms = now_ms;
+    age[0] = 0;
+    return;
+  }
+  const int64_t since_last = std::max<int64_t>(now_ms - hook.last_ms, 0);  // clocks may step back
+  hook.last_ms += since_last;
+  if (since_last < correlated_ms_) {  // correlated: the ages grow, no new reference
+    for (uint32_t& a : age) a = AddAge(a, since_last);
+    return;
+  }
+  for (int i = LruKOptions::kMaxK - 1; i > 0; --i) age[i] = AddAge(age[i - 1], since_last);
+  age[0] = 0;
+}
+
+int64_t LruKPolicy::Rank(const IndexNode& node) const {
+  const IndexNode::PolicyHook& hook = node.policy_hook;
+  const int k = options_.KFor(node.workload);
+  const int64_t base = hook.history_age_ms[k - 1] != kNoReference
+                           ? hook.last_ms - hook.history_age_ms[k - 1]
+                           : hook.last_ms - penalty_ms_;
+  return base + int64_t{node.priority} * priority_step_ms_ +
+         std::llround(static_cast<double>(node.importance()) *
+                      static_cast<double>(importance_step_ms_));
+}
+
+void LruKPolicy::Place(IndexNode* node, bool used) {
+  IndexNode::PolicyHook& hook = node->policy_hook;
+  const uint64_t seq = used ? ++next_seq_ : hook.order.seq;
+  hook.order = {.rank = Rank(*node), .seq = seq};
+  order_.insert(node);
+}
+
+void LruKPolicy::Insert(IndexNode* node) {
+  IndexNode::PolicyHook& hook = node->policy_hook;
+  hook.last_ms = 0;
+  std::fill(std::begin(hook.history_age_ms), std::end(hook.history_age_ms), kNoReference);
+  if (auto it = retained_by_key_.find(node->key); it != retained_by_key_.end()) {
+    hook.last_ms = it->second->last_ms;
+    std::copy(std::begin(it->second->history_age_ms), std::end(it->second->history_age_ms),
+              hook.history_age_ms);
+    retained_.erase(it->second);
+    retained_by_key_.erase(it);
+  }
+  Reference(hook, NowMs());
+  Place(node, /*used=*/true);
+}
+
+void LruKPolicy::Touch(IndexNode* node) {
+  order_.erase(node);
+  Reference(node->policy_hook, NowMs());
+  Place(node, /*used=*/true);
+}
+
+void LruKPolicy::Erase(IndexNode* node) {
+  Retain(*node);
+  Release(node);
+}
+
+void LruKPolicy::Release(IndexNode* node) {
+  order_.erase(node);
+  node->policy_hook.order = {.rank = 0, .seq = 0};
+  // Its parent may be a leaf now: back to its own rank if it was set aside
+  // (by this policy: the parent may belong to another tier's).
+  if (IndexNode* parent = node->parent;
+      parent != nullptr && parent->policy_hook.order.rank == kBlockedRank) {
+    auto it = order_.find(parent);
+    if (it != order_.end() && *it == parent) {
+      order_.erase(it);
+      Place(parent, /*used=*/false);
+    }
+  }
+}
+
+void LruKPolicy::Adopt(IndexNode* node) { Place(node, /*used=*/true); }
+
+void LruKPolicy::SetImportance(IndexNode* node, float importance) {
+  order_.erase(node);
+  node->set_importance(importance);
+  Place(node, /*used=*/false);
+}
+
+IndexNode* LruKPolicy::PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) {
+  IndexNode* victim = nullptr;
+  blocked_.clear();
+  for (IndexNode* node : order_) {
+    if (node->policy_hook.order.rank == kBlockedRank) break;  // only set-aside blocks follow
+    if (evictable(*node)) {
+      victim = node;
+      break;
+    }
+    if (!node->is_leaf()) blocked_.push_back(node);
+  }
+  // Rejected blocks with children go behind the others until their next use
+  // or until a child of theirs is erased, so that the next call does not
+  // walk them again.
+  for (IndexNode* node : blocked_) {
+    order_.erase(node);
+    node->policy_hook.order.rank = kBlockedRank;
+    order_.insert(node);
+  }
+  if (victim != nullptr) return victim;
+  // Nothing in front: the set-aside blocks, in the order they were set aside.
+  IndexNode probe;
+  probe.policy_hook.order = {.rank = kBlockedRank, .seq = 0};
+  for (auto it = order_.lower_bound(&probe); it != order_.end(); ++it) {
+    if (evictable(**it)) return *it;
+  }
+  return nullptr;
+}
+
+void LruKPolicy::Retain(const IndexNode& node) {
+  if (options_.retained_history == 0) return;
+  const IndexNode::PolicyHook& hook = node.policy_hook;
+  Retained entry{.key = node.key, .last_ms = hook.last_ms, .history_age_ms = {}};
+  std::copy(std::begin(hook.history_age_ms), std::end(hook.history_age_ms), entry.history_age_ms);
+  auto [it, inserted] = retained_by_key_.try_emplace(node.key);
+  if (!inserted) retained_.erase(it->second);  // another block with this key left before
+  retained_.push_front(entry);
+  it->second = retained_.begin();
+  if (retained_.size() > options_.retained_history) {
+    retained_by_key_.erase(retained_.back().key);
+    retained_.pop_back();
+  }
+}
+
+int LruKPolicy::References(const IndexNode& node) const {
+  return CountReferences(node.policy_hook.history_age_ms);
+}
+
+bool LruKPolicy::SeenAtLeast(const IndexNode& node, int n) const {
+  return n <= 0 || References(node) >= n;
+}
+
+bool LruKPolicy::SeenAtLeast(uint64_t key, int n) const {
+  if (n <= 0) return true;
+  auto it = retained_by_key_.find(key);
+  return it != retained_by_key_.end() && CountReferences(it->second->history_age_ms) >= n;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,146 @@
+// LruKPolicy: LRU-K eviction (O'Neil, O'Neil and Weikum, SIGMOD 1993) for the
+// cache's blocks, with K chosen per block by its workload and the append's
+// priority and the cache's importance folded into the same rank.
+//
+// History. A block's history is the times of its K most recent uncorrelated
+// references: Insert and Touch are references; one that comes within
+// `correlated_period` of the block's previous use (any Insert or Touch) is
+// correlated with it and only refreshes the last use. K comes from the
+// block's workload hint (LruKOptions: chat 2, code 3, document 4, otherwise
+// default_k); at most LruKOptions::kMaxK references are remembered.
+//
+// Rank. The block evicted first is the one with the smallest rank, ties
+// going to the least recently used (smallest last-use sequence):
+//
+//   rank = base + priority * priority_step + importance * importance_step
+//   base = HIST(K)                        if the block has K references
+//        = last_use - fewer_than_k_penalty otherwise
+//
+// HIST(K) is the time of the K-th most recent reference, so the smallest
+// base is the largest backward K-distance. With an infinite penalty every
+// block with fewer than K references goes before every block with K, least
+// recently used first among them, as in classic LRU-K; a finite one (the
+// default: 10 minutes) lets a recently used newcomer outrank a block whose
+// K-th reference is older than last_use - penalty. `priority` is the append's
+// hint (IndexNode::priority; higher is kept longer) and `importance` the
+// cache's value in [0, 1] (IndexNode::importance, set through
+// SetImportance); each shifts the block's rank as if it had been used that
+// much later. Times are milliseconds of the injected Clock.
+//
+// Retained history. When a block is erased (evicted, or removed for any
+// reason) its history is kept under its IndexNode::key, up to
+// `retained_history` blocks (the least recently erased is forgotten first);
+// a block inserted again with that key resumes it, so a block that keeps
+// coming back earns its K references across evictions. Keys are the index's
+// chained block keys: two models caching the same tokens share an entry.
+//
+// Blocks with children. Only leaves are evictable in the Cache, but a parent
+// can rank before its children (its K-th reference is older than theirs,
+// or they have fewer than K with a finite penalty). PickVictim sets aside
+// each block with children that `evictable` rejects: it moves behind every
+// other block until its next use (Insert, Touch, SetImportance) or until
+// one of its children is erased, when it takes its own rank again. So for a
+// predicate that rejects every block with children (the Cache's) the victim
+// is exactly the lowest-ranked evictable block, and a parent is walked over
+// once per use instead of once per eviction. Another predicate may see a
+// set-aside block later than its rank says.
+//
+// Cost. The policy keeps its state in the node's policy_hook (40 bytes,
+// counted with the node by Cache::NodeMetadataBytes) and its order in a
+// B-tree of node pointers (about 12 bytes per block); Insert, Touch, Erase
+// and SetImportance are O(log n); PickVictim is O(log n) amortised when the
+// blocks it rejects are blocks with children (and O(n) when nothing is
+// evictable, like LRU). Retained entries take about 80 bytes each.
+//
+// Not thread-safe, like every EvictionPolicy: the Cache serialises calls.
+#ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
+#define KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
+
+#include <cstdint>
+#include <list>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "server/core/clock.h"
+#include "server/core/eviction_policy.h"
+#include "server/core/prefix_index.h"
+
+namespace kvcache {
+
+class LruKPolicy final : public EvictionPolicy {
+ public:
+  // `clock` is not owned and must outlive the policy.
+  // REQUIRES: options.Validate().ok().
+  LruKPolicy(const LruKOptions& options, Clock* clock);
+  LruKPolicy(const LruKPolicy&) = delete;
+  LruKPolicy& operator=(const LruKPolicy&) = delete;
+
+  void Insert(IndexNode* node) override;
+  void Touch(IndexNode* node) override;
+  // REQUIRES (besides the interface's): the node's parent, if any, is alive
+  // (in a PrefixIndex it always is: children are removed first).
+  void Erase(IndexNode* node) override;
+  void Release(IndexNode* node) override;
+  void Adopt(IndexNode* node) override;
+  IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) override;
+  void SetImportance(IndexNode* node, float importance) override;
+  size_t size() const override { return order_.size(); }
+  std::string_view name() const override { return "lru_k"; }
+
+  // Uncorrelated references of a tracked block (its retained history
+  // included), at most LruKOptions::kMaxK. REQUIRES: `node` is tracked.
+  int References(const IndexNode& node) const;
+  // For admission to a slower tier: whether a tracked block has been
+  // referenced at least `n` times (References(node) >= n), or whether the
+  // retained history of an untracked block with key `key` (one erased
+  // before) holds at least `n` references. The key form knows nothing of
+  // tracked blocks or of blocks whose history was dropped (false). n <= 0
+  // is always true; n > kMaxK always false (no more is remembered).
+  bool SeenAtLeast(const IndexNode& node, int n) const;
+  bool SeenAtLeast(uint64_t key, int n) const;
+  // Histories of erased blocks held now (<= options.retained_history).
+  size_t retained_size() const { return retained_.size(); }
+
+ private:
+  struct Retained {
+    uint64_t key;
+    int64_t last_ms;
+    uint32_t history_age_ms[LruKOptions::kMaxK];
+  };
+  // B-tree order: (rank, seq) read from the nodes' hooks.
+  struct ByRank {
+    bool operator()(const IndexNode* a, const IndexNode* b) const {
+      const IndexNode::PolicyHook::Order& x = a->policy_hook.order;
+      const IndexNode::PolicyHook::Order& y = b->policy_hook.order;
+      return x.rank != y.rank ? x.rank < y.rank : x.seq < y.seq;
+    }
+  };
+
+  int64_t NowMs() const;
+  // Adds a use at `now_ms` to the node's history (correlated or not).
+  void Reference(IndexNode::PolicyHook& hook, int64_t now_ms) const;
+  int64_t Rank(const IndexNode& node) const;
+  // Sets the node's order key (a new last-use sequence when `used`) and
+  // puts it in order_. REQUIRES: the node is not in order_.
+  void Place(IndexNode* node, bool used);
+  void Retain(const IndexNode& node);
+
+  const LruKOptions options_;
+  Clock* const clock_;
+  const int64_t correlated_ms_;
+  const int64_t priority_step_ms_;
+  const int64_t importance_step_ms_;
+  const int64_t penalty_ms_;  // what a block with fewer than K references loses
+  uint64_t next_seq_ = 0;
+  absl::btree_set<IndexNode*, ByRank> order_;
+  std::vector<IndexNode*> blocked_;  // PickVictim's scratch
+  // Erased blocks' histories, most recently erased first, and by key.
+  std::list<Retained> retained_;
+  absl::flat_hash_map<uint64_t, std::list<Retained>::iterator> retained_by_key_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
