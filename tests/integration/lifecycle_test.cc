@@ -84,6 +84,27 @@ TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
   EXPECT_THAT(no_listener.output, HasSubstr("enable at least one"));
 }
 
+TEST(LifecycleTest, AnSsdTierThatCannotBeOpenedStopsStartupUnlessSkipped) {
+  const std::string missing_dir = ::testing::TempDir() + "/no-such-dir/ssd.bin";
+  ProcessResult refused = RunKvcached("--listen none --metrics-address none --unix-socket " +
+                                      ::testing::TempDir() + "/ssd-refused.sock --ssd-path " +
+                                      missing_dir);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("ssd tier at " + missing_dir));
+
+  auto daemon = DaemonProcess::Start(
+      {.extra_flags = {"--ssd-path", missing_dir, "--config",
+                       WriteFile("skip.json", R"({"ssd_tier": {"on_open_failure": "skip"}})")}});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_THAT(ReadFile((*daemon)->log_path()), HasSubstr("running without it"));
+  auto client = (*daemon)->NewClient();
+  auto stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->tiers_size(), 1);  // host memory only
+  client.reset();
+  EXPECT_EQ((*daemon)->Stop(), 0);
+}
+
 TEST(LifecycleTest, RemoteListeningNeedsTheInsecureOptInAndIsLoud) {
   const std::string port = std::to_string(PickFreePort());
   ProcessResult refused =
