@@ -10,6 +10,7 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -198,10 +199,35 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
   }
 }
 
+// The migration log's logger (a rotating file), or null when it is off.
+std::shared_ptr<spdlog::logger> OpenMigrationLog(const v1::LoggingConfig& c) {
+  if (c.migration_log().empty()) return nullptr;
+  try {
+    auto log = spdlog::rotating_logger_mt("migration", c.migration_log(),
+                                          c.migration_log_max_bytes(), /*max_files=*/3);
+    log->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %v", spdlog::pattern_time_type::utc);
+    log->flush_on(spdlog::level::info);
+    return log;
+  } catch (const spdlog::spdlog_ex& e) {
+    spdlog::error("migration log {}: {}; moves are not logged", c.migration_log(), e.what());
+    return nullptr;
+  }
+}
+
+// Writes the moves since the last call to the migration log.
+void WriteMoves(Cache& cache, spdlog::logger* log) {
+  for (const MoveRecord& m : cache.DrainMoves()) {
+    if (log == nullptr) continue;
+    log->info("key={:016x} from={} to={} reason={} bytes={} us={}", m.key, m.from, m.to, m.reason,
+              m.bytes, absl::ToInt64Microseconds(m.took));
+  }
+}
+
 // Demotes cold host blocks to the lower tier whenever the host is past its
-// high watermark, until `stopping`.
-void RunMigrator(Cache& cache, const std::atomic<bool>& stopping) {
+// high watermark, and writes the moves to the migration log, until `stopping`.
+void RunMigrator(Cache& cache, spdlog::logger* migration_log, const std::atomic<bool>& stopping) {
   while (!stopping.load()) {
+    WriteMoves(cache, migration_log);
     if (!cache.NeedsMigration()) {
       absl::SleepFor(absl::Milliseconds(20));
       continue;
@@ -217,6 +243,7 @@ void RunMigrator(Cache& cache, const std::atomic<bool>& stopping) {
       absl::SleepFor(absl::Milliseconds(20));  // nothing movable now (all leased or in use)
     }
   }
+  WriteMoves(cache, migration_log);
 }
 
 // The SSD tier of ssd_tier, or null when it is off. An error when it cannot be
@@ -410,7 +437,11 @@ int Serve(const v1::ServerConfig& config) {
   std::thread maintenance(
       [&] { RunMaintenance(cache, config.importance(), std::move(calibrated), stopping); });
   std::thread migrator;
-  if (*ssd != nullptr) migrator = std::thread([&] { RunMigrator(cache, stopping); });
+  std::shared_ptr<spdlog::logger> migration_log;
+  if (*ssd != nullptr) {
+    migration_log = OpenMigrationLog(config.logging());
+    migrator = std::thread([&] { RunMigrator(cache, migration_log.get(), stopping); });
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -208,6 +208,9 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!lru_k->has_retained_history()) lru_k->set_retained_history(65536);
 
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
+  if (c->logging().migration_log_max_bytes() == 0) {
+    c->mutable_logging()->set_migration_log_max_bytes(uint64_t{16} << 20);
+  }
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(10);
 
   v1::ImportanceConfig* imp = c->mutable_importance();

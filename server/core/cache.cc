@@ -192,6 +192,7 @@ bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
   IndexNode* victim = policy_->PickVictim(
       [](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1; });
   if (victim == nullptr) return false;
+  LogMoveLocked(*victim, "host", "none", "evicted", victim->payload->size());
   ModelState& state = *by_index_.at(victim->index);
   RemoveSubtreeLocked(state, victim, dropped);
   return true;
@@ -536,7 +537,7 @@ bool Cache::MakeRoomForSpace() {
   if (lower_ != nullptr) {
     uint64_t bytes = 0;
     bool refused = false;
-    return DemoteOne(&bytes, &refused) != DemoteOutcome::kNothing;
+    return DemoteOne(&bytes, &refused, "append") != DemoteOutcome::kNothing;
   }
   std::vector<BlockRef> dropped;  // freed after the lock is released
   MutexLock lock(&mu_);

@@ -379,6 +379,11 @@ class Cache {
   MigrationResult Migrate();
   // Whether the host tier is past its high watermark (Migrate has work).
   bool NeedsMigration() const;
+  // The tier moves since the last call, oldest first (at most kMaxPendingMoves
+  // are kept; older ones are counted in TierCounters::moves_unlogged). The
+  // daemon's migrator writes them to the migration log.
+  std::vector<MoveRecord> DrainMoves();
+  static constexpr size_t kMaxPendingMoves = 65536;
   bool HasLowerTier() const { return lower_ != nullptr; }
 
   // Reads the lower-tier blocks of `tokens`' cached prefix back into host
@@ -549,7 +554,12 @@ class Cache {
   // The move primitive for host -> lower: picks the host policy's victim,
   // writes it outside the lock and installs the copy only if the block did
   // not change meanwhile. `refused` counts a refusal by the gate or budget.
-  DemoteOutcome DemoteOne(uint64_t* bytes, bool* refused) ABSL_LOCKS_EXCLUDED(mu_);
+  DemoteOutcome DemoteOne(uint64_t* bytes, bool* refused, const char* reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues a move for the migration log.
+  void LogMoveLocked(const IndexNode& node, const char* from, const char* to, const char* reason,
+                     uint64_t bytes, absl::Duration took = absl::ZeroDuration())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Committed host bytes: the pool's allocated bytes less appends in flight.
   uint64_t CommittedHostBytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts least recently used blocks until the committed blocks leave
@@ -611,6 +621,7 @@ class Cache {
   ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
   uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
+  std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);
   // The lower tier's write budget: bytes that may be written now, and when.
   double write_budget_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time write_budget_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

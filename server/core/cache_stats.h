@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "server/core/block_store.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
@@ -58,6 +59,19 @@ struct ScoreHistogram {
   }
 };
 
+// One move of a block between tiers, for the migration log (docs/tiers.md).
+// `to` is "none" for an eviction or a dropped corrupt copy.
+struct MoveRecord {
+  absl::Time when;
+  uint64_t key = 0;  // the block's chain key
+  const char* from = "";
+  const char* to = "";
+  const char* reason =
+      "";  // pressure, append, clean, not_admitted, write_failed, capacity, fetch, checksum
+  uint64_t bytes = 0;
+  absl::Duration took = absl::ZeroDuration();  // the write or read, when there was one
+};
+
 // What the cache did across its tiers (docs/tiers.md).
 struct TierCounters {
   uint64_t lower_blocks = 0;         // blocks with a lower-tier copy
@@ -76,6 +90,7 @@ struct TierCounters {
   uint64_t lower_write_failures = 0;    // writes the lower tier refused (full, I/O)
   uint64_t checksum_failures = 0;       // lower copies that failed verification: dropped
   uint64_t migrate_passes = 0;
+  uint64_t moves_unlogged = 0;  // move records dropped: the log was not drained in time
 };
 
 struct CacheStats {

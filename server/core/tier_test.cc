@@ -99,9 +99,26 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   auto again = cache_->Lookup(Big().key, tokens);
   ASSERT_TRUE(again.ok());
   for (const BlockInfo& b : again->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
+  // The migration log has every move so far: demotions and the promotions.
+  std::vector<MoveRecord> moves = cache_->DrainMoves();
+  EXPECT_EQ(std::count_if(moves.begin(), moves.end(),
+                          [](const MoveRecord& m) {
+                            return std::string_view(m.reason) == "fetch" &&
+                                   std::string_view(m.to) == "host" && m.bytes == 8192;
+                          }),
+            4);
+  EXPECT_EQ(std::count_if(moves.begin(), moves.end(),
+                          [](const MoveRecord& m) { return std::string_view(m.to) == "ssd"; }),
+            static_cast<ptrdiff_t>(Tiers().demotions));
+  EXPECT_TRUE(cache_->DrainMoves().empty());
   // Push the promoted blocks out again: they are still below, so no write.
   AppendSequences(24, 4);
   EXPECT_GE(Tiers().clean_drops, 4u);
+  moves = cache_->DrainMoves();
+  EXPECT_GE(
+      std::count_if(moves.begin(), moves.end(),
+                    [](const MoveRecord& m) { return std::string_view(m.reason) == "clean"; }),
+      4);
   // Writes are demotions only: the clean drops wrote nothing.
   EXPECT_EQ(lower_->GetStats().writes - writes_before, Tiers().demotions - demotions_before);
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);

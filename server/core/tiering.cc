@@ -69,6 +69,7 @@ bool Cache::EvictLowerOneLocked(std::vector<BlockRef>* dropped) {
   IndexNode* victim = lower_policy_->PickVictim(
       [](const IndexNode& n) { return n.is_leaf() && n.lower.use_count() == 1; });
   if (victim == nullptr) return false;
+  LogMoveLocked(*victim, "ssd", "none", "capacity", victim->lower->seal().size);
   RemoveSubtreeLocked(*by_index_.at(victim->index), victim, dropped);
   ++tier_.lower_evictions;
   return true;
@@ -87,7 +88,31 @@ absl::StatusOr<StoredRef> Cache::WriteLower(uint64_t key, const BlockPayload& pa
   }
 }
 
-Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
+void Cache::LogMoveLocked(const IndexNode& node, const char* from, const char* to,
+                          const char* reason, uint64_t bytes, absl::Duration took) {
+  if (lower_ == nullptr) return;  // one tier: nothing moves, nothing drains the log
+  if (pending_moves_.size() >= kMaxPendingMoves) {
+    pending_moves_.erase(pending_moves_.begin(),
+                         pending_moves_.begin() + static_cast<ptrdiff_t>(kMaxPendingMoves / 2));
+    tier_.moves_unlogged += kMaxPendingMoves / 2;
+  }
+  pending_moves_.push_back({.when = clock_->Now(),
+                            .key = node.key,
+                            .from = from,
+                            .to = to,
+                            .reason = reason,
+                            .bytes = bytes,
+                            .took = took});
+}
+
+std::vector<MoveRecord> Cache::DrainMoves() {
+  std::vector<MoveRecord> out;
+  MutexLock lock(&mu_);
+  out.swap(pending_moves_);
+  return out;
+}
+
+Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char* reason) {
   *refused = false;
   const PrefixIndex* index;
   uint64_t lookup_hash, key;
@@ -101,6 +126,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
     if (victim == nullptr) return DemoteOutcome::kNothing;
     if (victim->lower != nullptr) {  // clean: the lower tier has it already
       *bytes = victim->payload->size();
+      LogMoveLocked(*victim, "host", "ssd", "clean", *bytes);
       DropHostCopyLocked(victim, &dropped);
       ++tier_.clean_drops;
       return DemoteOutcome::kCleanDrop;
@@ -111,6 +137,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
       // Not worth an SSD write: evict it, or the host's coldest leaf when it
       // has children (they stay, below it).
       if (victim->is_leaf()) {
+        LogMoveLocked(*victim, "host", "none", "not_admitted", victim->payload->size());
         RemoveSubtreeLocked(*by_index_.at(victim->index), victim, &dropped);
       } else if (!EvictOneLocked(&dropped)) {
         return DemoteOutcome::kNothing;
@@ -125,7 +152,9 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
     payload = victim->payload;
   }
   // The write, outside the lock.
+  const absl::Time start = absl::Now();
   absl::StatusOr<StoredRef> copy = WriteLower(key, *payload);
+  const absl::Duration took = absl::Now() - start;
 
   std::vector<BlockRef> dropped;
   MutexLock lock(&mu_);
@@ -136,6 +165,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
     // The lower tier cannot take it: evict it instead, if it is still a
     // leaf only we (and the index) hold.
     if (node->is_leaf() && node->payload.use_count() == 2) {
+      LogMoveLocked(*node, "host", "none", "write_failed", payload->size(), took);
       RemoveSubtreeLocked(*by_index_.at(index), node, &dropped);
       ++tier_.not_admitted_evictions;
       ++capacity_evictions_;
@@ -149,6 +179,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused) {
   ++tier_.demotions;
   tier_.demoted_bytes += payload->size();
   *bytes = payload->size();
+  LogMoveLocked(*node, "host", "ssd", reason, payload->size(), took);
   DropHostCopyLocked(node, &dropped);
   return DemoteOutcome::kDemoted;
 }
@@ -176,7 +207,7 @@ MigrationResult Cache::Migrate() {
        ++i) {
     uint64_t bytes = 0;
     bool refused = false;
-    const DemoteOutcome outcome = DemoteOne(&bytes, &refused);
+    const DemoteOutcome outcome = DemoteOne(&bytes, &refused, "pressure");
     if (outcome == DemoteOutcome::kNothing) break;
     switch (outcome) {
       case DemoteOutcome::kDemoted:
@@ -239,7 +270,9 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
     which.push_back(i);
     b.host = std::move(into);
   }
+  const absl::Time start = absl::Now();
   lower_->ReadBatch(std::span<StoredRead>(reads));
+  const absl::Duration took = absl::Now() - start;
 
   size_t readable = blocks.size();
   std::vector<BlockRef> dropped;  // freed after the lock
@@ -254,6 +287,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
         // Never served: the block leaves the cache (with what hangs below it).
         ++tier_.checksum_failures;
         if (same) {
+          LogMoveLocked(*node, "ssd", "none", "checksum", b.lower->seal().size, took);
           ModelState& m = *by_index_.at(index);
           ++m.corrupt_blocks;
           RemoveSubtreeLocked(m, node, &dropped);
@@ -267,6 +301,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
     if (pooled[k] && same) {
       tier_.promoted_bytes += b.host->size();
       ++tier_.promotions;
+      LogMoveLocked(*node, "ssd", "host", "fetch", b.host->size(), took);
       SetHostCopyLocked(node, b.host);
     }
   }

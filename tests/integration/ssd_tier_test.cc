@@ -36,11 +36,18 @@ class TierDaemonTest : public ::testing::Test {
  protected:
   // A host tier of 8 MiB (1 MiB slabs) over an SSD tier of 64 MiB.
   void SetUp() override {
+    migration_log_ = ::testing::TempDir() + "/ssd_tier_test_migration.log";
+    std::remove(migration_log_.c_str());
+    const std::string config = ::testing::TempDir() + "/ssd_tier_test.json";
+    std::FILE* f = std::fopen(config.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, R"({"logging": {"migration_log": "%s"}})", migration_log_.c_str());
+    std::fclose(f);
     auto d = DaemonProcess::Start({.capacity_bytes = 8 << 20,
                                    .slab_bytes = 1 << 20,
                                    .metrics = true,
                                    .ssd_bytes = 64 << 20,
-                                   .extra_flags = {"--log-level", "debug"}});
+                                   .extra_flags = {"--log-level", "debug", "--config", config}});
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
     client_ = daemon_->NewClient();
@@ -81,6 +88,18 @@ class TierDaemonTest : public ::testing::Test {
         << "sequence " << s << " fetched bytes that were not appended";
     return f->matched_tokens;
   }
+  // A promotion needs room in the pool: waits (bounded) for the migrator to
+  // bring the host below its high watermark after appends filled it.
+  void WaitForRoomInHostMemory() {
+    for (int i = 0; i < 500; ++i) {
+      auto stats = client_->GetStats();
+      ASSERT_TRUE(stats.ok());
+      const v1::TierStats* host = Tier(*stats, "host");
+      if (host->payload_bytes() <= host->capacity_bytes() * 9 / 10) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the host tier stayed above its high watermark for 5 s";
+  }
   const v1::TierStats* Tier(const v1::GetStatsResponse& stats, const std::string& name) {
     for (const v1::TierStats& t : stats.tiers()) {
       if (t.name() == name) return &t;
@@ -91,6 +110,7 @@ class TierDaemonTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
   uint64_t block_bytes_ = 0;
+  std::string migration_log_;
 };
 
 TEST_F(TierDaemonTest, HoldsFarMoreThanHostMemoryAndServesItExactly) {
@@ -119,7 +139,8 @@ TEST_F(TierDaemonTest, HoldsFarMoreThanHostMemoryAndServesItExactly) {
 
 TEST_F(TierDaemonTest, OperatorsSeeTheTiersAndTheMovesBetweenThem) {
   AppendAll(24);
-  ASSERT_EQ(FetchVerified(0), kBlocksPerSequence * kBlockTokens);  // a read-back
+  WaitForRoomInHostMemory();
+  ASSERT_EQ(FetchVerified(0), kBlocksPerSequence * kBlockTokens);  // a read-back, promoted
   auto [code, tiers] =
       RunShell(absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " tiers"));
   ASSERT_EQ(code, 0) << tiers;
@@ -136,6 +157,15 @@ TEST_F(TierDaemonTest, OperatorsSeeTheTiersAndTheMovesBetweenThem) {
   EXPECT_THAT(text, ::testing::ContainsRegex("kvcached_tier_reads_total\\{tier=\"ssd\"\\} [1-9]"));
   auto [lint, lint_output] = RunShell("curl -sf " + url + " | promtool check metrics");
   EXPECT_EQ(lint, 0) << lint_output;
+  // The migration log has a line per move (written by the migrator thread).
+  std::string log;
+  for (int i = 0; i < 200 && log.find("reason=fetch") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    log = RunShell("cat " + migration_log_).second;
+  }
+  EXPECT_THAT(log, ::testing::ContainsRegex("key=[0-9a-f]{16} from=host to=ssd reason=(append|"
+                                            "pressure) bytes=65536 us=[0-9]+"));
+  EXPECT_THAT(log, ::testing::ContainsRegex("from=ssd to=host reason=fetch bytes=65536"));
 }
 
 TEST_F(TierDaemonTest, PrefetchWaitAnswersWithTheBlocksInHostMemory) {
@@ -144,15 +174,7 @@ TEST_F(TierDaemonTest, PrefetchWaitAnswersWithTheBlocksInHostMemory) {
   auto before = client_->Lookup("m", tokens);
   ASSERT_TRUE(before.ok());
   ASSERT_EQ(before->blocks.front().tier(), "ssd");
-  // A promotion needs room in the pool: wait (bounded) for the migrator to
-  // bring the host below its high watermark after the appends filled it.
-  for (int i = 0; i < 500; ++i) {
-    auto stats = client_->GetStats();
-    ASSERT_TRUE(stats.ok());
-    const v1::TierStats* host = Tier(*stats, "host");
-    if (host->payload_bytes() <= host->capacity_bytes() * 9 / 10) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitForRoomInHostMemory();
   LookupOptions options;
   options.prefetch = v1::PREFETCH_WAIT;
   auto after = client_->Lookup("m", tokens, options);
