@@ -227,11 +227,11 @@ TEST_F(TierDaemonTest, BytesCorruptedOnDiskAreDetectedAndNeverServed) {
 }
 
 TEST_F(TierDaemonTest, ManyWorkersOverTinyTiersOnlyEverSeeExactBytes) {
-  // 16 workers append and fetch 40 sequences at random for a few seconds:
+  // 16 workers append and fetch 40 sequences at random for 20 seconds:
   // constant demotion, promotion and SSD eviction underneath.
   std::atomic<uint64_t> fetched{0}, failures{0};
   std::vector<std::thread> workers;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (int w = 0; w < 16; ++w) {
     workers.emplace_back([&, w] {
       auto client = daemon_->NewClient();
