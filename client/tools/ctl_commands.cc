@@ -183,6 +183,28 @@ int RunStatus(const Context& ctx) {
   return code;
 }
 
+namespace {
+
+// Each tier's capacity, use and utilization (payload / used): the table
+// `stats` and `tiers` both print.
+void PrintTierTable(const v1::GetStatsResponse& stats, std::ostream& out) {
+  Table tiers({{"TIER"},
+               {"CAPACITY", true},
+               {"USED", true},
+               {"USED%", true},
+               {"PAYLOAD", true},
+               {"UTIL%", true},
+               {"BLOCKS", true}});
+  for (const v1::TierStats& t : stats.tiers()) {
+    tiers.AddRow({t.name(), HumanBytes(t.capacity_bytes()), HumanBytes(t.used_bytes()),
+                  Percent(t.used_bytes(), t.capacity_bytes()), HumanBytes(t.payload_bytes()),
+                  Percent(t.payload_bytes(), t.used_bytes()), absl::StrCat(t.blocks())});
+  }
+  tiers.Print(out);
+}
+
+}  // namespace
+
 int RunTiers(const Context& ctx) {
   absl::StatusOr<v1::GetStatsResponse> stats = ctx.client->GetStats();
   if (!stats.ok()) return Fail(ctx, "tiers", stats.status());
@@ -193,19 +215,7 @@ int RunTiers(const Context& ctx) {
     return kExitOk;
   }
   std::ostream& out = *ctx.out;
-  Table tiers({{"TIER"},
-               {"CAPACITY", true},
-               {"USED", true},
-               {"USED%", true},
-               {"PAYLOAD", true},
-               {"UTIL%", true},
-               {"BLOCKS", true}});
-  for (const v1::TierStats& t : stats->tiers()) {
-    tiers.AddRow({t.name(), HumanBytes(t.capacity_bytes()), HumanBytes(t.used_bytes()),
-                  Percent(t.used_bytes(), t.capacity_bytes()), HumanBytes(t.payload_bytes()),
-                  Percent(t.payload_bytes(), t.used_bytes()), absl::StrCat(t.blocks())});
-  }
-  tiers.Print(out);
+  PrintTierTable(*stats, out);
   Table moves({{"TIER"},
                {"DEMOTED", true},
                {"WRITTEN", true},
@@ -244,20 +254,8 @@ int RunStats(const Context& ctx) {
     return kExitOk;
   }
   std::ostream& out = *ctx.out;
-  Table tiers({{"TIER"},
-               {"CAPACITY", true},
-               {"USED", true},
-               {"USED%", true},
-               {"PAYLOAD", true},
-               {"SLAB", true},
-               {"BLOCKS", true}});
-  for (const v1::TierStats& t : stats->tiers()) {
-    tiers.AddRow({t.name(), HumanBytes(t.capacity_bytes()), HumanBytes(t.used_bytes()),
-                  Percent(t.used_bytes(), t.capacity_bytes()), HumanBytes(t.payload_bytes()),
-                  HumanBytes(t.slab_bytes()), absl::StrCat(t.blocks())});
-  }
   out << "Tiers\n";
-  tiers.Print(out);
+  PrintTierTable(*stats, out);
 
   Table models({{"NAMESPACE"},
                 {"MODEL"},

@@ -23,6 +23,9 @@ class ABSL_LOCKABLE Mutex {
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+  // BasicLockable, for std::unique_lock<Mutex> and std::condition_variable_any.
+  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  void unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
   // Tells the thread-safety analysis that the caller holds this mutex where
   // it cannot see so (a lambda called under the lock). Checks nothing.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}

@@ -45,6 +45,16 @@ class TierTest : public CacheTest, public ::testing::WithParamInterface<std::str
 
   TierCounters Tiers() const { return cache_->GetStats().tiers; }
 
+  // A host tier of 32 blocks over a roomy lower tier, 48 blocks appended
+  // (the first sequences demoted), and the host brought below its high
+  // watermark so fetches may promote.
+  void FillPastTheHost() {
+    MakeTiered(4, 4 << 20);
+    Register(Big());
+    AppendSequences(12, 4);
+    while (cache_->NeedsMigration()) cache_->Migrate();
+  }
+
   std::shared_ptr<MemoryBlockStore> lower_;
 };
 
@@ -125,10 +135,7 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
 }
 
 TEST_P(TierTest, PrefetchWaitPromotesBeforeItReturns) {
-  MakeTiered(4, 4 << 20);
-  Register(Big());
-  AppendSequences(12, 4);
-  while (cache_->NeedsMigration()) cache_->Migrate();
+  FillPastTheHost();
   const std::vector<Token> tokens = SequenceOf(0, 4);
   ASSERT_EQ(cache_->Lookup(Big().key, tokens)->blocks[0].tier, BlockTier::kLower);
   EXPECT_TRUE(
@@ -146,10 +153,7 @@ TEST_P(TierTest, PrefetchWaitPromotesBeforeItReturns) {
 }
 
 TEST_P(TierTest, PrefetchBestEffortPromotesInTheBackground) {
-  MakeTiered(4, 4 << 20);
-  Register(Big());
-  AppendSequences(12, 4);
-  while (cache_->NeedsMigration()) cache_->Migrate();
+  FillPastTheHost();
   const std::vector<Token> tokens = SequenceOf(1, 4);
   EXPECT_FALSE(
       cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kBestEffort, absl::ZeroDuration()));

@@ -1,5 +1,7 @@
 // The behaviour suite every BlockStore passes (server/core/block_store.h):
 // the heap-backed MemoryBlockStore and the SSD tier over a real file.
+#include "server/core/block_store.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,7 +10,6 @@
 #include <thread>
 #include <vector>
 
-#include "server/core/block_store.h"
 #include "server/core/memory_block_store.h"
 #include "server/tier/ssd_block_store.h"
 

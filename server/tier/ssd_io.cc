@@ -72,7 +72,7 @@ class ThreadPoolEngine final : public IoEngine {
 
   ~ThreadPoolEngine() override {
     {
-      TierLock lock(&mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -83,7 +83,7 @@ class ThreadPoolEngine final : public IoEngine {
     if (ops.empty()) return;
     std::latch done(static_cast<std::ptrdiff_t>(ops.size()));
     {
-      TierLock lock(&mu_);
+      MutexLock lock(&mu_);
       for (IoOp& op : ops) queue_.emplace_back(&op, &done);
     }
     if (ops.size() == 1) {
@@ -99,7 +99,7 @@ class ThreadPoolEngine final : public IoEngine {
     for (;;) {
       std::pair<IoOp*, std::latch*> job;
       {
-        std::unique_lock<TierMutex> lock(mu_);
+        std::unique_lock<Mutex> lock(mu_);
         mu_.AssertHeld();
         cv_.wait(lock, [this] {
           mu_.AssertHeld();
@@ -115,7 +115,7 @@ class ThreadPoolEngine final : public IoEngine {
   }
 
   const int fd_;
-  TierMutex mu_;
+  Mutex mu_;
   std::condition_variable_any cv_;
   std::deque<std::pair<IoOp*, std::latch*>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -337,7 +337,7 @@ std::unique_ptr<IoEngine> MakeIoUringEngine(int fd, uint32_t queue_depth) {
 }
 
 BufferPool::~BufferPool() {
-  TierLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& [bytes, list] : free_) {
     for (std::byte* data : list) std::free(data);
   }
@@ -345,7 +345,7 @@ BufferPool::~BufferPool() {
 
 BufferPool::Buffer BufferPool::Take(uint64_t bytes) {
   {
-    TierLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (auto it = free_.find(bytes); it != free_.end() && !it->second.empty()) {
       std::byte* data = it->second.back();
       it->second.pop_back();
@@ -359,7 +359,7 @@ BufferPool::Buffer BufferPool::Take(uint64_t bytes) {
 
 void BufferPool::Return(std::byte* data, uint64_t bytes) {
   {
-    TierLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (cached_bytes_ + bytes <= cache_limit_bytes_) {
       free_[bytes].push_back(data);
       cached_bytes_ += bytes;

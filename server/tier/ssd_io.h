@@ -22,34 +22,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "server/core/mutex.h"
 #include "server/tier/ssd_store.h"
 
 namespace kvcache::ssd_internal {
-
-// A std::mutex with thread-safety annotations (std::mutex, not absl::Mutex,
-// so TSan sees it; the same choice as server/core/mutex.h).
-class ABSL_LOCKABLE TierMutex {
- public:
-  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
-  void unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
-  // Tells the analysis the caller holds this mutex where it cannot see so
-  // (a std::unique_lock for a condition variable). Checks nothing.
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
-
- private:
-  std::mutex mu_;
-};
-
-class ABSL_SCOPED_LOCKABLE TierLock {
- public:
-  explicit TierLock(TierMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->lock(); }
-  ~TierLock() ABSL_UNLOCK_FUNCTION() { mu_->unlock(); }
-  TierLock(const TierLock&) = delete;
-  TierLock& operator=(const TierLock&) = delete;
-
- private:
-  TierMutex* const mu_;
-};
 
 struct SsdSyscalls {
   // open(2).
@@ -129,7 +105,7 @@ class BufferPool {
   void Return(std::byte* data, uint64_t bytes);
 
   const uint64_t cache_limit_bytes_;
-  TierMutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<uint64_t, std::vector<std::byte*>> free_ ABSL_GUARDED_BY(mu_);
   uint64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -42,8 +42,6 @@ using ssd_internal::RoundUpToPage;
 using ssd_internal::SsdFile;
 using ssd_internal::SsdSlots;
 using ssd_internal::SsdSyscalls;
-using ssd_internal::TierLock;
-using ssd_internal::TierMutex;
 
 constexpr uint64_t kMinRegionBytes = uint64_t{64} << 10;
 constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 30;
@@ -84,7 +82,7 @@ class SsdStoreImpl final : public SsdStore {
     uint64_t offset;
     uint64_t sequence;
     {
-      TierLock lock(&mu_);
+      MutexLock lock(&mu_);
       const std::optional<uint64_t> slot = slots_.Allocate(*class_index);
       if (!slot) {
         ++failed_writes_;
@@ -178,7 +176,7 @@ class SsdStoreImpl final : public SsdStore {
     stats.capacity_bytes = regions_ * options_.region_bytes;
     stats.region_bytes = options_.region_bytes;
     {
-      TierLock lock(&mu_);
+      MutexLock lock(&mu_);
       stats.reserved_bytes = slots_.reserved_regions() * options_.region_bytes;
       stats.allocated_bytes = allocated_bytes_;
       stats.live_extents = live_extents_;
@@ -214,7 +212,7 @@ class SsdStoreImpl final : public SsdStore {
   }
 
   void FreeSlot(uint64_t offset, uint64_t footprint, uint64_t payload_bytes) {
-    TierLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!slots_.Free(offset)) {
       Log(absl::StrCat("freeing slot at offset ", offset, " that is not allocated (ignored)"));
       return;
@@ -296,7 +294,7 @@ class SsdStoreImpl final : public SsdStore {
   std::unique_ptr<IoEngine> engine_;
   BufferPool buffers_;
 
-  mutable TierMutex mu_;
+  mutable Mutex mu_;
   SsdSlots slots_ ABSL_GUARDED_BY(mu_);
   uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_extents_ ABSL_GUARDED_BY(mu_) = 0;
