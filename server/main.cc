@@ -281,7 +281,8 @@ int Serve(const v1::ServerConfig& config) {
   spdlog::info("kvcached {} starting with config:\n{}", KVCACHE_VERSION, ConfigToJson(config));
 
   SlabPoolOptions pool_options{.capacity_bytes = config.host_tier().capacity_bytes(),
-                               .slab_bytes = config.host_tier().slab_bytes()};
+                               .slab_bytes = config.host_tier().slab_bytes(),
+                               .min_class_bytes = config.host_tier().min_class_bytes()};
   auto pool = SlabPool::Create(pool_options);
   if (!pool.ok()) {
     spdlog::error("host tier: {}", pool.status().ToString());

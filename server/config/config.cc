@@ -30,8 +30,8 @@ absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
     return s;
   }
   if (ssd.io_engine() != "auto" && ssd.io_engine() != "io_uring" && ssd.io_engine() != "threads") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ssd_tier.io_engine is \"", ssd.io_engine(), "\"; it must be auto, io_uring or threads"));
+    return absl::InvalidArgumentError(absl::StrCat("ssd_tier.io_engine is \"", ssd.io_engine(),
+                                                   "\"; it must be auto, io_uring or threads"));
   }
   if (auto s = CheckRange("ssd_tier.io_threads", ssd.io_threads(), 1, 256); !s.ok()) return s;
   if (auto s = CheckRange("ssd_tier.admit_min_references", ssd.admit_min_references(), 1, 65535);
@@ -39,9 +39,8 @@ absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
     return s;
   }
   if (ssd.on_open_failure() != "refuse" && ssd.on_open_failure() != "skip") {
-    return absl::InvalidArgumentError(absl::StrCat("ssd_tier.on_open_failure is \"",
-                                                   ssd.on_open_failure(),
-                                                   "\"; it must be refuse or skip"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ssd_tier.on_open_failure is \"", ssd.on_open_failure(), "\"; it must be refuse or skip"));
   }
   return absl::OkStatus();
 }
@@ -183,6 +182,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!host->has_append_staging_fraction()) host->set_append_staging_fraction(0.125);
   if (!host->has_metadata_fraction()) host->set_metadata_fraction(0.125);
   if (!host->has_high_watermark()) host->set_high_watermark(0.90);
+  if (host->min_class_bytes() == 0) host->set_min_class_bytes(64);
   if (!host->has_low_watermark()) host->set_low_watermark(0.80);
 
   v1::SsdTierConfig* ssd = c->mutable_ssd_tier();
@@ -358,6 +358,12 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (!(h.metadata_fraction() >= 0 && h.metadata_fraction() <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host_tier.metadata_fraction is ", h.metadata_fraction(), "; it must be in [0, 1]"));
+  }
+  if (!std::has_single_bit(h.min_class_bytes()) || h.min_class_bytes() < 64 ||
+      h.min_class_bytes() > h.slab_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_tier.min_class_bytes is ", h.min_class_bytes(),
+                     "; it must be a power of two from 64 to slab_bytes (", h.slab_bytes(), ")"));
   }
   if (!(h.low_watermark() > 0 && h.low_watermark() <= h.high_watermark() &&
         h.high_watermark() <= 1)) {

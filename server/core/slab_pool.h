@@ -33,7 +33,7 @@ namespace kvcache {
 struct SlabPoolOptions {
   uint64_t capacity_bytes = uint64_t{1} << 30;  // hard limit on reserved bytes
   uint64_t slab_bytes = uint64_t{4} << 20;      // power of two, >= 64 KiB
-  uint64_t min_class_bytes = 4096;              // power of two, <= slab_bytes
+  uint64_t min_class_bytes = 64;                // power of two, 64 .. slab_bytes
 
   // INVALID_ARGUMENT naming the field when out of range; capacity_bytes must
   // hold at least one slab.

@@ -24,7 +24,7 @@ namespace {
 
 SlabPool& SharedPool() {
   static SlabPool* const pool = [] {
-    SlabPoolOptions options;  // 4 MiB slabs, 4 KiB smallest class
+    SlabPoolOptions options;  // 4 MiB slabs, 64-byte smallest class
     options.capacity_bytes = uint64_t{1} << 30;
     return SlabPool::Create(options).value().release();
   }();

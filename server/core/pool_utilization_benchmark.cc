@@ -1,0 +1,143 @@
+// Host pool utilization under a long churn of mixed block sizes: live
+// payload bytes / reserved bytes, for pool settings side by side.
+//
+// A full pool keeps taking blocks of a mix of sizes (the raw blocks of a few
+// layouts and, with --compressed, blocks the importance policy compressed to
+// 30..60% of a raw block, which land anywhere in the size classes), freeing
+// the oldest live block whenever an allocation fails, as the cache's eviction
+// does. After a warm-up of --ops operations it samples the utilization every
+// 1000 operations for another --ops and prints the median and minimum.
+//
+//   pool_utilization_benchmark [--ops N] [--capacity-mib N] [--seed N]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "server/core/slab_pool.h"
+
+namespace kvcache {
+namespace {
+
+struct Mix {
+  const char* name;
+  std::vector<uint64_t> raw_sizes;  // block sizes of the layouts in use
+  bool compressed = false;          // half the blocks compressed to 30..60%
+};
+
+struct Setting {
+  const char* name;
+  SlabPoolOptions options;
+};
+
+struct Live {
+  Allocation allocation;
+  uint64_t size;
+};
+
+// Runs the churn; returns {median, minimum} utilization over the samples.
+std::pair<double, double> Churn(const Setting& setting, const Mix& mix, uint64_t ops,
+                                uint64_t seed) {
+  auto pool = SlabPool::Create(setting.options);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "%s: %s\n", setting.name, pool.status().ToString().c_str());
+    std::exit(2);
+  }
+  std::mt19937_64 rng(seed);
+  std::deque<Live> live;  // oldest first
+  uint64_t payload = 0;
+  std::vector<double> samples;
+  for (uint64_t op = 0; op < 2 * ops; ++op) {
+    uint64_t size = mix.raw_sizes[rng() % mix.raw_sizes.size()];
+    if (mix.compressed && rng() % 2 == 0) {
+      size = std::max<uint64_t>(64, size * (30 + rng() % 31) / 100);
+    }
+    while (true) {
+      absl::StatusOr<Allocation> a = (*pool)->Allocate(size);
+      if (a.ok()) {
+        live.push_back({*a, size});
+        payload += size;
+        break;
+      }
+      if (live.empty()) {
+        std::fprintf(stderr, "a block of %llu bytes never fits\n",
+                     static_cast<unsigned long long>(size));
+        std::exit(2);
+      }
+      // Evict: mostly the oldest, sometimes a random one (blocks do not all
+      // leave in the order they came).
+      const size_t victim = rng() % 4 == 0 ? rng() % live.size() : 0;
+      (*pool)->Free(live[victim].allocation);
+      payload -= live[victim].size;
+      live.erase(live.begin() + static_cast<ptrdiff_t>(victim));
+    }
+    if (op >= ops && op % 1000 == 0) {
+      const SlabPoolStats s = (*pool)->GetStats();
+      samples.push_back(static_cast<double>(payload) / static_cast<double>(s.reserved_bytes));
+    }
+  }
+  for (const Live& l : live) (*pool)->Free(l.allocation);
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 2], samples.front()};
+}
+
+}  // namespace
+}  // namespace kvcache
+
+int main(int argc, char** argv) {
+  using kvcache::Mix;
+  using kvcache::Setting;
+  uint64_t ops = 200000, capacity_mib = 512, seed = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> uint64_t {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return std::strtoull(argv[++i], nullptr, 10);
+    };
+    if (arg == "--ops") {
+      ops = next();
+    } else if (arg == "--capacity-mib") {
+      capacity_mib = next();
+    } else if (arg == "--seed") {
+      seed = next();
+    } else {
+      std::printf(
+          "pool_utilization_benchmark [--ops N] [--capacity-mib N] [--seed N]\n"
+          "Host pool utilization (live payload / reserved) under a churn of mixed block sizes.\n");
+      return arg == "--help" ? 0 : 2;
+    }
+  }
+  const uint64_t capacity = capacity_mib << 20;
+  const Setting settings[] = {
+      {"min class 4 KiB (before)",
+       {.capacity_bytes = capacity, .slab_bytes = 4 << 20, .min_class_bytes = 4096}},
+      {"min class 64 B (now)",
+       {.capacity_bytes = capacity, .slab_bytes = 4 << 20, .min_class_bytes = 64}},
+  };
+  const Mix mixes[] = {
+      {"1 KiB blocks", {1024}},
+      {"1, 2, 8 KiB blocks", {1024, 2048, 8192}},
+      {"64 KiB, 256 KiB, 2 MiB blocks", {64 << 10, 256 << 10, 2 << 20}},
+      {"40-layer blocks (5 x 2^k: 80 KiB, 320 KiB)", {80 << 10, 320 << 10}},
+      {"1 KiB..2 MiB, half compressed to 30-60%", {1024, 8192, 64 << 10, 2 << 20}, true},
+  };
+  std::printf("capacity %llu MiB, 4 MiB slabs, %llu warm-up + %llu sampled operations, seed %llu\n",
+              static_cast<unsigned long long>(capacity_mib), static_cast<unsigned long long>(ops),
+              static_cast<unsigned long long>(ops), static_cast<unsigned long long>(seed));
+  std::printf("| block mix | setting | utilization (median) | utilization (min) |\n");
+  std::printf("|---|---|---:|---:|\n");
+  for (const Mix& mix : mixes) {
+    for (const Setting& setting : settings) {
+      const auto [median, minimum] = kvcache::Churn(setting, mix, ops, seed);
+      std::printf("| %s | %s | %.3f | %.3f |\n", mix.name, setting.name, median, minimum);
+    }
+  }
+  return 0;
+}
