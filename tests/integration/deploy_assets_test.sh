@@ -220,10 +220,12 @@ c["listen"]["tcp_address"] = f"127.0.0.1:{tcp}"
 c["listen"]["unix_socket"] = f"{work}/kvcached.sock"
 c["listen"]["metrics_address"] = f"127.0.0.1:{metrics}"
 c["host_tier"]["capacity_bytes"] = 64 << 20
+# An SSD tier too, so that the tier metrics the alerts use are exported.
+c["ssd_tier"] = {"path": f"{work}/ssd.bin", "capacity_bytes": str(64 << 20)}
 json.dump(c, open(dst, "w"), indent=2)
 EOF
 check "kvcached accepts a copy of deploy/kvcached.json (TCP :$tcp_port, metrics :$metrics_port," \
-  "socket in a temp dir, 64 MiB tier)"
+  "socket in a temp dir, 64 MiB host and SSD tiers)"
 "$kvcached" --config "$work/kvcached.json" >"$work/kvcached.log" 2>&1 &
 daemon_pid=$!
 metrics_url=http://127.0.0.1:$metrics_port/metrics
