@@ -187,6 +187,10 @@ void Cache::RecountMetadataLocked(IndexNode* node) {
 bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
   // The lower tier's blocks are colder than the host's: they go first.
   if (lower_ != nullptr && EvictLowerOneLocked(dropped)) return true;
+  return EvictHostLeafLocked(dropped);
+}
+
+bool Cache::EvictHostLeafLocked(std::vector<BlockRef>* dropped) {
   // Evictable: a leaf that only the index references (use_count is exact
   // here: new references are only taken under mu_).
   IndexNode* victim = policy_->PickVictim(

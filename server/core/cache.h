@@ -568,8 +568,12 @@ class Cache {
   uint64_t EnforceBudgetsLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops an append session's claims and its staged memory from the totals.
   void ReleaseClaimsLocked(AppendSession& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts one evictable block into `dropped`; false when there is none.
+  // Evicts one evictable block into `dropped` (a lower-tier block first);
+  // false when there is none.
   bool EvictOneLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts the host policy's first evictable leaf (frees host memory); false
+  // when there is none.
+  bool EvictHostLeafLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Allocates a payload of `bytes` for an append (counted as staged),
   // evicting until it fits. RESOURCE_EXHAUSTED when nothing is evictable.

@@ -239,6 +239,10 @@ TEST_P(TierTest, TheWriteBudgetSparesTheDevice) {
   TierCounters t = Tiers();
   EXPECT_EQ(t.demotions, 3u);
   EXPECT_GT(t.admissions_refused, 0u);
+  // A refused block makes room by evicting a host block, never what the SSD
+  // holds (that frees no host memory).
+  EXPECT_EQ(t.lower_evictions, 0u);
+  EXPECT_EQ(t.lower_blocks, 3u);
   clock_.Advance(absl::Seconds(1));  // the bucket refills
   AppendSequences(14, 4);
   t = Tiers();

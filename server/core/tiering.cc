@@ -139,7 +139,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
       if (victim->is_leaf()) {
         LogMoveLocked(*victim, "host", "none", "not_admitted", victim->payload->size());
         RemoveSubtreeLocked(*by_index_.at(victim->index), victim, &dropped);
-      } else if (!EvictOneLocked(&dropped)) {
+      } else if (!EvictHostLeafLocked(&dropped)) {
         return DemoteOutcome::kNothing;
       }
       ++tier_.not_admitted_evictions;
