@@ -6,9 +6,30 @@
 // promote it). A StoredCopy is one block's copy in the store: immutable,
 // carrying the block's seal (size and checksums). It is shared through
 // StoredRef; the store reuses a copy's space only once the last reference
-// drops, so a reader holding a reference never reads space rewritten under
+// drops (and, while retention is on, once ReleaseRetained() covers it), so a reader holding a reference never reads space rewritten under
 // it. The prefix index holds one reference per demoted block; leases and
 // reads in flight hold more.
+//
+// Persistence (docs/ssd_format.md, "Re-attaching after a restart"): a
+// persistent store (persistent() is true: the SSD tier) keeps its copies in a
+// file that outlives the process. A checkpoint records, for each copy it
+// needs, the copy's key, seal and StoredLocation (Locate()); the next process
+// opens the same file with a new epoch and hands those back to ReattachBatch()
+// before its first Write(), which makes the copies live again once their
+// headers verify. Sync() makes the copies written so far durable, so a
+// checkpoint commits only after a Sync(). Retention (SetRetention(),
+// RetentionMark(), ReleaseRetained()) keeps the space of copies that the
+// newest committed checkpoint may still reference from being rewritten until
+// the next checkpoint commits:
+//
+//   store.SetRetention(true);                  // once, before checkpointing
+//   const uint64_t mark = store.RetentionMark();  // as checkpoint N starts
+//   ... write checkpoint N, store.Sync(), commit it ...
+//   store.ReleaseRetained(mark);               // frees what N cannot reference
+//
+// A volatile store (MemoryBlockStore) keeps the defaults: not persistent,
+// Locate() nullopt, ReattachBatch() UNIMPLEMENTED, Sync() OK, retention a
+// no-op.
 //
 // Integrity: Read() verifies what it read against the copy's checksum and
 // answers DATA_LOSS on any mismatch; it never returns unverified bytes as OK.
@@ -24,6 +45,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,6 +89,31 @@ struct BlockStoreStats {
   uint64_t read_bytes = 0;
   uint64_t checksum_failures = 0;  // reads that answered DATA_LOSS
   uint64_t failed_writes = 0;      // RESOURCE_EXHAUSTED answers
+  // Footprints of copies whose last reference dropped while retention was on
+  // (not live, not in allocated_bytes, but their space is not reusable until
+  // ReleaseRetained()).
+  uint64_t retained_bytes = 0;
+  uint64_t reattached = 0;  // copies made live by ReattachBatch()
+};
+
+// Where a copy lives in a persistent store: enough, with its key and seal, to
+// re-attach it after a restart. For the SSD tier: the extent's byte offset in
+// the file, its footprint (slot size), and the (epoch, sequence) of the write
+// that made it, which identifies that write.
+struct StoredLocation {
+  uint64_t offset = 0;
+  uint64_t footprint = 0;
+  uint64_t sequence = 0;
+  uint64_t epoch = 0;
+};
+
+// One copy to re-attach (BlockStore::ReattachBatch).
+struct ReattachRequest {
+  uint64_t key = 0;         // the block's chain key, as written
+  BlockSeal seal;           // the seal the copy was written with
+  StoredLocation location;  // what Locate() said of the copy
+  StoredRef copy;           // set by ReattachBatch on success, else null
+  absl::Status status;      // set by ReattachBatch
 };
 
 // One read of a batch.
@@ -81,7 +128,9 @@ class BlockStore {
   virtual ~BlockStore() = default;
 
   // Writes a copy of the sealed `payload` under `key`. RESOURCE_EXHAUSTED
-  // when there is no room (the caller frees copies and retries);
+  // when there is no room (the caller frees copies and retries; space held by
+  // retention is not room: while retained bytes are the shortfall the answer
+  // is still RESOURCE_EXHAUSTED, and the caller evicts);
   // INVALID_ARGUMENT when the block could never fit.
   virtual absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) = 0;
 
@@ -97,6 +146,61 @@ class BlockStore {
   }
 
   virtual BlockStoreStats GetStats() const = 0;
+
+  // True when copies outlive the process (Locate() and ReattachBatch() work).
+  virtual bool persistent() const { return false; }
+
+  // Where `copy` lives, for a checkpoint; nullopt for a volatile store.
+  // REQUIRES: `copy` came from this store.
+  virtual std::optional<StoredLocation> Locate(const StoredCopy& /*copy*/) const {
+    return std::nullopt;
+  }
+
+  // Re-attaches copies written by an earlier process to the same file: reads
+  // each one's header (the whole batch at once where the store can) and checks
+  // it against the request's key, seal.size, seal.checksum and location
+  // (footprint, sequence, epoch). Sets each request's status, in request order:
+  //   OK: the copy is live again; `copy` holds it (with the request's seal),
+  //     and its payload is verified on every Read() as any copy's is.
+  //   DATA_LOSS: the header does not match (overwritten, torn, never written).
+  //   FAILED_PRECONDITION: the slot conflicts with one already live (the same
+  //     slot, an overlapping one, or one in a region serving another size
+  //     class; the first copy re-attached into a region decides its class),
+  //     or this process already wrote (every request of a batch called after
+  //     the first Write()).
+  //   INVALID_ARGUMENT: the location is not a slot of this store's layout
+  //     (past its capacity, not on a slot boundary, a footprint that is not
+  //     the size class of seal.size: region_bytes or capacity changed).
+  //   UNAVAILABLE: the header could not be read (I/O error).
+  //   UNIMPLEMENTED: the store is not persistent (the default).
+  // REQUIRES: called before the first Write() of this store to succeed.
+  virtual void ReattachBatch(std::span<ReattachRequest> requests) {
+    for (ReattachRequest& r : requests) {
+      r.copy = nullptr;
+      r.status = absl::UnimplementedError("this block store is not persistent");
+    }
+  }
+
+  // Makes every copy written so far durable (fdatasync of the SSD file);
+  // UNAVAILABLE when the device says no. OK at once for a volatile store.
+  virtual absl::Status Sync() { return absl::OkStatus(); }
+
+  // Retention of freed space. While on, a copy whose last reference drops
+  // keeps its space (counted in retained_bytes, no longer live) instead of
+  // freeing it; turning it off frees nothing already retained (use
+  // ReleaseRetained(RetentionMark())). Off at start; a no-op for a volatile
+  // store.
+  virtual void SetRetention(bool /*on*/) {}
+
+  // A mark of the frees so far: the number of copies whose last reference
+  // has dropped (monotonic; 0 for a volatile store). Take it as a checkpoint
+  // starts.
+  virtual uint64_t RetentionMark() const { return 0; }
+
+  // Frees the space retained by frees before `mark` (those counted in it),
+  // once the checkpoint that started at `mark` has committed: that checkpoint
+  // cannot reference them. Frees after the mark stay retained.
+  virtual void ReleaseRetained(uint64_t /*mark*/) {}
 };
 
 }  // namespace kvcache

@@ -1,5 +1,6 @@
 #include "server/tier/ssd_block_store.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -59,8 +60,47 @@ class SsdBlockStore final : public BlockStore {
             .reads = s.reads,
             .read_bytes = s.read_bytes,
             .checksum_failures = s.checksum_failures,
-            .failed_writes = s.failed_writes};
+            .failed_writes = s.failed_writes,
+            .retained_bytes = s.retained_bytes,
+            .reattached = s.reattached};
   }
+
+  bool persistent() const override { return true; }
+
+  std::optional<StoredLocation> Locate(const StoredCopy& copy) const override {
+    const SsdExtent& e = static_cast<const SsdCopy&>(copy).extent();
+    return StoredLocation{.offset = e.offset(),
+                          .footprint = e.footprint(),
+                          .sequence = e.sequence(),
+                          .epoch = e.epoch()};
+  }
+
+  void ReattachBatch(std::span<ReattachRequest> requests) override {
+    std::vector<SsdReattachRequest> ssd;
+    ssd.reserve(requests.size());
+    for (const ReattachRequest& r : requests) {
+      ssd.push_back({.key = r.key,
+                     .size = r.seal.size,
+                     .checksum = r.seal.checksum,
+                     .offset = r.location.offset,
+                     .footprint = r.location.footprint,
+                     .sequence = r.location.sequence,
+                     .epoch = r.location.epoch});
+    }
+    store_->ReattachBatch(ssd);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].status = std::move(ssd[i].status);
+      requests[i].copy =
+          ssd[i].extent == nullptr
+              ? nullptr
+              : std::make_shared<SsdCopy>(store_, std::move(ssd[i].extent), requests[i].seal);
+    }
+  }
+
+  absl::Status Sync() override { return store_->Sync(); }
+  void SetRetention(bool on) override { store_->SetRetention(on); }
+  uint64_t RetentionMark() const override { return store_->RetentionMark(); }
+  void ReleaseRetained(uint64_t mark) override { store_->ReleaseRetained(mark); }
 
   const SsdStore& store() const { return *store_; }
 

@@ -6,6 +6,9 @@
 // by the SsdStore (header and XXH3-64 of the payload): a copy that fails is
 // DATA_LOSS, which the cache turns into a dropped block.
 //
+// Persistent: Locate() gives the extent's offset, footprint, sequence and
+// epoch; ReattachBatch(), Sync() and retention are SsdStore's (ssd_store.h).
+//
 // Thread-safe, as SsdStore.
 #ifndef KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
 #define KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_

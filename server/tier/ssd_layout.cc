@@ -145,6 +145,37 @@ std::optional<uint64_t> SsdSlots::Allocate(int class_index) {
   return r * region_bytes_ + slot * classes_[class_index];
 }
 
+SsdSlots::ClaimResult SsdSlots::Claim(uint64_t offset, int class_index) {
+  const uint64_t r = offset / region_bytes_;
+  const uint64_t class_bytes = classes_[class_index];
+  const uint64_t within = offset % region_bytes_;
+  if (r >= regions_.size() || within % class_bytes != 0 ||
+      within / class_bytes >= region_bytes_ / class_bytes) {
+    return ClaimResult::kNotASlot;
+  }
+  Region& region = regions_[r];
+  if (region.class_index >= 0 && region.class_index != class_index) {
+    return ClaimResult::kOtherClass;
+  }
+  const uint32_t slot = static_cast<uint32_t>(within / class_bytes);
+  const uint64_t bit = uint64_t{1} << (slot % 64);
+  if (region.class_index < 0) {
+    free_regions_.erase(static_cast<uint32_t>(r));
+    region.class_index = class_index;
+    region.slots = static_cast<uint32_t>(region_bytes_ / class_bytes);
+    region.live = 0;
+    region.first_free_word = 0;
+    region.used.assign((region.slots + 63) / 64, 0);
+    partial_[class_index].insert(static_cast<uint32_t>(r));
+    ++reserved_regions_;
+  } else if ((region.used[slot / 64] & bit) != 0) {
+    return ClaimResult::kTaken;
+  }
+  region.used[slot / 64] |= bit;
+  if (++region.live == region.slots) partial_[class_index].erase(static_cast<uint32_t>(r));
+  return ClaimResult::kClaimed;
+}
+
 bool SsdSlots::Free(uint64_t offset) {
   const uint64_t r = offset / region_bytes_;
   if (r >= regions_.size()) return false;

@@ -74,6 +74,13 @@ class SsdSlots {
   // allocated there.
   bool Free(uint64_t offset);
 
+  enum class ClaimResult { kClaimed, kNotASlot, kTaken, kOtherClass };
+  // Allocates the given slot (re-attaching an extent): kClaimed, or, with
+  // nothing changed, kNotASlot (past the last region, or `offset` is not a
+  // slot boundary of the class), kTaken (allocated already) or kOtherClass
+  // (the region serves another class). A free region takes the class.
+  ClaimResult Claim(uint64_t offset, int class_index);
+
   uint64_t reserved_regions() const { return reserved_regions_; }
 
  private:

@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -40,6 +42,7 @@ using ssd_internal::IoOp;
 using ssd_internal::kHeaderBytes;
 using ssd_internal::RoundUpToPage;
 using ssd_internal::SsdFile;
+using ssd_internal::kPageBytes;
 using ssd_internal::SsdSlots;
 using ssd_internal::SsdSyscalls;
 
@@ -83,13 +86,17 @@ class SsdStoreImpl final : public SsdStore {
     uint64_t sequence;
     {
       MutexLock lock(&mu_);
+      written_ = true;  // no ReattachBatch from now on
       const std::optional<uint64_t> slot = slots_.Allocate(*class_index);
       if (!slot) {
         ++failed_writes_;
-        return absl::ResourceExhaustedError(
-            absl::StrCat("SSD store full: no free ", footprint, "-byte slot for a ", payload.size(),
-                         "-byte block and all ", regions_, " regions of ", options_.region_bytes,
-                         " bytes are in use"));
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "SSD store full: no free ", footprint, "-byte slot for a ", payload.size(),
+            "-byte block and all ", regions_, " regions of ", options_.region_bytes,
+            " bytes are in use",
+            retained_bytes_ == 0
+                ? ""
+                : absl::StrCat(" (", retained_bytes_, " bytes retained for the checkpoint)")));
       }
       offset = *slot;
       sequence = ++sequence_;
@@ -127,7 +134,7 @@ class SsdStoreImpl final : public SsdStore {
     }
     writes_.fetch_add(1, std::memory_order_relaxed);
     write_bytes_.fetch_add(payload.size(), std::memory_order_relaxed);
-    return MakeExtent(key, payload.size(), checksum, offset, footprint, sequence);
+    return MakeExtent(key, payload.size(), checksum, offset, footprint, sequence, options_.epoch);
   }
 
   absl::Status Read(const SsdExtent& extent, std::span<std::byte> out) override {
@@ -182,6 +189,10 @@ class SsdStoreImpl final : public SsdStore {
       stats.live_extents = live_extents_;
       stats.payload_bytes = payload_bytes_;
       stats.failed_writes = failed_writes_;
+      stats.retained_bytes = retained_bytes_;
+      stats.retained_extents = retained_.size();
+      stats.reattached = reattached_;
+      stats.reattach_failures = reattach_failures_;
     }
     stats.writes = writes_.load(std::memory_order_relaxed);
     stats.write_bytes = write_bytes_.load(std::memory_order_relaxed);
@@ -199,7 +210,205 @@ class SsdStoreImpl final : public SsdStore {
     return class_index ? classes_[*class_index] : 0;
   }
 
+  void ReattachBatch(std::span<SsdReattachRequest> requests) override {
+    bool written;
+    {
+      MutexLock lock(&mu_);
+      written = written_;
+    }
+    if (written) {
+      for (SsdReattachRequest& r : requests) {
+        Refuse(r, absl::FailedPreconditionError(
+                      "SsdStore::ReattachBatch after the store's first Write"));
+      }
+      return;
+    }
+    std::vector<IoOp> ops;
+    std::vector<SsdReattachRequest*> issued;
+    std::vector<BufferPool::Buffer> buffers;
+    for (size_t begin = 0; begin < requests.size(); begin += options_.queue_depth) {
+      const size_t end = std::min<size_t>(requests.size(), begin + options_.queue_depth);
+      ops.clear();
+      issued.clear();
+      buffers.clear();
+      for (size_t i = begin; i < end; ++i) {
+        SsdReattachRequest& request = requests[i];
+        request.extent = nullptr;
+        if (absl::Status s = CheckLocation(request); !s.ok()) {
+          Refuse(request, std::move(s));
+          continue;
+        }
+        BufferPool::Buffer buffer = buffers_.Take(kPageBytes);
+        if (buffer == nullptr) {
+          Refuse(request, absl::ResourceExhaustedError(
+                              "SsdStore::ReattachBatch: no memory for a header buffer"));
+          continue;
+        }
+        ops.push_back(IoOp{.buf = buffer.get(), .len = kPageBytes, .offset = request.offset});
+        issued.push_back(&request);
+        buffers.push_back(std::move(buffer));
+      }
+      engine_->Run(ops);
+      for (size_t k = 0; k < ops.size(); ++k) {  // in request order
+        SsdReattachRequest& request = *issued[k];
+        if (absl::Status s = VerifyHeader(request, ops[k]); !s.ok()) {
+          Refuse(request, std::move(s));
+          continue;
+        }
+        request.status = Claim(request);
+        if (!request.status.ok()) {
+          Refuse(request, std::move(request.status));
+          continue;
+        }
+        request.extent = MakeExtent(request.key, request.size, request.checksum, request.offset,
+                                    request.footprint, request.sequence, request.epoch);
+      }
+    }
+  }
+
+  absl::Status Sync() override {
+    if (fdatasync(fd_) != 0) {
+      const int error = errno;
+      io_errors_.fetch_add(1, std::memory_order_relaxed);
+      return absl::UnavailableError(
+          absl::StrCat("fdatasync(", options_.path, ") failed: ", ssd_internal::ErrnoText(error)));
+    }
+    return absl::OkStatus();
+  }
+
+  void SetRetention(bool on) override {
+    MutexLock lock(&mu_);
+    retention_ = on;
+  }
+
+  uint64_t RetentionMark() const override {
+    MutexLock lock(&mu_);
+    return frees_;
+  }
+
+  void ReleaseRetained(uint64_t mark) override {
+    MutexLock lock(&mu_);
+    while (!retained_.empty() && retained_.front().number <= mark) {
+      const Retained& r = retained_.front();
+      if (!slots_.Free(r.offset)) {
+        Log(absl::StrCat("releasing retained slot at offset ", r.offset,
+                         " that is not allocated (ignored)"));
+      }
+      retained_bytes_ -= r.footprint;
+      retained_.pop_front();
+    }
+  }
+
  private:
+  // A slot kept by retention: its free number (the frees so far when it was
+  // freed, itself included).
+  struct Retained {
+    uint64_t number;
+    uint64_t offset;
+    uint64_t footprint;
+  };
+
+  void Refuse(SsdReattachRequest& request, absl::Status status) {
+    request.extent = nullptr;
+    request.status = std::move(status);
+    MutexLock lock(&mu_);
+    ++reattach_failures_;
+  }
+
+  std::string ReattachWhere(const SsdReattachRequest& request) const {
+    return absl::StrCat("extent at offset ", request.offset, " of ", options_.path, " (key ",
+                        request.key, ", epoch ", request.epoch, ", sequence ", request.sequence,
+                        ")");
+  }
+
+  // INVALID_ARGUMENT unless the request names a slot of this layout that
+  // holds its size.
+  absl::Status CheckLocation(const SsdReattachRequest& request) const {
+    const uint64_t rounded = RoundedSize(request.size);
+    if (rounded == 0 || rounded != request.footprint) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SsdStore::ReattachBatch: ", ReattachWhere(request), ": footprint ", request.footprint,
+          " is not the class of a ", request.size, "-byte block in this layout (",
+          rounded == 0 ? "no class" : absl::StrCat(rounded, " bytes"), "; region_bytes ",
+          options_.region_bytes, ")"));
+    }
+    const uint64_t within = request.offset % options_.region_bytes;
+    if (request.offset / options_.region_bytes >= regions_ || within % request.footprint != 0 ||
+        within / request.footprint >= options_.region_bytes / request.footprint) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SsdStore::ReattachBatch: ", ReattachWhere(request), ": offset is not a slot of ",
+          request.footprint, " bytes in ", regions_, " regions of ", options_.region_bytes,
+          " bytes"));
+    }
+    return absl::OkStatus();
+  }
+
+  // DATA_LOSS unless the header `op` read says exactly what `request` does.
+  absl::Status VerifyHeader(const SsdReattachRequest& request, const IoOp& op) {
+    const std::string where = ReattachWhere(request);
+    if (op.result < 0) {
+      io_errors_.fetch_add(1, std::memory_order_relaxed);
+      return absl::UnavailableError(absl::StrCat("SSD header read of ", where,
+                                                 " failed: ", ssd_internal::ErrnoText(static_cast<int>(-op.result))));
+    }
+    if (static_cast<uint64_t>(op.result) < kHeaderBytes) {
+      return absl::DataLossError(absl::StrCat("SSD header read of ", where, " was short: ",
+                                              op.result, " of ", kHeaderBytes, " bytes"));
+    }
+    ExtentHeader header;
+    if (absl::Status s = ssd_internal::DecodeHeader({op.buf, kHeaderBytes}, where, &header);
+        !s.ok()) {
+      return s;
+    }
+    const std::pair<absl::string_view, std::pair<uint64_t, uint64_t>> fields[] = {
+        {"key", {header.key, request.key}},
+        {"payload size", {header.payload_bytes, request.size}},
+        {"sequence", {header.sequence, request.sequence}},
+        {"epoch", {header.epoch, request.epoch}},
+        {"payload checksum", {header.payload_checksum, request.checksum}},
+        {"footprint", {header.footprint, request.footprint}},
+    };
+    for (const auto& [field, values] : fields) {
+      if (values.first != values.second) {
+        return absl::DataLossError(absl::StrCat("SSD ", where, ": header ", field, " is ",
+                                                values.first, ", expected ", values.second));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Makes the request's slot live: FAILED_PRECONDITION when it conflicts.
+  absl::Status Claim(const SsdReattachRequest& request) {
+    const int class_index = *ClassOf(request.size);  // CheckLocation passed
+    MutexLock lock(&mu_);
+    if (written_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SsdStore::ReattachBatch: ", ReattachWhere(request),
+                       ": the store has written since the batch began"));
+    }
+    switch (slots_.Claim(request.offset, class_index)) {
+      case SsdSlots::ClaimResult::kClaimed:
+        break;
+      case SsdSlots::ClaimResult::kTaken:
+        return absl::FailedPreconditionError(absl::StrCat(
+            "SsdStore::ReattachBatch: ", ReattachWhere(request), ": the slot is live already"));
+      case SsdSlots::ClaimResult::kOtherClass:
+        return absl::FailedPreconditionError(
+            absl::StrCat("SsdStore::ReattachBatch: ", ReattachWhere(request), ": its region (",
+                         request.offset / options_.region_bytes,
+                         ") serves another size class than ", request.footprint, " bytes"));
+      case SsdSlots::ClaimResult::kNotASlot:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SsdStore::ReattachBatch: ", ReattachWhere(request), ": not a slot of this layout"));
+    }
+    sequence_ = std::max(sequence_, request.sequence);
+    ++live_extents_;
+    ++reattached_;
+    allocated_bytes_ += request.footprint;
+    payload_bytes_ += request.size;
+    return absl::OkStatus();
+  }
+
   std::optional<int> ClassOf(uint64_t payload_bytes) const {
     if (payload_bytes == 0 || payload_bytes > options_.region_bytes - kHeaderBytes) {
       return std::nullopt;
@@ -208,6 +417,19 @@ class SsdStoreImpl final : public SsdStore {
   }
 
   void ReleaseExtent(const SsdExtent& extent) override {
+    {
+      MutexLock lock(&mu_);
+      const uint64_t number = ++frees_;
+      if (retention_) {
+        --live_extents_;
+        allocated_bytes_ -= extent.footprint();
+        payload_bytes_ -= extent.size();
+        retained_.push_back(
+            Retained{.number = number, .offset = extent.offset(), .footprint = extent.footprint()});
+        retained_bytes_ += extent.footprint();
+        return;
+      }
+    }
     FreeSlot(extent.offset(), extent.footprint(), extent.size());
   }
 
@@ -268,7 +490,7 @@ class SsdStoreImpl final : public SsdStore {
     if (header.sequence != extent.sequence()) {
       return mismatch("sequence", header.sequence, extent.sequence());
     }
-    if (header.epoch != options_.epoch) return mismatch("epoch", header.epoch, options_.epoch);
+    if (header.epoch != extent.epoch()) return mismatch("epoch", header.epoch, extent.epoch());
     if (header.payload_checksum != extent.checksum()) {
       return mismatch("payload checksum", header.payload_checksum, extent.checksum());
     }
@@ -301,6 +523,13 @@ class SsdStoreImpl final : public SsdStore {
   uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool written_ ABSL_GUARDED_BY(mu_) = false;  // a Write() has allocated a slot
+  uint64_t reattached_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reattach_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  bool retention_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;  // extents released so far
+  std::deque<Retained> retained_ ABSL_GUARDED_BY(mu_);  // ascending numbers
+  uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   const std::vector<uint64_t> classes_;
 
   std::atomic<uint64_t> writes_{0};

@@ -27,8 +27,27 @@
 // slot of a class is free, Write() answers RESOURCE_EXHAUSTED and the caller
 // drops references and retries.
 //
+// Restart (docs/ssd_format.md, "Re-attaching after a restart"): the file
+// outlives the process. Each extent remembers the epoch of the store that
+// wrote it (SsdStoreOptions::epoch, in its header); (epoch, sequence)
+// identifies one write. A store opened on the same file, with a new epoch,
+// re-attaches extents of an earlier process with ReattachBatch() before its
+// first Write(): their headers are read and checked, their slots become live
+// again, and new writes take other slots (sequence numbers continue above
+// the highest re-attached one). Freeing a slot and closing the store never
+// write to the file, so a store destroyed (or a process killed) leaves every
+// extent it wrote as it was. Sync() makes the writes so far durable.
+//
+// Retention: while SetRetention(true) is in force, an extent whose last
+// reference drops keeps its slot (retained, counted in retained_bytes) until
+// ReleaseRetained() covers its free, so the extents a committed checkpoint
+// references are not rewritten before the next checkpoint commits. Retained
+// slots are not free: a Write() that finds no slot answers
+// RESOURCE_EXHAUSTED as when the store is full of live extents.
+//
 // Integrity: Read() verifies everything it returns: the header against the
-// extent (magic, version, header checksum, key, size, sequence, epoch) and the
+// extent (magic, version, header checksum, key, size, sequence, and the
+// extent's own epoch, which for a re-attached extent is its writer's) and the
 // XXH3-64 of the payload bytes that landed in `out` against
 // extent.checksum(). A mismatch or a short read is DATA_LOSS (counted in
 // checksum_failures); an I/O error is UNAVAILABLE with the errno text. No
@@ -70,7 +89,11 @@ struct SsdStoreOptions {
   SsdIoEngine engine = SsdIoEngine::kAuto;
   uint32_t io_threads = 2;    // thread-pool engine: 1 .. 256
   uint32_t queue_depth = 64;  // io_uring ring entries (also ReadBatch's chunk): 1 .. 4096
-  uint64_t epoch = 0;         // written into every extent header and checked on read
+  // Written into the header of every extent this store writes (and checked
+  // when it is read). Give each process a new one (e.g. one more than the
+  // newest epoch its checkpoint references), so that no header an earlier
+  // process left can pass for a write of this one.
+  uint64_t epoch = 0;
 
   // INVALID_ARGUMENT naming the field when out of range; capacity_bytes must
   // hold at least one region.
@@ -95,18 +118,20 @@ class SsdExtent {
     return footprint_;
   }                                                // bytes of file the extent occupies (its class)
   uint64_t sequence() const { return sequence_; }  // store-wide write number, also in the header
+  uint64_t epoch() const { return epoch_; }  // the epoch of the store that wrote it, also in the header
 
  private:
   friend class SsdStore;
   SsdExtent(SsdStore* store, uint64_t key, uint64_t size, uint64_t checksum, uint64_t offset,
-            uint64_t footprint, uint64_t sequence)
+            uint64_t footprint, uint64_t sequence, uint64_t epoch)
       : store_(store),
         key_(key),
         size_(size),
         checksum_(checksum),
         offset_(offset),
         footprint_(footprint),
-        sequence_(sequence) {}
+        sequence_(sequence),
+        epoch_(epoch) {}
 
   SsdStore* const store_;
   const uint64_t key_;
@@ -115,6 +140,7 @@ class SsdExtent {
   const uint64_t offset_;
   const uint64_t footprint_;
   const uint64_t sequence_;
+  const uint64_t epoch_;
 };
 
 using SsdRef = std::shared_ptr<const SsdExtent>;
@@ -125,6 +151,20 @@ struct SsdReadRequest {
   const SsdExtent* extent = nullptr;
   std::span<std::byte> out;
   absl::Status* status = nullptr;
+};
+
+// One extent to re-attach (SsdStore::ReattachBatch): what the extent's
+// header must say, and where it is.
+struct SsdReattachRequest {
+  uint64_t key = 0;
+  uint64_t size = 0;      // payload bytes
+  uint64_t checksum = 0;  // XXH3-64 of the payload
+  uint64_t offset = 0;
+  uint64_t footprint = 0;
+  uint64_t sequence = 0;
+  uint64_t epoch = 0;
+  SsdRef extent;        // set on success
+  absl::Status status;  // set by ReattachBatch
 };
 
 struct SsdStoreStats {
@@ -141,6 +181,10 @@ struct SsdStoreStats {
   uint64_t checksum_failures = 0;  // DATA_LOSS answers (mismatch or short read)
   uint64_t failed_writes = 0;      // RESOURCE_EXHAUSTED answers
   uint64_t io_errors = 0;          // UNAVAILABLE answers (errno from the kernel)
+  uint64_t retained_bytes = 0;     // footprints of slots kept by retention (not live)
+  uint64_t retained_extents = 0;   // slots kept by retention
+  uint64_t reattached = 0;         // extents made live by ReattachBatch
+  uint64_t reattach_failures = 0;  // ReattachBatch answers other than OK
   bool direct_io = false;          // O_DIRECT in use
   std::string engine;              // "io_uring" or "thread_pool", plus why when it fell back
 };
@@ -177,19 +221,56 @@ class SsdStore {
   // Write() would refuse the size.
   virtual uint64_t RoundedSize(uint64_t payload_bytes) const = 0;
 
+  // Re-attaches extents an earlier process wrote to this file. Reads the
+  // first 4 KiB of each (through the engine: with io_uring up to queue_depth
+  // at once) and, in request order, sets each status:
+  //   OK: the header verifies and says exactly the request's key, size,
+  //     checksum, footprint, sequence and epoch; the slot is live and
+  //     `extent` holds it (epoch() is the request's, not this store's).
+  //   DATA_LOSS: a short read, a header that does not decode (never written,
+  //     torn, overwritten) or one that says something else (a later write
+  //     to the slot, another block). Counted in reattach_failures, not in
+  //     checksum_failures.
+  //   FAILED_PRECONDITION: the slot is already live (a duplicate), or its
+  //     region serves another class (a region takes the class of the first
+  //     extent re-attached into it, so a slot overlapping a live one of
+  //     another class is refused), or this store has written already.
+  //   INVALID_ARGUMENT: not a slot of this layout: size 0 or too large, a
+  //     footprint that is not RoundedSize(size), an offset past the capacity
+  //     or off the class's slot grid in its region.
+  //   UNAVAILABLE: the read failed (errno text).
+  // The payload is not read here; every Read() verifies it as for any
+  // extent. New writes after this take sequence numbers above the highest
+  // one re-attached. REQUIRES: called before the first Write() (later
+  // batches answer FAILED_PRECONDITION for every request).
+  virtual void ReattachBatch(std::span<SsdReattachRequest> requests) = 0;
+
+  // fdatasync of the file: every write so far is durable. UNAVAILABLE with
+  // the errno text when it fails.
+  virtual absl::Status Sync() = 0;
+
+  // Retention of freed slots (see the top of this file). While on, a released
+  // extent's slot is retained, tagged with its free number (1, 2, ... over
+  // all releases). Turning it off frees nothing already retained.
+  virtual void SetRetention(bool on) = 0;
+  // The number of extents released so far (monotonic).
+  virtual uint64_t RetentionMark() const = 0;
+  // Frees every retained slot whose free number is at most `mark`.
+  virtual void ReleaseRetained(uint64_t mark) = 0;
+
  protected:
   SsdStore() = default;
   // Makes an extent that returns to this store through ReleaseExtent().
   SsdRef MakeExtent(uint64_t key, uint64_t size, uint64_t checksum, uint64_t offset,
-                    uint64_t footprint, uint64_t sequence) {
-    return SsdRef(new SsdExtent(this, key, size, checksum, offset, footprint, sequence));
+                    uint64_t footprint, uint64_t sequence, uint64_t epoch) {
+    return SsdRef(new SsdExtent(this, key, size, checksum, offset, footprint, sequence, epoch));
   }
   // True when `extent` was made by this store.
   bool Owns(const SsdExtent& extent) const { return extent.store_ == this; }
 
  private:
   friend class SsdExtent;
-  // Called once per extent from ~SsdExtent; frees its slot.
+  // Called once per extent from ~SsdExtent; frees (or retains) its slot.
   virtual void ReleaseExtent(const SsdExtent& extent) = 0;
 };
 
