@@ -40,9 +40,9 @@ using ssd_internal::ExtentHeader;
 using ssd_internal::IoEngine;
 using ssd_internal::IoOp;
 using ssd_internal::kHeaderBytes;
+using ssd_internal::kPageBytes;
 using ssd_internal::RoundUpToPage;
 using ssd_internal::SsdFile;
-using ssd_internal::kPageBytes;
 using ssd_internal::SsdSlots;
 using ssd_internal::SsdSyscalls;
 
@@ -335,10 +335,10 @@ class SsdStoreImpl final : public SsdStore {
     const uint64_t within = request.offset % options_.region_bytes;
     if (request.offset / options_.region_bytes >= regions_ || within % request.footprint != 0 ||
         within / request.footprint >= options_.region_bytes / request.footprint) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SsdStore::ReattachBatch: ", ReattachWhere(request), ": offset is not a slot of ",
-          request.footprint, " bytes in ", regions_, " regions of ", options_.region_bytes,
-          " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("SsdStore::ReattachBatch: ", ReattachWhere(request),
+                       ": offset is not a slot of ", request.footprint, " bytes in ", regions_,
+                       " regions of ", options_.region_bytes, " bytes"));
     }
     return absl::OkStatus();
   }
@@ -348,12 +348,13 @@ class SsdStoreImpl final : public SsdStore {
     const std::string where = ReattachWhere(request);
     if (op.result < 0) {
       io_errors_.fetch_add(1, std::memory_order_relaxed);
-      return absl::UnavailableError(absl::StrCat("SSD header read of ", where,
-                                                 " failed: ", ssd_internal::ErrnoText(static_cast<int>(-op.result))));
+      return absl::UnavailableError(
+          absl::StrCat("SSD header read of ", where,
+                       " failed: ", ssd_internal::ErrnoText(static_cast<int>(-op.result))));
     }
     if (static_cast<uint64_t>(op.result) < kHeaderBytes) {
-      return absl::DataLossError(absl::StrCat("SSD header read of ", where, " was short: ",
-                                              op.result, " of ", kHeaderBytes, " bytes"));
+      return absl::DataLossError(absl::StrCat(
+          "SSD header read of ", where, " was short: ", op.result, " of ", kHeaderBytes, " bytes"));
     }
     ExtentHeader header;
     if (absl::Status s = ssd_internal::DecodeHeader({op.buf, kHeaderBytes}, where, &header);
@@ -527,7 +528,7 @@ class SsdStoreImpl final : public SsdStore {
   uint64_t reattached_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reattach_failures_ ABSL_GUARDED_BY(mu_) = 0;
   bool retention_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;  // extents released so far
+  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;             // extents released so far
   std::deque<Retained> retained_ ABSL_GUARDED_BY(mu_);  // ascending numbers
   uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   const std::vector<uint64_t> classes_;

@@ -119,6 +119,13 @@ class SsdStoreTest : public ::testing::TestWithParam<SsdIoEngine> {
     return *store_;
   }
 
+  // A restart: the store is closed (after every extent of it was released,
+  // as the store must outlive them) and another opens the same file.
+  SsdStore& Reopen(uint64_t capacity, uint64_t region, uint64_t epoch) {
+    store_.reset();
+    return Open(capacity, region, epoch);
+  }
+
   std::string path_;
   std::unique_ptr<SsdStore> store_;
 };
@@ -406,6 +413,346 @@ TEST_P(SsdStoreTest, ReadBatchReportsEachRequest) {
   EXPECT_EQ(stats.reads, 96u);
 }
 
+// What a checkpoint records of an extent.
+SsdReattachRequest RequestFor(const SsdExtent& e) {
+  return {.key = e.key(),
+          .size = e.size(),
+          .checksum = e.checksum(),
+          .offset = e.offset(),
+          .footprint = e.footprint(),
+          .sequence = e.sequence(),
+          .epoch = e.epoch()};
+}
+
+// Writes a well-formed header saying what `r` says at r.offset (a header
+// with no payload behind it: enough for ReattachBatch).
+void WriteHeader(const std::string& path, const SsdReattachRequest& r) {
+  std::vector<std::byte> bytes(64);
+  ssd_internal::EncodeHeader({.key = r.key,
+                              .payload_bytes = r.size,
+                              .sequence = r.sequence,
+                              .epoch = r.epoch,
+                              .payload_checksum = r.checksum,
+                              .footprint = r.footprint},
+                             bytes);
+  Corrupt(path, r.offset, bytes);
+}
+
+TEST_P(SsdStoreTest, ReattachesEveryBlockAfterARestart) {
+  std::vector<SsdReattachRequest> saved;
+  uint64_t footprints = 0;
+  uint64_t sizes = 0;
+  {
+    SsdStore& first = Open(64 * kMiB, 1 * kMiB, /*epoch=*/1);
+    std::vector<SsdRef> refs;
+    for (uint64_t key = 1; key <= 150; ++key) {  // more than one io_uring batch
+      auto ref = WriteBlock(first, key * 11, 1 + key * 1237 % (200 * kKiB));
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      EXPECT_EQ((*ref)->epoch(), 1u);
+      saved.push_back(RequestFor(**ref));
+      footprints += (*ref)->footprint();
+      sizes += (*ref)->size();
+      refs.push_back(*std::move(ref));
+    }
+    ASSERT_TRUE(first.Sync().ok());
+  }  // every extent released: only memory changes, the file keeps them
+  SsdStore& store = Reopen(64 * kMiB, 1 * kMiB, /*epoch=*/2);
+  store.ReattachBatch(std::span<SsdReattachRequest>(saved));
+  uint64_t highest = 0;
+  for (const SsdReattachRequest& r : saved) {
+    ASSERT_TRUE(r.status.ok()) << r.key << ": " << r.status;
+    ASSERT_NE(r.extent, nullptr);
+    EXPECT_EQ(r.extent->epoch(), 1u);  // its writer's, not the store's
+    EXPECT_EQ(r.extent->sequence(), r.sequence);
+    EXPECT_EQ(r.extent->offset(), r.offset);
+    EXPECT_EQ(r.extent->footprint(), r.footprint);
+    EXPECT_TRUE(ReadAndCheck(store, *r.extent).ok()) << r.key;
+    highest = std::max(highest, r.sequence);
+  }
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.live_extents, saved.size());
+  EXPECT_EQ(stats.reattached, saved.size());
+  EXPECT_EQ(stats.reattach_failures, 0u);
+  EXPECT_EQ(stats.allocated_bytes, footprints);
+  EXPECT_EQ(stats.payload_bytes, sizes);
+  EXPECT_EQ(stats.writes, 0u);
+  EXPECT_EQ(stats.reads, saved.size());
+  // A write of this process: its own epoch, a sequence above every
+  // re-attached one, and a slot of its own.
+  auto fresh = WriteBlock(store, 5, 5000);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ((*fresh)->epoch(), 2u);
+  EXPECT_EQ((*fresh)->sequence(), highest + 1);
+  EXPECT_TRUE(ReadAndCheck(store, **fresh).ok());
+  for (const SsdReattachRequest& r : saved) EXPECT_NE(r.extent->offset(), (*fresh)->offset());
+  fresh->reset();
+  for (SsdReattachRequest& r : saved) r.extent.reset();
+  stats = store.GetStats();
+  EXPECT_EQ(stats.live_extents, 0u);
+  EXPECT_EQ(stats.allocated_bytes, 0u);
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+}
+
+TEST_P(SsdStoreTest, ReattachAnswersDataLossForEachHeaderThatDoesNotMatch) {
+  std::vector<SsdReattachRequest> saved;
+  {
+    SsdStore& first = Open(16 * kMiB, 1 * kMiB, /*epoch=*/1);
+    std::vector<SsdRef> refs;
+    for (uint64_t key = 0; key < 8; ++key) {
+      auto ref = WriteBlock(first, key, 10000);
+      ASSERT_TRUE(ref.ok());
+      saved.push_back(RequestFor(**ref));
+      refs.push_back(*std::move(ref));
+    }
+  }
+  std::vector<std::byte> garbage(4096, std::byte{0xa5});
+  Corrupt(path_, saved[0].offset, garbage);  // overwritten
+  std::vector<SsdReattachRequest> requests = saved;
+  requests[1].sequence += 1;
+  requests[2].epoch = 2;
+  requests[3].key += 100;
+  requests[4].size -= 1;  // the same class
+  requests[5].checksum ^= 1;
+  requests[6].offset = 8 * kMiB;  // a slot never written (the file is zeroes there)
+  SsdStore& store = Reopen(16 * kMiB, 1 * kMiB, /*epoch=*/2);
+  store.ReattachBatch(std::span<SsdReattachRequest>(requests));
+  const char* const expected[] = {
+      "bad header magic",       "header sequence is",         "header epoch is 1", "header key is",
+      "header payload size is", "header payload checksum is", "bad header magic"};
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(requests[i].status.code(), absl::StatusCode::kDataLoss) << i << requests[i].status;
+    EXPECT_THAT(requests[i].status.message(), HasSubstr(expected[i])) << i;
+    EXPECT_EQ(requests[i].extent, nullptr) << i;
+  }
+  ASSERT_TRUE(requests[7].status.ok()) << requests[7].status;
+  EXPECT_TRUE(ReadAndCheck(store, *requests[7].extent).ok());
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.live_extents, 1u);
+  EXPECT_EQ(stats.reattach_failures, 7u);
+  EXPECT_EQ(stats.checksum_failures, 0u);     // no read failed
+  EXPECT_EQ(stats.reserved_bytes, 1 * kMiB);  // the never-written slot took no region
+  // A refused request claimed nothing: the right ones attach in a later batch.
+  std::vector<SsdReattachRequest> again(saved.begin(), saved.begin() + 6);
+  store.ReattachBatch(std::span<SsdReattachRequest>(again));
+  EXPECT_EQ(again[0].status.code(), absl::StatusCode::kDataLoss);
+  for (int i = 1; i < 6; ++i) {
+    ASSERT_TRUE(again[i].status.ok()) << i << ": " << again[i].status;
+    EXPECT_TRUE(ReadAndCheck(store, *again[i].extent).ok()) << i;
+  }
+  EXPECT_EQ(store.GetStats().live_extents, 6u);
+}
+
+TEST_P(SsdStoreTest, ReattachRefusesConflictingAndMisplacedSlots) {
+  std::vector<SsdReattachRequest> saved;
+  {
+    SsdStore& first = Open(256 * kKiB, 64 * kKiB, /*epoch=*/1);
+    std::vector<SsdRef> refs;
+    for (uint64_t key = 1; key <= 2; ++key) {  // 12 KiB slots at 0 and 12 KiB
+      auto ref = WriteBlock(first, key, 8 * kKiB);
+      ASSERT_TRUE(ref.ok());
+      saved.push_back(RequestFor(**ref));
+      refs.push_back(*std::move(ref));
+    }
+  }
+  ASSERT_EQ(saved[1].offset, 12 * kKiB);
+  // Well-formed headers of 8 KiB-class extents (payload of 5000 bytes): one
+  // overlapping the second 12 KiB slot in region 0, one in region 1.
+  SsdReattachRequest overlapping{.key = 3,
+                                 .size = 5000,
+                                 .checksum = 33,
+                                 .offset = 16 * kKiB,
+                                 .footprint = 8 * kKiB,
+                                 .sequence = 7,
+                                 .epoch = 1};
+  SsdReattachRequest first_in_region1 = overlapping;
+  first_in_region1.key = 4;
+  first_in_region1.offset = 64 * kKiB;
+  // A 12 KiB-class one in region 1, which the one above makes an 8 KiB region.
+  SsdReattachRequest second_in_region1 = saved[0];
+  second_in_region1.key = 5;
+  second_in_region1.offset = 64 * kKiB + 24 * kKiB;
+  for (const auto& r : {overlapping, first_in_region1, second_in_region1}) WriteHeader(path_, r);
+
+  SsdStore& store = Reopen(256 * kKiB, 64 * kKiB, /*epoch=*/2);
+  std::vector<SsdReattachRequest> requests = {saved[0], saved[0],         overlapping,
+                                              saved[1], first_in_region1, second_in_region1};
+  // Not slots of this layout.
+  SsdReattachRequest past_the_end = saved[0];
+  past_the_end.offset = 256 * kKiB;
+  SsdReattachRequest off_the_grid = saved[0];
+  off_the_grid.offset = 8 * kKiB;
+  SsdReattachRequest wrong_class = saved[0];
+  wrong_class.footprint = 16 * kKiB;
+  requests.insert(requests.end(), {past_the_end, off_the_grid, wrong_class});
+  store.ReattachBatch(std::span<SsdReattachRequest>(requests));
+  const absl::StatusCode expected[] = {absl::StatusCode::kOk,
+                                       absl::StatusCode::kFailedPrecondition,
+                                       absl::StatusCode::kFailedPrecondition,
+                                       absl::StatusCode::kOk,
+                                       absl::StatusCode::kOk,
+                                       absl::StatusCode::kFailedPrecondition,
+                                       absl::StatusCode::kInvalidArgument,
+                                       absl::StatusCode::kInvalidArgument,
+                                       absl::StatusCode::kInvalidArgument};
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(requests[i].status.code(), expected[i]) << i << ": " << requests[i].status;
+    EXPECT_EQ(requests[i].extent != nullptr, expected[i] == absl::StatusCode::kOk) << i;
+  }
+  EXPECT_THAT(requests[1].status.message(), HasSubstr("live already"));
+  EXPECT_THAT(requests[2].status.message(), HasSubstr("serves another size class"));
+  EXPECT_THAT(requests[5].status.message(), HasSubstr("serves another size class"));
+  const SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.live_extents, 3u);
+  EXPECT_EQ(stats.reattach_failures, 6u);
+  EXPECT_TRUE(ReadAndCheck(store, *requests[0].extent).ok());
+  // The overlapping header was written over the second extent's payload:
+  // its header still attaches, and its payload fails on read, as the payload
+  // of a re-attached extent is verified on every read. A header with no
+  // payload behind it attaches and never reads as OK either.
+  std::vector<std::byte> out(8 * kKiB);
+  absl::Status read = store.Read(*requests[3].extent, out);
+  EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << read;
+  EXPECT_THAT(read.message(), HasSubstr("payload checksum mismatch"));
+  out.resize(5000);
+  EXPECT_EQ(store.Read(*requests[4].extent, out).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_P(SsdStoreTest, ReattachAfterAWriteIsFailedPrecondition) {
+  std::vector<SsdReattachRequest> saved;
+  {
+    SsdStore& first = Open(1 * kMiB, 256 * kKiB, /*epoch=*/1);
+    auto ref = WriteBlock(first, 1, 3000);
+    ASSERT_TRUE(ref.ok());
+    saved.push_back(RequestFor(**ref));
+  }
+  SsdStore& store = Reopen(1 * kMiB, 256 * kKiB, /*epoch=*/2);
+  auto ref = WriteBlock(store, 2, 100 * kKiB);  // another class: does not touch the old slot
+  ASSERT_TRUE(ref.ok());
+  store.ReattachBatch(std::span<SsdReattachRequest>(saved));
+  EXPECT_EQ(saved[0].status.code(), absl::StatusCode::kFailedPrecondition) << saved[0].status;
+  EXPECT_THAT(saved[0].status.message(), HasSubstr("first Write"));
+  EXPECT_EQ(saved[0].extent, nullptr);
+  EXPECT_EQ(store.GetStats().live_extents, 1u);
+}
+
+TEST_P(SsdStoreTest, NewWritesNeverOverlapReattachedExtents) {
+  std::vector<SsdReattachRequest> saved;
+  std::mt19937_64 rng(7);
+  {
+    SsdStore& first = Open(8 * kMiB, 256 * kKiB, /*epoch=*/1);
+    std::vector<SsdRef> refs;
+    for (uint64_t key = 1; key <= 400; ++key) {
+      auto ref = WriteBlock(first, key, 1 + rng() % (40 * kKiB));
+      if (!ref.ok()) continue;                               // a class without a region
+      if (key % 3 == 0) saved.push_back(RequestFor(**ref));  // what a checkpoint kept
+      refs.push_back(*std::move(ref));
+    }
+  }
+  ASSERT_GT(saved.size(), 50u);
+  SsdStore& store = Reopen(8 * kMiB, 256 * kKiB, /*epoch=*/2);
+  store.ReattachBatch(std::span<SsdReattachRequest>(saved));
+  struct Range {
+    uint64_t begin, end;
+    bool reattached;
+  };
+  std::vector<Range> ranges;
+  for (const SsdReattachRequest& r : saved) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ranges.push_back({r.offset, r.offset + r.footprint, true});
+  }
+  std::vector<SsdRef> fresh;
+  for (uint64_t key = 10000; key < 11500; ++key) {
+    auto ref = WriteBlock(store, key, 1 + rng() % (40 * kKiB));
+    if (!ref.ok()) {
+      ASSERT_EQ(ref.status().code(), absl::StatusCode::kResourceExhausted) << ref.status();
+      continue;
+    }
+    ranges.push_back({(*ref)->offset(), (*ref)->offset() + (*ref)->footprint(), false});
+    fresh.push_back(*std::move(ref));
+  }
+  EXPECT_GT(fresh.size(), 100u);
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    EXPECT_LE(ranges[i - 1].end, ranges[i].begin)
+        << "[" << ranges[i - 1].begin << ", " << ranges[i - 1].end
+        << ") reattached=" << ranges[i - 1].reattached << " overlaps [" << ranges[i].begin << ", "
+        << ranges[i].end << ") reattached=" << ranges[i].reattached;
+  }
+  for (const SsdReattachRequest& r : saved) {
+    EXPECT_TRUE(ReadAndCheck(store, *r.extent).ok()) << r.key;
+  }
+  for (const SsdRef& ref : fresh) EXPECT_TRUE(ReadAndCheck(store, *ref).ok()) << ref->key();
+  EXPECT_EQ(store.GetStats().live_extents, saved.size() + fresh.size());
+}
+
+TEST_P(SsdStoreTest, RetentionKeepsFreedSlotsUntilReleased) {
+  SsdStore& store = Open(256 * kKiB, 64 * kKiB);
+  std::vector<SsdRef> refs = Fill(store, 1);  // 20 slots of 12 KiB, all live
+  ASSERT_EQ(refs.size(), 20u);
+  store.SetRetention(true);
+  const uint64_t before_any = store.RetentionMark();
+  const uint64_t a = refs[3]->offset();
+  refs[3].reset();  // free number before_any + 1
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.retained_bytes, 12 * kKiB);
+  EXPECT_EQ(stats.retained_extents, 1u);
+  EXPECT_EQ(stats.live_extents, 19u);
+  EXPECT_EQ(stats.allocated_bytes, 19 * 12 * kKiB);
+  auto refused = WriteBlock(store, 100, 8 * kKiB);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("retained"));
+  store.ReleaseRetained(before_any);  // a mark taken before the free keeps it
+  EXPECT_EQ(store.GetStats().retained_extents, 1u);
+  EXPECT_EQ(WriteBlock(store, 101, 8 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
+
+  const uint64_t after_a = store.RetentionMark();
+  EXPECT_EQ(after_a, before_any + 1);
+  const uint64_t b = refs[11]->offset();
+  refs[11].reset();
+  store.ReleaseRetained(after_a);  // frees a, keeps b
+  stats = store.GetStats();
+  EXPECT_EQ(stats.retained_extents, 1u);
+  EXPECT_EQ(stats.retained_bytes, 12 * kKiB);
+  auto reuse_a = WriteBlock(store, 102, 8 * kKiB);
+  ASSERT_TRUE(reuse_a.ok()) << reuse_a.status();
+  EXPECT_EQ((*reuse_a)->offset(), a);
+  EXPECT_EQ(WriteBlock(store, 103, 8 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
+  store.ReleaseRetained(store.RetentionMark());
+  EXPECT_EQ(store.GetStats().retained_bytes, 0u);
+  auto reuse_b = WriteBlock(store, 104, 8 * kKiB);
+  ASSERT_TRUE(reuse_b.ok()) << reuse_b.status();
+  EXPECT_EQ((*reuse_b)->offset(), b);
+
+  // Off again: a release frees at once; nothing retained before stays.
+  store.SetRetention(false);
+  const uint64_t c = refs[0]->offset();
+  refs[0].reset();
+  EXPECT_EQ(store.GetStats().retained_bytes, 0u);
+  auto reuse_c = WriteBlock(store, 105, 8 * kKiB);
+  ASSERT_TRUE(reuse_c.ok()) << reuse_c.status();
+  EXPECT_EQ((*reuse_c)->offset(), c);
+  for (const SsdRef& ref : refs) {
+    if (ref != nullptr) EXPECT_TRUE(ReadAndCheck(store, *ref).ok());
+  }
+}
+
+TEST_P(SsdStoreTest, RetainedRegionsReturnWhenReleased) {
+  SsdStore& store = Open(256 * kKiB, 64 * kKiB);
+  store.SetRetention(true);
+  std::vector<SsdRef> refs = Fill(store, 1);
+  refs.clear();
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.live_extents, 0u);
+  EXPECT_EQ(stats.retained_extents, 20u);
+  EXPECT_EQ(stats.reserved_bytes, 256 * kKiB);
+  store.ReleaseRetained(store.RetentionMark());
+  stats = store.GetStats();
+  EXPECT_EQ(stats.retained_extents, 0u);
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+  EXPECT_TRUE(store.Sync().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, SsdStoreTest,
                          ::testing::Values(SsdIoEngine::kIoUring, SsdIoEngine::kThreadPool),
                          [](const auto& info) {
@@ -550,6 +897,26 @@ TEST(SsdLayoutTest, AllocatesLowestOffsetFirst) {
   EXPECT_EQ(slots.reserved_regions(), 2u);
   EXPECT_TRUE(slots.Free(64 * kKiB));
   EXPECT_EQ(slots.reserved_regions(), 1u);
+}
+
+TEST(SsdLayoutTest, ClaimTakesTheSlotAndGivesAFreeRegionItsClass) {
+  using Result = ssd_internal::SsdSlots::ClaimResult;
+  ssd_internal::SsdSlots slots(64 * kKiB, 3);
+  const int c8 = *ssd_internal::ClassFor(slots.classes(), 8 * kKiB);
+  const int c12 = *ssd_internal::ClassFor(slots.classes(), 12 * kKiB);
+  EXPECT_EQ(slots.Claim(64 * kKiB + 8 * kKiB, c8), Result::kClaimed);  // region 1 serves 8 KiB
+  EXPECT_EQ(slots.Claim(64 * kKiB + 8 * kKiB, c8), Result::kTaken);
+  EXPECT_EQ(slots.Claim(64 * kKiB + 24 * kKiB, c12), Result::kOtherClass);
+  EXPECT_EQ(slots.Claim(12 * kKiB + 4 * kKiB, c12), Result::kNotASlot);  // off the grid
+  EXPECT_EQ(slots.Claim(60 * kKiB, c12), Result::kNotASlot);             // the slack of region 0
+  EXPECT_EQ(slots.Claim(192 * kKiB, c8), Result::kNotASlot);             // past the last region
+  EXPECT_EQ(slots.reserved_regions(), 1u);
+  // Allocation fills around claimed slots, in their region first.
+  EXPECT_EQ(*slots.Allocate(c8), 64 * kKiB);
+  EXPECT_EQ(*slots.Allocate(c8), 64 * kKiB + 16 * kKiB);
+  EXPECT_EQ(*slots.Allocate(c12), 0u);  // region 0, the lowest free one
+  EXPECT_TRUE(slots.Free(64 * kKiB + 8 * kKiB));
+  EXPECT_FALSE(slots.Free(64 * kKiB + 8 * kKiB));
 }
 
 }  // namespace
