@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -33,16 +34,23 @@ BlockRef MakePayload(uint64_t size, uint64_t seed, bool compressed = false) {
   return p;
 }
 
+// Each factory makes a store on `path` (ignored by a volatile store); a
+// persistent store opened again on the same path with another epoch is a
+// restart.
 struct MemoryStoreFactory {
-  static std::shared_ptr<BlockStore> Make(const std::string&) {
+  static constexpr bool kPersistent = false;
+  static std::shared_ptr<BlockStore> Make(const std::string&, uint64_t /*epoch*/ = 1) {
     return MemoryBlockStore::Create(kCapacity);
   }
 };
 
 struct SsdStoreFactory {
-  static std::shared_ptr<BlockStore> Make(const std::string& path) {
-    SsdStoreOptions options{
-        .path = path, .capacity_bytes = kCapacity, .region_bytes = uint64_t{1} << 20};
+  static constexpr bool kPersistent = true;
+  static std::shared_ptr<BlockStore> Make(const std::string& path, uint64_t epoch = 1) {
+    SsdStoreOptions options{.path = path,
+                            .capacity_bytes = kCapacity,
+                            .region_bytes = uint64_t{1} << 20,
+                            .epoch = epoch};
     auto store = OpenSsdBlockStore(options);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *store : nullptr;
@@ -162,6 +170,112 @@ TYPED_TEST(BlockStoreTest, ConcurrentWritersAndReadersSeeOnlyTheirBytes) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(this->store_->GetStats().live_copies, 0u);
+}
+
+TYPED_TEST(BlockStoreTest, SyncSucceeds) {
+  const BlockRef p = MakePayload(10000, 3);
+  auto copy = this->store_->Write(3, *p);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_TRUE(this->store_->Sync().ok());
+}
+
+TYPED_TEST(BlockStoreTest, PersistenceIsWhatTheStoreSays) {
+  EXPECT_EQ(this->store_->persistent(), TypeParam::kPersistent);
+  const BlockRef p = MakePayload(10000, 4);
+  auto copy = this->store_->Write(4, *p);
+  ASSERT_TRUE(copy.ok());
+  const std::optional<StoredLocation> where = this->store_->Locate(**copy);
+  EXPECT_EQ(where.has_value(), TypeParam::kPersistent);
+  if (where) {
+    EXPECT_EQ(where->footprint, (*copy)->footprint());
+    EXPECT_NE(where->sequence, 0u);
+  }
+  // After a Write, re-attaching is refused either way.
+  ReattachRequest request{
+      .key = 4, .seal = (*copy)->seal(), .location = where.value_or(StoredLocation{})};
+  this->store_->ReattachBatch({&request, 1});
+  EXPECT_EQ(request.status.code(), TypeParam::kPersistent ? absl::StatusCode::kFailedPrecondition
+                                                          : absl::StatusCode::kUnimplemented)
+      << request.status;
+  EXPECT_EQ(request.copy, nullptr);
+  EXPECT_EQ(this->store_->GetStats().reattached, 0u);
+}
+
+TYPED_TEST(BlockStoreTest, VolatileStoresReattachNothing) {
+  if (TypeParam::kPersistent) GTEST_SKIP() << "a persistent store";
+  ReattachRequest request{.key = 1, .seal = {.size = 100, .checksum = 1}};
+  this->store_->ReattachBatch({&request, 1});  // before any Write
+  EXPECT_EQ(request.status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(request.copy, nullptr);
+}
+
+TYPED_TEST(BlockStoreTest, PersistentCopiesSurviveARestart) {
+  if (!TypeParam::kPersistent) GTEST_SKIP() << "a volatile store";
+  std::vector<BlockRef> payloads;
+  std::vector<ReattachRequest> checkpoint;
+  {
+    std::vector<StoredRef> copies;
+    for (uint64_t i = 0; i < 24; ++i) {
+      payloads.push_back(MakePayload(i % 3 == 0 ? 30000 + i : 1000 + i * 100, i,
+                                     /*compressed=*/i % 4 == 1));
+      auto copy = this->store_->Write(100 + i, *payloads.back());
+      ASSERT_TRUE(copy.ok()) << copy.status();
+      const std::optional<StoredLocation> where = this->store_->Locate(**copy);
+      ASSERT_TRUE(where.has_value());
+      EXPECT_EQ(where->epoch, 1u);
+      checkpoint.push_back({.key = 100 + i, .seal = (*copy)->seal(), .location = *where});
+      copies.push_back(*std::move(copy));
+    }
+    ASSERT_TRUE(this->store_->Sync().ok());
+  }
+  this->store_.reset();  // the process ends; the file stays
+  this->store_ = TypeParam::Make(this->path_, /*epoch=*/2);
+  ASSERT_NE(this->store_, nullptr);
+  checkpoint[5].location.sequence += 1000;  // not what was written there
+  this->store_->ReattachBatch(std::span<ReattachRequest>(checkpoint));
+  EXPECT_EQ(checkpoint[5].status.code(), absl::StatusCode::kDataLoss) << checkpoint[5].status;
+  EXPECT_EQ(checkpoint[5].copy, nullptr);
+  for (size_t i = 0; i < checkpoint.size(); ++i) {
+    if (i == 5) continue;
+    const ReattachRequest& r = checkpoint[i];
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
+    ASSERT_NE(r.copy, nullptr);
+    EXPECT_EQ(r.copy->key(), r.key);
+    EXPECT_EQ(r.copy->seal().checksum, payloads[i]->checksum());
+    EXPECT_EQ(r.copy->seal().raw_checksum, payloads[i]->raw_checksum());
+    EXPECT_EQ(r.copy->seal().compressed, payloads[i]->compressed());
+    EXPECT_EQ(this->store_->Locate(*r.copy)->epoch, 1u);
+    std::vector<std::byte> out(payloads[i]->size());
+    ASSERT_TRUE(this->store_->Read(*r.copy, out).ok()) << i;
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), payloads[i]->data().begin())) << i;
+  }
+  const BlockStoreStats stats = this->store_->GetStats();
+  EXPECT_EQ(stats.reattached, checkpoint.size() - 1);
+  EXPECT_EQ(stats.live_copies, checkpoint.size() - 1);
+  // This process writes with its own epoch.
+  auto fresh = this->store_->Write(7, *payloads[0]);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(this->store_->Locate(**fresh)->epoch, 2u);
+  for (ReattachRequest& r : checkpoint) r.copy.reset();
+}
+
+TYPED_TEST(BlockStoreTest, RetentionHoldsFreedSpaceUntilReleased) {
+  const BlockRef p = MakePayload(20000, 6);
+  auto copy = this->store_->Write(6, *p);
+  ASSERT_TRUE(copy.ok());
+  const uint64_t footprint = (*copy)->footprint();
+  this->store_->SetRetention(true);
+  const uint64_t mark = this->store_->RetentionMark();
+  copy->reset();
+  BlockStoreStats stats = this->store_->GetStats();
+  EXPECT_EQ(stats.live_copies, 0u);
+  EXPECT_EQ(stats.allocated_bytes, 0u);
+  EXPECT_EQ(stats.retained_bytes, TypeParam::kPersistent ? footprint : 0u);
+  if (TypeParam::kPersistent) EXPECT_EQ(this->store_->RetentionMark(), mark + 1);
+  this->store_->ReleaseRetained(mark);  // taken before the free: keeps it
+  EXPECT_EQ(this->store_->GetStats().retained_bytes, TypeParam::kPersistent ? footprint : 0u);
+  this->store_->ReleaseRetained(this->store_->RetentionMark());
+  EXPECT_EQ(this->store_->GetStats().retained_bytes, 0u);
 }
 
 // The SSD tier in particular: a byte flipped on disk, in the payload or the
