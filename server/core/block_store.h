@@ -6,9 +6,10 @@
 // promote it). A StoredCopy is one block's copy in the store: immutable,
 // carrying the block's seal (size and checksums). It is shared through
 // StoredRef; the store reuses a copy's space only once the last reference
-// drops (and, while retention is on, once ReleaseRetained() covers it), so a reader holding a
-// reference never reads space rewritten under it. The prefix index holds one reference per demoted
-// block; leases and reads in flight hold more.
+// drops (and, while retention is on, once ReleaseRetained() covers it), so a
+// reader holding a reference never reads space rewritten under it. The prefix
+// index holds one reference per demoted block; leases and reads in flight
+// hold more.
 //
 // Persistence (docs/ssd_format.md, "Re-attaching after a restart"): a
 // persistent store (persistent() is true: the SSD tier) keeps its copies in a
@@ -173,7 +174,8 @@ class BlockStore {
   //     the size class of seal.size: region_bytes or capacity changed).
   //   UNAVAILABLE: the header could not be read (I/O error).
   //   UNIMPLEMENTED: the store is not persistent (the default).
-  // REQUIRES: called before the first Write() of this store to succeed.
+  // REQUIRES: called before the first Write() of this store (any Write(),
+  // even one refused for want of room).
   virtual void ReattachBatch(std::span<ReattachRequest> requests) {
     for (ReattachRequest& r : requests) {
       r.copy = nullptr;

@@ -118,9 +118,9 @@ class SsdExtent {
     return footprint_;
   }                                                // bytes of file the extent occupies (its class)
   uint64_t sequence() const { return sequence_; }  // store-wide write number, also in the header
-  uint64_t epoch() const {
-    return epoch_;
-  }  // the epoch of the store that wrote it, also in the header
+  // The epoch of the store that wrote it (an earlier process's, for a
+  // re-attached extent), also in the header.
+  uint64_t epoch() const { return epoch_; }
 
  private:
   friend class SsdStore;
