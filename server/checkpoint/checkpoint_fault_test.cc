@@ -73,6 +73,8 @@ struct FaultCase {
   const char* message;
 };
 
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
 class CommitFaultTest : public CheckpointFaultTest,
                         public ::testing::WithParamInterface<FaultCase> {};
 

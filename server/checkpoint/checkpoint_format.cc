@@ -194,6 +194,10 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte> b, absl
     return loss(
         absl::StrCat("raw frame stores ", h.stored_bytes, " bytes of ", h.uncompressed_bytes));
   }
+  if ((h.flags & kFlagZstd) != 0 && h.stored_bytes >= h.uncompressed_bytes) {
+    return loss(
+        absl::StrCat("zstd frame stores ", h.stored_bytes, " bytes for ", h.uncompressed_bytes));
+  }
   return h;
 }
 
