@@ -5,7 +5,9 @@
 // directory fsync), then reads it back with CheckpointReader::Next (every
 // frame checksummed, the whole file hashed). Once with zstd level 1 asked for
 // every record (zstd runs and gives up: the records are stored raw) and once
-// with compression off. MB = 10^6 bytes of record payload per second. Reads
+// with compression off. MB = 10^6 bytes of record payload per second;
+// "append" is Create + Append of every record (buffered writes into the page
+// cache), "write" adds Commit (end record, fdatasync, manifest). Reads
 // right after the write mostly hit the page cache. Deletes each checkpoint
 // after reading it unless --keep.
 //
@@ -62,7 +64,8 @@ int Run(const Config& config) {
   std::printf("%llu records of %llu KiB (%.0f MB) per checkpoint in %s\n",
               static_cast<unsigned long long>(count),
               static_cast<unsigned long long>(config.record_kib), payload_mb, config.dir.c_str());
-  std::printf("%-10s %8s %12s %12s %12s\n", "mode", "run", "write MB/s", "commit ms", "read MB/s");
+  std::printf("%-10s %8s %12s %12s %12s %12s\n", "mode", "run", "append MB/s", "commit ms",
+              "write MB/s", "read MB/s");
   for (uint32_t run = 0; run < config.repeat; ++run) {
     for (const int level : {1, 0}) {
       absl::StatusOr<uint64_t> sequence = directory.NextSequence();
@@ -116,11 +119,13 @@ int Run(const Config& config) {
                      static_cast<unsigned long long>(count));
         return 1;
       }
-      std::printf("%-10s %8u %12.0f %12.1f %12.0f\n", level == 0 ? "raw" : "zstd-1", run,
-                  payload_mb / write_s, commit_s * 1e3, payload_mb / read_s);
-      std::printf("RESULT mode=%s run=%u write_MBps=%.0f commit_ms=%.1f read_MBps=%.0f\n",
-                  level == 0 ? "raw" : "zstd-1", run, payload_mb / write_s, commit_s * 1e3,
-                  payload_mb / read_s);
+      const double append_mbps = payload_mb / (write_s - commit_s);
+      std::printf("%-10s %8u %12.0f %12.1f %12.0f %12.0f\n", level == 0 ? "raw" : "zstd-1", run,
+                  append_mbps, commit_s * 1e3, payload_mb / write_s, payload_mb / read_s);
+      std::printf(
+          "RESULT mode=%s run=%u append_MBps=%.0f commit_ms=%.1f write_MBps=%.0f read_MBps=%.0f\n",
+          level == 0 ? "raw" : "zstd-1", run, append_mbps, commit_s * 1e3, payload_mb / write_s,
+          payload_mb / read_s);
       if (!config.keep) {
         (void)fs->Delete(config.dir + "/" + ManifestFileName(*sequence));
         (void)fs->Delete(config.dir + "/" + DataFileName(*sequence));
