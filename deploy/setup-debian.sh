@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git curl
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libspdlog-dev prometheus-cpp-dev libcli11-dev libzstd-dev libxxhash-dev liburing-dev
+  libspdlog-dev prometheus-cpp-dev libcli11-dev libzstd-dev nlohmann-json3-dev libxxhash-dev liburing-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # peers the tests and benchmarks talk to
   python3 python3-grpcio python3-protobuf prometheus redis-server redis-tools memcached

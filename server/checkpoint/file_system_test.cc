@@ -1,0 +1,131 @@
+// The POSIX file system and the fault-injecting wrapper.
+#include "server/checkpoint/file_system.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+
+#include "server/checkpoint/checkpoint_test_util.h"
+#include "server/checkpoint/fault_injecting_file_system.h"
+
+namespace kvcache::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TestBytes;
+using testing::TestDirectory;
+using ::testing::UnorderedElementsAre;
+
+std::vector<std::byte> ReadWhole(FileSystem* fs, const std::string& path) {
+  auto file = fs->NewReadableFile(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return {};
+  std::vector<std::byte> bytes((*file)->Size().value());
+  EXPECT_EQ((*file)->Read(0, bytes).value(), bytes.size());
+  return bytes;
+}
+
+absl::Status WriteWhole(FileSystem* fs, const std::string& path, std::span<const std::byte> bytes) {
+  auto file = fs->NewWritableFile(path);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = (*file)->Append(bytes); !s.ok()) return s;
+  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+  return (*file)->Close();
+}
+
+TEST(PosixFileSystemTest, FilesAndDirectories) {
+  TestDirectory dir;
+  FileSystem* fs = DefaultFileSystem();
+  const std::string sub = dir.path() + "/a/b";
+  ASSERT_TRUE(fs->CreateDir(sub).ok());
+  ASSERT_TRUE(fs->CreateDir(sub).ok());  // exists: fine
+  const std::vector<std::byte> bytes = TestBytes(1, 100000);
+  ASSERT_TRUE(WriteWhole(fs, sub + "/f", bytes).ok());
+  EXPECT_EQ(ReadWhole(fs, sub + "/f"), bytes);
+  auto file = fs->NewReadableFile(sub + "/f");
+  ASSERT_TRUE(file.ok());
+  std::vector<std::byte> tail(1000);
+  EXPECT_EQ((*file)->Read(bytes.size() - 10, tail).value(), 10u);  // short only at the end
+  EXPECT_EQ((*file)->Read(bytes.size() + 10, tail).value(), 0u);
+
+  ASSERT_TRUE(fs->Rename(sub + "/f", sub + "/g").ok());
+  EXPECT_FALSE(fs->Exists(sub + "/f"));
+  EXPECT_TRUE(fs->Exists(sub + "/g"));
+  ASSERT_TRUE(WriteWhole(fs, sub + "/h", {}).ok());
+  EXPECT_THAT(fs->ListDir(sub).value(), UnorderedElementsAre("g", "h"));
+  EXPECT_TRUE(fs->SyncDir(sub).ok());
+  ASSERT_TRUE(fs->Delete(sub + "/g").ok());
+  EXPECT_THAT(fs->ListDir(sub).value(), UnorderedElementsAre("h"));
+}
+
+TEST(PosixFileSystemTest, ErrorsNameThePathAndErrno) {
+  TestDirectory dir;
+  FileSystem* fs = DefaultFileSystem();
+  const std::string missing = dir.path() + "/missing";
+  absl::Status s = fs->NewReadableFile(missing).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(missing));
+  EXPECT_THAT(s.message(), HasSubstr("No such file or directory"));
+  EXPECT_EQ(fs->Delete(missing).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fs->ListDir(missing).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ErrnoToStatus(ENOSPC, "write", "/x").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoToStatus(EIO, "write", "/x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(JoinPath("a/", "b"), "a/b");
+  EXPECT_EQ(JoinPath("a", "b"), "a/b");
+}
+
+TEST(FaultInjectingFileSystemTest, FaultsFireOnTheNthMatchingCallOnce) {
+  TestDirectory dir;
+  FaultInjectingFileSystem fs(DefaultFileSystem());
+  ASSERT_TRUE(fs.CreateDir(dir.path()).ok());
+  const std::vector<std::byte> chunk = TestBytes(1, 1000);
+  fs.AddFault({FaultKind::kShortWrite, "target", 2});
+  fs.AddFault({FaultKind::kNoSpace, "other", 1});
+  auto file = fs.NewWritableFile(dir.File("target"));
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE((*file)->Append(chunk).ok());
+  absl::Status s = (*file)->Append(chunk);  // the 2nd: half written
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("short write"));
+  EXPECT_TRUE((*file)->Append(chunk).ok());  // fired once
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ(ReadWhole(&fs, dir.File("target")).size(), 2500u);
+  EXPECT_EQ(fs.fired(), 1u);
+
+  auto other = fs.NewWritableFile(dir.File("other"));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)->Append(chunk).code(), absl::StatusCode::kResourceExhausted);
+  fs.AddFault({FaultKind::kIoError, "other", 1});
+  fs.AddFault({FaultKind::kSyncFails, "other", 1});
+  EXPECT_THAT((*other)->Append(chunk).message(), HasSubstr("Input/output error"));
+  EXPECT_EQ((*other)->Sync().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE((*other)->Sync().ok());
+  fs.AddFault({FaultKind::kRenameFails, "other", 1});
+  EXPECT_EQ(fs.Rename(dir.File("other"), dir.File("x")).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(fs.Exists(dir.File("other")));
+  fs.AddFault({FaultKind::kRenameFails, "other", 1});
+  fs.ClearFaults();
+  EXPECT_TRUE(fs.Rename(dir.File("other"), dir.File("x")).ok());
+  EXPECT_EQ(fs.fired(), 5u);
+}
+
+TEST(FaultInjectingFileSystemTest, CorruptAndTruncate) {
+  TestDirectory dir;
+  FaultInjectingFileSystem fs(DefaultFileSystem());
+  ASSERT_TRUE(fs.CreateDir(dir.path()).ok());
+  std::vector<std::byte> bytes = TestBytes(2, 4096);
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("f"), bytes).ok());
+  ASSERT_TRUE(fs.CorruptByte(dir.File("f"), 100, 0x10).ok());
+  bytes[100] ^= std::byte{0x10};
+  EXPECT_EQ(ReadWhole(&fs, dir.File("f")), bytes);
+  EXPECT_EQ(fs.CorruptByte(dir.File("f"), 4096).code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(fs.Truncate(dir.File("f"), 1000).ok());
+  bytes.resize(1000);
+  EXPECT_EQ(ReadWhole(&fs, dir.File("f")), bytes);
+}
+
+}  // namespace
+}  // namespace kvcache::checkpoint
