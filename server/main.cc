@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/checkpoint/checkpoint_service.h"
 #include "server/config/calibration_file.h"
 #include "server/config/config.h"
 #include "server/core/cache.h"
@@ -54,6 +55,7 @@ struct Flags {
   uint64_t slab_bytes = 0;
   std::string ssd_path;
   uint64_t ssd_capacity_bytes = 0;
+  std::string checkpoint_dir;
   std::string log_level;
   bool print_default_config = false;
 };
@@ -69,6 +71,7 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (f.slab_bytes != 0) c->mutable_host_tier()->set_slab_bytes(f.slab_bytes);
   if (!f.ssd_path.empty()) c->mutable_ssd_tier()->set_path(f.ssd_path);
   if (f.ssd_capacity_bytes != 0) c->mutable_ssd_tier()->set_capacity_bytes(f.ssd_capacity_bytes);
+  if (!f.checkpoint_dir.empty()) c->mutable_checkpoint()->set_dir(f.checkpoint_dir);
   if (!f.log_level.empty()) c->mutable_logging()->set_level(f.log_level);
 }
 
@@ -275,6 +278,27 @@ absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig&
   return store;
 }
 
+CheckpointCounters CheckpointCountersOf(const checkpoint::CheckpointServiceStatus& s) {
+  CheckpointCounters c{.enabled = true,
+                       .ok = s.ok,
+                       .failed = s.failed,
+                       .in_progress = s.in_progress,
+                       .restore_state = std::string(checkpoint::RestoreStateName(s.restore.state)),
+                       .restored_blocks = s.restore.restored_blocks,
+                       .restore_skipped_blocks = s.restore.present_blocks +
+                                                 s.restore.orphan_blocks + s.restore.lost_blocks +
+                                                 s.restore.skipped_blocks,
+                       .restore_failed_checkpoints = s.restore.failed_checkpoints,
+                       .reattached_copies = s.restore.reattached_copies,
+                       .reattach_failures = s.restore.reattach_failures};
+  if (s.last.has_value()) {
+    c.last_success_unix_seconds = absl::ToDoubleSeconds(s.last_time - absl::UnixEpoch());
+    c.last_duration_seconds = absl::ToDoubleSeconds(s.last->duration);
+    c.last_bytes = s.last->data_bytes;
+  }
+  return c;
+}
+
 int Serve(const v1::ServerConfig& config) {
   sigset_t signals = StopSignals();
   spdlog::set_level(spdlog::level::from_str(config.logging().level()));
@@ -343,7 +367,35 @@ int Serve(const v1::ServerConfig& config) {
       cache_options, *std::move(pool), std::move(policy), SystemClock::Get(), *ssd,
       *ssd != nullptr ? EvictionPolicyFromConfig(config.cache(), SystemClock::Get()) : nullptr);
 
-  auto stats_source = [&cache] { return cache.GetStats(); };
+  // Checkpoints: before anything can write to the SSD tier, the checkpoint
+  // to restore is chosen and its SSD copies re-attached; the rest of the
+  // restore runs while the daemon serves.
+  std::unique_ptr<checkpoint::CheckpointService> checkpoints;
+  if (const v1::CheckpointConfig& c = config.checkpoint(); !c.dir().empty()) {
+    auto opened =
+        checkpoint::CheckpointService::Open(&cache, checkpoint::DefaultFileSystem(),
+                                            {.checkpointer = {.dir = c.dir(),
+                                                              .keep = c.keep(),
+                                                              .full_every = c.full_every(),
+                                                              .zstd_level = c.zstd_level()},
+                                             .interval = absl::Seconds(c.interval_seconds()),
+                                             .restore_on_start = c.restore_on_start()});
+    if (!opened.ok()) {
+      spdlog::error("checkpoints: {}", opened.status().ToString());
+      return 2;
+    }
+    checkpoints = *std::move(opened);
+    if (absl::Status s = checkpoints->PrepareRestore(); !s.ok()) {
+      spdlog::error("checkpoints: {}", s.ToString());
+      return 2;
+    }
+  }
+
+  auto stats_source = [&cache, &checkpoints] {
+    CacheStats stats = cache.GetStats();
+    if (checkpoints != nullptr) stats.checkpoint = CheckpointCountersOf(checkpoints->Status());
+    return stats;
+  };
   std::unique_ptr<Metrics> metrics;
   const std::string metrics_address = Enabled(config.listen().metrics_address());
   if (metrics_address.empty()) {
@@ -425,6 +477,7 @@ int Serve(const v1::ServerConfig& config) {
                    .listen_addresses = {},
                    .cuda_built = KVCACHE_CUDA_BUILT != 0,
                    .shm_socket = shm_server ? shm_server->socket_path() : ""}};
+  server_options.checkpoints = checkpoints.get();
   auto server = GrpcServer::Start(server_options, &cache, metrics.get());
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -434,6 +487,7 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::info("serving kvcache.v1 on {}", address);
   }
 
+  if (checkpoints != nullptr) checkpoints->Start();
   std::atomic<bool> stopping{false};
   std::thread maintenance(
       [&] { RunMaintenance(cache, config.importance(), std::move(calibrated), stopping); });
@@ -454,6 +508,8 @@ int Serve(const v1::ServerConfig& config) {
   stopping = true;
   maintenance.join();
   if (migrator.joinable()) migrator.join();
+  // After the drain: the final checkpoint sees every committed append.
+  if (checkpoints != nullptr) checkpoints->Shutdown(config.checkpoint().on_shutdown());
   server->reset();  // before the cache: in-flight fetches hold its blocks
   shm_server.reset();
   spdlog::info("kvcached stopped");
@@ -498,6 +554,9 @@ int main(int argc, char** argv) {
                  "File (or block device) of the SSD tier below host memory; unset: no SSD tier");
   app.add_option("--ssd-capacity-bytes", flags.ssd_capacity_bytes,
                  "Bytes of --ssd-path the SSD tier may use (default 16 GiB)");
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                 "Directory of checkpoints: the cache is saved there periodically and at "
+                 "shutdown, and reloaded at start-up; unset: no checkpoints");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn or error");
   app.add_flag("--print-default-config", flags.print_default_config,
                "Print the embedded default configuration as JSON and exit");

@@ -326,6 +326,34 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint() override {
+    v1::CheckpointRequest req;
+    v1::CheckpointResponse resp;
+    absl::Status s =
+        CallOnce([&](grpc::ClientContext* ctx) { return admin_->Checkpoint(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints() override {
+    v1::ListCheckpointsRequest req;
+    v1::ListCheckpointsResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->ListCheckpoints(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::VerifyCheckpointResponse> VerifyCheckpoint(uint64_t sequence) override {
+    v1::VerifyCheckpointRequest req;
+    req.set_sequence(sequence);
+    v1::VerifyCheckpointResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->VerifyCheckpoint(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::StatusOr<v1::ListModelsResponse> ListModels(std::string_view ns) override {
     v1::ListModelsRequest req;
     req.set_namespace_(std::string(ns));

@@ -180,6 +180,7 @@ int RunStatus(const Context& ctx) {
   }
   out << '\n'
       << "shm socket:   " << (info->shm_socket().empty() ? "-" : info->shm_socket()) << '\n';
+  PrintCheckpointStatus(info->checkpoint(), out);
   return code;
 }
 

@@ -61,6 +61,13 @@ struct PolicyChangeArgs {
 };
 int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change);
 
+// kvcachectl checkpoint: `list` (the checkpoints on disk, the restore at
+// start-up and the last run), `verify` (read checkpoint `sequence`, 0: the
+// newest, back and check every record) or `now` (take one and wait for it).
+int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence);
+// The checkpoint lines `status` and `checkpoint list` print.
+void PrintCheckpointStatus(const v1::CheckpointStatus& status, std::ostream& out);
+
 // Parses token ids separated by commas and/or whitespace; "a-b" is the
 // inclusive range a..b. INVALID_ARGUMENT names the first bad item.
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(std::string_view text);

@@ -113,6 +113,19 @@ int main(int argc, char** argv) {
                    "share of a block's importance mass prune mode keeps, in (0, 1]")
       ->check(CLI::Range(0.0, 1.0));
 
+  CLI::App* checkpoint = app.add_subcommand(
+      "checkpoint",
+      "checkpoints of the cache: `list` (on disk, with age, size, duration and status; the "
+      "restore at start-up), `verify [SEQ]` (read one back and check every record; default the "
+      "newest) or `now` (take one and wait until it is committed)");
+  std::string checkpoint_action;
+  uint64_t checkpoint_sequence = 0;
+  checkpoint->add_option("action", checkpoint_action, "list, verify or now")
+      ->required()
+      ->check(CLI::IsMember({"list", "verify", "now"}));
+  checkpoint->add_option("sequence", checkpoint_sequence,
+                         "verify: the checkpoint's sequence (default: the newest complete one)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -146,6 +159,9 @@ int main(int argc, char** argv) {
   };
 
   if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
+  if (checkpoint->parsed()) {
+    return kvcache::ctl::RunCheckpoint(ctx, checkpoint_action, checkpoint_sequence);
+  }
   if (stats->parsed()) return kvcache::ctl::RunStats(ctx);
   if (tiers->parsed()) return kvcache::ctl::RunTiers(ctx);
   if (models->parsed()) return kvcache::ctl::RunModels(ctx);

@@ -14,6 +14,16 @@ namespace {
 
 absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi);
 
+absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
+  if (auto s = CheckRange("checkpoint.keep", c.keep(), 1, 1000); !s.ok()) return s;
+  if (auto s = CheckRange("checkpoint.full_every", c.full_every(), 1, 1000); !s.ok()) return s;
+  if (c.zstd_level() < 0 || c.zstd_level() > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.zstd_level is ", c.zstd_level(), "; it must be in [0, 19]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
   if (ssd.path().empty()) return absl::OkStatus();
   if (auto s = CheckRange("ssd_tier.region_bytes", ssd.region_bytes(), 1 << 20, uint64_t{1} << 30);
@@ -195,6 +205,14 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!ssd->has_promote_on_fetch()) ssd->set_promote_on_fetch(true);
   if (ssd->on_open_failure().empty()) ssd->set_on_open_failure("refuse");
 
+  v1::CheckpointConfig* ckpt = c->mutable_checkpoint();
+  if (!ckpt->has_interval_seconds()) ckpt->set_interval_seconds(300);
+  if (ckpt->keep() == 0) ckpt->set_keep(3);
+  if (ckpt->full_every() == 0) ckpt->set_full_every(8);
+  if (!ckpt->has_zstd_level()) ckpt->set_zstd_level(1);
+  if (!ckpt->has_restore_on_start()) ckpt->set_restore_on_start(true);
+  if (!ckpt->has_on_shutdown()) ckpt->set_on_shutdown(true);
+
   v1::ShmConfig* shm = c->mutable_shm();
   if (shm->max_connections() == 0) shm->set_max_connections(256);
   if (shm->max_regions_per_connection() == 0) shm->set_max_regions_per_connection(64);
@@ -372,6 +390,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
         h.high_watermark(), ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
   }
   if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
+  if (auto s = ValidateCheckpoint(c.checkpoint()); !s.ok()) return s;
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
       level != "error") {

@@ -22,6 +22,8 @@
 //   Calibrate      refits each model's weights on its sampled reports
 //   Migrate        one pass of the tier migrator: demotes cold host blocks to
 //                  the lower tier (SSD) past the host's high watermark
+//   CaptureModels / CaptureBlocks / RestoreModel / RestoreBlock
+//                  the state a checkpoint records and a restart puts back
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -64,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/block.h"
+#include "server/core/block_image.h"
 #include "server/core/cache_stats.h"
 #include "server/core/clock.h"
 #include "server/core/eviction_policy.h"
@@ -396,6 +399,36 @@ class Cache {
                 PrefetchMode mode, absl::Duration timeout);
 
   CacheStats GetStats() const;
+
+  // Checkpoints and restart (block_image.h, server/checkpoint). A checkpoint
+  // takes CaptureModels() once, then CaptureBlocks() batch by batch (each
+  // under the lock briefly); a restart replays RestoreModel() and, parents
+  // first, RestoreBlock(), while the cache serves.
+  //
+  // Every model's registration and block hashes (parents first).
+  std::vector<ModelImage> CaptureModels() const;
+  // Appends to `out` the images of the blocks of `model` among
+  // `lookup_hashes` that are still cached, in that order; returns how many
+  // were gone (evicted since CaptureModels, or the model was).
+  size_t CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
+                       std::vector<BlockImage>* out) const;
+  // Registers the model of `image` (as RegisterModel) and, when it was not
+  // registered yet, gives it the image's policy. ALREADY_EXISTS when it is
+  // registered with another layout: its blocks are then not restored.
+  absl::Status RestoreModel(const ModelImage& image);
+  // Pool memory for a block being restored, within the host tier's capacity
+  // minus the append staging. With a lower tier it demotes to make room, as
+  // an append does; without one it never evicts (RESOURCE_EXHAUSTED).
+  absl::StatusOr<BlockRef> AllocateRestoredPayload(uint64_t size);
+  // Inserts one block from its image, under the block of
+  // image.parent_lookup_hash (an image with neither copy only reports
+  // whether the block is cached). REQUIRES: image.host, when set, holds
+  // image.seal.size bytes whose checksum the caller verified; image.lower,
+  // when set, came from this cache's lower tier. Nothing changes unless the
+  // outcome is kRestored.
+  RestoreOutcome RestoreBlock(const ModelKey& model, BlockImage image);
+  // The lower tier (null: one tier), for the checkpoint's re-attachment.
+  const std::shared_ptr<BlockStore>& lower_tier() const { return lower_; }
 
  private:
   friend class AppendSession;

@@ -93,6 +93,24 @@ struct TierCounters {
   uint64_t moves_unlogged = 0;  // move records dropped: the log was not drained in time
 };
 
+// Checkpoints (server/checkpoint): not the cache's own numbers; the daemon
+// fills them in next to the cache's for the metrics.
+struct CheckpointCounters {
+  bool enabled = false;
+  uint64_t ok = 0;                       // checkpoints committed
+  uint64_t failed = 0;                   // checkpoint runs that failed
+  double last_success_unix_seconds = 0;  // 0: none yet
+  double last_duration_seconds = 0;
+  uint64_t last_bytes = 0;
+  bool in_progress = false;
+  std::string restore_state;  // "off", "reattaching", "restoring", "done", "failed", "stopped"
+  uint64_t restored_blocks = 0;
+  uint64_t restore_skipped_blocks = 0;
+  uint64_t restore_failed_checkpoints = 0;  // unreadable or corrupt at start-up
+  uint64_t reattached_copies = 0;
+  uint64_t reattach_failures = 0;
+};
+
 struct CacheStats {
   std::vector<ModelStats> models;
   SlabPoolStats host_pool;
@@ -113,6 +131,7 @@ struct CacheStats {
   BlockStoreStats lower_store;
   TierCounters tiers;
   PrefetchStats prefetch;
+  CheckpointCounters checkpoint;
 };
 
 }  // namespace kvcache

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace kvcache {
 namespace {
@@ -46,6 +47,59 @@ void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, do
     m.gauge.value = value;
   }
   family.metric.push_back(std::move(m));
+}
+
+// The checkpoint families (docs/checkpoints.md), when checkpoints are on.
+std::vector<MetricFamily> CheckpointFamilies(const CheckpointCounters& c) {
+  std::vector<MetricFamily> out;
+  if (!c.enabled) return out;
+  auto runs = Family("kvcached_checkpoints_total", "Checkpoint runs, by outcome (ok, failed)",
+                     MetricType::Counter);
+  AddSample(runs, {{"outcome", "ok"}}, static_cast<double>(c.ok));
+  AddSample(runs, {{"outcome", "failed"}}, static_cast<double>(c.failed));
+  out.push_back(std::move(runs));
+  if (c.last_success_unix_seconds > 0) {
+    auto last = Family("kvcached_checkpoint_last_success_timestamp_seconds",
+                       "When the last checkpoint was committed (Unix time)", MetricType::Gauge);
+    AddSample(last, {}, c.last_success_unix_seconds);
+    auto age = Family("kvcached_checkpoint_age_seconds",
+                      "Seconds since the last checkpoint was committed", MetricType::Gauge);
+    AddSample(age, {},
+              absl::ToDoubleSeconds(absl::Now() - absl::FromUnixNanos(static_cast<int64_t>(
+                                                      c.last_success_unix_seconds * 1e9))));
+    auto duration = Family("kvcached_checkpoint_duration_seconds",
+                           "How long the last checkpoint took to write", MetricType::Gauge);
+    AddSample(duration, {}, c.last_duration_seconds);
+    auto bytes = Family("kvcached_checkpoint_bytes", "Size of the last checkpoint's data file",
+                        MetricType::Gauge);
+    AddSample(bytes, {}, static_cast<double>(c.last_bytes));
+    for (auto* f : {&last, &age, &duration, &bytes}) out.push_back(std::move(*f));
+  }
+  auto running = Family("kvcached_checkpoint_in_progress", "1 while a checkpoint is being written",
+                        MetricType::Gauge);
+  AddSample(running, {}, c.in_progress ? 1 : 0);
+  auto restore = Family("kvcached_checkpoint_restore_state",
+                        "The restore at start-up: 1 for its current state", MetricType::Gauge);
+  for (const char* state : {"off", "reattaching", "restoring", "done", "failed", "stopped"}) {
+    AddSample(restore, {{"state", state}}, c.restore_state == state ? 1 : 0);
+  }
+  auto restored = Family("kvcached_checkpoint_restore_blocks_total",
+                         "Blocks the restore at start-up put back or skipped", MetricType::Counter);
+  AddSample(restored, {{"outcome", "restored"}}, static_cast<double>(c.restored_blocks));
+  AddSample(restored, {{"outcome", "skipped"}}, static_cast<double>(c.restore_skipped_blocks));
+  auto unreadable =
+      Family("kvcached_checkpoint_restore_failures_total",
+             "Checkpoints found corrupt or unreadable when restoring", MetricType::Counter);
+  AddSample(unreadable, {}, static_cast<double>(c.restore_failed_checkpoints));
+  auto reattached =
+      Family("kvcached_checkpoint_reattached_copies_total",
+             "Lower-tier (SSD) copies re-attached at start-up, by outcome", MetricType::Counter);
+  AddSample(reattached, {{"outcome", "ok"}}, static_cast<double>(c.reattached_copies));
+  AddSample(reattached, {{"outcome", "failed"}}, static_cast<double>(c.reattach_failures));
+  for (auto* f : {&running, &restore, &restored, &unreadable, &reattached}) {
+    out.push_back(std::move(*f));
+  }
+  return out;
 }
 
 // The importance-aware retention families of a snapshot.
@@ -275,6 +329,7 @@ class CacheCollector final : public prometheus::Collectable {
       out.push_back(std::move(*f));
     }
     for (MetricFamily& f : ImportanceFamilies(s)) out.push_back(std::move(f));
+    for (MetricFamily& f : CheckpointFamilies(s.checkpoint)) out.push_back(std::move(f));
     return out;
   }
 

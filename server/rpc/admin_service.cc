@@ -31,6 +31,7 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContex
   for (const std::string& a : identity_.listen_addresses) response->add_listen_addresses(a);
   response->set_cuda_built(identity_.cuda_built);
   response->set_shm_socket(identity_.shm_socket);
+  if (checkpoints_ != nullptr) FillCheckpointStatus(*checkpoints_, response->mutable_checkpoint());
   return Finish(ctx, "GetServerInfo", start);
 }
 

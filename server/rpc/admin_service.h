@@ -1,5 +1,6 @@
 // AdminService: the kvcache.v1.Admin gRPC service (server info, models, stats,
-// model policies, unregistering models). Thread-safe. The Cache and RpcObserver must outlive it.
+// model policies, unregistering models, checkpoints). Thread-safe. The Cache and RpcObserver must
+// outlive it.
 #ifndef KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 #define KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 
@@ -8,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "kvcache/v1/admin.grpc.pb.h"
+#include "server/checkpoint/checkpoint_service.h"
 #include "server/core/cache.h"
 #include "server/rpc/rpc_observer.h"
 
@@ -22,10 +24,18 @@ struct ServerIdentity {
   std::string shm_socket;  // empty: no shared-memory data plane
 };
 
+// The checkpoint service's state as the Admin calls report it.
+void FillCheckpointStatus(const checkpoint::CheckpointService& service, v1::CheckpointStatus* out);
+
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  AdminService(ServerIdentity identity, Cache* cache, RpcObserver* observer)
-      : identity_(std::move(identity)), cache_(cache), observer_(observer) {}
+  // `checkpoints` may be null (checkpoints off).
+  AdminService(ServerIdentity identity, Cache* cache, RpcObserver* observer,
+               checkpoint::CheckpointService* checkpoints = nullptr)
+      : identity_(std::move(identity)),
+        cache_(cache),
+        observer_(observer),
+        checkpoints_(checkpoints) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::GetServerInfoRequest* request,
@@ -42,6 +52,16 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* ctx,
                                             const v1::UnregisterModelRequest* request,
                                             v1::UnregisterModelResponse* response) override;
+  // admin_checkpoints.cc
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const v1::CheckpointRequest* request,
+                                       v1::CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                            const v1::ListCheckpointsRequest* request,
+                                            v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* VerifyCheckpoint(grpc::CallbackServerContext* ctx,
+                                             const v1::VerifyCheckpointRequest* request,
+                                             v1::VerifyCheckpointResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, std::string_view method,
@@ -53,6 +73,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const ServerIdentity identity_;
   Cache* const cache_;
   RpcObserver* const observer_;
+  checkpoint::CheckpointService* const checkpoints_;
 };
 
 }  // namespace kvcache

@@ -132,7 +132,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   }
   options.identity.listen_addresses = server->listen_addresses_;
   server->cache_service_ = std::make_unique<CacheService>(options.cache_service, cache, observer);
-  server->admin_service_ = std::make_unique<AdminService>(options.identity, cache, observer);
+  server->admin_service_ =
+      std::make_unique<AdminService>(options.identity, cache, observer, options.checkpoints);
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
   // The socket is created rw for owner and group only (kUnixSocketMode);

@@ -50,6 +50,8 @@ struct GrpcServerOptions {
   absl::Duration keepalive_timeout = absl::Seconds(10);  // then close it unanswered
   CacheServiceOptions cache_service;
   ServerIdentity identity;  // listen_addresses is filled in by Start()
+  // The Admin service's checkpoint calls; null: checkpoints are off.
+  checkpoint::CheckpointService* checkpoints = nullptr;
 };
 
 class GrpcServer {

@@ -258,6 +258,13 @@ class Client {
   // forgets its layout here. NOT_FOUND for an unknown model. Not retried.
   virtual absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(
       std::string_view model_id) = 0;
+
+  // Checkpoints (docs/checkpoints.md). Checkpoint takes one now and answers
+  // once it is committed (give the client a timeout that allows for it); not
+  // retried. VerifyCheckpoint reads one back (sequence 0: the newest).
+  virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint() = 0;
+  virtual absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints() = 0;
+  virtual absl::StatusOr<v1::VerifyCheckpointResponse> VerifyCheckpoint(uint64_t sequence) = 0;
 };
 
 // XXH3-64 of `bytes`: the checksum kvcached records for a block.

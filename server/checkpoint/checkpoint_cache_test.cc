@@ -1,0 +1,237 @@
+// Checkpointer and Restorer over real Caches and real files: what one cache
+// held, another gets back exactly (blocks, bytes, per-block state), through
+// full and incremental checkpoints, failed writes (injected below the file
+// layer), a corrupt data file, a full host tier and concurrent appends.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "server/checkpoint/checkpoint_directory.h"
+#include "server/checkpoint/checkpointer.h"
+#include "server/checkpoint/fault_injecting_file_system.h"
+#include "server/checkpoint/restorer.h"
+#include "server/core/cache_test_util.h"
+
+namespace kvcache::checkpoint {
+namespace {
+
+using cache_test::Append;
+using cache_test::Big;
+using cache_test::Ids;
+using cache_test::kBt;
+using cache_test::kSlab;
+using cache_test::Mid;
+using cache_test::PlanHolds;
+using cache_test::Seq;
+using cache_test::TestModel;
+
+class CheckpointCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/checkpoint_cache_test_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    source_ = MakeCache(64);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<Cache> MakeCache(uint64_t slabs) {
+    auto pool = SlabPool::Create(
+        {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruKPolicy({}, &clock_),
+                                   &clock_);
+  }
+
+  // Sequences s = 0..n-1 of `m`: three blocks each, the first two shared by
+  // pairs (a tree, not only chains), with hints that the checkpoint keeps.
+  void Fill(Cache& cache, const TestModel& m, uint32_t n, uint32_t salt = 0) {
+    ASSERT_TRUE(cache.RegisterModel(m.key, m.layout).ok());
+    for (uint32_t s = 0; s < n; ++s) {
+      AppendHints hints{.priority = static_cast<int32_t>(s % 3),
+                        .ttl = s % 4 == 0 ? absl::Hours(1) : absl::ZeroDuration(),
+                        .protected_ranges = {{.begin = 0, .end = 5}}};
+      auto r = Append(cache, m, Sequence(s, salt), 0, hints);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+  static std::vector<Token> Sequence(uint32_t s, uint32_t salt = 0) {
+    return Seq(Ids{100 + salt + s / 2, 500 + salt + s, 900 + salt + s});
+  }
+
+  absl::StatusOr<CheckpointRun> Checkpoint(Cache& cache, FileSystem* fs, uint64_t sequence,
+                                           uint32_t full_every = 8) {
+    Checkpointer c(&cache, fs, {.dir = dir_, .keep = 3, .full_every = full_every}, sequence);
+    return c.Run();
+  }
+  RestoreProgress Restore(Cache& cache) {
+    Restorer r(&cache, DefaultFileSystem(), dir_);
+    EXPECT_TRUE(r.Prepare().ok());
+    std::atomic<bool> stop{false};
+    r.Run(stop);
+    return r.progress();
+  }
+  uint64_t Fetched(Cache& cache, const TestModel& m, const std::vector<Token>& tokens) {
+    auto plan = cache.PrepareFetch(m.key, tokens);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) return 0;
+    EXPECT_TRUE(PlanHolds(*plan, m, tokens));
+    return plan->matched_tokens;
+  }
+
+  ManualClock clock_;
+  std::string dir_;
+  std::unique_ptr<Cache> source_;
+};
+
+TEST_F(CheckpointCacheTest, ARestoredCacheHoldsEveryBlockAndItsState) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 20));
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Big(), 6, 5000));
+  auto run = Checkpoint(*source_, DefaultFileSystem(), 1);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const uint64_t blocks = source_->GetStats().blocks;
+  EXPECT_EQ(run->blocks, blocks);
+  EXPECT_EQ(run->host_payloads, blocks);
+  EXPECT_TRUE(run->full);
+
+  std::unique_ptr<Cache> target = MakeCache(64);
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.state, RestoreState::kDone);
+  EXPECT_EQ(p.restored_blocks, blocks);
+  EXPECT_EQ(p.sequence, 1u);
+
+  // The same images (before any fetch touches the blocks): tree, seals and the per-block state the
+  // policies use.
+  const std::vector<ModelImage> before = source_->CaptureModels();
+  const std::vector<ModelImage> after = target->CaptureModels();
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(before[i].key, after[i].key);
+    EXPECT_EQ(before[i].layout, after[i].layout);
+    EXPECT_THAT(after[i].blocks, ::testing::UnorderedElementsAreArray(before[i].blocks));
+    std::vector<BlockImage> a, b;
+    source_->CaptureBlocks(before[i].key, before[i].blocks, &a);
+    target->CaptureBlocks(after[i].key, before[i].blocks, &b);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      SCOPED_TRACE(j);
+      EXPECT_EQ(a[j].key, b[j].key);
+      EXPECT_EQ(a[j].parent_lookup_hash, b[j].parent_lookup_hash);
+      EXPECT_EQ(a[j].seal.checksum, b[j].seal.checksum);
+      EXPECT_EQ(a[j].seal.raw_checksum, b[j].seal.raw_checksum);
+      EXPECT_EQ(a[j].priority, b[j].priority);
+      EXPECT_EQ(a[j].expires, b[j].expires);
+      EXPECT_EQ(a[j].references, b[j].references);
+      EXPECT_EQ(a[j].token_state.pinned, b[j].token_state.pinned);
+      EXPECT_EQ(a[j].token_state.novelty, b[j].token_state.novelty);
+      EXPECT_EQ(a[j].history_age_ms, b[j].history_age_ms);
+    }
+  }
+  for (uint32_t s = 0; s < 20; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+  for (uint32_t s = 0; s < 6; ++s) EXPECT_EQ(Fetched(*target, Big(), Sequence(s, 5000)), 3 * kBt);
+}
+
+TEST_F(CheckpointCacheTest, AnIncrementalCheckpointRefersToUnchangedPayloads) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 10));
+  const uint64_t first_blocks = source_->GetStats().blocks;
+  Checkpointer c(source_.get(), DefaultFileSystem(), {.dir = dir_, .keep = 3, .full_every = 4}, 1);
+  auto full = c.Run();
+  ASSERT_TRUE(full.ok()) << full.status();
+  for (uint32_t s = 10; s < 14; ++s) ASSERT_TRUE(Append(*source_, Mid(), Sequence(s)).ok());
+  const uint64_t blocks = source_->GetStats().blocks;
+  auto incremental = c.Run();
+  ASSERT_TRUE(incremental.ok()) << incremental.status();
+  EXPECT_FALSE(incremental->full);
+  EXPECT_EQ(incremental->referenced_payloads, first_blocks);
+  EXPECT_EQ(incremental->host_payloads, blocks - first_blocks);
+  EXPECT_THAT(incremental->references, ::testing::ElementsAre(1u));
+  EXPECT_LT(incremental->data_bytes, full->data_bytes);
+
+  std::unique_ptr<Cache> target = MakeCache(64);
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.sequence, 2u);
+  EXPECT_EQ(p.restored_blocks, blocks);
+  for (uint32_t s = 0; s < 14; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+  // Pruning keeps the full checkpoint the incremental one refers to.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.Run().ok());
+  EXPECT_EQ(Restore(*MakeCache(64)).restored_blocks, blocks);
+}
+
+TEST_F(CheckpointCacheTest, AFailedWriteLeavesThePreviousCheckpointNewest) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 8));
+  const uint64_t first_blocks = source_->GetStats().blocks;
+  ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 1).ok());
+  for (uint32_t s = 8; s < 16; ++s) ASSERT_TRUE(Append(*source_, Mid(), Sequence(s)).ok());
+
+  FaultInjectingFileSystem faulty(DefaultFileSystem());
+  uint64_t sequence = 2;
+  for (FaultKind kind : {FaultKind::kShortWrite, FaultKind::kNoSpace, FaultKind::kIoError,
+                         FaultKind::kSyncFails, FaultKind::kRenameFails}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    faulty.ClearFaults();
+    faulty.AddFault(
+        {.kind = kind, .path_contains = kind == FaultKind::kSyncFails ? "" : "ckpt-", .nth = 1});
+    auto run = Checkpoint(*source_, &faulty, sequence++);
+    EXPECT_FALSE(run.ok());
+    auto newest = CheckpointDirectory(DefaultFileSystem(), dir_).NewestComplete();
+    ASSERT_TRUE(newest.ok()) << newest.status();
+    EXPECT_EQ(newest->sequence, 1u);
+  }
+  std::unique_ptr<Cache> target = MakeCache(64);
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.sequence, 1u);
+  EXPECT_EQ(p.restored_blocks, first_blocks);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+  for (uint32_t s = 8; s < 16; ++s) Fetched(*target, Mid(), Sequence(s));  // exact if any
+}
+
+TEST_F(CheckpointCacheTest, ACorruptDataFileFallsBackToTheOneBefore) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 8));
+  ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 1, /*full_every=*/1).ok());
+  for (uint32_t s = 8; s < 16; ++s) ASSERT_TRUE(Append(*source_, Mid(), Sequence(s)).ok());
+  auto second = Checkpoint(*source_, DefaultFileSystem(), 2, 1);
+  ASSERT_TRUE(second.ok());
+  FaultInjectingFileSystem fs(DefaultFileSystem());
+  const std::string data = dir_ + "/ckpt-00000000000000000002.data";
+  ASSERT_TRUE(fs.CorruptByte(data, second->data_bytes * 3 / 4).ok());
+
+  std::unique_ptr<Cache> target = MakeCache(64);
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.failed_checkpoints, 1u);
+  EXPECT_THAT(p.error, ::testing::HasSubstr("checkpoint 2"));
+  EXPECT_EQ(p.sequence, 1u);
+  EXPECT_EQ(p.state, RestoreState::kDone);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+  for (uint32_t s = 8; s < 16; ++s) Fetched(*target, Mid(), Sequence(s));
+}
+
+TEST_F(CheckpointCacheTest, RestoreKeepsBlocksAppendedMeanwhileAndStopsWhenFull) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 40));
+  ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 1).ok());
+  const uint64_t blocks = source_->GetStats().blocks;
+  // A smaller host tier that a worker already wrote to.
+  std::unique_ptr<Cache> target = MakeCache(2);
+  ASSERT_TRUE(target->RegisterModel(Mid().key, Mid().layout).ok());
+  ASSERT_TRUE(Append(*target, Mid(), Sequence(0)).ok());
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.state, RestoreState::kDone);
+  EXPECT_GE(p.present_blocks, 3u) << p.restored_blocks << " restored, " << p.orphan_blocks
+                                  << " orphans, " << p.lost_blocks << " lost, " << p.skipped_blocks
+                                  << " skipped";
+  EXPECT_LT(p.restored_blocks, blocks);
+  EXPECT_GT(p.lost_blocks + p.orphan_blocks, 0u);
+  for (uint32_t s = 0; s < 40; ++s) Fetched(*target, Mid(), Sequence(s));  // exact if any
+  EXPECT_EQ(Fetched(*target, Mid(), Sequence(0)), 3 * kBt);
+}
+
+TEST_F(CheckpointCacheTest, NothingToRestoreIsNotAnError) {
+  std::unique_ptr<Cache> target = MakeCache(4);
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.state, RestoreState::kOff);
+  EXPECT_EQ(p.restored_blocks, 0u);
+}
+
+}  // namespace
+}  // namespace kvcache::checkpoint

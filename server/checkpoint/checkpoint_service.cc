@@ -1,0 +1,164 @@
+#include "server/checkpoint/checkpoint_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/checkpoint/checkpoint_directory.h"
+#include "spdlog/spdlog.h"
+
+namespace kvcache::checkpoint {
+
+absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Open(
+    Cache* cache, FileSystem* fs, CheckpointServiceOptions options) {
+  const std::string& dir = options.checkpointer.dir;
+  if (absl::Status s = fs->CreateDir(dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.dir ", dir, ": ", s.message()));
+  }
+  absl::StatusOr<uint64_t> next = CheckpointDirectory(fs, dir).NextSequence();
+  if (!next.ok()) return next.status();
+  if (BlockStore* lower = cache->lower_tier().get(); lower != nullptr && lower->persistent()) {
+    lower->SetRetention(true);
+  }
+  return std::unique_ptr<CheckpointService>(
+      new CheckpointService(cache, fs, std::move(options), *next));
+}
+
+CheckpointService::CheckpointService(Cache* cache, FileSystem* fs, CheckpointServiceOptions options,
+                                     uint64_t next_sequence)
+    : cache_(cache),
+      fs_(fs),
+      options_(std::move(options)),
+      checkpointer_(cache, fs, options_.checkpointer, next_sequence),
+      restorer_(cache, fs, options_.checkpointer.dir) {}
+
+CheckpointService::~CheckpointService() { Shutdown(false); }
+
+absl::Status CheckpointService::PrepareRestore() {
+  if (!options_.restore_on_start) return absl::OkStatus();
+  return restorer_.Prepare();
+}
+
+void CheckpointService::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void CheckpointService::Loop() {
+  restorer_.Run(stop_);
+  checkpointer_.SeedPayloads(restorer_.TakePayloads());
+  while (!stop_.load()) {
+    {
+      std::unique_lock<Mutex> lock(mu_);
+      if (options_.interval == absl::ZeroDuration()) {
+        wake_.wait(lock, [this] { return stop_.load(); });
+      } else {
+        wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.interval),
+                       [this] { return stop_.load(); });
+      }
+    }
+    if (stop_.load()) break;
+    (void)RunAndRecord("periodic");
+  }
+}
+
+absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
+  if (!restorer_.finished()) {
+    return absl::FailedPreconditionError(
+        "the restore from the last checkpoint is still running; a checkpoint now would replace "
+        "it with a partial one (kvcachectl checkpoint list shows its progress)");
+  }
+  in_progress_ = true;
+  absl::StatusOr<CheckpointRun> run = checkpointer_.Run();
+  in_progress_ = false;
+  MutexLock lock(&mu_);
+  if (run.ok()) {
+    ++ok_;
+    last_ = *run;
+    last_time_ = absl::Now();
+    spdlog::info(
+        "checkpoint {} ({}, {}): {} blocks, {} payloads written, {} referenced, {} lower copies, "
+        "{} bytes in {}",
+        run->sequence, why, run->full ? "full" : "incremental", run->blocks, run->host_payloads,
+        run->referenced_payloads, run->lower_copies, run->data_bytes,
+        absl::FormatDuration(run->duration));
+  } else {
+    ++failed_;
+    last_error_ = std::string(run.status().message());
+    spdlog::error("checkpoint ({}) failed: {}; the previous checkpoint stays the newest", why,
+                  run.status().ToString());
+  }
+  return run;
+}
+
+absl::StatusOr<CheckpointRun> CheckpointService::CheckpointNow() {
+  return RunAndRecord("on demand");
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> CheckpointService::List() const {
+  return CheckpointDirectory(fs_, options_.checkpointer.dir).List();
+}
+
+absl::StatusOr<VerifyOutcome> CheckpointService::Verify(uint64_t sequence) const {
+  CheckpointDirectory directory(fs_, options_.checkpointer.dir);
+  if (sequence == 0) {
+    absl::StatusOr<CheckpointInfo> newest = directory.NewestComplete();
+    if (!newest.ok()) return newest.status();
+    sequence = newest->sequence;
+  }
+  absl::StatusOr<std::vector<CheckpointInfo>> listed = directory.List();
+  if (!listed.ok()) return listed.status();
+  VerifyOutcome out;
+  auto it = std::find_if(listed->begin(), listed->end(),
+                         [&](const CheckpointInfo& i) { return i.sequence == sequence; });
+  if (it == listed->end()) {
+    return absl::NotFoundError(
+        absl::StrCat("there is no checkpoint ", sequence, " in ", options_.checkpointer.dir));
+  }
+  out.info = *it;
+  absl::StatusOr<VerifyReport> report = directory.Verify(sequence);
+  if (!report.ok()) return report.status();
+  out.records = report->records_read;
+  out.bytes = report->data_bytes;
+  if (!report->status.ok() && out.info.state == CheckpointState::kComplete) {
+    out.info.state = CheckpointState::kCorrupt;
+    out.info.reason = std::string(report->status.message());
+  }
+  return out;
+}
+
+CheckpointServiceStatus CheckpointService::Status() const {
+  CheckpointServiceStatus s;
+  s.dir = options_.checkpointer.dir;
+  s.interval = options_.interval;
+  s.restore = restorer_.progress();
+  s.in_progress = in_progress_.load();
+  MutexLock lock(&mu_);
+  s.last = last_;
+  s.last_time = last_time_;
+  s.ok = ok_;
+  s.failed = failed_;
+  s.last_error = last_error_;
+  return s;
+}
+
+void CheckpointService::Shutdown(bool final_checkpoint) {
+  {
+    MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (final_checkpoint) {
+    if (!restorer_.finished() || restorer_.progress().state == RestoreState::kStopped) {
+      spdlog::warn(
+          "no checkpoint at shutdown: the restore had not finished, and the checkpoint it was "
+          "restoring stays the newest");
+      return;
+    }
+    (void)RunAndRecord("shutdown");
+  }
+}
+
+}  // namespace kvcache::checkpoint

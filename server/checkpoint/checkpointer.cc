@@ -1,0 +1,204 @@
+#include "server/checkpoint/checkpointer.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/checkpoint/checkpoint_directory.h"
+#include "server/checkpoint/checkpoint_writer.h"
+#include "server/checkpoint/records.h"
+#include "spdlog/spdlog.h"
+
+namespace kvcache::checkpoint {
+namespace {
+
+constexpr size_t kLowerIndexEntriesPerRecord = 4096;
+
+std::span<const std::byte> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+v1::CheckpointLowerIndex::Entry LowerEntry(uint32_t model, const BlockImage& b,
+                                           const StoredLocation& where) {
+  v1::CheckpointLowerIndex::Entry e;
+  e.set_model(model);
+  e.set_lookup_hash(b.lookup_hash);
+  e.set_key(b.key);
+  e.set_size(b.seal.size);
+  e.set_checksum(b.seal.checksum);
+  e.set_raw_checksum(b.seal.raw_checksum);
+  e.set_decoded_checksum(b.seal.decoded_checksum);
+  e.set_compressed(b.seal.compressed);
+  v1::CheckpointLowerCopy* l = e.mutable_location();
+  l->set_offset(where.offset);
+  l->set_footprint(where.footprint);
+  l->set_sequence(where.sequence);
+  l->set_epoch(where.epoch);
+  return e;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(Cache* cache, FileSystem* fs, CheckpointerOptions options,
+                           uint64_t next_sequence)
+    : cache_(cache), fs_(fs), options_(std::move(options)), next_sequence_(next_sequence) {}
+
+absl::StatusOr<CheckpointRun> Checkpointer::Run() {
+  MutexLock lock(&mu_);
+  absl::StatusOr<CheckpointRun> run = RunLocked();
+  if (!run.ok()) {
+    // The next run starts over from a full checkpoint: what the failed one
+    // wrote is gone, and the map may describe neither.
+    have_previous_ = false;
+    payloads_.clear();
+  }
+  return run;
+}
+
+void Checkpointer::SeedPayloads(PayloadMap payloads) {
+  MutexLock lock(&mu_);
+  have_previous_ = !payloads.empty();
+  payloads_ = std::move(payloads);
+  runs_since_full_ = 0;
+}
+
+absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
+  const absl::Time start = absl::Now();
+  CheckpointRun run;
+  run.sequence = next_sequence_++;
+  run.full = !have_previous_ || runs_since_full_ + 1 >= options_.full_every;
+  BlockStore* lower = cache_->lower_tier().get();
+  const bool reattachable = lower != nullptr && lower->persistent();
+  const uint64_t mark = reattachable ? lower->RetentionMark() : 0;
+
+  absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer = CheckpointWriter::Create(
+      fs_, options_.dir, run.sequence, {.zstd_level = options_.zstd_level});
+  if (!writer.ok()) return writer.status();
+  CheckpointWriter& w = **writer;
+
+  const std::vector<ModelImage> models = cache_->CaptureModels();
+  PayloadMap next;
+  std::set<uint64_t> references;
+  std::vector<v1::CheckpointLowerIndex::Entry> lower_entries;
+  std::vector<BlockImage> batch;
+  std::string scratch;
+  for (uint32_t ordinal = 0; ordinal < models.size(); ++ordinal) {
+    const ModelImage& model = models[ordinal];
+    EncodeModel(model, model.blocks.size()).SerializeToString(&scratch);
+    if (auto s = w.Append(static_cast<uint8_t>(RecordType::kModel), AsBytes(scratch), false);
+        !s.ok()) {
+      return s.status();
+    }
+    ++run.models;
+    const auto* previous =
+        run.full ? nullptr : [&]() -> const absl::flat_hash_map<uint64_t, PayloadRecord>* {
+      auto it = payloads_.find(model.key);
+      return it == payloads_.end() ? nullptr : &it->second;
+    }();
+    auto& written = next[model.key];
+    for (size_t first = 0; first < model.blocks.size(); first += options_.batch_blocks) {
+      const size_t n = std::min(options_.batch_blocks, model.blocks.size() - first);
+      batch.clear();
+      run.gone_blocks += cache_->CaptureBlocks(
+          model.key, std::span<const uint64_t>(model.blocks).subspan(first, n), &batch);
+      for (const BlockImage& b : batch) {
+        std::optional<StoredLocation> where;
+        if (b.lower != nullptr && reattachable) where = lower->Locate(*b.lower);
+        if (where.has_value()) {
+          lower_entries.push_back(LowerEntry(ordinal, b, *where));
+          ++run.lower_copies;
+        }
+        EncodeBlock(b, where).SerializeToString(&scratch);
+        if (auto s = w.Append(static_cast<uint8_t>(RecordType::kBlock), AsBytes(scratch), false);
+            !s.ok()) {
+          return s.status();
+        }
+        ++run.blocks;
+        if (b.host == nullptr) continue;
+        const PayloadRecord* before = nullptr;
+        if (previous != nullptr) {
+          auto it = previous->find(b.lookup_hash);
+          if (it != previous->end() && it->second.checksum == b.seal.checksum) {
+            before = &it->second;
+          }
+        }
+        if (before != nullptr) {
+          v1::CheckpointPayloadRef ref;
+          ref.set_sequence(before->sequence);
+          ref.set_offset(before->offset);
+          ref.SerializeToString(&scratch);
+          if (auto s =
+                  w.Append(static_cast<uint8_t>(RecordType::kPayloadRef), AsBytes(scratch), false);
+              !s.ok()) {
+            return s.status();
+          }
+          written[b.lookup_hash] = *before;
+          references.insert(before->sequence);
+          ++run.referenced_payloads;
+          continue;
+        }
+        absl::StatusOr<RecordLocation> at = w.Append(static_cast<uint8_t>(RecordType::kPayload),
+                                                     b.host->data(), options_.zstd_level > 0);
+        if (!at.ok()) return at.status();
+        written[b.lookup_hash] = {
+            .sequence = run.sequence, .offset = at->offset, .checksum = b.seal.checksum};
+        ++run.host_payloads;
+        run.payload_bytes += b.host->size();
+      }
+    }
+  }
+  batch.clear();
+
+  nlohmann::json lower_index = nlohmann::json::array();
+  for (size_t first = 0; first < lower_entries.size(); first += kLowerIndexEntriesPerRecord) {
+    v1::CheckpointLowerIndex record;
+    const size_t end = std::min(lower_entries.size(), first + kLowerIndexEntriesPerRecord);
+    for (size_t i = first; i < end; ++i) *record.add_entries() = std::move(lower_entries[i]);
+    record.SerializeToString(&scratch);
+    absl::StatusOr<RecordLocation> at =
+        w.Append(static_cast<uint8_t>(RecordType::kLowerIndex), AsBytes(scratch), true);
+    if (!at.ok()) return at.status();
+    lower_index.push_back(at->offset);
+  }
+  // The copies the manifest will refer to must be on the device first.
+  if (reattachable) {
+    if (absl::Status s = lower->Sync(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("syncing the lower tier: ", s.message()));
+    }
+  }
+  run.references.assign(references.begin(), references.end());
+  nlohmann::json model_keys = nlohmann::json::array();
+  for (const ModelImage& m : models) model_keys.push_back({m.key.ns, m.key.model_id});
+  const nlohmann::json summary = {
+      {"full", run.full},
+      {"models", run.models},
+      {"blocks", run.blocks},
+      {"host_payloads", run.host_payloads},
+      {"referenced_payloads", run.referenced_payloads},
+      {"payload_bytes", run.payload_bytes},
+      {"lower_copies", run.lower_copies},
+      {"lower_index", lower_index},
+      {"model_keys", model_keys},
+  };
+  absl::StatusOr<CheckpointInfo> committed = w.Commit(summary, run.references);
+  if (!committed.ok()) return committed.status();
+  run.data_bytes = committed->data_bytes;
+  run.records = committed->record_count;
+  run.duration = absl::Now() - start;
+
+  payloads_ = std::move(next);
+  have_previous_ = true;
+  runs_since_full_ = run.full ? 0 : runs_since_full_ + 1;
+  // Space freed before this checkpoint began is in no checkpoint we keep
+  // relying on: the lower tier may reuse it.
+  if (reattachable) lower->ReleaseRetained(mark);
+  if (absl::Status s = CheckpointDirectory(fs_, options_.dir).Prune(options_.keep).status();
+      !s.ok()) {
+    spdlog::warn("checkpoint: pruning {}: {}", options_.dir, s.ToString());
+  }
+  return run;
+}
+
+}  // namespace kvcache::checkpoint

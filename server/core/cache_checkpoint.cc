@@ -1,0 +1,163 @@
+// Cache: what a checkpoint captures and a restart restores (block_image.h).
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/cache.h"
+
+namespace kvcache {
+
+std::vector<ModelImage> Cache::CaptureModels() const {
+  MutexLock lock(&mu_);
+  std::vector<ModelImage> images;
+  images.reserve(models_.size());
+  for (const auto& [key, m] : models_) {
+    ModelImage& image = images.emplace_back();
+    image.key = key;
+    image.layout = m->layout;
+    image.policy = m->policy;
+    image.blocks.reserve(m->index.num_blocks());
+    // Post-order puts children before parents; reversed, every parent comes first.
+    m->index.VisitPostOrder([&](IndexNode* n) { image.blocks.push_back(n->lookup_hash); });
+    std::reverse(image.blocks.begin(), image.blocks.end());
+  }
+  return images;
+}
+
+size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
+                            std::vector<BlockImage>* out) const {
+  MutexLock lock(&mu_);
+  auto it = models_.find(model);
+  if (it == models_.end()) return lookup_hashes.size();
+  const PrefixIndex& index = it->second->index;
+  size_t gone = 0;
+  for (uint64_t hash : lookup_hashes) {
+    const IndexNode* n = index.FindByLookupHash(hash);
+    if (n == nullptr) {
+      ++gone;
+      continue;
+    }
+    BlockImage& b = out->emplace_back();
+    b.lookup_hash = n->lookup_hash;
+    b.parent_lookup_hash = n->parent == nullptr ? 0 : n->parent->lookup_hash;
+    b.key = n->key;
+    b.depth = n->depth;
+    const std::span<const Token> tokens = n->tokens();
+    b.tokens.assign(tokens.begin(), tokens.end());
+    b.seal = n->seal();
+    b.host = n->payload;
+    b.lower = n->lower;
+    b.expires = n->expires;
+    b.last_access = n->last_access;
+    b.priority = n->priority;
+    b.workload = n->workload;
+    b.references = n->references;
+    b.importance = n->importance();
+    std::copy(std::begin(n->policy_hook.history_age_ms), std::end(n->policy_hook.history_age_ms),
+              b.history_age_ms.begin());
+    if (n->has_tokens_state()) b.token_state = n->tokens_state();
+  }
+  return gone;
+}
+
+absl::Status Cache::RestoreModel(const ModelImage& image) {
+  absl::StatusOr<RegisterResult> registered = RegisterModel(image.key, image.layout);
+  if (!registered.ok()) return registered.status();
+  if (!registered->created)
+    return absl::OkStatus();  // a worker registered it first: its policy stands
+  if (absl::Status s = image.policy.Validate(); !s.ok()) return s;
+  MutexLock lock(&mu_);
+  absl::StatusOr<ModelState*> m = FindModelLocked(image.key);
+  if (!m.ok()) return m.status();
+  (*m)->policy = image.policy;
+  ++(*m)->policy_generation;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BlockRef> Cache::AllocateRestoredPayload(uint64_t size) {
+  // Room is made as an append makes it, by demotion, but only with a lower
+  // tier: without one, restoring never evicts what workers stored.
+  constexpr int kMaxDemotions = 64;
+  const uint64_t capacity = pool_->GetStats().capacity_bytes;
+  const uint64_t limit = capacity - std::min(capacity, options_.append_staging_bytes);
+  const uint64_t need = pool_->RoundedSize(size);
+  for (int demoted = 0;; ++demoted) {
+    const bool room = CommittedHostBytes() + need <= limit;
+    if (room) {
+      absl::StatusOr<Allocation> a = pool_->Allocate(size);
+      if (a.ok()) return std::make_shared<BlockPayload>(pool_.get(), *a, size);
+      if (!absl::IsResourceExhausted(a.status())) return a.status();
+    }
+    if (lower_ == nullptr || demoted == kMaxDemotions || !MakeRoomForSpace()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the host tier has no room to restore a block of ", size, " bytes (", limit,
+                       " of its ", capacity, " bytes may hold blocks)"));
+    }
+  }
+}
+
+RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
+  if (image.host != nullptr && image.host->size() != image.seal.size) {
+    return RestoreOutcome::kMismatch;
+  }
+  if (image.lower != nullptr && lower_ == nullptr) image.lower.reset();
+  std::vector<BlockRef> unused;  // released after the lock
+  MutexLock lock(&mu_);
+  auto it = models_.find(model);
+  if (it == models_.end()) return RestoreOutcome::kUnknownModel;
+  ModelState& m = *it->second;
+  if (image.tokens.size() != m.layout.block_tokens) return RestoreOutcome::kMismatch;
+  if (m.index.FindByLookupHash(image.lookup_hash) != nullptr) return RestoreOutcome::kPresent;
+  if (image.host == nullptr && image.lower == nullptr) return RestoreOutcome::kLost;
+  IndexNode* parent = nullptr;
+  if (image.parent_lookup_hash != 0) {
+    parent = m.index.FindByLookupHash(image.parent_lookup_hash);
+    if (parent == nullptr) return RestoreOutcome::kOrphan;
+  }
+  if (PrefixIndex::ChainKey(parent == nullptr ? 0 : parent->key, image.tokens) != image.key ||
+      PrefixIndex::LookupHash(parent == nullptr ? 0 : parent->lookup_hash, image.tokens) !=
+          image.lookup_hash) {
+    return RestoreOutcome::kMismatch;
+  }
+  if (image.host != nullptr) image.host->SealAs(image.seal);
+  const bool in_host = image.host != nullptr;
+  IndexNode* node = m.index.AddChild(parent, image.tokens, std::move(image.host));
+  if (node == nullptr) return RestoreOutcome::kPresent;  // a lookup-hash collision
+  node->lower = std::move(image.lower);
+  node->expires = image.expires;
+  node->last_access = image.last_access;
+  node->priority = image.priority;
+  node->workload = image.workload;
+  node->references = image.references;
+  node->set_importance(image.importance);
+  const BlockTokenState& ts = image.token_state;
+  if (!ts.novelty.empty() || !ts.activity.empty() || !ts.pinned.empty() || ts.compressed) {
+    node->mutable_tokens_state() = ts;
+  }
+  if (ts.compressed) {
+    ++m.compressed_blocks;
+    m.int8_tokens += ts.num_int8;
+    m.pruned_tokens += ts.num_pruned;
+    m.bytes_saved += ts.bytes_saved;
+  }
+  RecountMetadataLocked(node);
+  m.bytes += image.seal.size;
+  if (in_host) payload_bytes_ += image.seal.size;
+  if (node->lower != nullptr) {
+    ++tier_.lower_blocks;
+    tier_.lower_payload_bytes += image.seal.size;
+    if (!in_host) ++tier_.lower_only_blocks;
+  }
+  // A new block to its tier's policy, then its reference history back (the
+  // policy re-ranks it on Adopt); its last use counts from now.
+  EvictionPolicy* policy = PolicyFor(*node);
+  policy->Insert(node);
+  std::copy(image.history_age_ms.begin(), image.history_age_ms.end(),
+            node->policy_hook.history_age_ms);
+  policy->Release(node);
+  policy->Adopt(node);
+  EnforceBudgetsLocked(&unused);
+  return RestoreOutcome::kRestored;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,263 @@
+// Checkpoints and restart through the real daemon: a cache over host memory
+// and an SSD file is checkpointed, the daemon stops (SIGTERM) or is killed
+// (SIGKILL at random moments, in the middle of appends, of SSD writes and of
+// checkpoints), a new daemon starts on the same directory and SSD file, and
+// every block fetched afterwards is checked byte for byte against what was
+// appended; every block acknowledged before the last checkpoint that
+// committed must be back.
+//
+// KVCACHE_CRASH_ROUNDS sets the number of kill/restart rounds of CrashLoop
+// (default 3; the long run in docs/testing.md uses 50).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/kv_pattern.h"
+
+namespace kvcache::testing {
+namespace {
+
+constexpr uint32_t kBlockTokens = 16;
+constexpr uint32_t kBlocksPerSequence = 4;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/checkpoint_test_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // A daemon with a 4 MiB host tier over a `ssd_mib` MiB SSD file and
+  // checkpoints every `interval_s` seconds, both in dir_ (kept across daemons).
+  void StartDaemon(int interval_s, uint64_t ssd_mib = 128) {
+    const std::string config = dir_ + "/config.json";
+    std::FILE* f = std::fopen(config.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, R"({"checkpoint": {"dir": "%s/ckpt", "interval_seconds": %d, "keep": 2,
+                         "full_every": 3}})",
+                 dir_.c_str(), interval_s);
+    std::fclose(f);
+    auto d = DaemonProcess::Start(
+        {.capacity_bytes = 4 << 20,
+         .slab_bytes = 1 << 20,
+         .extra_flags = {"--config", config, "--ssd-path", dir_ + "/ssd.bin",
+                         "--ssd-capacity-bytes", std::to_string(ssd_mib << 20)}});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    client_ = daemon_->NewClient();
+    // 32 KiB blocks: 2 layers x 4 heads x 64 dims x fp16 x 2 x 16 tokens.
+    auto r = client_->RegisterModel("m", MakeLayout(2, 4, 64, v1::DTYPE_FP16, kBlockTokens));
+    ASSERT_TRUE(r.ok()) << r.status();
+    block_bytes_ = r->block_bytes();
+  }
+
+  // Waits (up to 60 s) for the restore at start-up to finish.
+  v1::CheckpointStatus WaitForRestore() {
+    for (int i = 0; i < 6000; ++i) {
+      auto listed = client_->ListCheckpoints();
+      EXPECT_TRUE(listed.ok()) << listed.status();
+      if (!listed.ok()) return {};
+      const std::string& state = listed->status().restore_state();
+      if (state != "reattaching" && state != "restoring") return listed->status();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "the restore did not finish in 60 s";
+    return {};
+  }
+
+  std::vector<uint32_t> Sequence(int s) const {
+    return MakeTokens(7000 + s, kBlocksPerSequence * kBlockTokens);
+  }
+  absl::Status Append(Client& client, int s) {
+    const std::vector<uint32_t> tokens = Sequence(s);
+    return client
+        .Append("m", tokens, MakeKv(tokens, kBlockTokens, block_bytes_, 0, kBlocksPerSequence))
+        .status();
+  }
+  // Fetches sequence `s`, checks every byte it got, returns the blocks matched.
+  size_t FetchVerified(int s) {
+    const std::vector<uint32_t> tokens = Sequence(s);
+    std::vector<std::byte> out(kBlocksPerSequence * block_bytes_);
+    auto f = client_->Fetch("m", tokens, out);
+    EXPECT_TRUE(f.ok()) << "sequence " << s << ": " << f.status();
+    if (!f.ok()) return 0;
+    const size_t blocks = f->matched_tokens / kBlockTokens;
+    const std::vector<std::byte> expected =
+        MakeKv(tokens, kBlockTokens, block_bytes_, 0, kBlocksPerSequence);
+    EXPECT_TRUE(std::equal(out.begin(), out.begin() + blocks * block_bytes_, expected.begin()))
+        << "sequence " << s << ": fetched bytes that were never appended";
+    return blocks;
+  }
+
+  std::string dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  uint64_t block_bytes_ = 0;
+};
+
+// Far more than the host holds is appended, so most blocks are on SSD; a
+// clean stop takes the final checkpoint; the next daemon serves every block
+// again, its host payloads restored from the checkpoint and its SSD copies
+// re-attached in place.
+TEST_F(CheckpointTest, ARestartServesEveryBlockAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(/*interval_s=*/0));
+  constexpr int kSequences = 96;  // 12 MiB of KV over a 4 MiB host tier
+  for (int s = 0; s < kSequences; ++s) ASSERT_TRUE(Append(*client_, s).ok()) << s;
+  auto taken = client_->Checkpoint();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->checkpoint().blocks(), kSequences * kBlocksPerSequence);
+  EXPECT_TRUE(taken->checkpoint().full());
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->tiers_size(), 2);
+  EXPECT_GT(stats->tiers(1).blocks(), 0u) << "nothing reached the SSD tier";
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0) << "log " << daemon_->log_path();
+
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  const v1::CheckpointStatus restored = WaitForRestore();
+  EXPECT_EQ(restored.restore_state(), "done") << restored.restore_error();
+  EXPECT_GT(restored.reattached_copies(), 0u);
+  EXPECT_EQ(restored.reattach_failures(), 0u);
+  EXPECT_EQ(restored.restored_blocks(), kSequences * kBlocksPerSequence);
+  for (int s = 0; s < kSequences; ++s) {
+    EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << "sequence " << s << " was not restored";
+  }
+  // The incremental checkpoint after it refers to the payloads it did not change.
+  auto next = client_->Checkpoint();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(next->checkpoint().full());
+  auto verified = client_->VerifyCheckpoint(0);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(verified->checkpoint().status(), "complete");
+}
+
+// A checkpoint's data file with a flipped byte is reported corrupt, and the
+// restart restores from the one before it.
+TEST_F(CheckpointTest, ACorruptCheckpointFallsBackToThePreviousOne) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  for (int s = 0; s < 8; ++s) ASSERT_TRUE(Append(*client_, s).ok());
+  auto first = client_->Checkpoint();
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int s = 8; s < 16; ++s) ASSERT_TRUE(Append(*client_, s).ok());
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0);  // the final checkpoint: the newest
+
+  // Flip a byte in the middle of the newest data file.
+  std::string newest;
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/ckpt")) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".data") && name > std::filesystem::path(newest).filename().string()) {
+      newest = e.path().string();
+    }
+  }
+  ASSERT_FALSE(newest.empty());
+  {
+    std::FILE* f = std::fopen(newest.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 0, SEEK_END);
+    const long size = std::ftell(f);
+    std::fseek(f, size / 2, SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, size / 2, SEEK_SET);
+    std::fputc(c ^ 0x5a, f);
+    std::fclose(f);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  const v1::CheckpointStatus restored = WaitForRestore();
+  EXPECT_EQ(restored.restore_state(), "done");
+  EXPECT_NE(restored.restore_error(), "");
+  for (int s = 0; s < 8; ++s) {
+    EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << "sequence " << s << " was lost";
+  }
+  for (int s = 8; s < 16; ++s) FetchVerified(s);  // whatever is back is exact
+}
+
+// Workers append while the daemon checkpoints every second; it is SIGKILLed
+// at a random moment (sometimes while an on-demand checkpoint is being
+// written), restarted on the same files, checked, and killed again.
+TEST_F(CheckpointTest, CrashLoop) {
+  const char* env = std::getenv("KVCACHE_CRASH_ROUNDS");
+  const int rounds = env != nullptr ? std::atoi(env) : 3;
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  int next_sequence = 0;
+  // Sequences a committed checkpoint holds (the worker's, appended after the
+  // last checkpoint the test waited for, may or may not be back).
+  std::set<int> committed;
+  for (int round = 0; round < rounds; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    ASSERT_NO_FATAL_FAILURE(StartDaemon(/*interval_s=*/1, /*ssd_mib=*/1024));
+    const v1::CheckpointStatus restored = WaitForRestore();
+    ASSERT_NE(restored.restore_state(), "failed") << restored.restore_error();
+    for (int s = 0; s < next_sequence; ++s) {
+      const size_t blocks = FetchVerified(s);
+      if (committed.contains(s)) {
+        EXPECT_EQ(blocks, kBlocksPerSequence)
+            << "sequence " << s << " was in a committed checkpoint and is gone; restored "
+            << restored.ShortDebugString();
+      }
+    }
+    // Some sequences, then a checkpoint the test waits for.
+    const int burst = 8 + static_cast<int>(rng() % 24);
+    const int first = next_sequence;
+    for (int i = 0; i < burst; ++i) ASSERT_TRUE(Append(*client_, next_sequence++).ok());
+    auto taken = client_->Checkpoint();
+    ASSERT_TRUE(taken.ok()) << taken.status();
+    for (int s = first; s < next_sequence; ++s) committed.insert(s);
+    // Then a worker appends until the kill, and one round in two an
+    // on-demand checkpoint is in flight when it lands.
+    std::atomic<bool> stop{false};
+    std::thread worker([&, start = next_sequence] {
+      std::unique_ptr<Client> c = daemon_->NewClient();
+      for (int s = start; !stop.load() && s < start + 100; ++s) {
+        if (!Append(*c, s).ok()) break;
+      }
+    });
+    std::thread checkpointer;
+    if (round % 2 == 1) {
+      checkpointer = std::thread([&] {
+        std::unique_ptr<Client> c = daemon_->NewClient();
+        (void)c->Checkpoint();
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 1500));
+    ASSERT_EQ(::kill(daemon_->pid(), SIGKILL), 0);
+    stop = true;
+    worker.join();
+    if (checkpointer.joinable()) checkpointer.join();
+    next_sequence += 100;  // whatever the worker reached; fetched exactly next round
+    client_.reset();
+    daemon_.reset();
+  }
+  // A last restart checks the final round.
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0, 1024));
+  const v1::CheckpointStatus restored = WaitForRestore();
+  ASSERT_NE(restored.restore_state(), "failed") << restored.restore_error();
+  for (int s = 0; s < next_sequence; ++s) {
+    const size_t blocks = FetchVerified(s);
+    if (committed.contains(s)) {
+      EXPECT_EQ(blocks, kBlocksPerSequence)
+          << "sequence " << s << "; restored " << restored.ShortDebugString();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvcache::testing
