@@ -8,6 +8,7 @@
 //
 // KVCACHE_CRASH_ROUNDS sets the number of kill/restart rounds of CrashLoop
 // (default 3; the long run in docs/testing.md uses 50).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +27,18 @@
 
 namespace kvcache::testing {
 namespace {
+
+// Runs `command` (stdout and stderr) to its exit: {exit code, output}.
+std::pair<int, std::string> RunShell(const std::string& command) {
+  std::string output;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
 
 constexpr uint32_t kBlockTokens = 16;
 constexpr uint32_t kBlocksPerSequence = 4;
@@ -51,7 +64,7 @@ class CheckpointTest : public ::testing::Test {
 
   // A daemon with a 4 MiB host tier over a `ssd_mib` MiB SSD file and
   // checkpoints every `interval_s` seconds, both in dir_ (kept across daemons).
-  void StartDaemon(int interval_s, uint64_t ssd_mib = 128) {
+  void StartDaemon(int interval_s, uint64_t ssd_mib = 128, bool metrics = false) {
     const std::string config = dir_ + "/config.json";
     std::FILE* f = std::fopen(config.c_str(), "w");
     ASSERT_NE(f, nullptr);
@@ -65,6 +78,7 @@ class CheckpointTest : public ::testing::Test {
     auto d = DaemonProcess::Start(
         {.capacity_bytes = 4 << 20,
          .slab_bytes = 1 << 20,
+         .metrics = metrics,
          .extra_flags = {"--config", config, "--ssd-path", dir_ + "/ssd.bin",
                          "--ssd-capacity-bytes", std::to_string(ssd_mib << 20)}});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -155,6 +169,58 @@ TEST_F(CheckpointTest, ARestartServesEveryBlockAgain) {
   auto verified = client_->VerifyCheckpoint(0);
   ASSERT_TRUE(verified.ok()) << verified.status();
   EXPECT_EQ(verified->checkpoint().status(), "complete");
+}
+
+// What an operator sees: kvcachectl checkpoint now / list / verify / status,
+// and the checkpoint metrics (linted by promtool).
+TEST_F(CheckpointTest, OperatorsSeeCheckpointsInKvcachectlAndMetrics) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0, 128, /*metrics=*/true));
+  for (int s = 0; s < 8; ++s) ASSERT_TRUE(Append(*client_, s).ok());
+  const std::string ctl = absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(),
+                                       " --timeout 60 ");
+  auto [now_code, now] = RunShell(ctl + "checkpoint now");
+  EXPECT_EQ(now_code, 0) << now;
+  EXPECT_THAT(now, ::testing::HasSubstr("checkpoint 1 committed (full): 32 blocks"));
+  auto [list_code, list] = RunShell(ctl + "checkpoint list");
+  EXPECT_EQ(list_code, 0) << list;
+  EXPECT_THAT(list, ::testing::HasSubstr("1 taken, 0 failed"));
+  EXPECT_THAT(list, ::testing::ContainsRegex("1 +complete"));
+  auto [json_code, json] = RunShell(ctl + "--json checkpoint list");
+  EXPECT_EQ(json_code, 0) << json;
+  EXPECT_THAT(json, ::testing::HasSubstr(R"("status":"complete")"));
+  auto [verify_code, verify] = RunShell(ctl + "checkpoint verify 1");
+  EXPECT_EQ(verify_code, 0) << verify;
+  EXPECT_THAT(verify, ::testing::HasSubstr("checkpoint 1: complete"));
+  auto [missing_code, missing] = RunShell(ctl + "checkpoint verify 99");
+  EXPECT_EQ(missing_code, 1) << missing;
+  EXPECT_THAT(missing, ::testing::HasSubstr("NOT_FOUND"));
+  auto [status_code, status] = RunShell(ctl + "status");
+  EXPECT_EQ(status_code, 0) << status;
+  EXPECT_THAT(status, ::testing::HasSubstr("restore:      off"));
+
+  const std::string url = absl::StrCat("http://127.0.0.1:", daemon_->metrics_port(), "/metrics");
+  auto [scraped, text] = RunShell("curl -sf " + url);
+  ASSERT_EQ(scraped, 0);
+  EXPECT_THAT(text, ::testing::HasSubstr(R"(kvcached_checkpoints_total{outcome="ok"} 1)"));
+  EXPECT_THAT(text, ::testing::HasSubstr("kvcached_checkpoint_age_seconds "));
+  EXPECT_THAT(text, ::testing::HasSubstr(R"(kvcached_checkpoint_restore_state{state="off"} 1)"));
+  auto [lint, lint_output] = RunShell("curl -sf " + url + " | promtool check metrics");
+  EXPECT_EQ(lint, 0) << lint_output;
+}
+
+// Checkpoints off: the calls say how to turn them on.
+TEST(CheckpointOffTest, TheCallsSayHowToTurnThemOn) {
+  auto d = DaemonProcess::Start({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<Client> client = (*d)->NewClient();
+  auto taken = client->Checkpoint();
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(taken.status().message(), ::testing::HasSubstr("checkpoint.dir"));
+  auto listed = client->ListCheckpoints();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_FALSE(listed->status().enabled());
+  client.reset();
+  EXPECT_EQ((*d)->Stop(), 0);
 }
 
 // A checkpoint's data file with a flipped byte is reported corrupt, and the
