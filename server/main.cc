@@ -291,6 +291,7 @@ CheckpointCounters CheckpointCountersOf(const checkpoint::CheckpointServiceStatu
                        .restore_failed_checkpoints = s.restore.failed_checkpoints,
                        .reattached_copies = s.restore.reattached_copies,
                        .reattach_failures = s.restore.reattach_failures};
+  c.started_unix_seconds = absl::ToDoubleSeconds(s.started - absl::UnixEpoch());
   if (s.last.has_value()) {
     c.last_success_unix_seconds = absl::ToDoubleSeconds(s.last_time - absl::UnixEpoch());
     c.last_duration_seconds = absl::ToDoubleSeconds(s.last->duration);

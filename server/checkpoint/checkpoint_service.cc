@@ -130,6 +130,7 @@ CheckpointServiceStatus CheckpointService::Status() const {
   CheckpointServiceStatus s;
   s.dir = options_.checkpointer.dir;
   s.interval = options_.interval;
+  s.started = started_;
   s.restore = restorer_.progress();
   s.in_progress = in_progress_.load();
   MutexLock lock(&mu_);

@@ -44,6 +44,7 @@ struct CheckpointServiceOptions {
 struct CheckpointServiceStatus {
   std::string dir;
   absl::Duration interval;
+  absl::Time started;  // when the service was opened
   RestoreProgress restore;
   std::optional<CheckpointRun> last;  // the last committed by this daemon
   absl::Time last_time = absl::InfinitePast();
@@ -105,6 +106,7 @@ class CheckpointService {
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> in_progress_{false};
+  const absl::Time started_ = absl::Now();
 };
 
 }  // namespace kvcache::checkpoint

@@ -100,6 +100,7 @@ struct CheckpointCounters {
   uint64_t ok = 0;                       // checkpoints committed
   uint64_t failed = 0;                   // checkpoint runs that failed
   double last_success_unix_seconds = 0;  // 0: none yet
+  double started_unix_seconds = 0;       // when checkpointing started (the daemon did)
   double last_duration_seconds = 0;
   uint64_t last_bytes = 0;
   bool in_progress = false;

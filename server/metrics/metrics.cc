@@ -58,22 +58,25 @@ std::vector<MetricFamily> CheckpointFamilies(const CheckpointCounters& c) {
   AddSample(runs, {{"outcome", "ok"}}, static_cast<double>(c.ok));
   AddSample(runs, {{"outcome", "failed"}}, static_cast<double>(c.failed));
   out.push_back(std::move(runs));
+  // The exposure: what a crash now would lose was cached since then.
+  auto age = Family("kvcached_checkpoint_age_seconds",
+                    "Seconds since the last checkpoint committed (or since start, before one)",
+                    MetricType::Gauge);
+  const double since =
+      c.last_success_unix_seconds > 0 ? c.last_success_unix_seconds : c.started_unix_seconds;
+  AddSample(age, {}, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - since);
+  out.push_back(std::move(age));
   if (c.last_success_unix_seconds > 0) {
     auto last = Family("kvcached_checkpoint_last_success_timestamp_seconds",
                        "When the last checkpoint was committed (Unix time)", MetricType::Gauge);
     AddSample(last, {}, c.last_success_unix_seconds);
-    auto age = Family("kvcached_checkpoint_age_seconds",
-                      "Seconds since the last checkpoint was committed", MetricType::Gauge);
-    AddSample(age, {},
-              absl::ToDoubleSeconds(absl::Now() - absl::FromUnixNanos(static_cast<int64_t>(
-                                                      c.last_success_unix_seconds * 1e9))));
     auto duration = Family("kvcached_checkpoint_duration_seconds",
                            "How long the last checkpoint took to write", MetricType::Gauge);
     AddSample(duration, {}, c.last_duration_seconds);
     auto bytes = Family("kvcached_checkpoint_bytes", "Size of the last checkpoint's data file",
                         MetricType::Gauge);
     AddSample(bytes, {}, static_cast<double>(c.last_bytes));
-    for (auto* f : {&last, &age, &duration, &bytes}) out.push_back(std::move(*f));
+    for (auto* f : {&last, &duration, &bytes}) out.push_back(std::move(*f));
   }
   auto running = Family("kvcached_checkpoint_in_progress", "1 while a checkpoint is being written",
                         MetricType::Gauge);

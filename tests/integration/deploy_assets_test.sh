@@ -185,7 +185,10 @@ if nofile != "infinity" and int(nofile) < 65536:
 calibration = config.get("importance", {}).get("calibration_file", "")
 if calibration and not calibration.startswith("/var/lib/kvcached/"):
     problems.append(f"kvcached.json: calibration_file {calibration} is not in StateDirectory")
-if calibration:
+checkpoints = config.get("checkpoint", {}).get("dir", "")
+if checkpoints and not checkpoints.startswith("/var/lib/kvcached/"):
+    problems.append(f"kvcached.json: checkpoint.dir {checkpoints} is not in StateDirectory")
+if calibration or checkpoints:
     want("StateDirectory", "kvcached")
     want("ReadWritePaths", "/var/lib/kvcached")
 sock = config["listen"]["unix_socket"]
@@ -222,6 +225,8 @@ c["listen"]["metrics_address"] = f"127.0.0.1:{metrics}"
 c["host_tier"]["capacity_bytes"] = 64 << 20
 # An SSD tier too, so that the tier metrics the alerts use are exported.
 c["ssd_tier"] = {"path": f"{work}/ssd.bin", "capacity_bytes": str(64 << 20)}
+# Checkpoints in the temp dir too (the real one is in the unit's StateDirectory).
+c["checkpoint"]["dir"] = f"{work}/checkpoints"
 json.dump(c, open(dst, "w"), indent=2)
 EOF
 check "kvcached accepts a copy of deploy/kvcached.json (TCP :$tcp_port, metrics :$metrics_port," \
