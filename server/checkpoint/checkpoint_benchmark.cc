@@ -9,15 +9,17 @@
 // saves a little) or random (incompressible). Then, --runs times:
 //   dd        dd if=/dev/zero of=DIR/dd.bin bs=4M oflag=direct, then read
 //             back with iflag=direct, the size of the cached payload
-//   ckpt-z1   Checkpointer::Run with zstd level 1 (commit included: fdatasync,
-//             manifest, directory fsync), then the data file dropped from
-//             the page cache and Restorer::Prepare + Run into a fresh Cache
-//   ckpt-raw  the same with zstd level 0 (payloads stored raw)
+//   ckpt-*    Checkpointer::Run (commit included: fdatasync, manifest,
+//             directory fsync), then the data file dropped from the page
+//             cache and Restorer::Prepare + Run into a fresh Cache, for each
+//             compression mode: `default` (the daemon's: zstd level 1 while
+//             a probe of the first 64 MiB of payloads saves at least 10%,
+//             raw after), `zstd-1` (every payload) and `raw` (none)
 //   latency   --readers threads each looping on what a fetch does in-process
 //             (Lookup + PrepareFetch of a random cached sequence, memcpy of
 //             its blocks into a buffer, then --reader-gap-us asleep) for
-//             --idle-seconds alone, then while a zstd-1 checkpoint runs and
-//             while a raw one does
+//             --idle-seconds alone, then while a checkpoint of each mode runs
+//             (on a thread of lowered priority, as in the daemon)
 // and prints the medians over the runs with their spread (min..max).
 // MB = 10^6 bytes. "payload MB/s" counts block bytes before compression,
 // "file MB/s" the bytes of the data file; the ratios to dd are of payload
@@ -52,6 +54,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "server/checkpoint/checkpoint_service.h"
 #include "server/checkpoint/checkpointer.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/restorer.h"
@@ -100,7 +103,7 @@ std::string bench_dir;
 void CleanUp() {
   if (bench_dir.empty()) return;
   std::error_code ignored;
-  for (const char* name : {"dd.bin", "ckpt-zstd-1", "ckpt-raw", "ckpt-busy"}) {
+  for (const char* name : {"dd.bin", "ckpt-default", "ckpt-zstd-1", "ckpt-raw", "ckpt-busy"}) {
     std::filesystem::remove_all(bench_dir + "/" + name, ignored);
   }
 }
@@ -344,10 +347,25 @@ struct CheckpointFigures {
   uint64_t data_bytes = 0;
 };
 
-CheckpointFigures Checkpoint(Cache* cache, const std::string& dir, int level) {
+// How a checkpoint compresses: the daemon's default (zstd level 1 while a
+// probe of the first 64 MiB saves at least 10%, raw after), zstd level 1 for
+// every payload, or none.
+struct Mode {
+  std::string name;
+  int level;
+  double min_saving;
+};
+const Mode kModes[] = {{"default", 1, 0.10}, {"zstd-1", 1, 0.0}, {"raw", 0, 0.0}};
+
+CheckpointFigures Checkpoint(Cache* cache, const std::string& dir, const Mode& mode) {
   std::filesystem::remove_all(dir);
   Checkpointer checkpointer(cache, DefaultFileSystem(),
-                            {.dir = dir, .keep = 1, .full_every = 1, .zstd_level = level}, 1);
+                            {.dir = dir,
+                             .keep = 1,
+                             .full_every = 1,
+                             .zstd_level = mode.level,
+                             .min_compression_saving = mode.min_saving},
+                            1);
   const auto start = Clock::now();
   absl::StatusOr<CheckpointRun> run = checkpointer.Run();
   const double seconds = Seconds(start);
@@ -404,10 +422,10 @@ Figures OneRun(const Config& config, Cache* cache, uint32_t sequences, uint64_t 
   f.emplace_back("dd write MB/s", dd_write);
   f.emplace_back("dd read MB/s", dd_read);
 
-  for (const int level : {1, 0}) {
-    const std::string name = level == 0 ? "raw" : "zstd-1";
+  for (const Mode& mode : kModes) {
+    const std::string& name = mode.name;
     const std::string dir = config.dir + "/ckpt-" + name;
-    const CheckpointFigures c = Checkpoint(cache, dir, level);
+    const CheckpointFigures c = Checkpoint(cache, dir, mode);
     const RestoreFigures r = Restore(config, dir, c.data_bytes, blocks, drop_method);
     std::filesystem::remove_all(dir);
     f.emplace_back(name + " checkpoint s", c.seconds);
@@ -433,10 +451,16 @@ Figures OneRun(const Config& config, Cache* cache, uint32_t sequences, uint64_t 
   f.emplace_back("fetch p99 idle us", Percentile(idle.us, 0.99));
   f.emplace_back("fetch p999 idle us", Percentile(idle.us, 0.999));
   const std::string dir = config.dir + "/ckpt-busy";
-  for (const int level : {1, 0}) {
-    const std::string name = level == 0 ? "raw" : "zstd-1";
+  for (const Mode& mode : kModes) {
+    const std::string& name = mode.name;
     readers.Start();
-    const CheckpointFigures busy = Checkpoint(cache, dir, level);
+    // As in the daemon, the checkpoint runs on a thread of lower priority.
+    CheckpointFigures busy;
+    std::thread checkpoint([&] {
+      LowerCurrentThreadPriority();
+      busy = Checkpoint(cache, dir, mode);
+    });
+    checkpoint.join();
     const Latencies during = readers.Stop();
     std::filesystem::remove_all(dir);
     if (during.misses > 0) Die("a reader missed a cached sequence");

@@ -1,6 +1,11 @@
 #include "server/checkpoint/checkpoint_service.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +13,13 @@
 #include "spdlog/spdlog.h"
 
 namespace kvcache::checkpoint {
+
+void LowerCurrentThreadPriority() {
+  // Linux applies a nice value to the calling thread alone.
+  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) != 0) {
+    spdlog::debug("checkpoints: could not lower the thread's priority: {}", std::strerror(errno));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Open(
     Cache* cache, FileSystem* fs, CheckpointServiceOptions options) {
@@ -46,19 +58,38 @@ void CheckpointService::Start() {
 void CheckpointService::Loop() {
   restorer_.Run(stop_);
   checkpointer_.SeedPayloads(restorer_.TakePayloads());
+  LowerCurrentThreadPriority();
   while (!stop_.load()) {
+    uint64_t serving = 0;
     {
       std::unique_lock<Mutex> lock(mu_);
+      auto woken = [this] {
+        mu_.AssertHeld();
+        return stop_.load() || requested_ > completed_;
+      };
       if (options_.interval == absl::ZeroDuration()) {
-        wake_.wait(lock, [this] { return stop_.load(); });
+        wake_.wait(lock, woken);
       } else {
-        wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.interval),
-                       [this] { return stop_.load(); });
+        wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.interval), woken);
       }
+      if (stop_.load()) break;
+      serving = requested_;
     }
-    if (stop_.load()) break;
-    (void)RunAndRecord("periodic");
+    const bool on_demand = serving > CompletedRequests();
+    absl::StatusOr<CheckpointRun> run = RunAndRecord(on_demand ? "on demand" : "periodic");
+    if (on_demand) {
+      MutexLock lock(&mu_);
+      on_demand_ = std::move(run);
+      completed_ = serving;
+    }
+    done_.notify_all();
   }
+  done_.notify_all();
+}
+
+uint64_t CheckpointService::CompletedRequests() const {
+  MutexLock lock(&mu_);
+  return completed_;
 }
 
 absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
@@ -91,7 +122,21 @@ absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
 }
 
 absl::StatusOr<CheckpointRun> CheckpointService::CheckpointNow() {
-  return RunAndRecord("on demand");
+  if (!restorer_.finished()) return RunAndRecord("on demand");  // FAILED_PRECONDITION
+  std::unique_lock<Mutex> lock(mu_);
+  if (shut_down_) return absl::UnavailableError("kvcached is shutting down");
+  if (!thread_.joinable()) {  // not started: the caller's thread takes it
+    lock.unlock();
+    return RunAndRecord("on demand");
+  }
+  const uint64_t ticket = ++requested_;
+  wake_.notify_all();
+  done_.wait(lock, [&] {
+    mu_.AssertHeld();
+    return completed_ >= ticket || stop_.load();
+  });
+  if (completed_ < ticket) return absl::UnavailableError("kvcached is shutting down");
+  return on_demand_;
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> CheckpointService::List() const {

@@ -6,8 +6,10 @@
 //   PrepareRestore()  before serving: picks the checkpoint to restore and
 //                     re-attaches its lower-tier copies
 //   Start()           a thread that restores the rest while the daemon
-//                     serves, then takes a checkpoint every `interval`
-//   CheckpointNow()   one checkpoint on demand (kvcachectl checkpoint now)
+//                     serves, then takes a checkpoint every `interval`, at a
+//                     lower CPU priority than serving (nice +10)
+//   CheckpointNow()   one checkpoint on demand (kvcachectl checkpoint now),
+//                     taken by that thread; the caller waits for it
 //   Shutdown()        stops the thread; then, when asked, a final checkpoint
 // No checkpoint is taken until the restore has finished: a checkpoint of a
 // half-restored cache would become the newest and lose the rest.
@@ -61,6 +63,10 @@ struct VerifyOutcome {
   uint64_t bytes = 0;
 };
 
+// Lowers the calling thread's CPU priority (nice +10), as the service's
+// thread runs: a checkpoint yields the cores to serving. Best effort.
+void LowerCurrentThreadPriority();
+
 class CheckpointService {
  public:
   // REQUIRES: cache and fs outlive the service. UNAVAILABLE when the
@@ -88,6 +94,7 @@ class CheckpointService {
   CheckpointService(Cache* cache, FileSystem* fs, CheckpointServiceOptions options,
                     uint64_t next_sequence);
   void Loop();
+  uint64_t CompletedRequests() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<CheckpointRun> RunAndRecord(const char* why);
 
   Cache* const cache_;
@@ -98,8 +105,12 @@ class CheckpointService {
   std::atomic<bool> stop_{false};
   std::thread thread_;
   mutable Mutex mu_;
-  std::condition_variable_any wake_;
+  std::condition_variable_any wake_;  // the thread: stop, or a request
+  std::condition_variable_any done_;  // callers of CheckpointNow
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t requested_ ABSL_GUARDED_BY(mu_) = 0;                   // on-demand requests so far
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;                   // requests served so far
+  absl::StatusOr<CheckpointRun> on_demand_ ABSL_GUARDED_BY(mu_);  // the last one's result
   std::optional<CheckpointRun> last_ ABSL_GUARDED_BY(mu_);
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t ok_ ABSL_GUARDED_BY(mu_) = 0;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint_directory.h"
+#include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/checkpoint/records.h"
 #include "spdlog/spdlog.h"
@@ -84,6 +85,9 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
   std::vector<v1::CheckpointLowerIndex::Entry> lower_entries;
   std::vector<BlockImage> batch;
   std::string scratch;
+  bool compress = options_.zstd_level > 0;
+  uint64_t probed_bytes = 0;   // payload bytes compressed to decide
+  uint64_t probed_stored = 0;  // what they took in the file
   for (uint32_t ordinal = 0; ordinal < models.size(); ++ordinal) {
     const ModelImage& model = models[ordinal];
     EncodeModel(model, model.blocks.size()).SerializeToString(&scratch);
@@ -139,9 +143,22 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
           ++run.referenced_payloads;
           continue;
         }
-        absl::StatusOr<RecordLocation> at = w.Append(static_cast<uint8_t>(RecordType::kPayload),
-                                                     b.host->data(), options_.zstd_level > 0);
+        const uint64_t stored_before = w.data_bytes();
+        absl::StatusOr<RecordLocation> at =
+            w.Append(static_cast<uint8_t>(RecordType::kPayload), b.host->data(), compress);
         if (!at.ok()) return at.status();
+        if (compress && probed_bytes < options_.compression_probe_bytes) {
+          // KV in fp16 barely compresses, and zstd costs more than the disk:
+          // once the probe shows it saves too little, the rest goes raw.
+          probed_bytes += b.host->size();
+          probed_stored += w.data_bytes() - stored_before - kFrameHeaderBytes;
+          if (probed_bytes >= options_.compression_probe_bytes &&
+              static_cast<double>(probed_stored) >
+                  (1.0 - options_.min_compression_saving) * static_cast<double>(probed_bytes)) {
+            compress = false;
+            run.compression_stopped = true;
+          }
+        }
         written[b.lookup_hash] = {
             .sequence = run.sequence, .offset = at->offset, .checksum = b.seal.checksum};
         ++run.host_payloads;
@@ -179,6 +196,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
       {"referenced_payloads", run.referenced_payloads},
       {"payload_bytes", run.payload_bytes},
       {"lower_copies", run.lower_copies},
+      {"compression_stopped", run.compression_stopped},
       {"lower_index", lower_index},
       {"model_keys", model_keys},
   };
