@@ -47,6 +47,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -410,7 +411,8 @@ RestoreFigures Restore(const Config& config, const std::string& dir, uint64_t da
 // One run's figures, by name, in print order.
 using Figures = std::vector<std::pair<std::string, double>>;
 
-Figures OneRun(const Config& config, Cache* cache, uint32_t sequences, uint64_t payload_bytes,
+Figures OneRun(const Config& config, uint32_t run, Cache* cache, uint32_t sequences,
+               uint64_t payload_bytes,
                uint64_t blocks, std::string* drop_method) {
   Figures f;
   const std::string dd_file = config.dir + "/dd.bin";
@@ -422,22 +424,31 @@ Figures OneRun(const Config& config, Cache* cache, uint32_t sequences, uint64_t 
   f.emplace_back("dd write MB/s", dd_write);
   f.emplace_back("dd read MB/s", dd_read);
 
-  for (const Mode& mode : kModes) {
+  // Each run starts with another mode, so that none always follows dd's
+  // writes (the disk below may still be flushing them) or always goes last.
+  std::vector<Mode> modes(std::begin(kModes), std::end(kModes));
+  std::rotate(modes.begin(), modes.begin() + run % modes.size(), modes.end());
+  std::map<std::string, Figures> by_mode;  // printed in kModes' order
+  for (const Mode& mode : modes) {
     const std::string& name = mode.name;
     const std::string dir = config.dir + "/ckpt-" + name;
     const CheckpointFigures c = Checkpoint(cache, dir, mode);
     const RestoreFigures r = Restore(config, dir, c.data_bytes, blocks, drop_method);
     std::filesystem::remove_all(dir);
-    f.emplace_back(name + " checkpoint s", c.seconds);
-    f.emplace_back(name + " checkpoint payload MB/s", c.payload_mbps);
-    f.emplace_back(name + " checkpoint file MB/s", c.file_mbps);
-    f.emplace_back(name + " file/payload", c.ratio);
-    f.emplace_back(name + " checkpoint / dd write", c.payload_mbps / dd_write);
-    f.emplace_back(name + " restore s", r.seconds);
-    f.emplace_back(name + " restore payload MB/s", r.payload_mbps);
-    f.emplace_back(name + " restore file MB/s", r.file_mbps);
-    f.emplace_back(name + " restore / dd read", r.payload_mbps / dd_read);
-    f.emplace_back(name + " resident before restore", r.resident);
+    Figures& m = by_mode[name];
+    m.emplace_back(name + " checkpoint s", c.seconds);
+    m.emplace_back(name + " checkpoint payload MB/s", c.payload_mbps);
+    m.emplace_back(name + " checkpoint file MB/s", c.file_mbps);
+    m.emplace_back(name + " file/payload", c.ratio);
+    m.emplace_back(name + " checkpoint / dd write", c.payload_mbps / dd_write);
+    m.emplace_back(name + " restore s", r.seconds);
+    m.emplace_back(name + " restore payload MB/s", r.payload_mbps);
+    m.emplace_back(name + " restore file MB/s", r.file_mbps);
+    m.emplace_back(name + " restore / dd read", r.payload_mbps / dd_read);
+    m.emplace_back(name + " resident before restore", r.resident);
+  }
+  for (const Mode& mode : kModes) {
+    for (auto& figure : by_mode[mode.name]) f.push_back(std::move(figure));
   }
 
   const uint64_t seq_bytes = payload_bytes / sequences;
@@ -521,7 +532,7 @@ int Run(const Config& config) {
   std::string drop_method;
   for (uint32_t run = 0; run < config.runs; ++run) {
     runs.push_back(
-        OneRun(config, cache.get(), sequences, payload_bytes, stats.blocks, &drop_method));
+        OneRun(config, run, cache.get(), sequences, payload_bytes, stats.blocks, &drop_method));
     std::printf("run %u:", run);
     for (const auto& [name, value] : runs.back()) {
       std::printf(" %s=%.3g;", name.c_str(), value);
