@@ -412,8 +412,7 @@ RestoreFigures Restore(const Config& config, const std::string& dir, uint64_t da
 using Figures = std::vector<std::pair<std::string, double>>;
 
 Figures OneRun(const Config& config, uint32_t run, Cache* cache, uint32_t sequences,
-               uint64_t payload_bytes,
-               uint64_t blocks, std::string* drop_method) {
+               uint64_t payload_bytes, uint64_t blocks, std::string* drop_method) {
   Figures f;
   const std::string dd_file = config.dir + "/dd.bin";
   const uint64_t dd_count = (payload_bytes + (uint64_t{4} << 20) - 1) >> 22;

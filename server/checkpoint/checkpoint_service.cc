@@ -38,8 +38,7 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Open(
 
 CheckpointService::CheckpointService(Cache* cache, FileSystem* fs, CheckpointServiceOptions options,
                                      uint64_t next_sequence)
-    : cache_(cache),
-      fs_(fs),
+    : fs_(fs),
       options_(std::move(options)),
       checkpointer_(cache, fs, options_.checkpointer, next_sequence),
       restorer_(cache, fs, options_.checkpointer.dir) {}
@@ -61,21 +60,22 @@ void CheckpointService::Loop() {
   LowerCurrentThreadPriority();
   while (!stop_.load()) {
     uint64_t serving = 0;
-    {
-      std::unique_lock<Mutex> lock(mu_);
-      auto woken = [this] {
-        mu_.AssertHeld();
-        return stop_.load() || requested_ > completed_;
-      };
-      if (options_.interval == absl::ZeroDuration()) {
-        wake_.wait(lock, woken);
-      } else {
-        wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.interval), woken);
-      }
-      if (stop_.load()) break;
-      serving = requested_;
+    uint64_t completed = 0;
+    mu_.Lock();  // cv_any waits on the Mutex itself, which the analysis follows
+    auto woken = [this] {
+      mu_.AssertHeld();
+      return stop_.load() || requested_ > completed_;
+    };
+    if (options_.interval == absl::ZeroDuration()) {
+      wake_.wait(mu_, woken);
+    } else {
+      wake_.wait_for(mu_, absl::ToChronoNanoseconds(options_.interval), woken);
     }
-    const bool on_demand = serving > CompletedRequests();
+    serving = requested_;
+    completed = completed_;
+    mu_.Unlock();
+    if (stop_.load()) break;
+    const bool on_demand = serving > completed;
     absl::StatusOr<CheckpointRun> run = RunAndRecord(on_demand ? "on demand" : "periodic");
     if (on_demand) {
       MutexLock lock(&mu_);
@@ -85,11 +85,6 @@ void CheckpointService::Loop() {
     done_.notify_all();
   }
   done_.notify_all();
-}
-
-uint64_t CheckpointService::CompletedRequests() const {
-  MutexLock lock(&mu_);
-  return completed_;
 }
 
 absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
@@ -123,15 +118,17 @@ absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
 
 absl::StatusOr<CheckpointRun> CheckpointService::CheckpointNow() {
   if (!restorer_.finished()) return RunAndRecord("on demand");  // FAILED_PRECONDITION
-  std::unique_lock<Mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("kvcached is shutting down");
   if (!thread_.joinable()) {  // not started: the caller's thread takes it
-    lock.unlock();
-    return RunAndRecord("on demand");
+    mu_.Unlock();
+    absl::StatusOr<CheckpointRun> run = RunAndRecord("on demand");
+    mu_.Lock();
+    return run;
   }
   const uint64_t ticket = ++requested_;
   wake_.notify_all();
-  done_.wait(lock, [&] {
+  done_.wait(mu_, [&] {
     mu_.AssertHeld();
     return completed_ >= ticket || stop_.load();
   });

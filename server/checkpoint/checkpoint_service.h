@@ -94,10 +94,8 @@ class CheckpointService {
   CheckpointService(Cache* cache, FileSystem* fs, CheckpointServiceOptions options,
                     uint64_t next_sequence);
   void Loop();
-  uint64_t CompletedRequests() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<CheckpointRun> RunAndRecord(const char* why);
 
-  Cache* const cache_;
   FileSystem* const fs_;
   const CheckpointServiceOptions options_;
   Checkpointer checkpointer_;

@@ -98,6 +98,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
     ++run.models;
     const auto* previous =
         run.full ? nullptr : [&]() -> const absl::flat_hash_map<uint64_t, PayloadRecord>* {
+      mu_.AssertHeld();  // the lambda runs within RunLocked
       auto it = payloads_.find(model.key);
       return it == payloads_.end() ? nullptr : &it->second;
     }();
