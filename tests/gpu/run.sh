@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# GPU check for the kernel library: on a machine with only the CUDA toolkit, CMake (>= 3.25)
-# and a C++ compiler, builds kernels/ standalone (Release) with its tests, runs them, then
-# runs the standalone GPU benchmark. Exits non-zero on any failure, including parity tests
-# that were skipped although a GPU is present. Takes a few minutes.
+# GPU check for the kernel library and the GPU tier's device layer: on a machine with only the
+# CUDA toolkit, CMake (>= 3.25) and a C++ compiler, builds kernels/ and gpu/ standalone (Release)
+# with their tests, runs them, then runs each standalone GPU benchmark. Exits non-zero on any
+# failure, including CUDA tests that were skipped although a GPU is present. Takes a few minutes.
 #
-# Usage: tests/gpu/run.sh [BUILD_DIR]          (default BUILD_DIR: <repo>/build-kernels-gpu)
+# Usage: tests/gpu/run.sh [BUILD_DIR]          (default BUILD_DIR: <repo>/build-kernels-gpu;
+#                                               gpu/ builds in BUILD_DIR-tier)
 # Environment:
 #   GTEST_SOURCE_DIR  GoogleTest source tree (default: tests/gpu/third_party/googletest if
 #                     present -- see vendor_gtest.sh -- else /usr/src/googletest)
@@ -64,5 +65,23 @@ echo "== GPU benchmark"
 bench_args=()
 [[ ${gpu_present} -eq 1 ]] && bench_args+=(--require-device)
 timeout 300 "${build}/gpu_kernels_bench" ${bench_args[@]+"${bench_args[@]}"}
+
+# The GPU tier's device layer (gpu/): same rules.
+tier_build="${build}-tier"
+echo "== gpu tier: configure (${tier_build})"
+cmake -S "${repo}/gpu" -B "${tier_build}" "${cmake_args[@]}"
+echo "== gpu tier: build (-j${jobs})"
+cmake --build "${tier_build}" -j "${jobs}"
+
+echo "== gpu tier: test"
+tier_log="${tier_build}/ctest.log"
+ctest --test-dir "${tier_build}" --output-on-failure --timeout 300 -j 4 2>&1 | tee "${tier_log}"
+if [[ ${gpu_present} -eq 1 ]] && grep -q 'Skipped' "${tier_log}"; then
+  echo "run.sh: a GPU is present but some gpu tier tests were skipped" >&2
+  exit 1
+fi
+
+echo "== gpu tier: benchmark"
+timeout 120 "${tier_build}/gpu_tier_bench" ${bench_args[@]+"${bench_args[@]}"}
 
 echo "== done in $((SECONDS - start)) s"
