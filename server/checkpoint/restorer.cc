@@ -1,8 +1,11 @@
 #include "server/checkpoint/restorer.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +28,95 @@ absl::Status Parse(const Record& record, Message* out) {
   }
   return absl::OkStatus();
 }
+
+// Reads a checkpoint's records on a thread of its own, ahead of the thread
+// that verifies and inserts them, so the disk stays busy while the CPU works
+// (up to kAheadBytes in flight). A payload reference is resolved here too, so
+// only this thread touches the reader.
+class RecordPrefetcher {
+ public:
+  struct Item {
+    Record record;
+    Record referenced;    // the payload a kPayloadRef record points to
+    absl::Status status;  // a read error: the last item
+    bool end = false;     // no more records
+  };
+
+  RecordPrefetcher(CheckpointReader& reader, const std::atomic<bool>& stop)
+      : reader_(reader), stop_(stop), thread_([this] { Produce(); }) {}
+  ~RecordPrefetcher() {
+    {
+      MutexLock lock(&mu_);
+      closed_ = true;
+    }
+    space_.notify_all();
+    thread_.join();
+  }
+
+  // The next item (blocks until it is read).
+  Item Next() {
+    MutexLock lock(&mu_);
+    ready_.wait(mu_, [this] {
+      mu_.AssertHeld();
+      return !queue_.empty();
+    });
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    bytes_ -= SizeOf(item);
+    space_.notify_all();
+    return item;
+  }
+
+ private:
+  static constexpr uint64_t kAheadBytes = uint64_t{64} << 20;
+
+  static uint64_t SizeOf(const Item& item) {
+    return item.record.bytes.size() + item.referenced.bytes.size() + 64;
+  }
+
+  void Produce() {
+    while (true) {
+      Item item;
+      if (stop_.load()) {
+        item.end = true;
+      } else if (absl::StatusOr<bool> more = reader_.Next(&item.record); !more.ok()) {
+        item.status = more.status();
+      } else if (!*more) {
+        item.end = true;
+      } else if (static_cast<RecordType>(item.record.type) == RecordType::kPayloadRef) {
+        v1::CheckpointPayloadRef ref;
+        if (!ref.ParseFromArray(item.record.bytes.data(),
+                                static_cast<int>(item.record.bytes.size()))) {
+          item.status = absl::DataLossError(absl::StrCat(
+              "a payload reference at offset ", item.record.location.offset, " does not parse"));
+        } else {
+          item.status = reader_.ReadRecordAt({ref.sequence(), ref.offset()}, &item.referenced);
+        }
+      }
+      const bool last = item.end || !item.status.ok();
+      MutexLock lock(&mu_);
+      space_.wait(mu_, [this] {
+        mu_.AssertHeld();
+        return closed_ || bytes_ < kAheadBytes;
+      });
+      if (closed_) return;
+      bytes_ += SizeOf(item);
+      queue_.push_back(std::move(item));
+      ready_.notify_all();
+      if (last) return;
+    }
+  }
+
+  CheckpointReader& reader_;
+  const std::atomic<bool>& stop_;
+  Mutex mu_;
+  std::condition_variable_any ready_;
+  std::condition_variable_any space_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started once the rest is set up
+};
 
 BlockSeal SealOf(const v1::CheckpointLowerIndex::Entry& e) {
   return {.size = e.size(),
@@ -268,18 +360,18 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
   uint32_t block_tokens = 0;
   const absl::flat_hash_map<uint64_t, StoredRef>* lower = nullptr;
   std::optional<BlockImage> pending;  // a block whose payload record comes next
-  Record record;
-  Record referenced;
   absl::Time last_log = absl::Now();
+  RecordPrefetcher records(reader, stop);
   // Inserts `image` (host copy or not); a block with no copy left is lost.
   auto insert = [&](BlockImage image) {
     const uint64_t bytes = image.host != nullptr ? image.seal.size : 0;
     Count(cache_->RestoreBlock(*model, std::move(image)), bytes);
   };
   while (!stop.load()) {
-    absl::StatusOr<bool> more = reader.Next(&record);
-    if (!more.ok()) return more.status();
-    if (!*more) break;
+    RecordPrefetcher::Item item = records.Next();
+    if (!item.status.ok()) return item.status;
+    if (item.end) break;
+    const Record& record = item.record;
     {
       MutexLock lock(&mu_);
       ++progress_.records_done;
@@ -346,16 +438,8 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
         BlockImage image = *std::move(pending);
         pending.reset();
         if (!model.has_value()) break;  // its model was not restored
-        const Record* payload = &record;
-        if (type == RecordType::kPayloadRef) {
-          v1::CheckpointPayloadRef ref;
-          if (absl::Status s = Parse(record, &ref); !s.ok()) return s;
-          if (absl::Status s = reader.ReadRecordAt({ref.sequence(), ref.offset()}, &referenced);
-              !s.ok()) {
-            return s;
-          }
-          payload = &referenced;
-        }
+        // A reference was resolved by the prefetcher.
+        const Record* payload = type == RecordType::kPayloadRef ? &item.referenced : &record;
         std::span<const std::byte> bytes(payload->bytes);
         if (bytes.size() != image.seal.size || Checksum(bytes) != image.seal.checksum) {
           spdlog::error("restore: block {:016x} of {}: its payload does not match its checksum",
