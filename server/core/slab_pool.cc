@@ -148,6 +148,9 @@ struct SizeClass {
   uint64_t chunk_bytes = 0;
   uint64_t span_slabs = 1;
   uint64_t chunk_count = 0;  // chunks per span
+  // floor(2^32 * kFullnessBuckets / chunk_count): a span's bucket is
+  // (live * bucket_scale) >> 32 (<= live * 16 / chunk_count, no division).
+  uint64_t bucket_scale = 0;
   std::array<Span*, kFullnessBuckets> partial{};
   uint32_t nonempty = 0;  // bit b set iff partial[b] != nullptr
   uint64_t spans = 0;     // spans serving the class
@@ -193,6 +196,7 @@ class SlabPoolImpl final : public SlabPool {
           SpanSlabs(chunk, options.slab_bytes,
                     std::min(kMaxSpanSlabs, options.capacity_bytes / options.slab_bytes));
       c.chunk_count = c.span_slabs * options.slab_bytes / chunk;
+      c.bucket_scale = (uint64_t{kFullnessBuckets} << 32) / c.chunk_count;
     }
   }
 
@@ -351,10 +355,6 @@ class SlabPoolImpl final : public SlabPool {
     return (std::countr_zero(p) - min_class_shift_) * kStepsPerDoubling + step;
   }
 
-  static int BucketOf(const Span& span) {
-    return static_cast<int>(span.live * kFullnessBuckets / span.chunk_count);
-  }
-
   absl::StatusOr<Allocation> AllocateChunk(uint64_t chunk_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int class_index = ClassIndex(chunk_bytes);
@@ -484,7 +484,9 @@ class SlabPoolImpl final : public SlabPool {
 
   // Puts `span` on the bucket for its fullness (off the lists while full).
   void Relist(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int bucket = span->live == span->chunk_count ? -1 : BucketOf(*span);
+    const int bucket = span->live == span->chunk_count
+                           ? -1
+                           : static_cast<int>((span->live * c.bucket_scale) >> 32);
     if (bucket == span->bucket) return;
     Unlist(c, span);
     if (bucket < 0) return;
