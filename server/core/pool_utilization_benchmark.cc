@@ -8,12 +8,18 @@
 // does. After a warm-up of --ops operations it samples the utilization every
 // 1000 operations for another --ops and prints the median and minimum.
 //
-//   pool_utilization_benchmark [--ops N] [--capacity-mib N] [--seed N]
+// With --per-class it also prints, at the end of each run, every size class in
+// use: its span, spans reserved, chunk bytes live and payload bytes, so the
+// slack (reserved - payload) can be told apart into rounding (chunk - payload)
+// and partly used spans (reserved - chunk).
+//
+//   pool_utilization_benchmark [--ops N] [--capacity-mib N] [--seed N] [--per-class]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,9 +45,34 @@ struct Live {
   uint64_t size;
 };
 
+// Prints every class with a span: reserved vs chunk bytes live vs payload.
+void PrintClasses(const SlabPool& pool, const std::deque<Live>& live) {
+  std::map<uint64_t, uint64_t> payload_by_chunk;  // chunk bytes -> payload bytes
+  for (const Live& l : live) payload_by_chunk[l.allocation.bytes] += l.size;
+  const SlabPoolStats total = pool.GetStats();
+  std::printf(
+      "  | chunk | span | spans | reserved MiB | chunks live MiB | payload MiB | "
+      "partly used spans (%% of reserved) | rounding (%% of reserved) |\n");
+  std::printf("  |---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  const double mib = 1 << 20;
+  const double all = static_cast<double>(total.reserved_bytes);
+  for (const SlabClassStats& c : pool.GetClassStats()) {
+    if (c.spans == 0) continue;
+    const double reserved = static_cast<double>(c.spans * c.span_bytes);
+    const double chunks = static_cast<double>(c.live_chunks * c.chunk_bytes);
+    const double payload = static_cast<double>(payload_by_chunk[c.chunk_bytes]);
+    std::printf("  | %llu | %llu KiB x %llu | %llu | %.1f | %.1f | %.1f | %.2f | %.2f |\n",
+                static_cast<unsigned long long>(c.chunk_bytes),
+                static_cast<unsigned long long>(c.span_bytes >> 10),
+                static_cast<unsigned long long>(c.chunks_per_span),
+                static_cast<unsigned long long>(c.spans), reserved / mib, chunks / mib,
+                payload / mib, 100 * (reserved - chunks) / all, 100 * (chunks - payload) / all);
+  }
+}
+
 // Runs the churn; returns {median, minimum} utilization over the samples.
-std::pair<double, double> Churn(const Setting& setting, const Mix& mix, uint64_t ops,
-                                uint64_t seed) {
+std::pair<double, double> Churn(const Setting& setting, const Mix& mix, uint64_t ops, uint64_t seed,
+                                bool per_class) {
   auto pool = SlabPool::Create(setting.options);
   if (!pool.ok()) {
     std::fprintf(stderr, "%s: %s\n", setting.name, pool.status().ToString().c_str());
@@ -80,6 +111,7 @@ std::pair<double, double> Churn(const Setting& setting, const Mix& mix, uint64_t
       samples.push_back(static_cast<double>(payload) / static_cast<double>(s.reserved_bytes));
     }
   }
+  if (per_class) PrintClasses(**pool, live);
   for (const Live& l : live) (*pool)->Free(l.allocation);
   std::sort(samples.begin(), samples.end());
   return {samples[samples.size() / 2], samples.front()};
@@ -92,6 +124,7 @@ int main(int argc, char** argv) {
   using kvcache::Mix;
   using kvcache::Setting;
   uint64_t ops = 200000, capacity_mib = 512, seed = 1;
+  bool per_class = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> uint64_t {
@@ -107,9 +140,11 @@ int main(int argc, char** argv) {
       capacity_mib = next();
     } else if (arg == "--seed") {
       seed = next();
+    } else if (arg == "--per-class") {
+      per_class = true;
     } else {
       std::printf(
-          "pool_utilization_benchmark [--ops N] [--capacity-mib N] [--seed N]\n"
+          "pool_utilization_benchmark [--ops N] [--capacity-mib N] [--seed N] [--per-class]\n"
           "Host pool utilization (live payload / reserved) under a churn of mixed block sizes.\n");
       return arg == "--help" ? 0 : 2;
     }
@@ -135,7 +170,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---:|---:|\n");
   for (const Mix& mix : mixes) {
     for (const Setting& setting : settings) {
-      const auto [median, minimum] = kvcache::Churn(setting, mix, ops, seed);
+      const auto [median, minimum] = kvcache::Churn(setting, mix, ops, seed, per_class);
       std::printf("| %s | %s | %.3f | %.3f |\n", mix.name, setting.name, median, minimum);
     }
   }

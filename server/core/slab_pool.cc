@@ -1,22 +1,31 @@
 // SlabPool implementation.
 //
-// Layout: every class slab is a slab_bytes-sized mapping aligned to
-// slab_bytes, so Free() finds the slab owning a chunk by masking the address
-// (`addr & ~(slab_bytes - 1)`) and looking the base up in `slabs_`. A slab
-// carves its chunks lazily (a bump index) and keeps freed chunks on an
-// intrusive singly linked list threaded through the chunks themselves. Each
-// class keeps an intrusive doubly linked list of its slabs that still have a
-// free chunk, so Allocate() and Free() are O(1) for class sizes. Under ASan
-// free chunks are poisoned, so a stale read of pool memory is reported.
+// Layout: every class span is its own mapping of k slabs (see the header),
+// aligned to slab_bytes, and each of its slabs is registered in `slab_owner_`
+// by base address, so Free() finds the span owning a chunk by masking the
+// chunk's address (`addr & ~(slab_bytes - 1)`: the slab it starts in) and one
+// hash lookup. A span carves its chunks lazily (a bump index) and keeps freed
+// chunks on an intrusive singly linked list threaded through the chunks
+// themselves. Each class keeps its partly used spans in 16 intrusive doubly
+// linked lists by fullness (live * 16 / chunks) and a bit mask of the
+// non-empty ones, so Allocate() takes the fullest in O(1) and Free() moves a
+// span between lists in O(1). Under ASan free chunks are poisoned, so a stale
+// read of pool memory is reported.
+//
+// Free spans stay mapped on free_spans_[k]. A one-slab class with none free
+// splits a free longer span into one-slab spans (munmap can later release
+// each slab alone); a longer span is never assembled from scattered free
+// slabs: it is mapped fresh after unmapping cached memory as needed. That
+// costs page faults when the mix of span lengths changes, never capacity.
 //
 // Large runs are their own page-aligned mappings. A freed run is kept mapped
 // on a free-run list and reused by the next run of the same size, so a model
 // whose blocks are larger than a slab does not pay mmap, munmap and a page
 // fault per page for every block it stores.
 //
-// Accounting: reserved_bytes_ counts class slabs and runs in use. Free slabs
+// Accounting: reserved_bytes_ counts class spans and runs in use. Free spans
 // and free runs stay mapped for reuse (not counted as reserved); whenever new
-// memory must be mapped, cached free runs and slabs are unmapped first as
+// memory must be mapped, cached free runs and spans are unmapped first as
 // needed, so that mapped memory (reserved plus cached) never exceeds
 // capacity_bytes either. A request therefore fails exactly when
 // reserved_bytes_ plus what it must reserve would pass capacity_bytes.
@@ -25,6 +34,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -104,32 +114,95 @@ void Unmap(std::byte* data, uint64_t bytes) {
 constexpr int kStepsPerDoubling = 4;
 constexpr uint64_t kMinSteppedClass = 256;
 
-// One class slab; on its class's partial list while 0 < live < chunk_count
-// (or just after TakeSlab), on the free-slab list while live == 0. Owned by SlabPoolImpl::slabs_;
+// Spans: a class takes its memory in spans of 1..kMaxSpanSlabs contiguous
+// slabs, the fewest whose unused tail stays under 1/kTailWasteDivisor of the
+// span (else the span with the smallest tail fraction).
+constexpr uint64_t kMaxSpanSlabs = 8;
+constexpr uint64_t kTailWasteDivisor = 256;
+
+// Partly used spans of a class are kept in kFullnessBuckets lists by the
+// fraction of their chunks in use; a chunk comes from the fullest non-empty
+// bucket, so sparse spans drain and free instead of being refilled.
+constexpr int kFullnessBuckets = 16;
+
+// One span of `slabs` contiguous class slabs: on its class's fullness bucket
+// `bucket` while 0 < live < chunk_count, unlisted (bucket -1) while full, on
+// free_spans_[slabs] while serving no class. Owned by SlabPoolImpl::spans_;
 // guarded by SlabPoolImpl::mu_.
-struct Slab {
+struct Span {
   std::byte* base = nullptr;
-  int class_index = kNoClass;  // kNoClass while on the free-slab list
+  uint64_t slabs = 1;
+  int class_index = kNoClass;  // kNoClass while free
+  int bucket = -1;
   uint64_t chunk_bytes = 0;
   uint64_t chunk_count = 0;
   uint64_t carved = 0;             // chunks [0, carved) were handed out since assignment
   uint64_t live = 0;               // chunks handed out and not freed
   std::byte* free_head = nullptr;  // intrusive list of freed chunks
-  Slab* prev = nullptr;            // links in the class's partial list
-  Slab* next = nullptr;
+  Span* prev = nullptr;            // links in the bucket's list
+  Span* next = nullptr;
 };
+
+// A size class: its chunk, span shape, partly used spans and counters.
+struct SizeClass {
+  uint64_t chunk_bytes = 0;
+  uint64_t span_slabs = 1;
+  uint64_t chunk_count = 0;  // chunks per span
+  // floor(2^32 * kFullnessBuckets / chunk_count): a span's bucket is
+  // (live * bucket_scale) >> 32 (<= live * 16 / chunk_count, no division).
+  uint64_t bucket_scale = 0;
+  std::array<Span*, kFullnessBuckets> partial{};
+  uint32_t nonempty = 0;  // bit b set iff partial[b] != nullptr
+  uint64_t spans = 0;     // spans serving the class
+  uint64_t live = 0;      // chunks live
+};
+
+// The span length (in slabs) for chunks of `chunk_bytes` in slabs of
+// `slab_bytes`, at most `max_slabs`; see kMaxSpanSlabs.
+uint64_t SpanSlabs(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t max_slabs) {
+  uint64_t best = 1;
+  double best_waste = 1.0;
+  for (uint64_t k = 1; k <= max_slabs; ++k) {
+    const uint64_t span = k * slab_bytes;
+    const uint64_t tail = span % chunk_bytes;
+    if (tail * kTailWasteDivisor < span) return k;
+    const double waste = static_cast<double>(tail) / static_cast<double>(span);
+    if (waste < best_waste) {
+      best_waste = waste;
+      best = k;
+    }
+  }
+  return best;
+}
 
 class SlabPoolImpl final : public SlabPool {
  public:
   explicit SlabPoolImpl(const SlabPoolOptions& options)
       : options_(options),
         min_class_shift_(std::countr_zero(options.min_class_bytes)),
-        partial_((std::countr_zero(options.slab_bytes) - min_class_shift_ + 1) * kStepsPerDoubling,
-                 nullptr) {}
+        classes_((std::countr_zero(options.slab_bytes) - min_class_shift_ + 1) *
+                 kStepsPerDoubling) {
+    for (size_t i = 0; i < classes_.size(); ++i) {
+      const int power = min_class_shift_ + static_cast<int>(i) / kStepsPerDoubling;
+      const uint64_t p = uint64_t{1} << power;
+      const int step = static_cast<int>(i) % kStepsPerDoubling;
+      if (step != 0 && p < kMinSteppedClass) continue;  // not a class
+      const uint64_t chunk = p + step * (p / kStepsPerDoubling);
+      if (chunk > options.slab_bytes) continue;
+      SizeClass& c = classes_[i];
+      c.chunk_bytes = chunk;
+      // A span never needs more than the whole capacity.
+      c.span_slabs =
+          SpanSlabs(chunk, options.slab_bytes,
+                    std::min(kMaxSpanSlabs, options.capacity_bytes / options.slab_bytes));
+      c.chunk_count = c.span_slabs * options.slab_bytes / chunk;
+      c.bucket_scale = (uint64_t{kFullnessBuckets} << 32) / c.chunk_count;
+    }
+  }
 
   ~SlabPoolImpl() override {
     MutexLock lock(&mu_);
-    for (auto& [base, slab] : slabs_) Unmap(slab->base, options_.slab_bytes);
+    for (auto& [base, span] : spans_) Unmap(span->base, span->slabs * options_.slab_bytes);
     for (auto& [data, bytes] : runs_) Unmap(data, bytes);
     for (auto& [data, bytes] : free_runs_) Unmap(data, bytes);
   }
@@ -189,6 +262,20 @@ class SlabPoolImpl final : public SlabPool {
                          allocated_bytes_,        live_allocations_,   failed_allocations_};
   }
 
+  std::vector<SlabClassStats> GetClassStats() const override {
+    MutexLock lock(&mu_);
+    std::vector<SlabClassStats> out;
+    for (const SizeClass& c : classes_) {
+      if (c.chunk_bytes == 0) continue;
+      out.push_back(SlabClassStats{.chunk_bytes = c.chunk_bytes,
+                                   .span_bytes = c.span_slabs * options_.slab_bytes,
+                                   .chunks_per_span = c.chunk_count,
+                                   .spans = c.spans,
+                                   .live_chunks = c.live});
+    }
+    return out;
+  }
+
  private:
   absl::Status Exhausted(absl::string_view what, uint64_t need) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -233,28 +320,34 @@ class SlabPoolImpl final : public SlabPool {
     free_run_bytes_ += allocation.bytes;
   }
 
-  // Unmaps cached free runs, then cached free slabs, until `bytes` more can be
-  // mapped without mapped memory passing capacity_bytes.
+  // Unmaps cached free runs, then cached free spans (longest first), until
+  // `bytes` more can be mapped without mapped memory passing capacity_bytes.
   void MakeRoomToMap(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t capacity = options_.capacity_bytes;
     auto mapped = [&] {
       mu_.AssertHeld();  // the lambda runs under the lock
-      return reserved_bytes_ + free_run_bytes_ + free_slabs_.size() * options_.slab_bytes;
+      return reserved_bytes_ + free_run_bytes_ + free_span_bytes_;
     };
     while (!free_runs_.empty() && mapped() + bytes > capacity) {
       Unmap(free_runs_.back().first, free_runs_.back().second);
       free_run_bytes_ -= free_runs_.back().second;
       free_runs_.pop_back();
     }
-    while (!free_slabs_.empty() && mapped() + bytes > capacity) {
-      Slab* slab = free_slabs_.back();
-      free_slabs_.pop_back();
-      Unmap(slab->base, options_.slab_bytes);
-      slabs_.erase(reinterpret_cast<uintptr_t>(slab->base));
+    for (uint64_t k = kMaxSpanSlabs; k >= 1 && mapped() + bytes > capacity; --k) {
+      while (!free_spans_[k].empty() && mapped() + bytes > capacity) {
+        Span* span = free_spans_[k].back();
+        free_spans_[k].pop_back();
+        free_span_bytes_ -= k * options_.slab_bytes;
+        Unmap(span->base, k * options_.slab_bytes);
+        for (uint64_t i = 0; i < k; ++i) {
+          slab_owner_.erase(reinterpret_cast<uintptr_t>(span->base + i * options_.slab_bytes));
+        }
+        spans_.erase(reinterpret_cast<uintptr_t>(span->base));
+      }
     }
   }
 
-  // Index into partial_ of the class of size `chunk_bytes` (a RoundedSize value).
+  // Index into classes_ of the class of size `chunk_bytes` (a RoundedSize value).
   int ClassIndex(uint64_t chunk_bytes) const {
     const uint64_t p = std::bit_floor(chunk_bytes);
     const int step =
@@ -265,111 +358,173 @@ class SlabPoolImpl final : public SlabPool {
   absl::StatusOr<Allocation> AllocateChunk(uint64_t chunk_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int class_index = ClassIndex(chunk_bytes);
-    Slab* slab = partial_[class_index];
-    if (slab == nullptr) {
-      absl::StatusOr<Slab*> taken = TakeSlab(class_index, chunk_bytes);
+    SizeClass& c = classes_[class_index];
+    Span* span;
+    if (c.nonempty != 0) {
+      span = c.partial[31 - std::countl_zero(c.nonempty)];  // the fullest bucket
+    } else {
+      absl::StatusOr<Span*> taken = TakeSpan(class_index);
       if (!taken.ok()) return taken.status();
-      slab = *taken;
+      span = *taken;
     }
     std::byte* chunk;
-    if (slab->free_head != nullptr) {
-      chunk = slab->free_head;
+    if (span->free_head != nullptr) {
+      chunk = span->free_head;
       ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
-      std::memcpy(&slab->free_head, chunk, sizeof(std::byte*));
+      std::memcpy(&span->free_head, chunk, sizeof(std::byte*));
     } else {
-      chunk = slab->base + slab->carved++ * chunk_bytes;
+      chunk = span->base + span->carved++ * chunk_bytes;
       ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
     }
-    if (++slab->live == slab->chunk_count) RemovePartial(slab);
+    ++span->live;
+    ++c.live;
+    Relist(c, span);
     return Allocation{chunk, chunk_bytes};
   }
 
   void FreeChunk(const Allocation& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uintptr_t addr = reinterpret_cast<uintptr_t>(allocation.data);
-    auto it = slabs_.find(addr & ~(options_.slab_bytes - 1));
-    if (it == slabs_.end()) Die("Free of memory no slab owns");
-    Slab* slab = it->second.get();
-    const uint64_t offset = static_cast<uint64_t>(allocation.data - slab->base);
-    if (slab->class_index == kNoClass || slab->chunk_bytes != allocation.bytes ||
-        offset % slab->chunk_bytes != 0 || offset / slab->chunk_bytes >= slab->carved ||
-        slab->live == 0) {
-      Die("Free of a chunk whose size or offset does not match its slab");
+    auto it = slab_owner_.find(addr & ~(options_.slab_bytes - 1));
+    if (it == slab_owner_.end()) Die("Free of memory no slab owns");
+    Span* span = it->second;
+    const uint64_t offset = static_cast<uint64_t>(allocation.data - span->base);
+    if (span->class_index == kNoClass || span->chunk_bytes != allocation.bytes ||
+        offset % span->chunk_bytes != 0 || offset / span->chunk_bytes >= span->carved ||
+        span->live == 0) {
+      Die("Free of a chunk whose size or offset does not match its span");
     }
-    std::memcpy(allocation.data, &slab->free_head, sizeof(std::byte*));
-    slab->free_head = allocation.data;
+    std::memcpy(allocation.data, &span->free_head, sizeof(std::byte*));
+    span->free_head = allocation.data;
     ASAN_POISON_MEMORY_REGION(allocation.data, allocation.bytes);
-    const bool was_full = slab->live == slab->chunk_count;
-    if (--slab->live == 0) {
-      if (!was_full) RemovePartial(slab);  // a one-chunk slab was never re-listed
-      slab->class_index = kNoClass;
-      free_slabs_.push_back(slab);
-      reserved_bytes_ -= options_.slab_bytes;
-    } else if (was_full) {
-      PushPartial(slab);
+    SizeClass& c = classes_[span->class_index];
+    --span->live;
+    --c.live;
+    if (span->live == 0) {
+      Unlist(c, span);
+      span->class_index = kNoClass;
+      --c.spans;
+      const uint64_t span_bytes = span->slabs * options_.slab_bytes;
+      reserved_bytes_ -= span_bytes;
+      free_spans_[span->slabs].push_back(span);
+      free_span_bytes_ += span_bytes;
+    } else {
+      Relist(c, span);
     }
   }
 
-  // A slab for `class_index`, from the free-slab list or newly mapped, on the
-  // class's partial list.
-  absl::StatusOr<Slab*> TakeSlab(int class_index, uint64_t chunk_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t slab_bytes = options_.slab_bytes;
-    if (slab_bytes > options_.capacity_bytes - reserved_bytes_) {
-      return Exhausted(absl::StrCat("a slab of ", chunk_bytes, "-byte chunks"), slab_bytes);
+  // A span for class `class_index`, unlisted with no chunk live: a cached
+  // free span of its length, else one slab split off a longer cached span
+  // (for one-slab classes), else newly mapped.
+  absl::StatusOr<Span*> TakeSpan(int class_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SizeClass& c = classes_[class_index];
+    const uint64_t k = c.span_slabs;
+    const uint64_t span_bytes = k * options_.slab_bytes;
+    if (span_bytes > options_.capacity_bytes - reserved_bytes_) {
+      return Exhausted(absl::StrCat("a span of ", k, " slabs of ", c.chunk_bytes, "-byte chunks"),
+                       span_bytes);
     }
-    Slab* slab;
-    if (!free_slabs_.empty()) {
-      slab = free_slabs_.back();
-      free_slabs_.pop_back();
+    Span* span = nullptr;
+    if (!free_spans_[k].empty()) {
+      span = free_spans_[k].back();
+      free_spans_[k].pop_back();
+    } else if (k == 1) {
+      for (uint64_t j = 2; j <= kMaxSpanSlabs && span == nullptr; ++j) {
+        if (free_spans_[j].empty()) continue;
+        span = free_spans_[j].back();
+        free_spans_[j].pop_back();
+        SplitIntoSlabs(span);
+        free_spans_[1].pop_back();  // SplitIntoSlabs listed the first slab (this span)
+      }
+    }
+    if (span != nullptr) {
+      free_span_bytes_ -= span_bytes;
     } else {
-      MakeRoomToMap(slab_bytes);
-      std::byte* base = Map(slab_bytes, slab_bytes);
+      MakeRoomToMap(span_bytes);
+      std::byte* base = Map(span_bytes, options_.slab_bytes);
       if (base == nullptr) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("SlabPool: mmap of a slab failed: errno ", errno));
+            absl::StrCat("SlabPool: mmap of a ", span_bytes, "-byte span failed: errno ", errno));
       }
-      ASAN_POISON_MEMORY_REGION(base, slab_bytes);
-      auto owned = std::make_unique<Slab>();
-      owned->base = base;
-      slab = owned.get();
-      slabs_.emplace(reinterpret_cast<uintptr_t>(base), std::move(owned));
+      ASAN_POISON_MEMORY_REGION(base, span_bytes);
+      span = Register(base, k);
     }
-    *slab = Slab{.base = slab->base,
+    *span = Span{.base = span->base,
+                 .slabs = k,
                  .class_index = class_index,
-                 .chunk_bytes = chunk_bytes,
-                 .chunk_count = slab_bytes / chunk_bytes};
-    reserved_bytes_ += slab_bytes;
-    PushPartial(slab);
-    return slab;
+                 .chunk_bytes = c.chunk_bytes,
+                 .chunk_count = c.chunk_count};
+    reserved_bytes_ += span_bytes;
+    ++c.spans;
+    return span;
   }
 
-  void PushPartial(Slab* slab) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Slab*& head = partial_[slab->class_index];
-    slab->prev = nullptr;
-    slab->next = head;
-    if (head != nullptr) head->prev = slab;
-    head = slab;
-  }
-
-  void RemovePartial(Slab* slab) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (slab->prev != nullptr) {
-      slab->prev->next = slab->next;
-    } else {
-      partial_[slab->class_index] = slab->next;
+  // A new Span for the mapping [base, base + slabs * slab_bytes), owning its slabs.
+  Span* Register(std::byte* base, uint64_t slabs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto owned = std::make_unique<Span>();
+    owned->base = base;
+    owned->slabs = slabs;
+    Span* span = owned.get();
+    spans_.emplace(reinterpret_cast<uintptr_t>(base), std::move(owned));
+    for (uint64_t i = 0; i < slabs; ++i) {
+      slab_owner_.insert_or_assign(reinterpret_cast<uintptr_t>(base + i * options_.slab_bytes),
+                                   span);
     }
-    if (slab->next != nullptr) slab->next->prev = slab->prev;
-    slab->prev = slab->next = nullptr;
+    return span;
+  }
+
+  // Turns a free span of several slabs (off every list) into one-slab free
+  // spans on free_spans_[1], the span's own first slab pushed last.
+  void SplitIntoSlabs(Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (uint64_t i = span->slabs - 1; i >= 1; --i) {
+      free_spans_[1].push_back(Register(span->base + i * options_.slab_bytes, 1));
+    }
+    span->slabs = 1;
+    free_spans_[1].push_back(span);
+  }
+
+  // Puts `span` on the bucket for its fullness (off the lists while full).
+  void Relist(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int bucket = span->live == span->chunk_count
+                           ? -1
+                           : static_cast<int>((span->live * c.bucket_scale) >> 32);
+    if (bucket == span->bucket) return;
+    Unlist(c, span);
+    if (bucket < 0) return;
+    Span*& head = c.partial[bucket];
+    span->prev = nullptr;
+    span->next = head;
+    if (head != nullptr) head->prev = span;
+    head = span;
+    span->bucket = bucket;
+    c.nonempty |= uint32_t{1} << bucket;
+  }
+
+  void Unlist(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (span->bucket < 0) return;
+    if (span->prev != nullptr) {
+      span->prev->next = span->next;
+    } else {
+      c.partial[span->bucket] = span->next;
+      if (span->next == nullptr) c.nonempty &= ~(uint32_t{1} << span->bucket);
+    }
+    if (span->next != nullptr) span->next->prev = span->prev;
+    span->prev = span->next = nullptr;
+    span->bucket = -1;
   }
 
   const SlabPoolOptions options_;
   const int min_class_shift_;
 
   mutable Mutex mu_;
-  // Every mapped class slab (in use or free), by base address.
-  absl::flat_hash_map<uintptr_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(mu_);
-  // Per class (ClassIndex): head of its slabs with a free chunk.
-  std::vector<Slab*> partial_ ABSL_GUARDED_BY(mu_);
-  std::vector<Slab*> free_slabs_ ABSL_GUARDED_BY(mu_);                   // mapped, serving no class
+  // Per class (ClassIndex); entries that are no class have chunk_bytes 0.
+  std::vector<SizeClass> classes_ ABSL_GUARDED_BY(mu_);
+  // Every mapped span (in use or free), by base address, and the span owning
+  // each of their slabs, by slab base address.
+  absl::flat_hash_map<uintptr_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uintptr_t, Span*> slab_owner_ ABSL_GUARDED_BY(mu_);
+  // Mapped spans serving no class, by length in slabs (index 0 unused), and their bytes.
+  std::array<std::vector<Span*>, kMaxSpanSlabs + 1> free_spans_ ABSL_GUARDED_BY(mu_);
+  uint64_t free_span_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::byte*, uint64_t> runs_ ABSL_GUARDED_BY(mu_);  // data -> bytes
   // Freed runs kept mapped for reuse: (data, bytes), and their total.
   std::vector<std::pair<std::byte*, uint64_t>> free_runs_ ABSL_GUARDED_BY(mu_);

@@ -4,18 +4,37 @@
 // most one slab is rounded up to a size class (min_class_bytes .. slab_bytes):
 // the powers of two, and from 256 bytes up also 1.25, 1.5 and 1.75 times each
 // power (so a block compressed to 0.55 of its size takes 0.625 of its class,
-// not all of it). A slab holds floor(slab_bytes / class) chunks of its class
-// (up to 1/8 of a slab stays unused for the stepped classes); each slab
-// serves one class at a time and returns to the shared
-// free-slab list when its last chunk is freed, so any class can reuse it. A
-// request larger than a slab gets its own run of whole slabs. The sum of all
-// slabs reserved (class slabs plus large runs) never exceeds capacity_bytes:
-// that is the tier's hard limit, and Allocate() fails with RESOURCE_EXHAUSTED
-// rather than exceed it. The pool never evicts; its caller frees and retries.
+// not all of it).
 //
-// Memory is 64-byte aligned (class chunks) or page aligned (slabs and runs),
-// reserved lazily on first use and kept for reuse (free slabs are not returned
-// to the OS until the pool is destroyed).
+// Spans: a class takes its memory in spans of k contiguous slabs, k fixed per
+// class: the smallest k <= 8 (and <= capacity / slab_bytes) whose unused tail
+// (k * slab_bytes mod class) is under 1/256 of the span, else the k with the
+// smallest tail fraction. Powers of two and small classes get k = 1; with
+// 4 MiB slabs the 80 KiB and 320 KiB classes (5 x 2^k) get k = 5 (no tail)
+// where one slab would leave 16 KiB and 256 KiB unused; 1.5 x 2^j classes
+// get k = 3 and 1.75 x 2^j classes k = 7 once their tail in one slab is
+// 1/256 or more. Chunks never cross their span's end. A span serves
+// one class at a time; a new chunk comes from the fullest partly used span of
+// its class (by sixteenths), so sparse spans drain. A span is released when
+// its last chunk is freed and its memory is then reusable by any class. A
+// request larger than a slab gets its own run of whole slabs.
+//
+// Capacity: the sum of all spans and runs reserved never exceeds
+// capacity_bytes: that is the tier's hard limit, and Allocate() fails with
+// RESOURCE_EXHAUSTED exactly when reserved bytes plus the span (or run) it
+// needs would pass it, whatever the layout of free memory. Each span is its
+// own mapping, so contiguity is only ever needed inside a fresh mapping and
+// free memory cannot fragment into unusable pieces: a released span is kept
+// mapped (not counted as reserved) and reused by the next class with the
+// same k; a one-slab class may split a cached longer span into slabs; when
+// new memory must be mapped, cached runs and spans are unmapped first, so
+// mapped memory (reserved plus cached) never exceeds capacity_bytes either.
+// The pool never evicts; its caller frees and retries.
+//
+// Memory is 64-byte aligned (class chunks) or page aligned (spans and runs),
+// reserved lazily on first use and kept for reuse (cached free spans are only
+// unmapped to make room for a mapping of another shape, or when the pool is
+// destroyed).
 //
 // Thread-safe: every method may be called concurrently. The pool must outlive
 // every Allocation it handed out.
@@ -25,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -50,10 +70,21 @@ struct Allocation {
 struct SlabPoolStats {
   uint64_t capacity_bytes = 0;
   uint64_t slab_bytes = 0;
-  uint64_t reserved_bytes = 0;   // slabs in use by a class or a large run
+  uint64_t reserved_bytes = 0;   // spans in use by a class, and large runs
   uint64_t allocated_bytes = 0;  // sum of Allocation::bytes currently live
   uint64_t live_allocations = 0;
   uint64_t failed_allocations = 0;  // RESOURCE_EXHAUSTED answers so far
+};
+
+// One size class: its chunk, the span its chunks are carved from, and how
+// much of it is in use. reserved = spans * span_bytes; the class's share of
+// allocated_bytes is live_chunks * chunk_bytes.
+struct SlabClassStats {
+  uint64_t chunk_bytes = 0;
+  uint64_t span_bytes = 0;  // span_slabs * slab_bytes
+  uint64_t chunks_per_span = 0;
+  uint64_t spans = 0;  // spans serving the class now
+  uint64_t live_chunks = 0;
 };
 
 class SlabPool {
@@ -63,7 +94,7 @@ class SlabPool {
 
   // Returns memory of at least `bytes`. INVALID_ARGUMENT when bytes is 0 or
   // larger than capacity; RESOURCE_EXHAUSTED when no free chunk of the class
-  // exists and reserving another slab (or the run) would pass the capacity.
+  // exists and reserving another span (or the run) would pass the capacity.
   virtual absl::StatusOr<Allocation> Allocate(uint64_t bytes) = 0;
 
   // REQUIRES: `allocation` came from Allocate() on this pool and was not freed.
@@ -73,6 +104,9 @@ class SlabPool {
   virtual uint64_t RoundedSize(uint64_t bytes) const = 0;
 
   virtual SlabPoolStats GetStats() const = 0;
+
+  // Every size class, smallest first (classes with no span included).
+  virtual std::vector<SlabClassStats> GetClassStats() const = 0;
 };
 
 }  // namespace kvcache

@@ -104,19 +104,20 @@ TEST(SlabPoolTest, RoundedSize) {
   EXPECT_EQ(pool->RoundedSize(12 * kMiB + 7), 16 * kMiB);
 }
 
-// A 2 MiB block compressed to 0.58 of its size takes a 1.25 MiB chunk, three
-// to a 4 MiB slab, instead of a whole 2 MiB chunk.
+// A 2 MiB block compressed to 0.58 of its size takes a 1.25 MiB chunk instead
+// of a whole 2 MiB chunk; the class takes spans of 5 slabs (16 chunks, no
+// tail) where one 4 MiB slab would hold 3 and leave 0.25 MiB unused.
 TEST(SlabPoolTest, SteppedClassesFitCompressedBlocks) {
   auto pool = MakePool(64 * kMiB, 4 * kMiB, 4 * kKiB);
   const uint64_t compressed = 2 * kMiB * 58 / 100;
   std::vector<Allocation> live;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 17; ++i) {
     auto a = pool->Allocate(compressed);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->bytes, kMiB + kMiB / 4);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data) % 64, 0u);
     live.push_back(*a);
-    EXPECT_EQ(pool->GetStats().reserved_bytes, (i < 3 ? 1 : 2) * 4 * kMiB) << i;
+    EXPECT_EQ(pool->GetStats().reserved_bytes, (i < 16 ? 1 : 2) * 20 * kMiB) << i;
   }
   for (const Allocation& a : live) pool->Free(a);
   EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
@@ -157,13 +158,15 @@ TEST(SlabPoolTest, CapacityIsAHardLimit) {
   auto pool = MakePool(4 * slab + slab / 2, slab, 4 * kKiB);  // room for 4 whole slabs
   std::vector<Allocation> live;
   absl::StatusOr<Allocation> a;
-  while ((a = pool->Allocate(13 * kKiB)).ok()) {  // the 14 KiB class: 4 chunks a slab
+  // The 14 KiB class: one slab would leave 8 KiB unused, two (the longest span
+  // with the least tail that fits 4 slabs of capacity) leave 2 KiB: 9 chunks.
+  while ((a = pool->Allocate(13 * kKiB)).ok()) {
     live.push_back(*a);
     ASSERT_LE(pool->GetStats().reserved_bytes, 4 * slab + slab / 2);
   }
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(a.status().message()), HasSubstr("capacity_bytes"));
-  EXPECT_EQ(live.size(), 4u * (slab / (14 * kKiB)));
+  EXPECT_EQ(live.size(), 2u * (2 * slab / (14 * kKiB)));
   SlabPoolStats stats = pool->GetStats();
   EXPECT_EQ(stats.reserved_bytes, 4 * slab);
   EXPECT_EQ(stats.failed_allocations, 1u);
@@ -328,20 +331,175 @@ TEST(SlabPoolDeathTest, FreedChunksArePoisonedUnderAsan) {
 }
 #endif
 
-// The contract, modelled exactly: class slabs are slab-aligned (so a chunk's
-// slab is its address rounded down), a class allocation must succeed iff a
-// slab of its class has a free chunk or one more slab fits, and a run must
-// succeed iff its slabs fit.
+// The span length the header promises for a class: the fewest slabs (<= 8
+// and <= capacity / slab) whose tail is under 1/256 of the span, else the
+// one with the smallest tail fraction.
+uint64_t ExpectedSpanSlabs(uint64_t chunk, uint64_t slab, uint64_t capacity) {
+  const uint64_t max_slabs = std::min<uint64_t>(8, capacity / slab);
+  uint64_t best = 1;
+  for (uint64_t k = 1; k <= max_slabs; ++k) {
+    if ((k * slab % chunk) * 256 < k * slab) return k;
+    // tail(k) / k < tail(best) / best, in integers
+    if ((k * slab % chunk) * best < (best * slab % chunk) * k) best = k;
+  }
+  return best;
+}
+
+TEST(SlabPoolTest, SpanLengthsPerClass) {
+  auto pool = MakePool(uint64_t{1} << 30, 4 * kMiB, 64);
+  std::map<uint64_t, SlabClassStats> by_chunk;
+  for (const SlabClassStats& c : pool->GetClassStats()) by_chunk[c.chunk_bytes] = c;
+  EXPECT_EQ(by_chunk.size(), 2 + 14 * 4 + 1u);  // 64 and 128, 256 .. 2 MiB x4, 4 MiB
+  const std::pair<uint64_t, uint64_t> expected[] = {
+      // 80 KiB: one to four slabs leave exactly 1/256 unused, five none.
+      {64, 1},          {320, 1},
+      {80 * kKiB, 5},   {64 * kKiB, 1},
+      {320 * kKiB, 5},  {384 * kKiB, 3},
+      {640 * kKiB, 5},  {768 * kKiB, 3},
+      {896 * kKiB, 7},  {1280 * kKiB, 5},
+      {1536 * kKiB, 3}, {1792 * kKiB, 7},
+      {3 * kMiB, 3},    {3 * kMiB + kMiB / 2, 7},
+      {4 * kMiB, 1}};
+  for (const auto& [chunk, slabs] : expected) {
+    ASSERT_TRUE(by_chunk.contains(chunk)) << chunk;
+    EXPECT_EQ(by_chunk[chunk].span_bytes, slabs * 4 * kMiB) << chunk;
+    EXPECT_EQ(by_chunk[chunk].chunks_per_span, slabs * 4 * kMiB / chunk) << chunk;
+  }
+  for (const auto& [chunk, c] : by_chunk) {
+    EXPECT_EQ(c.span_bytes, ExpectedSpanSlabs(chunk, 4 * kMiB, uint64_t{1} << 30) * 4 * kMiB)
+        << chunk;
+    EXPECT_EQ(c.spans, 0u);
+  }
+  // A span never needs more than the capacity: with room for 2 slabs the
+  // 320 KiB class takes 2 (6.25% tail beats nothing fitting at all).
+  auto small = MakePool(8 * kMiB, 4 * kMiB, 64);
+  for (const SlabClassStats& c : small->GetClassStats()) {
+    EXPECT_LE(c.span_bytes, 8 * kMiB) << c.chunk_bytes;
+  }
+  auto a = small->Allocate(320 * kKiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(small->GetStats().reserved_bytes, 8 * kMiB);
+  small->Free(*a);
+}
+
+// 320 KiB chunks fill a 5-slab span exactly, never cross it, and the span's
+// memory returns when its last chunk is freed, then serves one-slab classes.
+TEST(SlabPoolTest, SpanFillsExactlyAndReturnsWhole) {
+  const uint64_t slab = 4 * kMiB;
+  auto pool = MakePool(5 * slab, slab, 64);
+  std::vector<Allocation> live;
+  for (int i = 0; i < 64; ++i) {
+    auto a = pool->Allocate(300 * kKiB);
+    ASSERT_TRUE(a.ok()) << i << ": " << a.status();
+    EXPECT_EQ(a->bytes, 320 * kKiB);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data) % 64, 0u);
+    FillWords(*a, i);
+    live.push_back(*a);
+    EXPECT_EQ(pool->GetStats().reserved_bytes, 5 * slab) << i;
+  }
+  EXPECT_EQ(pool->Allocate(300 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->Allocate(64).status().code(), absl::StatusCode::kResourceExhausted);
+  auto [lo, hi] = std::minmax_element(live.begin(), live.end(),
+                                      [](const auto& x, const auto& y) { return x.data < y.data; });
+  const std::byte* base = lo->data;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % slab, 0u);
+  EXPECT_EQ(hi->data + hi->bytes, base + 5 * slab);  // no tail, nothing past the span
+  SlabPoolStats stats = pool->GetStats();
+  EXPECT_EQ(stats.allocated_bytes, 64 * 320 * kKiB);
+  EXPECT_EQ(stats.allocated_bytes, stats.reserved_bytes);
+  for (int i = 0; i < 63; ++i) {
+    ASSERT_TRUE(WordsIntact(live[i], i)) << i;
+    pool->Free(live[i]);
+    EXPECT_EQ(pool->GetStats().reserved_bytes, 5 * slab) << i;
+  }
+  ASSERT_TRUE(WordsIntact(live[63], 63));
+  pool->Free(live[63]);
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  // The freed span serves five one-slab classes: split, not mapped anew.
+  std::vector<Allocation> slabs;
+  for (uint64_t bytes : {uint64_t{64}, 4 * kKiB, 64 * kKiB, 2 * kMiB, 4 * kMiB}) {
+    auto a = pool->Allocate(bytes);
+    ASSERT_TRUE(a.ok()) << bytes << ": " << a.status();
+    EXPECT_GE(a->data, base) << bytes;
+    EXPECT_LE(a->data + a->bytes, base + 5 * slab) << bytes;
+    slabs.push_back(*a);
+  }
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 5 * slab);
+  for (const Allocation& a : slabs) pool->Free(a);
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+}
+
+// Only scattered single slabs free: a span still gets exactly the capacity
+// left, because each span is its own mapping (cached slabs are unmapped).
+TEST(SlabPoolTest, ScatteredFreeSlabsDoNotBlockASpan) {
+  const uint64_t slab = 64 * kKiB;
+  auto pool = MakePool(8 * slab, slab, 64);
+  std::vector<Allocation> singles;
+  for (int i = 0; i < 8; ++i) {
+    auto a = pool->Allocate(slab);
+    ASSERT_TRUE(a.ok()) << a.status();
+    singles.push_back(*a);
+  }
+  for (int i = 0; i < 8; i += 2) pool->Free(singles[i]);  // every other slab free
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 4 * slab);
+  // The 40 KiB class takes spans of 5 slabs (8 chunks): 4 + 5 > 8 slabs.
+  EXPECT_EQ(pool->Allocate(40 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
+  pool->Free(singles[1]);
+  auto span_chunk = pool->Allocate(40 * kKiB);  // 3 + 5 = 8 slabs: exactly fits
+  ASSERT_TRUE(span_chunk.ok()) << span_chunk.status();
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 8 * slab);
+  FillWords(*span_chunk, 99);
+  EXPECT_EQ(pool->Allocate(64).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(WordsIntact(*span_chunk, 99));
+  pool->Free(*span_chunk);
+  for (int i = 3; i < 8; i += 2) pool->Free(singles[i]);
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+}
+
+// A new chunk comes from the fullest partly used slab of its class, so a
+// sparse slab drains and is released.
+TEST(SlabPoolTest, AllocatesFromTheFullestSlab) {
+  const uint64_t slab = 64 * kKiB;
+  auto pool = MakePool(16 * slab, slab, 64);
+  std::vector<Allocation> live;
+  for (int i = 0; i < 8; ++i) live.push_back(*pool->Allocate(16 * kKiB));  // 2 slabs of 4
+  auto slab_of = [&](const Allocation& a) { return reinterpret_cast<uintptr_t>(a.data) / slab; };
+  ASSERT_NE(slab_of(live[0]), slab_of(live[4]));
+  // The second slab turns partly used first (3 live), then the first (1 live):
+  // the most recently partly used slab is not the one to fill.
+  pool->Free(live[4]);
+  for (int i = 0; i < 3; ++i) pool->Free(live[i]);
+  for (int round = 0; round < 3; ++round) {
+    auto a = pool->Allocate(16 * kKiB);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(slab_of(*a), slab_of(live[5])) << round;  // the fuller one
+    pool->Free(*a);
+  }
+  pool->Free(live[3]);  // the sparse slab drained: released
+  EXPECT_EQ(pool->GetStats().reserved_bytes, slab);
+  for (int i = 5; i < 8; ++i) pool->Free(live[i]);
+  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+}
+
+// The contract, modelled exactly: a class's span is slab-aligned and
+// ExpectedSpanSlabs long, a chunk lies inside one span, a span serves one
+// class at a time, a class allocation must succeed iff a span of its class
+// has a free chunk or one more span fits, and a run must succeed iff its
+// slabs fit. A span's first chunk is at its base (spans carve from 0).
 class ReferenceModel {
  public:
   ReferenceModel(uint64_t capacity, uint64_t slab) : capacity_(capacity), slab_(slab) {}
 
+  uint64_t SpanBytes(uint64_t chunk) const {
+    return ExpectedSpanSlabs(chunk, slab_, capacity_) * slab_;
+  }
+
   bool MustSucceed(uint64_t rounded) const {
     if (rounded > slab_) return reserved_ + rounded <= capacity_;
-    for (const auto& [base, s] : slabs_) {
-      if (s.chunk_bytes == rounded && s.live < slab_ / rounded) return true;
+    for (const auto& [base, s] : spans_) {
+      if (s.chunk_bytes == rounded && s.live < SpanBytes(rounded) / rounded) return true;
     }
-    return reserved_ + slab_ <= capacity_;
+    return reserved_ + SpanBytes(rounded) <= capacity_;
   }
 
   void OnAllocate(const Allocation& a) {
@@ -349,14 +507,24 @@ class ReferenceModel {
     ++live_;
     if (a.bytes > slab_) {
       reserved_ += a.bytes;
+      run_bytes_ += a.bytes;
       return;
     }
     const uintptr_t addr = reinterpret_cast<uintptr_t>(a.data);
-    ASSERT_LE(addr % slab_ + a.bytes, slab_) << "chunk crosses its slab";
-    auto [it, inserted] = slabs_.try_emplace(addr & ~(slab_ - 1), RefSlab{a.bytes, 0});
-    if (inserted) reserved_ += slab_;
-    ASSERT_EQ(it->second.chunk_bytes, a.bytes) << "slab serves two classes at once";
-    ASSERT_LT(it->second.live, slab_ / a.bytes);
+    const uint64_t span_bytes = SpanBytes(a.bytes);
+    auto it = spans_.upper_bound(addr);
+    if (it != spans_.begin() && addr < std::prev(it)->first + std::prev(it)->second.span_bytes) {
+      --it;
+    } else {  // the first chunk of a span newly taken
+      ASSERT_EQ(addr % slab_, 0u) << "a span's first chunk is not at a slab boundary";
+      it = spans_.emplace(addr, RefSpan{a.bytes, span_bytes, 0}).first;
+      reserved_ += span_bytes;
+    }
+    ASSERT_EQ(it->second.chunk_bytes, a.bytes) << "span serves two classes at once";
+    const uint64_t offset = addr - it->first;
+    ASSERT_EQ(offset % a.bytes, 0u);
+    ASSERT_LE(offset + a.bytes, it->second.span_bytes) << "chunk crosses its span";
+    ASSERT_LT(it->second.live, span_bytes / a.bytes);
     ++it->second.live;
   }
 
@@ -365,38 +533,56 @@ class ReferenceModel {
     --live_;
     if (a.bytes > slab_) {
       reserved_ -= a.bytes;
+      run_bytes_ -= a.bytes;
       return;
     }
-    auto it = slabs_.find(reinterpret_cast<uintptr_t>(a.data) & ~(slab_ - 1));
-    ASSERT_NE(it, slabs_.end());
+    auto it = spans_.upper_bound(reinterpret_cast<uintptr_t>(a.data));
+    ASSERT_NE(it, spans_.begin());
+    --it;
     if (--it->second.live == 0) {
-      slabs_.erase(it);
-      reserved_ -= slab_;
+      reserved_ -= it->second.span_bytes;
+      spans_.erase(it);
     }
   }
 
-  void ExpectMatches(const SlabPoolStats& stats, uint64_t failed) const {
+  void ExpectMatches(const SlabPool& pool, uint64_t failed) const {
+    const SlabPoolStats stats = pool.GetStats();
     ASSERT_EQ(stats.reserved_bytes, reserved_);
     ASSERT_LE(stats.reserved_bytes, capacity_);
     ASSERT_EQ(stats.allocated_bytes, allocated_);
     ASSERT_EQ(stats.live_allocations, live_);
     ASSERT_EQ(stats.failed_allocations, failed);
+    uint64_t class_reserved = 0, class_allocated = 0;
+    for (const SlabClassStats& c : pool.GetClassStats()) {
+      ASSERT_EQ(c.span_bytes, SpanBytes(c.chunk_bytes));
+      ASSERT_LE(c.live_chunks, c.spans * c.chunks_per_span);
+      class_reserved += c.spans * c.span_bytes;
+      class_allocated += c.live_chunks * c.chunk_bytes;
+    }
+    ASSERT_EQ(class_reserved + run_bytes_, reserved_);
+    ASSERT_EQ(class_allocated + run_bytes_, allocated_);
   }
 
  private:
-  struct RefSlab {
+  struct RefSpan {
     uint64_t chunk_bytes;
+    uint64_t span_bytes;
     uint64_t live;
   };
   const uint64_t capacity_;
   const uint64_t slab_;
   uint64_t reserved_ = 0;
   uint64_t allocated_ = 0;
+  uint64_t run_bytes_ = 0;
   uint64_t live_ = 0;
-  std::map<uintptr_t, RefSlab> slabs_;
+  std::map<uintptr_t, RefSpan> spans_;  // by base
 };
 
-void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_t seed) {
+// `span_heavy`: most sizes land in the stepped classes (1.25, 1.5, 1.75 x a
+// power) whose spans are several slabs; every live allocation is filled with
+// a pattern and verified before it is freed.
+void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_t seed,
+                   bool span_heavy = false) {
   auto pool = MakePool(capacity, slab, min_class);
   ReferenceModel ref(capacity, slab);
   std::mt19937_64 rng(seed);
@@ -414,6 +600,9 @@ void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_
       uint64_t bytes;
       if (rng() % 8 == 0) {
         bytes = slab + 1 + rng() % (4 * slab);
+      } else if (span_heavy && rng() % 4 != 0) {
+        const uint64_t p = slab >> (1 + rng() % 5);  // slab/2 .. slab/32
+        bytes = p + (1 + rng() % 3) * (p / 4) - rng() % 64;
       } else {
         bytes = 1 + rng() % (uint64_t{1} << (rng() % (slab_log + 1)));
       }
@@ -430,7 +619,11 @@ void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_
         ranges.emplace(begin, begin + a->bytes);
         ASSERT_NO_FATAL_FAILURE(ref.OnAllocate(*a));
         const uint64_t token = rng();
-        WriteTokens(*a, token);
+        if (span_heavy) {
+          FillWords(*a, token);
+        } else {
+          WriteTokens(*a, token);
+        }
         live.push_back({*a, token});
       } else {
         ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
@@ -441,16 +634,17 @@ void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_
       const Live v = live[victim];
       live[victim] = live.back();
       live.pop_back();
-      ASSERT_TRUE(TokensIntact(v.a, v.token)) << "op " << op;
+      ASSERT_TRUE(span_heavy ? WordsIntact(v.a, v.token) : TokensIntact(v.a, v.token))
+          << "op " << op;
       ranges.erase(reinterpret_cast<uintptr_t>(v.a.data));
       pool->Free(v.a);
       ASSERT_NO_FATAL_FAILURE(ref.OnFree(v.a));
     }
-    ASSERT_NO_FATAL_FAILURE(ref.ExpectMatches(pool->GetStats(), failed)) << "op " << op;
+    ASSERT_NO_FATAL_FAILURE(ref.ExpectMatches(*pool, failed)) << "op " << op;
   }
   EXPECT_GT(failed, 0u) << "the run never reached capacity";
   for (const Live& v : live) {
-    ASSERT_TRUE(TokensIntact(v.a, v.token));
+    ASSERT_TRUE(span_heavy ? WordsIntact(v.a, v.token) : TokensIntact(v.a, v.token));
     pool->Free(v.a);
   }
   EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
@@ -463,6 +657,14 @@ TEST(SlabPoolTest, RandomizedAgainstReferenceModel) {
 
 TEST(SlabPoolTest, RandomizedAgainstReferenceModelLargerClasses) {
   RunRandomized(/*capacity=*/4 * kMiB, /*slab=*/256 * kKiB, /*min_class=*/4 * kKiB, /*seed=*/2);
+}
+
+TEST(SlabPoolTest, RandomizedAgainstReferenceModelMultiSlabSpans) {
+  for (uint64_t seed : {3, 4, 5}) {
+    SCOPED_TRACE(seed);
+    RunRandomized(/*capacity=*/40 * 64 * kKiB + 24 * kKiB, /*slab=*/64 * kKiB, /*min_class=*/64,
+                  seed, /*span_heavy=*/true);
+  }
 }
 
 TEST(SlabPoolTest, ConcurrentAllocFreeKeepsPatterns) {
