@@ -1,6 +1,4 @@
 // kvcachectl checkpoint list|verify|now, and the checkpoint lines of `status`.
-#include <google/protobuf/util/json_util.h>
-
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -11,15 +9,6 @@
 
 namespace kvcache::ctl {
 namespace {
-
-std::string Json(const google::protobuf::Message& msg) {
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.always_print_primitive_fields = true;
-  opts.preserve_proto_field_names = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(msg, &json, opts).ok()) return "null";
-  return json;
-}
 
 int Failed(const Context& ctx, std::string_view cmd, const absl::Status& s) {
   *ctx.err << "kvcachectl: checkpoint " << cmd << ": " << absl::StatusCodeToString(s.code()) << ": "
@@ -96,7 +85,7 @@ int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence
     absl::StatusOr<v1::ListCheckpointsResponse> resp = ctx.client->ListCheckpoints();
     if (!resp.ok()) return Failed(ctx, action, resp.status());
     if (ctx.json) {
-      out << Json(*resp) << '\n';
+      out << ToJson(*resp) << '\n';
       return kExitOk;
     }
     PrintCheckpointStatus(resp->status(), out);
@@ -107,7 +96,7 @@ int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence
     absl::StatusOr<v1::VerifyCheckpointResponse> resp = ctx.client->VerifyCheckpoint(sequence);
     if (!resp.ok()) return Failed(ctx, action, resp.status());
     if (ctx.json) {
-      out << Json(*resp) << '\n';
+      out << ToJson(*resp) << '\n';
       return kExitOk;
     }
     out << "checkpoint " << resp->checkpoint().sequence() << ": " << resp->checkpoint().status()
@@ -120,7 +109,7 @@ int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence
     absl::StatusOr<v1::CheckpointResponse> resp = ctx.client->Checkpoint();
     if (!resp.ok()) return Failed(ctx, action, resp.status());
     if (ctx.json) {
-      out << Json(*resp) << '\n';
+      out << ToJson(*resp) << '\n';
       return kExitOk;
     }
     const v1::CheckpointInfo& c = resp->checkpoint();

@@ -18,9 +18,7 @@
 #include "table.h"
 
 namespace kvcache::ctl {
-namespace {
 
-// One JSON line of a proto message.
 std::string ToJson(const google::protobuf::Message& msg) {
   google::protobuf::util::JsonPrintOptions opts;
   opts.always_print_primitive_fields = true;
@@ -29,6 +27,8 @@ std::string ToJson(const google::protobuf::Message& msg) {
   if (!google::protobuf::util::MessageToJsonString(msg, &json, opts).ok()) return "null";
   return json;
 }
+
+namespace {
 
 std::string JsonString(std::string_view s) {
   std::string out = "\"";

@@ -8,6 +8,8 @@
 #ifndef KVCACHE_CLIENT_TOOLS_CTL_COMMANDS_H_
 #define KVCACHE_CLIENT_TOOLS_CTL_COMMANDS_H_
 
+#include <google/protobuf/message.h>
+
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -60,6 +62,9 @@ struct PolicyChangeArgs {
   double target_mass = 0;      // 0: unchanged
 };
 int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change);
+
+// One JSON line of a proto message (proto3 JSON, proto field names), as --json prints.
+std::string ToJson(const google::protobuf::Message& msg);
 
 // kvcachectl checkpoint: `list` (the checkpoints on disk, the restore at
 // start-up and the last run), `verify` (read checkpoint `sequence`, 0: the

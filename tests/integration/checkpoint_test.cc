@@ -28,18 +28,6 @@
 namespace kvcache::testing {
 namespace {
 
-// Runs `command` (stdout and stderr) to its exit: {exit code, output}.
-std::pair<int, std::string> RunShell(const std::string& command) {
-  std::string output;
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
 constexpr uint32_t kBlockTokens = 16;
 constexpr uint32_t kBlocksPerSequence = 4;
 
@@ -176,8 +164,8 @@ TEST_F(CheckpointTest, ARestartServesEveryBlockAgain) {
 TEST_F(CheckpointTest, OperatorsSeeCheckpointsInKvcachectlAndMetrics) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon(0, 128, /*metrics=*/true));
   for (int s = 0; s < 8; ++s) ASSERT_TRUE(Append(*client_, s).ok());
-  const std::string ctl = absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(),
-                                       " --timeout 60 ");
+  const std::string ctl =
+      absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " --timeout 60 ");
   auto [now_code, now] = RunShell(ctl + "checkpoint now");
   EXPECT_EQ(now_code, 0) << now;
   EXPECT_THAT(now, ::testing::HasSubstr("checkpoint 1 committed (full): 32 blocks"));

@@ -147,4 +147,15 @@ std::unique_ptr<Client> DaemonProcess::NewClient(const std::string& ns, DataPath
   return client.ok() ? *std::move(client) : nullptr;
 }
 
+std::pair<int, std::string> RunShell(const std::string& command) {
+  std::string output;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
 }  // namespace kvcache::testing

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,6 +72,10 @@ class DaemonProcess {
 // unset or anything else: auto, i.e. shared memory over the Unix socket).
 // CMake runs the main integration suites once per path.
 DataPath TestDataPath();
+
+// Runs `command` through the shell to its exit: {exit code (-1 when it did
+// not exit normally), stdout and stderr together}.
+std::pair<int, std::string> RunShell(const std::string& command);
 
 // A free TCP port on 127.0.0.1 (bound once and released).
 int PickFreePort();

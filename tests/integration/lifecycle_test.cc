@@ -86,9 +86,9 @@ TEST(LifecycleTest, BadConfigurationStopsStartupWithTheFieldNamed) {
 
 TEST(LifecycleTest, AnSsdTierThatCannotBeOpenedStopsStartupUnlessSkipped) {
   const std::string missing_dir = ::testing::TempDir() + "/no-such-dir/ssd.bin";
-  ProcessResult refused = RunKvcached("--listen none --metrics-address none --unix-socket " +
-                                      ::testing::TempDir() + "/ssd-refused.sock --ssd-path " +
-                                      missing_dir);
+  ProcessResult refused =
+      RunKvcached("--listen none --metrics-address none --unix-socket " + ::testing::TempDir() +
+                  "/ssd-refused.sock --ssd-path " + missing_dir);
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr("ssd tier at " + missing_dir));
 

@@ -19,17 +19,6 @@ namespace {
 
 constexpr uint32_t kBlockTokens = 16;
 
-// Runs `command` (stdout and stderr) to its exit: {exit code, output}.
-std::pair<int, std::string> RunShell(const std::string& command) {
-  std::string output;
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
 constexpr uint32_t kBlocksPerSequence = 8;
 
 class TierDaemonTest : public ::testing::Test {
