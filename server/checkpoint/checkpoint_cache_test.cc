@@ -17,6 +17,7 @@
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/restorer.h"
 #include "server/core/cache_test_util.h"
+#include "server/core/memory_block_store.h"
 
 namespace kvcache::checkpoint {
 namespace {
@@ -286,6 +287,32 @@ TEST_F(CheckpointCacheTest, ANewerFormatVersionIsRefusedNotSkipped) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.message(), ::testing::HasSubstr("this kvcached reads up to"));
   EXPECT_TRUE(std::filesystem::exists(path));
+}
+
+// Blocks that live only in a lower tier that cannot re-attach (the heap
+// stand-in) have nothing to record: the checkpoint leaves them out instead
+// of writing records the restore would refuse, and the rest restores.
+TEST_F(CheckpointCacheTest, BlocksOnlyInAVolatileLowerTierAreLeftOut) {
+  auto pool = SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab});
+  ASSERT_TRUE(pool.ok());
+  source_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_,
+                                    MemoryBlockStore::Create(uint64_t{64} << 20), NewLruPolicy());
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Big(), 40));  // 8 KiB blocks: past the host tier
+  for (int i = 0; i < 20 && source_->NeedsMigration(); ++i) source_->Migrate();
+  const CacheStats stats = source_->GetStats();
+  ASSERT_GT(stats.tiers.lower_only_blocks, 0u);
+  auto run = Checkpoint(*source_, DefaultFileSystem(), 1);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->gone_blocks, stats.tiers.lower_only_blocks);
+  EXPECT_EQ(run->lower_copies, 0u);
+
+  std::unique_ptr<Cache> target = MakeCache(64);
+  const RestoreProgress p = Restore(*target);
+  EXPECT_EQ(p.state, RestoreState::kDone) << p.error;
+  EXPECT_EQ(p.failed_checkpoints, 0u) << p.error;
+  EXPECT_EQ(p.restored_blocks + p.orphan_blocks, run->blocks);
+  EXPECT_GT(p.restored_blocks, 0u);
+  for (uint32_t s = 0; s < 40; ++s) Fetched(*target, Big(), Sequence(s));  // exact if any
 }
 
 TEST_F(CheckpointCacheTest, NothingToRestoreIsNotAnError) {

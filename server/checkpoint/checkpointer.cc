@@ -111,6 +111,12 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
       for (const BlockImage& b : batch) {
         std::optional<StoredLocation> where;
         if (b.lower != nullptr && reattachable) where = lower->Locate(*b.lower);
+        if (b.host == nullptr && !where.has_value()) {
+          // Only in a lower tier that cannot re-attach: nothing to record
+          // (the restore skips what hangs below it).
+          ++run.gone_blocks;
+          continue;
+        }
         if (where.has_value()) {
           lower_entries.push_back(LowerEntry(ordinal, b, *where));
           ++run.lower_copies;

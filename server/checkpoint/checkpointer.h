@@ -66,7 +66,7 @@ struct CheckpointRun {
   uint64_t referenced_payloads = 0;  // payloads referred to in earlier checkpoints
   uint64_t payload_bytes = 0;        // payload bytes written (before compression)
   uint64_t lower_copies = 0;         // lower-tier copies recorded for re-attachment
-  uint64_t gone_blocks = 0;          // evicted between capture and write
+  uint64_t gone_blocks = 0;  // evicted between capture and write, or only in a volatile lower tier
   bool compression_stopped = false;  // the probe found compression not worth it
   std::vector<uint64_t> references;
 };
