@@ -47,9 +47,12 @@ int main(int argc, char** argv) {
                  "or shm")
       ->check(CLI::IsMember({"auto", "grpc", "shm"}))
       ->capture_default_str();
-  app.add_option("--timeout", timeout_s, "deadline of each call, in seconds")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  CLI::Option* timeout_option =
+      app.add_option("--timeout", timeout_s,
+                     "deadline of each call, in seconds (checkpoint now and verify: 600 unless "
+                     "given)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
   app.add_flag("--json", json,
                "print one line of JSON (proto3 JSON, proto field names) instead "
                "of tables");
@@ -136,6 +139,10 @@ int main(int argc, char** argv) {
   kvcache::ClientOptions options;
   options.target = target;
   options.ns = ns;
+  // Writing or reading back a checkpoint of a large cache takes minutes.
+  if (checkpoint->parsed() && checkpoint_action != "list" && timeout_option->count() == 0) {
+    timeout_s = 600;
+  }
   options.timeout = absl::Seconds(timeout_s);
   if (data_path == "grpc") options.data_path = kvcache::DataPath::kGrpc;
   if (data_path == "shm") options.data_path = kvcache::DataPath::kSharedMemory;

@@ -405,7 +405,8 @@ class Cache {
   // under the lock briefly); a restart replays RestoreModel() and, parents
   // first, RestoreBlock(), while the cache serves.
   //
-  // Every model's registration and block hashes (parents first).
+  // Every model's registration and block hashes (parents first), each model
+  // captured under the lock on its own.
   std::vector<ModelImage> CaptureModels() const;
   // Appends to `out` the images of the blocks of `model` among
   // `lookup_hashes` that are still cached, in that order; returns how many

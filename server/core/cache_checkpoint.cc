@@ -8,17 +8,27 @@
 namespace kvcache {
 
 std::vector<ModelImage> Cache::CaptureModels() const {
-  MutexLock lock(&mu_);
+  std::vector<ModelKey> keys;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, m] : models_) keys.push_back(key);
+  }
+  // One model per lock hold: serving goes on between them. A model
+  // registered meanwhile waits for the next checkpoint; one removed is left out.
   std::vector<ModelImage> images;
-  images.reserve(models_.size());
-  for (const auto& [key, m] : models_) {
+  images.reserve(keys.size());
+  for (const ModelKey& key : keys) {
+    MutexLock lock(&mu_);
+    auto it = models_.find(key);
+    if (it == models_.end()) continue;
+    const ModelState& m = *it->second;
     ModelImage& image = images.emplace_back();
     image.key = key;
-    image.layout = m->layout;
-    image.policy = m->policy;
-    image.blocks.reserve(m->index.num_blocks());
+    image.layout = m.layout;
+    image.policy = m.policy;
+    image.blocks.reserve(m.index.num_blocks());
     // Post-order puts children before parents; reversed, every parent comes first.
-    m->index.VisitPostOrder([&](IndexNode* n) { image.blocks.push_back(n->lookup_hash); });
+    m.index.VisitPostOrder([&](IndexNode* n) { image.blocks.push_back(n->lookup_hash); });
     std::reverse(image.blocks.begin(), image.blocks.end());
   }
   return images;
