@@ -103,17 +103,8 @@ class CheckpointTest : public ::testing::Test {
   }
   // Fetches sequence `s`, checks every byte it got, returns the blocks matched.
   size_t FetchVerified(int s) {
-    const std::vector<uint32_t> tokens = Sequence(s);
-    std::vector<std::byte> out(kBlocksPerSequence * block_bytes_);
-    auto f = client_->Fetch("m", tokens, out);
-    EXPECT_TRUE(f.ok()) << "sequence " << s << ": " << f.status();
-    if (!f.ok()) return 0;
-    const size_t blocks = f->matched_tokens / kBlockTokens;
-    const std::vector<std::byte> expected =
-        MakeKv(tokens, kBlockTokens, block_bytes_, 0, kBlocksPerSequence);
-    EXPECT_TRUE(std::equal(out.begin(), out.begin() + blocks * block_bytes_, expected.begin()))
-        << "sequence " << s << ": fetched bytes that were never appended";
-    return blocks;
+    return testing::FetchVerified(*client_, "m", Sequence(s), kBlockTokens, block_bytes_,
+                                  kBlocksPerSequence, absl::StrCat("sequence ", s));
   }
 
   std::string dir_;

@@ -3,14 +3,19 @@
 #ifndef KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
 #define KVCACHE_TESTS_INTEGRATION_KV_PATTERN_H_
 
+#include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "kvcache/client.h"
 #include "kvcache/v1/kvcache.pb.h"
 
 namespace kvcache::testing {
@@ -62,6 +67,24 @@ inline std::vector<uint32_t> MakeTokens(uint64_t seed, size_t n) {
     x = static_cast<uint32_t>(s % 50000);
   }
   return t;
+}
+
+// Fetches `tokens` (whole blocks: `blocks` of `block_bytes`) of `model` and
+// EXPECTs the call to succeed and every byte fetched to be the pattern
+// MakeKv appends; returns the blocks matched (0 on error). `what` names the
+// sequence in failures.
+inline size_t FetchVerified(Client& client, std::string_view model,
+                            std::span<const uint32_t> tokens, uint32_t block_tokens,
+                            uint64_t block_bytes, size_t blocks, const std::string& what) {
+  std::vector<std::byte> out(blocks * block_bytes);
+  auto f = client.Fetch(model, tokens, out);
+  EXPECT_TRUE(f.ok()) << what << ": " << f.status();
+  if (!f.ok()) return 0;
+  const size_t matched = f->matched_tokens / block_tokens;
+  const std::vector<std::byte> expected = MakeKv(tokens, block_tokens, block_bytes, 0, blocks);
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + matched * block_bytes, expected.begin()))
+      << what << ": fetched bytes that were never appended";
+  return matched;
 }
 
 }  // namespace kvcache::testing
