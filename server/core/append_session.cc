@@ -370,6 +370,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
           cache_->SetHostCopyLocked(cached, std::move(payload));
           cache_->DropLowerCopyLocked(cached);
         }
+        cache_->DropDeviceCopyLocked(cached, Cache::DeviceDrop::kRestored);
         ++result.restored_blocks;
       }
       if (payload != nullptr) unused.push_back(std::move(payload));

@@ -1,6 +1,7 @@
 #include "server/core/cache.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,11 +10,13 @@ namespace kvcache {
 
 Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
              std::unique_ptr<EvictionPolicy> policy, Clock* clock,
-             std::shared_ptr<BlockStore> lower, std::unique_ptr<EvictionPolicy> lower_policy)
+             std::shared_ptr<BlockStore> lower, std::unique_ptr<EvictionPolicy> lower_policy,
+             std::shared_ptr<DeviceTier> device)
     : options_(options),
       pool_(std::move(pool)),
       clock_(clock),
       lower_(std::move(lower)),
+      device_(std::move(device)),
       policy_(std::move(policy)),
       lower_policy_(std::move(lower_policy)) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
@@ -149,6 +152,11 @@ void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
     tier_.lower_payload_bytes -= node->lower->seal().size;
     if (node->payload == nullptr) --tier_.lower_only_blocks;
   }
+  if (node->device != nullptr) {
+    device_lru_.Erase(node);
+    --tier_.device_blocks;
+    tier_.device_payload_bytes -= node->device->seal().size;
+  }
   compacting_.erase(node);
   ForgetCompressionLocked(state, node);
   metadata_bytes_ -= node->metadata_bytes;
@@ -274,11 +282,7 @@ size_t Cache::ExactBlocks(std::span<const TieredBlock> blocks) {
 absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<const Token> tokens,
                                            const LeaseRequest& lease, bool accept_lossy) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
-  if (lease.ttl < absl::ZeroDuration() || lease.ttl > options_.max_lease_ttl) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lease_ttl_ms must be at most ",
-                     absl::ToInt64Milliseconds(options_.max_lease_ttl), " (max_lease_ttl_ms)"));
-  }
+  if (auto s = CheckLeaseTtl(lease.ttl); !s.ok()) return s;
   // Hashing, and copying the tokens a lease keeps, need no lock.
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
@@ -298,16 +302,13 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   path.resize(readable);
   result.matched_tokens = path.size() * bt;
   if (lease.acquire && !path.empty()) {
-    ExpireLeasesLocked(clock_->Now());
-    if (leases_.size() >= options_.max_leases) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_leases (", options_.max_leases, ") leases are live; release some or retry later"));
-    }
-    if (lease_tokens_ + result.matched_tokens > options_.max_lease_tokens) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "live leases hold ", lease_tokens_, " tokens; this one (", result.matched_tokens,
-          ") would pass max_lease_tokens (", options_.max_lease_tokens, ")"));
-    }
+    std::vector<TieredBlock> leased;
+    leased.reserve(path.size());
+    for (IndexNode* n : path) leased.push_back(TakeBlock(*n));
+    auto made = CreateLeaseLocked(model, &m.index, std::move(lease_tokens), result.matched_tokens,
+                                  std::move(leased), lease.ttl);
+    if (!made.ok()) return made.status();
+    std::tie(result.lease_id, result.lease_expires) = *made;
   }
   m.hit_tokens += result.matched_tokens;
   m.miss_tokens += (tokens.size() / bt) * bt - result.matched_tokens;
@@ -324,28 +325,50 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
                              .stored_bytes = seal.size,
                              .stored_checksum = seal.checksum});
   }
-  if (lease.acquire && !path.empty()) {
-    const absl::Time now = clock_->Now();
-    lease_tokens.resize(result.matched_tokens);  // a prefix of `tokens`: shrinks
-    Lease l{.model = model,
-            .index = &m.index,
-            .matched_tokens = result.matched_tokens,
-            .tokens = std::move(lease_tokens)};
-    l.expires = now + (lease.ttl == absl::ZeroDuration() ? options_.default_lease_ttl : lease.ttl);
-    for (IndexNode* n : path) l.blocks.push_back(TakeBlock(*n));
-    uint64_t id;
-    do {
-      id = absl::Uniform<uint64_t>(lease_ids_);
-    } while (id == 0 || leases_.contains(id));
-    result.lease_id = id;
-    result.lease_expires = l.expires;
-    l.metadata_bytes = LeaseMetadataBytes(l.tokens.size(), l.blocks.size());
-    lease_tokens_ += l.tokens.size();
-    metadata_bytes_ += l.metadata_bytes;
-    lease_expiry_.emplace(l.expires, id);
-    leases_.emplace(id, std::move(l));
-  }
   return result;
+}
+
+absl::Status Cache::CheckLeaseTtl(absl::Duration ttl) const {
+  if (ttl < absl::ZeroDuration() || ttl > options_.max_lease_ttl) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease_ttl_ms must be at most ",
+                     absl::ToInt64Milliseconds(options_.max_lease_ttl), " (max_lease_ttl_ms)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<uint64_t, absl::Time>> Cache::CreateLeaseLocked(
+    const ModelKey& model, const PrefixIndex* index, std::vector<Token> tokens,
+    uint64_t matched_tokens, std::vector<TieredBlock> blocks, absl::Duration ttl) {
+  const absl::Time now = clock_->Now();
+  ExpireLeasesLocked(now);
+  if (leases_.size() >= options_.max_leases) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_leases (", options_.max_leases, ") leases are live; release some or retry later"));
+  }
+  if (lease_tokens_ + matched_tokens > options_.max_lease_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "live leases hold ", lease_tokens_, " tokens; this one (", matched_tokens,
+        ") would pass max_lease_tokens (", options_.max_lease_tokens, ")"));
+  }
+  tokens.resize(matched_tokens);  // a prefix of the request's tokens: shrinks
+  Lease l{.model = model,
+          .index = index,
+          .matched_tokens = matched_tokens,
+          .tokens = std::move(tokens),
+          .blocks = std::move(blocks)};
+  l.expires = now + (ttl == absl::ZeroDuration() ? options_.default_lease_ttl : ttl);
+  uint64_t id;
+  do {
+    id = absl::Uniform<uint64_t>(lease_ids_);
+  } while (id == 0 || leases_.contains(id));
+  const absl::Time expires = l.expires;
+  l.metadata_bytes = LeaseMetadataBytes(l.tokens.size(), l.blocks.size());
+  lease_tokens_ += l.tokens.size();
+  metadata_bytes_ += l.metadata_bytes;
+  lease_expiry_.emplace(l.expires, id);
+  leases_.emplace(id, std::move(l));
+  return std::make_pair(id, expires);
 }
 
 bool Cache::ReleaseLease(uint64_t lease_id) {
@@ -617,6 +640,10 @@ CacheStats Cache::GetStats() const {
     stats.has_lower = true;
     stats.lower_store = lower_->GetStats();
     stats.prefetch = prefetcher_->GetStats();
+  }
+  if (device_ != nullptr) {
+    stats.has_device = true;
+    stats.device_store = device_->GetStats();
   }
   return stats;
 }

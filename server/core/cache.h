@@ -24,6 +24,8 @@
 //                  the lower tier (SSD) past the host's high watermark
 //   CaptureModels / CaptureBlocks / RestoreModel / RestoreBlock
 //                  the state a checkpoint records and a restart puts back
+//   PlaceOnDevice  copies a prefix's blocks into the GPU tier and leases
+//                  them, so a same-host worker copies them device to device
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -42,6 +44,14 @@
 // in either tier (BlockInfo::tier says where); a fetch reads lower blocks
 // back, verified (a copy that fails its checksum is dropped, never served:
 // the fetch ends before it), and promotes them when the host has room.
+//
+// The GPU tier (a DeviceTier, optional) sits above host memory and is
+// inclusive: a device copy is placed on demand (PlaceOnDevice) next to a
+// host or lower copy with the same seal, so dropping it (its own LRU order,
+// past its high watermark or for room) never writes or loses anything. A
+// device copy is dropped whenever its block's bytes change (compaction, an
+// append that makes a lossy block exact) or the block leaves the cache; a
+// lease taken by PlaceOnDevice keeps its copies alive until it ends.
 //
 // Thread-safety: every method is thread-safe. One mutex guards the metadata
 // (registry, indexes, policy, leases); it is never held while payload bytes
@@ -69,6 +79,8 @@
 #include "server/core/block_image.h"
 #include "server/core/cache_stats.h"
 #include "server/core/clock.h"
+#include "server/core/device_lru.h"
+#include "server/core/device_tier.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
@@ -103,6 +115,11 @@ struct TierOptions {
   // (more are dropped).
   uint32_t prefetch_threads = 1;
   uint32_t prefetch_queue = 256;
+  // The GPU tier (no effect without one): Migrate drops the least recently
+  // used device copies once its allocated bytes pass device_high_watermark x
+  // capacity, down to device_low_watermark x capacity. 0 < low <= high <= 1.
+  double device_high_watermark = 0.95;
+  double device_low_watermark = 0.85;
 };
 
 // What Prefetch does: start promoting and return, or wait for it.
@@ -202,6 +219,28 @@ struct FetchPlan {
   bool MaySendLossy() const { return lossless_epoch != nullptr && lossless_epoch->load() == epoch; }
 };
 
+// One block PlaceOnDevice put (or found) in the GPU tier.
+struct DeviceBlock {
+  uint32_t index = 0;     // position of the block in the sequence
+  uint64_t key = 0;       // the block's chain key
+  uint64_t checksum = 0;  // XXH3-64 of its bytes (raw: device copies are exact KV only)
+  DeviceSlot slot;        // where its bytes are (slot.bytes: the block's size)
+};
+
+// What PlaceOnDevice did: blocks[i] is block i of the sequence. The match is
+// the same as a Lookup's without accept_lossy; `unplaced_tokens` are matched
+// tokens past the placed ones that the GPU tier could not take (it was full
+// of leased copies, or a copy failed): a caller fetches those the usual way.
+struct DevicePlacement {
+  uint64_t matched_tokens = 0;   // placed (a whole number of blocks)
+  uint64_t unplaced_tokens = 0;  // matched, exact, but not placed
+  uint64_t withheld_tokens = 0;  // cached lossy tokens after the exact ones
+  std::vector<DeviceBlock> blocks;
+  uint64_t lease_id = 0;  // 0 when nothing was placed
+  absl::Time lease_expires = absl::InfinitePast();
+  uint32_t copied_blocks = 0;  // of `blocks`, placed by this call (the rest were there)
+};
+
 struct AppendResult {
   uint32_t stored_blocks = 0;
   uint32_t deduplicated_blocks = 0;
@@ -263,6 +302,7 @@ struct MigrationResult {
   uint64_t clean_drops = 0;     // host copy dropped, the lower copy existed
   uint64_t evicted_blocks = 0;  // not admitted (or the lower tier refused): evicted
   uint64_t refused_blocks = 0;  // of those, refused by the admission gate or budget
+  uint64_t device_drops = 0;    // GPU tier copies dropped (clean: the block stays below)
 };
 
 struct CalibrationOutcome {
@@ -282,11 +322,13 @@ class Cache {
  public:
   // REQUIRES: pool, policy non-null; clock outlives the cache. `lower` (may
   // be null: one tier) is the tier below host memory, ranked by
-  // `lower_policy` (REQUIRES: non-null with `lower`).
+  // `lower_policy` (REQUIRES: non-null with `lower`). `device` (may be null)
+  // is the GPU tier above it.
   Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
         std::unique_ptr<EvictionPolicy> policy, Clock* clock,
         std::shared_ptr<BlockStore> lower = nullptr,
-        std::unique_ptr<EvictionPolicy> lower_policy = nullptr);
+        std::unique_ptr<EvictionPolicy> lower_policy = nullptr,
+        std::shared_ptr<DeviceTier> device = nullptr);
   ~Cache();
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -377,10 +419,13 @@ class Cache {
 
   // One pass of the tier migrator: when the host's committed bytes are past
   // its high watermark, demotes blocks until they are below the low one, at
-  // most max_demotions_per_pass. Does nothing without a lower tier. The
+  // most max_demotions_per_pass (nothing without a lower tier); when the GPU
+  // tier is past its own, drops its least recently used unleased copies
+  // down to its low watermark. The
   // daemon calls it from a thread of its own (it writes to the SSD).
   MigrationResult Migrate();
-  // Whether the host tier is past its high watermark (Migrate has work).
+  // Whether the host tier (with a lower tier) or the GPU tier is past its
+  // high watermark (Migrate has work).
   bool NeedsMigration() const;
   // The tier moves since the last call, oldest first (at most kMaxPendingMoves
   // are kept; older ones are counted in TierCounters::moves_unlogged). The
@@ -397,6 +442,23 @@ class Cache {
   // waits as long as the work takes. Counted in CacheStats::prefetch.
   bool Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
                 PrefetchMode mode, absl::Duration timeout);
+
+  // Copies the exact blocks of `tokens`' cached prefix that the GPU tier
+  // does not hold yet into it (reading SSD-only blocks back first, verified)
+  // and leases the whole placed prefix for `lease_ttl` (zero: the default),
+  // so that its device copies stay where DevicePlacement says until
+  // ReleaseLease or the expiry, whatever the tier does meanwhile. Room is
+  // made by dropping the least recently used device copies no lease holds;
+  // when none is left the placement stops there (unplaced_tokens).
+  // FAILED_PRECONDITION without a GPU tier; NOT_FOUND for an unknown model;
+  // INVALID_ARGUMENT for too many tokens or a ttl past max_lease_ttl;
+  // RESOURCE_EXHAUSTED when the lease would pass max_leases or
+  // max_lease_tokens (nothing is leased then, but copies placed stay).
+  absl::StatusOr<DevicePlacement> PlaceOnDevice(const ModelKey& model,
+                                                std::span<const Token> tokens,
+                                                absl::Duration lease_ttl = absl::ZeroDuration());
+  // The GPU tier (null: none), for its arenas and kind.
+  const std::shared_ptr<DeviceTier>& device_tier() const { return device_; }
 
   CacheStats GetStats() const;
 
@@ -468,16 +530,22 @@ class Cache {
   };
   // A block as a reader took it: its host copy, or (when it had none) its
   // lower-tier copy to read back; `lookup_hash` finds its node again.
+  // A lease taken by PlaceOnDevice also holds the block's device copy.
   struct TieredBlock {
     BlockRef host;
     StoredRef lower;
     uint64_t lookup_hash = 0;
+    StoredRef device;
+    uint64_t key = 0;
+    uint32_t depth = 0;
     BlockSeal seal() const { return host != nullptr ? host->seal() : lower->seal(); }
   };
   static TieredBlock TakeBlock(const IndexNode& n) {
     return {.host = n.payload,
             .lower = n.payload == nullptr ? n.lower : nullptr,
-            .lookup_hash = n.lookup_hash};
+            .lookup_hash = n.lookup_hash,
+            .key = n.key,
+            .depth = n.depth};
   }
   struct Lease {
     ModelKey model;
@@ -624,10 +692,39 @@ class Cache {
   // else evicts one. False when nothing could be moved or evicted.
   bool MakeRoomForSpace();
 
+  // A lease of `blocks` (the first matched_tokens of `tokens`), expiring
+  // after `ttl` (zero: the default). RESOURCE_EXHAUSTED past max_leases or
+  // max_lease_tokens. REQUIRES: blocks non-empty.
+  absl::StatusOr<std::pair<uint64_t, absl::Time>> CreateLeaseLocked(
+      const ModelKey& model, const PrefixIndex* index, std::vector<Token> tokens,
+      uint64_t matched_tokens, std::vector<TieredBlock> blocks, absl::Duration ttl)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT for a negative ttl or one past max_lease_ttl.
+  absl::Status CheckLeaseTtl(absl::Duration ttl) const;
+  // The GPU tier (device_tiering.cc). Why a device copy is dropped: for
+  // room, past the watermark, or because its block's bytes changed.
+  enum class DeviceDrop : uint8_t { kRoom, kPressure, kRecompressed, kRestored };
+  // Drops `node`'s device copy, if any (counted and logged by `why`).
+  void DropDeviceCopyLocked(IndexNode* node, DeviceDrop why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the least recently used device copy no lease or reader holds;
+  // false when there is none.
+  bool DropDeviceVictimLocked(DeviceDrop why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `payload` to the GPU tier, dropping device copies for room (a
+  // bounded number of times).
+  absl::StatusOr<StoredRef> WriteDevice(uint64_t key, const BlockPayload& payload)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the GPU tier / the host tier (with a lower one) is past its high
+  // watermark.
+  bool DeviceNeedsMigration() const;
+  bool HostNeedsMigration() const;
+  // Drops device copies down to the low watermark; returns how many.
+  uint64_t MigrateDevice() ABSL_LOCKS_EXCLUDED(mu_);
+
   const CacheOptions options_;
   const std::unique_ptr<SlabPool> pool_;
   Clock* const clock_;
   const std::shared_ptr<BlockStore> lower_;  // null: one tier
+  const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
   // Runs background promotions; null without a lower tier. Destroyed first.
   std::unique_ptr<Prefetcher> prefetcher_;
 
@@ -659,6 +756,7 @@ class Cache {
   ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
   uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
+  DeviceLru device_lru_ ABSL_GUARDED_BY(mu_);  // blocks with a device copy
   std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);
   // The lower tier's write budget: bytes that may be written now, and when.
   double write_budget_ ABSL_GUARDED_BY(mu_) = 0;

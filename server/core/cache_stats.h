@@ -90,7 +90,20 @@ struct TierCounters {
   uint64_t lower_write_failures = 0;    // writes the lower tier refused (full, I/O)
   uint64_t checksum_failures = 0;       // lower copies that failed verification: dropped
   uint64_t migrate_passes = 0;
-  uint64_t moves_unlogged = 0;  // move records dropped: the log was not drained in time
+  uint64_t moves_unlogged = 0;
+  // The GPU tier (device_tier.h): blocks with a device copy and their sizes,
+  // copies placed (host or ssd -> gpu), blocks a placement found there
+  // already, copies dropped (for room, past the watermark, or because the
+  // block's bytes changed or it left the cache) and writes it refused.
+  uint64_t device_blocks = 0;
+  uint64_t device_payload_bytes = 0;
+  uint64_t device_placements = 0;
+  uint64_t device_placed_bytes = 0;
+  uint64_t device_hits = 0;
+  uint64_t device_drops_room = 0;
+  uint64_t device_drops_pressure = 0;
+  uint64_t device_drops_invalidated = 0;
+  uint64_t device_write_failures = 0;  // move records dropped: the log was not drained in time
 };
 
 // Checkpoints (server/checkpoint): not the cache's own numbers; the daemon
@@ -130,6 +143,9 @@ struct CacheStats {
   // The lower tier, when there is one.
   bool has_lower = false;
   BlockStoreStats lower_store;
+  // The GPU tier, when there is one.
+  bool has_device = false;
+  BlockStoreStats device_store;
   TierCounters tiers;
   PrefetchStats prefetch;
   CheckpointCounters checkpoint;

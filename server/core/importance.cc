@@ -408,6 +408,7 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
     const uint64_t saved = job.old->footprint() - job.encoded->footprint();
     job.node->payload = job.encoded;
     DropLowerCopyLocked(job.node);  // a raw copy below no longer matches the seal
+    DropDeviceCopyLocked(job.node, DeviceDrop::kRecompressed);  // nor does a device copy
     BlockTokenState& ts = job.node->mutable_tokens_state();
     ts.compressed = true;
     ts.num_int8 = job.num_int8;

@@ -90,7 +90,8 @@ absl::StatusOr<StoredRef> Cache::WriteLower(uint64_t key, const BlockPayload& pa
 
 void Cache::LogMoveLocked(const IndexNode& node, const char* from, const char* to,
                           const char* reason, uint64_t bytes, absl::Duration took) {
-  if (lower_ == nullptr) return;  // one tier: nothing moves, nothing drains the log
+  // One tier: nothing moves, nothing drains the log.
+  if (lower_ == nullptr && device_ == nullptr) return;
   if (pending_moves_.size() >= kMaxPendingMoves) {
     pending_moves_.erase(pending_moves_.begin(),
                          pending_moves_.begin() + static_cast<ptrdiff_t>(kMaxPendingMoves / 2));
@@ -190,7 +191,9 @@ uint64_t Cache::CommittedHostBytes() const {
   return allocated - std::min(allocated, staged_bytes_);
 }
 
-bool Cache::NeedsMigration() const {
+bool Cache::NeedsMigration() const { return DeviceNeedsMigration() || HostNeedsMigration(); }
+
+bool Cache::HostNeedsMigration() const {
   if (lower_ == nullptr) return false;
   const double capacity = static_cast<double>(pool_->GetStats().capacity_bytes);
   return static_cast<double>(CommittedHostBytes()) > options_.tiers.host_high_watermark * capacity;
@@ -198,7 +201,12 @@ bool Cache::NeedsMigration() const {
 
 MigrationResult Cache::Migrate() {
   MigrationResult result;
-  if (!NeedsMigration()) return result;
+  if (DeviceNeedsMigration()) result.device_drops = MigrateDevice();
+  if (!HostNeedsMigration()) {
+    MutexLock lock(&mu_);
+    ++tier_.migrate_passes;
+    return result;
+  }
   const uint64_t capacity = pool_->GetStats().capacity_bytes;
   uint64_t target =
       static_cast<uint64_t>(options_.tiers.host_low_watermark * static_cast<double>(capacity));

@@ -1,5 +1,6 @@
 // The behaviour suite every BlockStore passes (server/core/block_store.h):
-// the heap-backed MemoryBlockStore and the SSD tier over a real file.
+// the heap-backed MemoryBlockStore, the SSD tier over a real file and the GPU
+// tier on the host-memory stand-in for a device.
 #include "server/core/block_store.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "server/core/memory_block_store.h"
+#include "server/tier/gpu_device_tier.h"
 #include "server/tier/ssd_block_store.h"
 
 namespace kvcache {
@@ -57,6 +59,19 @@ struct SsdStoreFactory {
   }
 };
 
+struct GpuStandInFactory {
+  static constexpr bool kPersistent = false;
+  static std::shared_ptr<BlockStore> Make(const std::string&, uint64_t /*epoch*/ = 1) {
+    auto tier = OpenGpuDeviceTier({.kind = "host_stand_in",
+                                   .capacity_bytes = kCapacity,
+                                   .arena_bytes = kCapacity / 2,
+                                   .slab_bytes = uint64_t{1} << 20,
+                                   .min_block_bytes = 4096});
+    EXPECT_TRUE(tier.ok()) << tier.status();
+    return tier.ok() ? *tier : nullptr;
+  }
+};
+
 template <typename Factory>
 class BlockStoreTest : public ::testing::Test {
  protected:
@@ -76,7 +91,7 @@ class BlockStoreTest : public ::testing::Test {
   std::shared_ptr<BlockStore> store_;
 };
 
-using Factories = ::testing::Types<MemoryStoreFactory, SsdStoreFactory>;
+using Factories = ::testing::Types<MemoryStoreFactory, SsdStoreFactory, GpuStandInFactory>;
 TYPED_TEST_SUITE(BlockStoreTest, Factories);
 
 TYPED_TEST(BlockStoreTest, ACopyReadsBackExactlyWithItsSeal) {
@@ -281,7 +296,9 @@ TYPED_TEST(BlockStoreTest, RetentionHoldsFreedSpaceUntilReleased) {
   EXPECT_EQ(stats.live_copies, 0u);
   EXPECT_EQ(stats.allocated_bytes, 0u);
   EXPECT_EQ(stats.retained_bytes, TypeParam::kPersistent ? footprint : 0u);
-  if (TypeParam::kPersistent) EXPECT_EQ(this->store_->RetentionMark(), mark + 1);
+  if (TypeParam::kPersistent) {
+    EXPECT_EQ(this->store_->RetentionMark(), mark + 1);
+  }
   this->store_->ReleaseRetained(mark);  // taken before the free: keeps it
   EXPECT_EQ(this->store_->GetStats().retained_bytes, TypeParam::kPersistent ? footprint : 0u);
   this->store_->ReleaseRetained(this->store_->RetentionMark());
