@@ -32,6 +32,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/server.h"
 #include "server/shm/shm_server.h"
+#include "server/tier/gpu_device_tier.h"
 #include "server/tier/ssd_block_store.h"
 
 #ifndef KVCACHE_VERSION
@@ -56,6 +57,8 @@ struct Flags {
   std::string ssd_path;
   uint64_t ssd_capacity_bytes = 0;
   std::string checkpoint_dir;
+  std::string gpu_tier;
+  uint64_t gpu_capacity_bytes = 0;
   std::string log_level;
   bool print_default_config = false;
 };
@@ -72,6 +75,8 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.ssd_path.empty()) c->mutable_ssd_tier()->set_path(f.ssd_path);
   if (f.ssd_capacity_bytes != 0) c->mutable_ssd_tier()->set_capacity_bytes(f.ssd_capacity_bytes);
   if (!f.checkpoint_dir.empty()) c->mutable_checkpoint()->set_dir(f.checkpoint_dir);
+  if (!f.gpu_tier.empty()) c->mutable_gpu_tier()->set_kind(f.gpu_tier);
+  if (f.gpu_capacity_bytes != 0) c->mutable_gpu_tier()->set_capacity_bytes(f.gpu_capacity_bytes);
   if (!f.log_level.empty()) c->mutable_logging()->set_level(f.log_level);
 }
 
@@ -227,7 +232,8 @@ void WriteMoves(Cache& cache, spdlog::logger* log) {
 }
 
 // Demotes cold host blocks to the lower tier whenever the host is past its
-// high watermark, and writes the moves to the migration log, until `stopping`.
+// high watermark, drops GPU tier copies past its own, and writes the moves to
+// the migration log, until `stopping`.
 void RunMigrator(Cache& cache, spdlog::logger* migration_log, const std::atomic<bool>& stopping) {
   while (!stopping.load()) {
     WriteMoves(cache, migration_log);
@@ -239,10 +245,10 @@ void RunMigrator(Cache& cache, spdlog::logger* migration_log, const std::atomic<
     const MigrationResult r = cache.Migrate();
     spdlog::debug(
         "migration: {} blocks ({} bytes) demoted to ssd, {} clean host copies dropped, {} "
-        "evicted ({} not admitted) in {:.1f} ms",
+        "evicted ({} not admitted), {} gpu copies dropped in {:.1f} ms",
         r.demoted_blocks, r.demoted_bytes, r.clean_drops, r.evicted_blocks, r.refused_blocks,
-        absl::ToDoubleMilliseconds(absl::Now() - start));
-    if (r.demoted_blocks + r.clean_drops + r.evicted_blocks == 0) {
+        r.device_drops, absl::ToDoubleMilliseconds(absl::Now() - start));
+    if (r.demoted_blocks + r.clean_drops + r.evicted_blocks + r.device_drops == 0) {
       absl::SleepFor(absl::Milliseconds(20));  // nothing movable now (all leased or in use)
     }
   }
@@ -276,6 +282,30 @@ absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig&
   spdlog::info("ssd tier: {} bytes at {}, {} I/O, engine {}", s.capacity_bytes, c.path(),
                s.direct_io ? "direct" : "buffered (the file system refused O_DIRECT)", s.engine);
   return store;
+}
+
+// The GPU tier of gpu_tier, or null when it is off. An error when its device
+// is not usable and on_unavailable is "refuse".
+absl::StatusOr<std::shared_ptr<DeviceTier>> OpenGpuTier(const v1::GpuTierConfig& c) {
+  if (c.kind().empty()) return nullptr;
+  absl::StatusOr<std::shared_ptr<DeviceTier>> tier =
+      OpenGpuDeviceTier({.kind = c.kind(),
+                         .device = static_cast<int>(c.device()),
+                         .capacity_bytes = c.capacity_bytes(),
+                         .arena_bytes = c.arena_bytes(),
+                         .slab_bytes = c.slab_bytes(),
+                         .min_block_bytes = c.min_block_bytes()});
+  if (!tier.ok()) {
+    if (c.on_unavailable() == "skip") {
+      spdlog::error("{}; running without it (gpu_tier.on_unavailable is skip)",
+                    tier.status().ToString());
+      return nullptr;
+    }
+    return tier.status();
+  }
+  spdlog::info("gpu tier: {} bytes of {} ({}), slabs of {} bytes", c.capacity_bytes(), c.kind(),
+               (*tier)->device_description(), c.slab_bytes());
+  return tier;
 }
 
 CheckpointCounters CheckpointCountersOf(const checkpoint::CheckpointServiceStatus& s) {
@@ -355,18 +385,26 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::error("{}", ssd.status().ToString());
     return 2;
   }
+  absl::StatusOr<std::shared_ptr<DeviceTier>> gpu = OpenGpuTier(config.gpu_tier());
+  if (!gpu.ok()) {
+    spdlog::error("{}", gpu.status().ToString());
+    return 2;
+  }
   const v1::SsdTierConfig& ssd_config = config.ssd_tier();
   cache_options.tiers = {.host_high_watermark = config.host_tier().high_watermark(),
                          .host_low_watermark = config.host_tier().low_watermark(),
                          .lower_admit_min_references = ssd_config.admit_min_references(),
                          .lower_write_bytes_per_second = ssd_config.max_write_bytes_per_second(),
-                         .promote_on_fetch = ssd_config.promote_on_fetch()};
+                         .promote_on_fetch = ssd_config.promote_on_fetch(),
+                         .device_high_watermark = config.gpu_tier().high_watermark(),
+                         .device_low_watermark = config.gpu_tier().low_watermark()};
   std::unique_ptr<EvictionPolicy> policy =
       EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
   spdlog::info("eviction policy: {} (each tier ranks its blocks with its own)", policy->name());
   Cache cache(
       cache_options, *std::move(pool), std::move(policy), SystemClock::Get(), *ssd,
-      *ssd != nullptr ? EvictionPolicyFromConfig(config.cache(), SystemClock::Get()) : nullptr);
+      *ssd != nullptr ? EvictionPolicyFromConfig(config.cache(), SystemClock::Get()) : nullptr,
+      *gpu);
 
   // Checkpoints: before anything can write to the SSD tier, the checkpoint
   // to restore is chosen and its SSD copies re-attached; the rest of the
@@ -494,7 +532,7 @@ int Serve(const v1::ServerConfig& config) {
       [&] { RunMaintenance(cache, config.importance(), std::move(calibrated), stopping); });
   std::thread migrator;
   std::shared_ptr<spdlog::logger> migration_log;
-  if (*ssd != nullptr) {
+  if (*ssd != nullptr || *gpu != nullptr) {
     migration_log = OpenMigrationLog(config.logging());
     migrator = std::thread([&] { RunMigrator(cache, migration_log.get(), stopping); });
   }
@@ -555,6 +593,11 @@ int main(int argc, char** argv) {
                  "File (or block device) of the SSD tier below host memory; unset: no SSD tier");
   app.add_option("--ssd-capacity-bytes", flags.ssd_capacity_bytes,
                  "Bytes of --ssd-path the SSD tier may use (default 16 GiB)");
+  app.add_option("--gpu-tier", flags.gpu_tier,
+                 "Kind of the GPU tier above host memory: cuda, or host_stand_in (host memory "
+                 "standing in for a device); unset: no GPU tier");
+  app.add_option("--gpu-capacity-bytes", flags.gpu_capacity_bytes,
+                 "Device memory the GPU tier may use (default 8 GiB)");
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
                  "Directory of checkpoints: the cache is saved there periodically and at "
                  "shutdown, and reloaded at start-up; unset: no checkpoints");

@@ -335,6 +335,32 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::GetDeviceArenasResponse> GetDeviceArenas() override {
+    v1::GetDeviceArenasRequest req;
+    v1::GetDeviceArenasResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return cache_->GetDeviceArenas(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::PlaceOnDeviceResponse> PlaceOnDevice(std::string_view model_id,
+                                                          std::span<const uint32_t> tokens,
+                                                          absl::Duration lease_ttl) override {
+    return WithReregistration(model_id, [&]() -> absl::StatusOr<v1::PlaceOnDeviceResponse> {
+      v1::PlaceOnDeviceRequest req;
+      req.set_namespace_(ns_);
+      req.set_model_id(std::string(model_id));
+      req.mutable_tokens()->Assign(tokens.begin(), tokens.end());
+      req.set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(lease_ttl)));
+      v1::PlaceOnDeviceResponse resp;
+      absl::Status s =
+          CallOnce([&](grpc::ClientContext* ctx) { return cache_->PlaceOnDevice(ctx, req, &resp); });
+      if (!s.ok()) return s;
+      return resp;
+    });
+  }
+
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints() override {
     v1::ListCheckpointsRequest req;
     v1::ListCheckpointsResponse resp;

@@ -242,7 +242,7 @@ int RunTiers(const Context& ctx) {
     out << "\nMoves\n";
     moves.Print(out);
   } else {
-    out << "\nNo tier below host memory (set ssd_tier.path to add the SSD tier).\n";
+    out << "\nNo tier but host memory (set ssd_tier.path or gpu_tier.kind to add one).\n";
   }
   return kExitOk;
 }

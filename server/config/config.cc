@@ -1,5 +1,6 @@
 #include "server/config/config.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <fstream>
@@ -20,6 +21,50 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
   if (c.zstd_level() < 0 || c.zstd_level() > 19) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint.zstd_level is ", c.zstd_level(), "; it must be in [0, 19]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGpuTier(const v1::GpuTierConfig& g) {
+  if (g.kind().empty()) return absl::OkStatus();
+  if (g.kind() != "cuda" && g.kind() != "host_stand_in") {
+    return absl::InvalidArgumentError(absl::StrCat("gpu_tier.kind is \"", g.kind(),
+                                                   "\"; it must be cuda, host_stand_in or empty"));
+  }
+  if (auto s = CheckRange("gpu_tier.slab_bytes", g.slab_bytes(), 64 << 10, uint64_t{1} << 30);
+      !s.ok()) {
+    return s;
+  }
+  if (!std::has_single_bit(g.slab_bytes())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_tier.slab_bytes is ", g.slab_bytes(), "; it must be a power of two"));
+  }
+  if (!std::has_single_bit(g.min_block_bytes()) || g.min_block_bytes() < 256 ||
+      g.min_block_bytes() > g.slab_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_tier.min_block_bytes is ", g.min_block_bytes(),
+                     "; it must be a power of two from 256 to slab_bytes (", g.slab_bytes(), ")"));
+  }
+  if (auto s = CheckRange("gpu_tier.capacity_bytes", g.capacity_bytes(), g.slab_bytes(),
+                          uint64_t{1} << 50);
+      !s.ok()) {
+    return s;
+  }
+  if (g.arena_bytes() == 0 || g.arena_bytes() % g.slab_bytes() != 0 ||
+      g.arena_bytes() > g.capacity_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_tier.arena_bytes is ", g.arena_bytes(), "; it must be a multiple of slab_bytes (",
+        g.slab_bytes(), ") and at most capacity_bytes (", g.capacity_bytes(), ")"));
+  }
+  if (!(g.low_watermark() > 0 && g.low_watermark() <= g.high_watermark() &&
+        g.high_watermark() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_tier.low_watermark (", g.low_watermark(), ") and high_watermark (",
+        g.high_watermark(), ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
+  }
+  if (g.on_unavailable() != "refuse" && g.on_unavailable() != "skip") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_tier.on_unavailable is \"", g.on_unavailable(), "\"; it must be refuse or skip"));
   }
   return absl::OkStatus();
 }
@@ -204,6 +249,18 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (ssd->admit_min_references() == 0) ssd->set_admit_min_references(1);
   if (!ssd->has_promote_on_fetch()) ssd->set_promote_on_fetch(true);
   if (ssd->on_open_failure().empty()) ssd->set_on_open_failure("refuse");
+
+  v1::GpuTierConfig* gpu = c->mutable_gpu_tier();
+  if (gpu->capacity_bytes() == 0) gpu->set_capacity_bytes(uint64_t{8} << 30);
+  if (gpu->slab_bytes() == 0) gpu->set_slab_bytes(uint64_t{8} << 20);
+  if (gpu->min_block_bytes() == 0) gpu->set_min_block_bytes(uint64_t{64} << 10);
+  if (gpu->arena_bytes() == 0) {
+    const uint64_t arena = std::min(uint64_t{1} << 30, gpu->capacity_bytes());
+    gpu->set_arena_bytes(std::max(gpu->slab_bytes(), arena - arena % gpu->slab_bytes()));
+  }
+  if (!gpu->has_high_watermark()) gpu->set_high_watermark(0.95);
+  if (!gpu->has_low_watermark()) gpu->set_low_watermark(0.85);
+  if (gpu->on_unavailable().empty()) gpu->set_on_unavailable("refuse");
 
   v1::CheckpointConfig* ckpt = c->mutable_checkpoint();
   if (!ckpt->has_interval_seconds()) ckpt->set_interval_seconds(300);
@@ -390,6 +447,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
         h.high_watermark(), ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
   }
   if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
+  if (auto s = ValidateGpuTier(c.gpu_tier()); !s.ok()) return s;
   if (auto s = ValidateCheckpoint(c.checkpoint()); !s.ok()) return s;
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&

@@ -302,6 +302,41 @@ class CacheCollector final : public prometheus::Collectable {
         out.push_back(std::move(*f));
       }
     }
+    if (s.has_device) {
+      const std::vector<ClientMetric::Label> gpu = {{"tier", "gpu"}};
+      const TierCounters& t = s.tiers;
+      AddSample(capacity, gpu, static_cast<double>(s.device_store.capacity_bytes));
+      AddSample(used, gpu, static_cast<double>(s.device_store.allocated_bytes));
+      AddSample(payload, gpu, static_cast<double>(t.device_payload_bytes));
+      AddSample(tier_blocks, gpu, static_cast<double>(t.device_blocks));
+      AddSample(utilization, gpu,
+                Ratio(s.device_store.payload_bytes, s.device_store.allocated_bytes));
+      auto placed = Family("kvcached_gpu_placements_total",
+                           "Blocks copied into the GPU tier for same-host workers (PlaceOnDevice)",
+                           MetricType::Counter);
+      AddSample(placed, {}, static_cast<double>(t.device_placements));
+      auto placed_bytes = Family("kvcached_gpu_placed_bytes_total",
+                                 "Bytes copied into the GPU tier", MetricType::Counter);
+      AddSample(placed_bytes, {}, static_cast<double>(t.device_placed_bytes));
+      auto found = Family("kvcached_gpu_placement_hits_total",
+                          "Blocks a placement found in the GPU tier already", MetricType::Counter);
+      AddSample(found, {}, static_cast<double>(t.device_hits));
+      auto drops = Family("kvcached_gpu_drops_total",
+                          "GPU tier copies dropped, by reason (clean: the block stays in host "
+                          "memory or on SSD)",
+                          MetricType::Counter);
+      AddSample(drops, {{"reason", "room"}}, static_cast<double>(t.device_drops_room));
+      AddSample(drops, {{"reason", "pressure"}}, static_cast<double>(t.device_drops_pressure));
+      AddSample(drops, {{"reason", "invalidated"}},
+                static_cast<double>(t.device_drops_invalidated));
+      auto failed = Family("kvcached_gpu_write_failures_total",
+                           "Copies into the GPU tier that failed (other than for room)",
+                           MetricType::Counter);
+      AddSample(failed, {}, static_cast<double>(t.device_write_failures));
+      for (auto* f : {&placed, &placed_bytes, &found, &drops, &failed}) {
+        out.push_back(std::move(*f));
+      }
+    }
     auto evictions = Family("kvcached_capacity_evictions_total",
                             "Blocks evicted to make room for new ones", MetricType::Counter);
     AddSample(evictions, {}, static_cast<double>(s.capacity_evictions));

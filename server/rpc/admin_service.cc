@@ -82,6 +82,22 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
     out->set_restored_blocks(m.restored_blocks);
     out->set_corrupt_blocks(m.corrupt_blocks);
   }
+  if (stats.has_device) {
+    const TierCounters& t = stats.tiers;
+    v1::TierStats* gpu = response->add_tiers();
+    gpu->set_name("gpu");
+    gpu->set_capacity_bytes(stats.device_store.capacity_bytes);
+    gpu->set_used_bytes(stats.device_store.allocated_bytes);
+    gpu->set_payload_bytes(t.device_payload_bytes);
+    gpu->set_blocks(t.device_blocks);
+    gpu->set_promotions(t.device_placements);
+    gpu->set_placement_hits(t.device_hits);
+    gpu->set_clean_drops(t.device_drops_room + t.device_drops_pressure +
+                         t.device_drops_invalidated);
+    gpu->set_write_bytes(t.device_placed_bytes);
+    gpu->set_write_failures(t.device_write_failures);
+    gpu->set_checksum_failures(stats.device_store.checksum_failures);
+  }
   v1::TierStats* host = response->add_tiers();
   host->set_name("host");
   host->set_capacity_bytes(stats.host_pool.capacity_bytes);

@@ -71,6 +71,33 @@ absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
   return absl::OkStatus();
 }
 
+absl::Status RunPlaceOnDevice(Cache& cache, const v1::PlaceOnDeviceRequest& request,
+                              v1::PlaceOnDeviceResponse* response) {
+  auto key = ToModelKey(request.namespace_(), request.model_id());
+  if (!key.ok()) return key.status();
+  auto placed = cache.PlaceOnDevice(*key, TokensOf(request.tokens()),
+                                    absl::Milliseconds(request.lease_ttl_ms()));
+  if (!placed.ok()) return placed.status();
+  response->set_matched_tokens(placed->matched_tokens);
+  response->set_unplaced_tokens(placed->unplaced_tokens);
+  response->set_withheld_tokens(placed->withheld_tokens);
+  response->set_copied_blocks(placed->copied_blocks);
+  for (const DeviceBlock& b : placed->blocks) {
+    v1::DeviceBlock* d = response->add_blocks();
+    d->set_index(b.index);
+    d->set_key(b.key);
+    d->set_checksum(b.checksum);
+    d->set_bytes(b.slot.bytes);
+    d->set_arena(b.slot.arena);
+    d->set_offset(b.slot.offset);
+  }
+  if (placed->lease_id != 0) {
+    response->set_lease_id(placed->lease_id);
+    response->set_lease_expires_unix_ms(absl::ToUnixMillis(placed->lease_expires));
+  }
+  return absl::OkStatus();
+}
+
 v1::AppendResponse ToProto(const AppendResult& result) {
   v1::AppendResponse response;
   response.set_stored_blocks(result.stored_blocks);

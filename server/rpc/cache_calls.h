@@ -24,6 +24,10 @@ absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
 absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
                             v1::BatchLookupResponse* response);
 
+// Answers `request` as PlaceOnDevice does.
+absl::Status RunPlaceOnDevice(Cache& cache, const v1::PlaceOnDeviceRequest& request,
+                              v1::PlaceOnDeviceResponse* response);
+
 v1::AppendResponse ToProto(const AppendResult& result);
 
 }  // namespace kvcache

@@ -173,6 +173,32 @@ grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext
   return FinishUnary(ctx, "ReleaseLease", start, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* CacheService::PlaceOnDevice(grpc::CallbackServerContext* ctx,
+                                                      const v1::PlaceOnDeviceRequest* request,
+                                                      v1::PlaceOnDeviceResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = RunLimited("PlaceOnDevice", [&]() -> absl::Status {
+    return RunPlaceOnDevice(*cache_, *request, response);
+  });
+  return FinishUnary(ctx, "PlaceOnDevice", start, status);
+}
+
+grpc::ServerUnaryReactor* CacheService::GetDeviceArenas(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetDeviceArenasRequest*,
+                                                        v1::GetDeviceArenasResponse* response) {
+  const absl::Time start = absl::Now();
+  if (const std::shared_ptr<DeviceTier>& device = cache_->device_tier(); device != nullptr) {
+    response->set_device_kind(std::string(device->device_kind()));
+    for (const DeviceArena& a : device->Arenas()) {
+      v1::DeviceArena* out = response->add_arenas();
+      out->set_arena(a.arena);
+      out->set_bytes(a.bytes);
+      out->set_ipc_handle(a.ipc_handle);
+    }
+  }
+  return FinishUnary(ctx, "GetDeviceArenas", start, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
                                               const v1::EvictRequest* request,
                                               v1::EvictResponse* response) {

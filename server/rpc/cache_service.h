@@ -9,7 +9,7 @@
 //
 // Limits (docs/api.md, "Timeouts and limits"): Append and Fetch streams count
 // against max_concurrent_streams and, per peer, max_streams_per_client;
-// Lookup, BatchLookup, Evict and ReportAttention against max_concurrent_unary. A stream
+// Lookup, BatchLookup, Evict, ReportAttention and PlaceOnDevice against max_concurrent_unary. A stream
 // that makes no progress for stream_idle_timeout_ms is cancelled with
 // DEADLINE_EXCEEDED and gives back its slot, its append session and its
 // blocks. A Fetch holds a reference only to blocks not yet handed to gRPC
@@ -46,7 +46,9 @@ using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
     v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_BatchLookup<
         v1::Cache::WithCallbackMethod_ReleaseLease<v1::Cache::WithRawCallbackMethod_Append<
             v1::Cache::WithRawCallbackMethod_Fetch<v1::Cache::WithCallbackMethod_Evict<
-                v1::Cache::WithCallbackMethod_ReportAttention<v1::Cache::Service>>>>>>>>;
+                v1::Cache::WithCallbackMethod_ReportAttention<
+                    v1::Cache::WithCallbackMethod_PlaceOnDevice<
+                        v1::Cache::WithCallbackMethod_GetDeviceArenas<v1::Cache::Service>>>>>>>>>>;
 
 class CacheService final : public CacheServiceBase {
  public:
@@ -73,6 +75,13 @@ class CacheService final : public CacheServiceBase {
   grpc::ServerUnaryReactor* ReportAttention(grpc::CallbackServerContext* ctx,
                                             const v1::ReportAttentionRequest* request,
                                             v1::ReportAttentionResponse* response) override;
+
+  grpc::ServerUnaryReactor* PlaceOnDevice(grpc::CallbackServerContext* ctx,
+                                          const v1::PlaceOnDeviceRequest* request,
+                                          v1::PlaceOnDeviceResponse* response) override;
+  grpc::ServerUnaryReactor* GetDeviceArenas(grpc::CallbackServerContext* ctx,
+                                            const v1::GetDeviceArenasRequest* request,
+                                            v1::GetDeviceArenasResponse* response) override;
 
   // Streams in flight now.
   int active_streams() const { return streams_.active(); }

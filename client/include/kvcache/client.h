@@ -265,6 +265,17 @@ class Client {
   virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint() = 0;
   virtual absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints() = 0;
   virtual absl::StatusOr<v1::VerifyCheckpointResponse> VerifyCheckpoint(uint64_t sequence) = 0;
+
+  // The GPU tier (docs/tiers.md, "The GPU tier"): the daemon's device arenas
+  // (an empty device_kind when it has none), and placing the exact cached
+  // prefix of `tokens` in them, leased (release it with ReleaseLease).
+  // DeviceSession (device_session.h) maps the arenas and does the
+  // device-to-device copies. PlaceOnDevice is not retried (a retry could
+  // leave an orphan lease); FAILED_PRECONDITION without a GPU tier.
+  virtual absl::StatusOr<v1::GetDeviceArenasResponse> GetDeviceArenas() = 0;
+  virtual absl::StatusOr<v1::PlaceOnDeviceResponse> PlaceOnDevice(
+      std::string_view model_id, std::span<const uint32_t> tokens,
+      absl::Duration lease_ttl = absl::ZeroDuration()) = 0;
 };
 
 // XXH3-64 of `bytes`: the checksum kvcached records for a block.
