@@ -178,6 +178,32 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"correlated period above a day",
        [](auto& c) { c.mutable_cache()->mutable_lru_k()->set_correlated_period_ms(90000000); },
        "cache.lru_k.correlated_period_ms"},
+      {"unknown gpu kind", [](auto& c) { c.mutable_gpu_tier()->set_kind("tpu"); },
+       "gpu_tier.kind"},
+      {"gpu slab not power of two",
+       [](auto& c) {
+         c.mutable_gpu_tier()->set_kind("cuda");
+         c.mutable_gpu_tier()->set_slab_bytes(3 << 20);
+       },
+       "gpu_tier.slab_bytes"},
+      {"gpu arena not a multiple of slabs",
+       [](auto& c) {
+         c.mutable_gpu_tier()->set_kind("host_stand_in");
+         c.mutable_gpu_tier()->set_arena_bytes((uint64_t{1} << 30) + 4096);
+       },
+       "gpu_tier.arena_bytes"},
+      {"gpu watermarks crossed",
+       [](auto& c) {
+         c.mutable_gpu_tier()->set_kind("cuda");
+         c.mutable_gpu_tier()->set_low_watermark(0.99);
+       },
+       "gpu_tier.low_watermark"},
+      {"gpu on_unavailable unknown",
+       [](auto& c) {
+         c.mutable_gpu_tier()->set_kind("cuda");
+         c.mutable_gpu_tier()->set_on_unavailable("retry");
+       },
+       "gpu_tier.on_unavailable"},
       {"retained history too large",
        [](auto& c) { c.mutable_cache()->mutable_lru_k()->set_retained_history(uint64_t{1} << 30); },
        "cache.lru_k.retained_history"},
