@@ -152,10 +152,9 @@ void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
     tier_.lower_payload_bytes -= node->lower->seal().size;
     if (node->payload == nullptr) --tier_.lower_only_blocks;
   }
-  if (node->device != nullptr) {
-    device_lru_.Erase(node);
+  if (StoredRef device = device_copies_.Take(node); device != nullptr) {
     --tier_.device_blocks;
-    tier_.device_payload_bytes -= node->device->seal().size;
+    tier_.device_payload_bytes -= device->seal().size;
   }
   compacting_.erase(node);
   ForgetCompressionLocked(state, node);

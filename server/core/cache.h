@@ -79,7 +79,7 @@
 #include "server/core/block_image.h"
 #include "server/core/cache_stats.h"
 #include "server/core/clock.h"
-#include "server/core/device_lru.h"
+#include "server/core/device_copies.h"
 #include "server/core/device_tier.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/importance_policy.h"
@@ -756,7 +756,7 @@ class Cache {
   ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
   uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
-  DeviceLru device_lru_ ABSL_GUARDED_BY(mu_);  // blocks with a device copy
+  DeviceCopies device_copies_ ABSL_GUARDED_BY(mu_);  // the GPU tier's copies
   std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);
   // The lower tier's write budget: bytes that may be written now, and when.
   double write_budget_ ABSL_GUARDED_BY(mu_) = 0;

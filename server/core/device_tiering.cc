@@ -20,7 +20,8 @@ constexpr int kMaxDeviceDropsPerPass = 4096;
 }  // namespace
 
 void Cache::DropDeviceCopyLocked(IndexNode* node, DeviceDrop why) {
-  if (node->device == nullptr) return;
+  const StoredRef* copy = device_copies_.Find(node);
+  if (copy == nullptr) return;
   const char* reason = "";
   switch (why) {
     case DeviceDrop::kRoom:
@@ -40,20 +41,19 @@ void Cache::DropDeviceCopyLocked(IndexNode* node, DeviceDrop why) {
       reason = "restored";
       break;
   }
-  const uint64_t size = node->device->seal().size;
-  device_lru_.Erase(node);
+  const uint64_t size = (*copy)->seal().size;
   --tier_.device_blocks;
   tier_.device_payload_bytes -= size;
   LogMoveLocked(*node, "gpu", "none", reason, size);
   // The slot is freed here unless a lease still holds the copy (then when
   // the lease ends).
-  node->device.reset();
+  device_copies_.Take(node);
 }
 
 bool Cache::DropDeviceVictimLocked(DeviceDrop why) {
-  // Only the index holds it: no lease, no placement in flight.
+  // Only the tier's own map holds it: no lease, no placement in flight.
   IndexNode* victim =
-      device_lru_.PickVictim([](const IndexNode& n) { return n.device.use_count() == 1; });
+      device_copies_.PickVictim([](const StoredRef& copy) { return copy.use_count() == 1; });
   if (victim == nullptr) return false;
   DropDeviceCopyLocked(victim, why);
   return true;
@@ -126,9 +126,9 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     blocks.reserve(path.size());
     for (IndexNode* n : path) {
       TieredBlock b = TakeBlock(*n);
-      if (n->device != nullptr) {
-        b.device = n->device;
-        device_lru_.Touch(n);
+      if (const StoredRef* copy = device_copies_.Find(n); copy != nullptr) {
+        b.device = *copy;
+        device_copies_.Touch(n);
       }
       blocks.push_back(std::move(b));
     }
@@ -178,11 +178,12 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     ++tier_.device_placements;
     tier_.device_placed_bytes += seal.size;
     IndexNode* node = RefindLocked(index, b.lookup_hash);
-    if (node == nullptr || node->device != nullptr) continue;  // gone, or placed by another
+    if (node == nullptr || device_copies_.Find(node) != nullptr) {
+      continue;  // gone, or placed by another placement meanwhile
+    }
     const BlockSeal now = node->seal();
     if (now.compressed || now.checksum != seal.checksum || now.size != seal.size) continue;
-    node->device = b.device;
-    device_lru_.Touch(node);
+    device_copies_.Put(node, b.device);
     ++tier_.device_blocks;
     tier_.device_payload_bytes += seal.size;
     LogMoveLocked(*node, node->in_host() ? "host" : "ssd", "gpu", "place", seal.size);

@@ -59,9 +59,8 @@ struct BlockHashes {
 //
 // A block lives in host memory (`payload`), in the lower tier (`lower`), or
 // in both (a host copy of a block also on SSD is clean: dropping it needs no
-// write). At least one of the two is set. A block may also have a copy in
-// the GPU tier (`device`), only ever next to one of those two with the same
-// seal (the GPU tier is inclusive, device_tier.h).
+// write). At least one of the two is set. (A copy in the GPU tier, when a
+// block has one, is kept by the cache apart from the node: device_copies.h.)
 struct IndexNode {
   IndexNode* parent = nullptr;  // nullptr for a first block
   BlockRef payload;             // the host copy, or null
@@ -105,8 +104,7 @@ struct IndexNode {
   // Lookups, fetches and appends that used the block (saturating); the lower
   // tier's admission gate reads it.
   uint16_t references = 0;
-  StoredRef lower;   // the copy in the lower tier, or null
-  StoredRef device;  // the copy in the GPU tier, or null
+  StoredRef lower;  // the copy in the lower tier, or null
 
   bool is_leaf() const { return num_children == 0; }
   bool in_host() const { return payload != nullptr; }
