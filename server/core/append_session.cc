@@ -161,7 +161,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
 AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
                              std::vector<Token> tokens, uint64_t start_block, AppendHints hints,
                              std::vector<uint64_t> checksums, std::vector<uint64_t> keys,
-                             BlockHashes hashes, std::vector<Cache::TieredBlock> pinned,
+                             BlockHashes hashes, std::vector<TieredBlock> pinned,
                              std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers)
     : cache_(cache),
       model_(std::move(model)),

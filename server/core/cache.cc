@@ -18,7 +18,8 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       lower_(std::move(lower)),
       device_(std::move(device)),
       policy_(std::move(policy)),
-      lower_policy_(std::move(lower_policy)) {
+      lower_policy_(std::move(lower_policy)),
+      leases_(options.max_leases, options.max_lease_tokens) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
   if (lower_ != nullptr) {
     prefetcher_ = std::make_unique<Prefetcher>(std::max(1u, options_.tiers.prefetch_threads),
@@ -29,8 +30,7 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
 Cache::~Cache() {
   prefetcher_.reset();  // its jobs use the cache
   MutexLock lock(&mu_);
-  leases_.clear();
-  lease_expiry_.clear();
+  leases_.Clear();
   for (auto& entry : models_) {
     ModelState& state = *entry.second;
     state.index.Clear([&](IndexNode* n) {
@@ -233,7 +233,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   while (true) {
     // With a lower tier, room is made by demotion (Migrate, MakeRoomForSpace).
     const bool for_space = staging != 0 && lower_ == nullptr && committed() > target;
-    const bool for_metadata = meta_cap != 0 && metadata_bytes_ > meta_cap;
+    const bool for_metadata = meta_cap != 0 && MetadataBytesLocked() > meta_cap;
     if (!(for_space || for_metadata) || !EvictOneLocked(dropped)) break;
     ++evicted;
     ++(for_space ? capacity_evictions_ : metadata_evictions_);
@@ -341,74 +341,30 @@ absl::StatusOr<std::pair<uint64_t, absl::Time>> Cache::CreateLeaseLocked(
     uint64_t matched_tokens, std::vector<TieredBlock> blocks, absl::Duration ttl) {
   const absl::Time now = clock_->Now();
   ExpireLeasesLocked(now);
-  if (leases_.size() >= options_.max_leases) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_leases (", options_.max_leases, ") leases are live; release some or retry later"));
-  }
-  if (lease_tokens_ + matched_tokens > options_.max_lease_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "live leases hold ", lease_tokens_, " tokens; this one (", matched_tokens,
-        ") would pass max_lease_tokens (", options_.max_lease_tokens, ")"));
-  }
   tokens.resize(matched_tokens);  // a prefix of the request's tokens: shrinks
-  Lease l{.model = model,
-          .index = index,
-          .matched_tokens = matched_tokens,
-          .tokens = std::move(tokens),
-          .blocks = std::move(blocks)};
-  l.expires = now + (ttl == absl::ZeroDuration() ? options_.default_lease_ttl : ttl);
-  uint64_t id;
-  do {
-    id = absl::Uniform<uint64_t>(lease_ids_);
-  } while (id == 0 || leases_.contains(id));
-  const absl::Time expires = l.expires;
-  l.metadata_bytes = LeaseMetadataBytes(l.tokens.size(), l.blocks.size());
-  lease_tokens_ += l.tokens.size();
-  metadata_bytes_ += l.metadata_bytes;
-  lease_expiry_.emplace(l.expires, id);
-  leases_.emplace(id, std::move(l));
-  return std::make_pair(id, expires);
+  const absl::Time expires =
+      now + (ttl == absl::ZeroDuration() ? options_.default_lease_ttl : ttl);
+  absl::StatusOr<uint64_t> id = leases_.Add({.model = model,
+                                             .index = index,
+                                             .matched_tokens = matched_tokens,
+                                             .tokens = std::move(tokens),
+                                             .blocks = std::move(blocks),
+                                             .expires = expires});
+  if (!id.ok()) return id.status();
+  return std::make_pair(*id, expires);
 }
 
 bool Cache::ReleaseLease(uint64_t lease_id) {
   Lease released;  // its references drop after the lock
   MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return false;
-  EraseLeaseLocked(it, &released);
-  return true;
-}
-
-void Cache::EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, Lease* out) {
-  auto [first, last] = lease_expiry_.equal_range(it->second.expires);
-  for (auto e = first; e != last; ++e) {
-    if (e->second == it->first) {
-      lease_expiry_.erase(e);
-      break;
-    }
-  }
-  ForgetLeaseLocked(it->second);
-  *out = std::move(it->second);
-  leases_.erase(it);
-}
-
-void Cache::ForgetLeaseLocked(const Lease& lease) {
-  lease_tokens_ -= lease.tokens.size();
-  metadata_bytes_ -= lease.metadata_bytes;
+  return leases_.Remove(lease_id, &released);
 }
 
 void Cache::ExpireLeasesLocked(absl::Time now) {
   // Expired leases' references drop here, under the lock; that only frees
-  // pool memory (no payload copies).
-  while (!lease_expiry_.empty() && lease_expiry_.begin()->first <= now) {
-    auto it = leases_.find(lease_expiry_.begin()->second);
-    if (it != leases_.end()) {
-      ForgetLeaseLocked(it->second);
-      leases_.erase(it);
-    }
-    lease_expiry_.erase(lease_expiry_.begin());
-  }
+  // pool memory and slots (no payload copies).
+  leases_.Expire(now);
 }
 
 void Cache::ExpireLeases() {
@@ -478,18 +434,18 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     ExpireLeasesLocked(clock_->Now());
-    auto it = leases_.find(lease_id);
-    if (it == leases_.end()) {
+    const Lease* lease = leases_.Find(lease_id);
+    if (lease == nullptr) {
       return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
     }
-    if (it->second.model != model) {
+    if (lease->model != model) {
       return absl::InvalidArgumentError(absl::StrCat("lease_id ", lease_id, " belongs to model \"",
-                                                     it->second.model.model_id, "\", not \"",
+                                                     lease->model.model_id, "\", not \"",
                                                      model.model_id, "\""));
     }
-    blocks = it->second.blocks;
+    blocks = lease->blocks;
     plan = MakePlan(**state, &blocks, accept_lossy);
-    index = it->second.index;
+    index = lease->index;
   }
   return FinishPlan(std::move(plan), index, std::move(blocks));
 }
@@ -543,20 +499,14 @@ absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   const EvictResult evicted = ClearModelLocked(**state, &dropped);
-  std::vector<uint64_t> lease_ids;
-  for (const auto& [id, lease] : leases_) {
-    if (lease.model == model) lease_ids.push_back(id);
-  }
-  for (uint64_t id : lease_ids) {
-    EraseLeaseLocked(leases_.find(id), &released.emplace_back());
-  }
+  const size_t released_leases = leases_.RemoveModel(model, &released);
   by_index_.erase(&(*state)->index);
   auto it = models_.find(model);
   removed = std::move(it->second);
   models_.erase(it);
   return UnregisterResult{.evicted_blocks = evicted.evicted_blocks,
                           .evicted_bytes = evicted.evicted_bytes,
-                          .released_leases = lease_ids.size()};
+                          .released_leases = released_leases};
 }
 
 bool Cache::MakeRoomForSpace() {
@@ -631,9 +581,9 @@ CacheStats Cache::GetStats() const {
   stats.compaction_passes = compaction_passes_;
   stats.conflicting_appends = conflicting_appends_;
   stats.metadata_evictions = metadata_evictions_;
-  stats.metadata_bytes = metadata_bytes_;
+  stats.metadata_bytes = MetadataBytesLocked();
   stats.staged_bytes = staged_bytes_;
-  stats.lease_tokens = lease_tokens_;
+  stats.lease_tokens = leases_.tokens();
   stats.tiers = tier_;
   if (lower_ != nullptr) {
     stats.has_lower = true;

@@ -84,10 +84,12 @@
 #include "server/core/eviction_policy.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
+#include "server/core/lease_table.h"
 #include "server/core/mutex.h"
 #include "server/core/prefetcher.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
+#include "server/core/tiered_block.h"
 #include "server/importance/calibration.h"
 
 namespace kvcache {
@@ -528,34 +530,7 @@ class Cache {
     std::shared_ptr<std::atomic<uint64_t>> lossless_epoch =
         std::make_shared<std::atomic<uint64_t>>(0);
   };
-  // A block as a reader took it: its host copy, or (when it had none) its
-  // lower-tier copy to read back; `lookup_hash` finds its node again.
-  // A lease taken by PlaceOnDevice also holds the block's device copy.
-  struct TieredBlock {
-    BlockRef host;
-    StoredRef lower;
-    uint64_t lookup_hash = 0;
-    StoredRef device;
-    uint64_t key = 0;
-    uint32_t depth = 0;
-    BlockSeal seal() const { return host != nullptr ? host->seal() : lower->seal(); }
-  };
-  static TieredBlock TakeBlock(const IndexNode& n) {
-    return {.host = n.payload,
-            .lower = n.payload == nullptr ? n.lower : nullptr,
-            .lookup_hash = n.lookup_hash,
-            .key = n.key,
-            .depth = n.depth};
-  }
-  struct Lease {
-    ModelKey model;
-    const PrefixIndex* index = nullptr;  // the model's index when leased
-    uint64_t matched_tokens = 0;
-    std::vector<Token> tokens;  // the matched tokens, for attention reports
-    std::vector<TieredBlock> blocks;
-    absl::Time expires;
-    uint64_t metadata_bytes = 0;  // counted in the cache's metadata total
-  };
+  static TieredBlock TakeBlock(const IndexNode& n) { return TieredBlock::Of(n); }
 
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -585,11 +560,10 @@ class Cache {
   // Bookkeeping for a node leaving its index (policy, compaction, stats).
   void ForgetNodeLocked(ModelState& state, IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a lease's tokens and metadata out of the totals.
-  void ForgetLeaseLocked(const Lease& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes a lease from both maps, moving it to `out`.
-  void EraseLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator it, Lease* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Index metadata and lease token copies: what max_metadata_bytes bounds.
+  uint64_t MetadataBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return metadata_bytes_ + leases_.metadata_bytes();
+  }
   // Undoes a compressed block's share of its model's compression stats.
   void ForgetCompressionLocked(ModelState& state, IndexNode* node)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -601,10 +575,6 @@ class Cache {
   static constexpr uint64_t kNodeAllocationOverhead = 56;
   // A node's token state, once it has one, is an allocation of its own.
   static constexpr uint64_t kTokenStateAllocationOverhead = 16;
-  // What a lease holds besides its block references, for the metadata budget.
-  static uint64_t LeaseMetadataBytes(uint64_t tokens, uint64_t blocks) {
-    return 128 + tokens * sizeof(Token) + blocks * sizeof(TieredBlock);
-  }
   // How many blocks of `path` a reader may get: all with `accept_lossy`,
   // else those before the first one stored lossy.
   static size_t ReadableBlocks(const std::vector<IndexNode*>& path, bool accept_lossy);
@@ -733,15 +703,11 @@ class Cache {
   std::unique_ptr<EvictionPolicy> lower_policy_ ABSL_GUARDED_BY(mu_);  // lower-only blocks
   absl::btree_map<ModelKey, std::unique_ptr<ModelState>> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  // Lease ids by expiry, so expiring costs only what expires.
-  absl::btree_multimap<absl::Time, uint64_t> lease_expiry_ ABSL_GUARDED_BY(mu_);
-  absl::BitGen lease_ids_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes in the indexes
-  uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // nodes + lease token copies
-  uint64_t lease_tokens_ ABSL_GUARDED_BY(mu_) = 0;    // tokens held by live leases
+  uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // index nodes (leases: leases_)
   // Pool memory held by appends in flight (uncommitted blocks).
   uint64_t staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Blocks an append in flight is writing, by (index, chain key): a second
@@ -802,7 +768,7 @@ class AppendSession {
   AppendSession(Cache* cache, ModelKey model, ModelLayout layout, std::vector<Token> tokens,
                 uint64_t start_block, AppendHints hints, std::vector<uint64_t> checksums,
                 std::vector<uint64_t> keys, BlockHashes hashes,
-                std::vector<Cache::TieredBlock> pinned, std::vector<BlockPlan> plan,
+                std::vector<TieredBlock> pinned, std::vector<BlockPlan> plan,
                 std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
   // The pinned flags of block `index` of the sequence; empty when none.
@@ -829,7 +795,7 @@ class AppendSession {
   const PrefixIndex* index_ = nullptr;
   // References to the blocks that were cached when the session began (the
   // prefix and blocks to deduplicate): they cannot be evicted for space.
-  std::vector<Cache::TieredBlock> pinned_;
+  std::vector<TieredBlock> pinned_;
   std::vector<BlockPlan> plan_;                 // per new block
   std::vector<BlockRef> new_blocks_;            // per new block: the payload written, or null
   std::vector<uint64_t> digests_;               // per new block, once complete

@@ -52,14 +52,14 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
     // Fetches in flight stop sending lossy blocks, and leases end before
     // their first one: off means lossless for everyone, now.
     m.lossless_epoch->fetch_add(1);
-    for (auto& [id, lease] : leases_) {
-      if (lease.model != model) continue;
+    leases_.ForEach([&](Lease& lease) {
+      if (lease.model != model) return;
       const size_t keep = ExactBlocks(lease.blocks);
       auto lossy = lease.blocks.begin() + static_cast<ptrdiff_t>(keep);
       for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(std::move(it->host));
       lease.blocks.erase(lossy, lease.blocks.end());
       lease.matched_tokens = keep * m.layout.block_tokens;
-    }
+    });
   }
   if (next.mode == CompressionMode::kOff && m.compressed_blocks > 0) {
     // Remove every compressed block (and what hangs below it): from now on
@@ -113,15 +113,15 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   const absl::Time now = clock_->Now();
   if (lease_id != 0) {
     ExpireLeasesLocked(now);
-    auto it = leases_.find(lease_id);
-    if (it == leases_.end()) {
+    const Lease* lease = leases_.Find(lease_id);
+    if (lease == nullptr) {
       return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
     }
-    if (it->second.model != model) {
+    if (lease->model != model) {
       return absl::InvalidArgumentError(
           absl::StrCat("lease_id ", lease_id, " belongs to another model"));
     }
-    tokens = it->second.tokens;
+    tokens = lease->tokens;
   }
   const size_t n = tokens.size();
   if (n == 0 || attention.size() != uint64_t{rows} * n) {

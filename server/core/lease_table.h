@@ -1,0 +1,87 @@
+// LeaseTable: the leases a Cache has handed out, by id and by expiry.
+//
+// A lease keeps the blocks of a matched prefix (TieredBlock references, which
+// pin every copy they hold) and the matched tokens (for attention reports)
+// until it is released or expires. The table enforces the two limits on live
+// leases (how many, and how many tokens they copy) and counts the memory they
+// hold for the cache's metadata budget. Ids are random, never 0, and never
+// reused while the lease lives.
+//
+// Not thread-safe: the owning Cache serialises access under its lock.
+// Removing a lease hands it back to the caller, whose references then drop
+// wherever the caller lets them (after the lock, where that matters).
+#ifndef KVCACHE_SERVER_CORE_LEASE_TABLE_H_
+#define KVCACHE_SERVER_CORE_LEASE_TABLE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/random/random.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/layout.h"
+#include "server/core/prefix_index.h"
+#include "server/core/tiered_block.h"
+
+namespace kvcache {
+
+struct Lease {
+  ModelKey model;
+  const PrefixIndex* index = nullptr;  // the model's index when leased
+  uint64_t matched_tokens = 0;
+  std::vector<Token> tokens;  // the matched tokens, for attention reports
+  std::vector<TieredBlock> blocks;
+  absl::Time expires;
+  uint64_t metadata_bytes = 0;  // set by the table: counted in metadata_bytes()
+};
+
+class LeaseTable {
+ public:
+  LeaseTable(uint32_t max_leases, uint64_t max_tokens)
+      : max_leases_(max_leases), max_tokens_(max_tokens) {}
+
+  // Adds `lease` (its tokens, blocks and expiry set) and returns its id.
+  // RESOURCE_EXHAUSTED, and nothing added, when it would pass max_leases or
+  // max_tokens.
+  absl::StatusOr<uint64_t> Add(Lease lease);
+  // The live lease `id`, or null.
+  Lease* Find(uint64_t id);
+  // Moves lease `id` to `out` and removes it; false when there is none.
+  bool Remove(uint64_t id, Lease* out);
+  // Moves every lease of `model` to `out` and removes them; returns how many.
+  size_t RemoveModel(const ModelKey& model, std::vector<Lease>* out);
+  // Removes the leases that expired by `now` (their references drop here);
+  // costs only what expires.
+  void Expire(absl::Time now);
+  void ForEach(absl::FunctionRef<void(Lease&)> visit);
+  void Clear();
+
+  size_t size() const { return leases_.size(); }
+  uint64_t tokens() const { return tokens_; }  // tokens the live leases copied
+  uint64_t metadata_bytes() const { return metadata_bytes_; }
+
+  // What a lease holds besides its block references, for the metadata budget.
+  static uint64_t MetadataBytes(uint64_t tokens, uint64_t blocks) {
+    return 128 + tokens * sizeof(Token) + blocks * sizeof(TieredBlock);
+  }
+
+ private:
+  using Map = absl::flat_hash_map<uint64_t, Lease>;
+  // Takes the lease at `it` out of both maps and the totals, into `out`.
+  void Erase(Map::iterator it, Lease* out);
+
+  const uint32_t max_leases_;
+  const uint64_t max_tokens_;
+  Map leases_;
+  absl::btree_multimap<absl::Time, uint64_t> by_expiry_;
+  absl::BitGen ids_;
+  uint64_t tokens_ = 0;
+  uint64_t metadata_bytes_ = 0;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_LEASE_TABLE_H_
