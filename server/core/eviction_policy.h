@@ -14,7 +14,8 @@
 //   lru    least recently used first (lru_policy.cc);
 //   lru_k  LRU-K with K by workload, a correlated-reference period, history
 //          kept for evicted blocks, and the append's priority and the
-//          cache's importance folded into one rank (lru_k_policy.h).
+//          cache's importance folded into one rank, optionally with a
+//          probation segment for blocks used once (lru_k_policy.h).
 #ifndef KVCACHE_SERVER_CORE_EVICTION_POLICY_H_
 #define KVCACHE_SERVER_CORE_EVICTION_POLICY_H_
 
@@ -93,6 +94,16 @@ struct LruKOptions {
   // policies offline"): a new block of a conversation is often reused by
   // its next turn, before it could earn a second reference.
   absl::Duration fewer_than_k_penalty = absl::Minutes(10);
+  // Share of the tracked blocks kept for probation, in [0, 0.9]; 0 (the
+  // default) turns it off: one segment, the rank alone decides. A block
+  // stays on probation from its Insert until a second uncorrelated
+  // reference (another request's use, or a retained history when it comes
+  // back), unless its priority is above 0 or its importance reaches
+  // kProtectImportance; PickVictim takes its victim from probation while
+  // probation holds more than this share (lru_k_policy.h). No share did as
+  // well as 0 in every cell on the Mooncake traces (tests/bench/README.md).
+  double probation_share = 0.0;
+  static constexpr float kProtectImportance = 0.5f;
 
   // The K of a node whose workload hint is `workload`.
   int KFor(uint8_t workload) const;

@@ -24,9 +24,11 @@ namespace {
 
 constexpr uint32_t kBt = 16;
 
-// One factory per policy. kName is also the name of the test instantiation.
+// One factory per policy. kName names the test instantiation, kPolicyName
+// is what the policy's name() says.
 struct LruFactory {
   static constexpr std::string_view kName = "lru";
+  static constexpr std::string_view kPolicyName = "lru";
   static std::unique_ptr<EvictionPolicy> Make() { return NewLruPolicy(); }
 };
 // LRU-K with every use counted (no correlated period), on a clock that
@@ -34,10 +36,23 @@ struct LruFactory {
 // promises.
 struct LruKFactory {
   static constexpr std::string_view kName = "lru_k";
+  static constexpr std::string_view kPolicyName = "lru_k";
   static std::unique_ptr<EvictionPolicy> Make() {
     static ManualClock clock;
     clock.Advance(absl::Hours(1));
     return NewLruKPolicy({.correlated_period = absl::ZeroDuration()}, &clock);
+  }
+};
+
+// The same with a probation segment (LruKOptions::probation_share).
+struct LruKProbationFactory {
+  static constexpr std::string_view kName = "lru_k_probation";
+  static constexpr std::string_view kPolicyName = "lru_k";
+  static std::unique_ptr<EvictionPolicy> Make() {
+    static ManualClock clock;
+    clock.Advance(absl::Hours(1));
+    return NewLruKPolicy({.correlated_period = absl::ZeroDuration(), .probation_share = 0.25},
+                         &clock);
   }
 };
 
@@ -106,13 +121,13 @@ struct FactoryName {
   }
 };
 
-using PolicyFactories = ::testing::Types<LruFactory, LruKFactory>;
+using PolicyFactories = ::testing::Types<LruFactory, LruKFactory, LruKProbationFactory>;
 TYPED_TEST_SUITE(EvictionPolicyTest, PolicyFactories, FactoryName);
 
 TYPED_TEST(EvictionPolicyTest, StartsEmpty) {
   EXPECT_EQ(this->policy_->size(), 0u);
   EXPECT_EQ(this->policy_->PickVictim(All()), nullptr);
-  EXPECT_EQ(this->policy_->name(), TypeParam::kName);
+  EXPECT_EQ(this->policy_->name(), TypeParam::kPolicyName);
 }
 
 TYPED_TEST(EvictionPolicyTest, SizeCountsTrackedBlocks) {

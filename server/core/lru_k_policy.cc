@@ -77,6 +77,10 @@ absl::Status LruKOptions::Validate() const {
                                                    absl::FormatDuration(fewer_than_k_penalty),
                                                    "; it must be in [0, 3660 days] or infinite"));
   }
+  if (!(probation_share >= 0.0 && probation_share <= 0.9)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lru_k.probation_share is ", probation_share, "; it must be in [0, 0.9]"));
+  }
   return absl::OkStatus();
 }
 
@@ -96,21 +100,22 @@ LruKPolicy::LruKPolicy(const LruKOptions& options, Clock* clock)
 
 int64_t LruKPolicy::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
 
-void LruKPolicy::Reference(IndexNode::PolicyHook& hook, int64_t now_ms) const {
+bool LruKPolicy::Reference(IndexNode::PolicyHook& hook, int64_t now_ms) const {
   uint32_t(&age)[LruKOptions::kMaxK] = hook.history_age_ms;
   if (age[0] == kNoReference) {  // the first reference
     hook.last_ms = now_ms;
     age[0] = 0;
-    return;
+    return true;
   }
   const int64_t since_last = std::max<int64_t>(now_ms - hook.last_ms, 0);  // clocks may step back
   hook.last_ms += since_last;
   if (since_last < correlated_ms_) {  // correlated: the ages grow, no new reference
     for (uint32_t& a : age) a = AddAge(a, since_last);
-    return;
+    return false;
   }
   for (int i = LruKOptions::kMaxK - 1; i > 0; --i) age[i] = AddAge(age[i - 1], since_last);
   age[0] = 0;
+  return true;
 }
 
 int64_t LruKPolicy::Rank(const IndexNode& node) const {
@@ -124,11 +129,29 @@ int64_t LruKPolicy::Rank(const IndexNode& node) const {
                       static_cast<double>(importance_step_ms_));
 }
 
-void LruKPolicy::Place(IndexNode* node, bool used) {
+bool LruKPolicy::Hinted(const IndexNode& node) const {
+  return node.priority > 0 || node.importance() >= LruKOptions::kProtectImportance;
+}
+
+void LruKPolicy::Place(IndexNode* node, bool used, bool main) {
   IndexNode::PolicyHook& hook = node->policy_hook;
-  const uint64_t seq = used ? ++next_seq_ : hook.order.seq;
+  main = main || options_.probation_share == 0 || Hinted(*node);
+  const uint64_t seq = (used ? ++next_seq_ : hook.order.seq & ~kMainBit) | (main ? kMainBit : 0);
   hook.order = {.rank = Rank(*node), .seq = seq};
-  order_.insert(node);
+  (main ? order_ : probation_).insert(node);
+}
+
+bool LruKPolicy::Unplace(IndexNode* node) {
+  // (rank, seq) is unique among tracked blocks, so a node is found only in
+  // the segment that holds it, and a block of another policy in neither.
+  for (Order* segment : {&probation_, &order_}) {
+    auto it = segment->find(node);
+    if (it != segment->end() && *it == node) {
+      segment->erase(it);
+      return true;
+    }
+  }
+  return false;
 }
 
 void LruKPolicy::Insert(IndexNode* node) {
@@ -143,13 +166,13 @@ void LruKPolicy::Insert(IndexNode* node) {
     retained_by_key_.erase(it);
   }
   Reference(hook, NowMs());
-  Place(node, /*used=*/true);
+  Place(node, /*used=*/true, /*main=*/References(*node) >= 2);
 }
 
 void LruKPolicy::Touch(IndexNode* node) {
-  order_.erase(node);
-  Reference(node->policy_hook, NowMs());
-  Place(node, /*used=*/true);
+  Unplace(node);
+  const bool again = Reference(node->policy_hook, NowMs());
+  Place(node, /*used=*/true, /*main=*/InMain(*node) || again);
 }
 
 void LruKPolicy::Erase(IndexNode* node) {
@@ -158,32 +181,49 @@ void LruKPolicy::Erase(IndexNode* node) {
 }
 
 void LruKPolicy::Release(IndexNode* node) {
-  order_.erase(node);
+  Unplace(node);
   node->policy_hook.order = {.rank = 0, .seq = 0};
   // Its parent may be a leaf now: back to its own rank if it was set aside
   // (by this policy: the parent may belong to another tier's).
   if (IndexNode* parent = node->parent;
-      parent != nullptr && parent->policy_hook.order.rank == kBlockedRank) {
-    auto it = order_.find(parent);
-    if (it != order_.end() && *it == parent) {
-      order_.erase(it);
-      Place(parent, /*used=*/false);
-    }
+      parent != nullptr && parent->policy_hook.order.rank == kBlockedRank && Unplace(parent)) {
+    Place(parent, /*used=*/false, InMain(*parent));
   }
 }
 
-void LruKPolicy::Adopt(IndexNode* node) { Place(node, /*used=*/true); }
+void LruKPolicy::Adopt(IndexNode* node) {
+  Place(node, /*used=*/true, /*main=*/References(*node) >= 2);
+}
 
 void LruKPolicy::SetImportance(IndexNode* node, float importance) {
-  order_.erase(node);
+  Unplace(node);
   node->set_importance(importance);
-  Place(node, /*used=*/false);
+  Place(node, /*used=*/false, InMain(*node));
 }
 
 IndexNode* LruKPolicy::PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) {
+  // Probation first while it holds more than its share, the main segment
+  // first otherwise; the other segment when the first has no victim.
+  const bool probation_first =
+      !probation_.empty() &&
+      (order_.empty() || static_cast<double>(probation_.size()) >
+                             options_.probation_share * static_cast<double>(size()));
+  Order& first = probation_first ? probation_ : order_;
+  Order& second = probation_first ? order_ : probation_;
+  for (Order* segment : {&first, &second}) {
+    if (IndexNode* victim = PickRanked(*segment, evictable)) return victim;
+  }
+  for (Order* segment : {&first, &second}) {
+    if (IndexNode* victim = PickSetAside(*segment, evictable)) return victim;
+  }
+  return nullptr;
+}
+
+IndexNode* LruKPolicy::PickRanked(Order& segment,
+                                  absl::FunctionRef<bool(const IndexNode&)> evictable) {
   IndexNode* victim = nullptr;
   blocked_.clear();
-  for (IndexNode* node : order_) {
+  for (IndexNode* node : segment) {
     if (node->policy_hook.order.rank == kBlockedRank) break;  // only set-aside blocks follow
     if (evictable(*node)) {
       victim = node;
@@ -195,15 +235,19 @@ IndexNode* LruKPolicy::PickVictim(absl::FunctionRef<bool(const IndexNode&)> evic
   // or until a child of theirs is erased, so that the next call does not
   // walk them again.
   for (IndexNode* node : blocked_) {
-    order_.erase(node);
+    segment.erase(node);
     node->policy_hook.order.rank = kBlockedRank;
-    order_.insert(node);
+    segment.insert(node);
   }
-  if (victim != nullptr) return victim;
-  // Nothing in front: the set-aside blocks, in the order they were set aside.
+  return victim;
+}
+
+IndexNode* LruKPolicy::PickSetAside(Order& segment,
+                                    absl::FunctionRef<bool(const IndexNode&)> evictable) {
+  // The set-aside blocks, in the order they were set aside.
   IndexNode probe;
   probe.policy_hook.order = {.rank = kBlockedRank, .seq = 0};
-  for (auto it = order_.lower_bound(&probe); it != order_.end(); ++it) {
+  for (auto it = segment.lower_bound(&probe); it != segment.end(); ++it) {
     if (evictable(**it)) return *it;
   }
   return nullptr;

@@ -34,6 +34,24 @@
 // coming back earns its K references across evictions. Keys are the index's
 // chained block keys: two models caching the same tokens share an entry.
 //
+// Probation (off by default: LruKOptions::probation_share = 0). With a
+// share s > 0 the blocks are split in two segments, in the manner of 2Q and
+// S3-FIFO: a block is on probation from its Insert while it has a single
+// uncorrelated reference, until its next uncorrelated reference (a use by
+// another request, outside the correlated period) moves it to the main
+// segment for as long as it stays tracked. A block inserted with a retained
+// history (it was evicted and came back) has at least two references and
+// starts in the main segment, as does a block whose priority is above 0 or
+// whose importance is at least LruKOptions::kProtectImportance (0.5), at
+// Insert or when SetImportance raises it; Adopt (a block moving in from
+// another tier's policy) places a block by its references the same way.
+// Each segment is ordered by the rank above. PickVictim looks first in
+// probation while probation holds more than s of the tracked blocks, else
+// first in the main segment, and in the other segment when the first has no
+// evictable block. The daemon does not use probation: on the Mooncake
+// traces no share tried was at or above LRU-K alone in every cell
+// (tests/bench/README.md, "Eviction policies offline").
+//
 // Blocks with children. Only leaves are evictable in the Cache, but a parent
 // can rank before its children (its K-th reference is older than theirs,
 // or they have fewer than K with a finite penalty). PickVictim sets aside
@@ -41,13 +59,15 @@
 // other block until its next use (Insert, Touch, SetImportance) or until
 // one of its children is erased, when it takes its own rank again. So for a
 // predicate that rejects every block with children (the Cache's) the victim
-// is exactly the lowest-ranked evictable block, and a parent is walked over
-// once per use instead of once per eviction. Another predicate may see a
+// is exactly the lowest-ranked evictable block (of the segment PickVictim
+// takes it from, with probation), and a parent is walked over once per use
+// instead of once per eviction. Another predicate may see a
 // set-aside block later than its rank says.
 //
 // Cost. The policy keeps its state in the node's policy_hook (40 bytes,
-// counted with the node by Cache::NodeMetadataBytes) and its order in a
-// B-tree of node pointers (about 12 bytes per block); Insert, Touch, Erase
+// counted with the node by Cache::NodeMetadataBytes; the segment is the top
+// bit of the order's sequence number) and its order in a B-tree of node
+// pointers per segment (about 12 bytes per block); Insert, Touch, Erase
 // and SetImportance are O(log n); PickVictim is O(log n) amortised when the
 // blocks it rejects are blocks with children (and O(n) when nothing is
 // evictable, like LRU). Retained entries take about 80 bytes each.
@@ -86,7 +106,7 @@ class LruKPolicy final : public EvictionPolicy {
   void Adopt(IndexNode* node) override;
   IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) override;
   void SetImportance(IndexNode* node, float importance) override;
-  size_t size() const override { return order_.size(); }
+  size_t size() const override { return order_.size() + probation_.size(); }
   std::string_view name() const override { return "lru_k"; }
 
   // Uncorrelated references of a tracked block (its retained history
@@ -102,6 +122,8 @@ class LruKPolicy final : public EvictionPolicy {
   bool SeenAtLeast(uint64_t key, int n) const;
   // Histories of erased blocks held now (<= options.retained_history).
   size_t retained_size() const { return retained_.size(); }
+  // Tracked blocks on probation now (0 when options.probation_share is 0).
+  size_t probation_size() const { return probation_.size(); }
 
  private:
   struct Retained {
@@ -118,13 +140,30 @@ class LruKPolicy final : public EvictionPolicy {
     }
   };
 
+  using Order = absl::btree_set<IndexNode*, ByRank>;
+
   int64_t NowMs() const;
+  // The main segment's mark in PolicyHook::Order::seq (constant within a
+  // segment, so it does not change the order).
+  static constexpr uint64_t kMainBit = uint64_t{1} << 63;
+  static bool InMain(const IndexNode& node) { return node.policy_hook.order.seq & kMainBit; }
+  // Whether priority or importance keep the node off probation.
+  bool Hinted(const IndexNode& node) const;
   // Adds a use at `now_ms` to the node's history (correlated or not).
-  void Reference(IndexNode::PolicyHook& hook, int64_t now_ms) const;
+  // Returns whether it was an uncorrelated reference.
+  bool Reference(IndexNode::PolicyHook& hook, int64_t now_ms) const;
   int64_t Rank(const IndexNode& node) const;
   // Sets the node's order key (a new last-use sequence when `used`) and
-  // puts it in order_. REQUIRES: the node is not in order_.
-  void Place(IndexNode* node, bool used);
+  // puts it in its segment. REQUIRES: the node is in neither segment.
+  // In the main segment when `main`, probation is off, or Hinted(node).
+  void Place(IndexNode* node, bool used, bool main);
+  // Takes the node out of whichever segment holds it; false if none does.
+  bool Unplace(IndexNode* node);
+  // PickVictim's two passes over one segment: the lowest-ranked evictable
+  // block, setting aside the blocks with children it walks over; then the
+  // set-aside blocks.
+  IndexNode* PickRanked(Order& segment, absl::FunctionRef<bool(const IndexNode&)> evictable);
+  IndexNode* PickSetAside(Order& segment, absl::FunctionRef<bool(const IndexNode&)> evictable);
   void Retain(const IndexNode& node);
 
   const LruKOptions options_;
@@ -134,7 +173,8 @@ class LruKPolicy final : public EvictionPolicy {
   const int64_t importance_step_ms_;
   const int64_t penalty_ms_;  // what a block with fewer than K references loses
   uint64_t next_seq_ = 0;
-  absl::btree_set<IndexNode*, ByRank> order_;
+  Order order_;                      // the main segment (everything when probation is off)
+  Order probation_;                  // blocks on probation
   std::vector<IndexNode*> blocked_;  // PickVictim's scratch
   // Erased blocks' histories, most recently erased first, and by key.
   std::list<Retained> retained_;

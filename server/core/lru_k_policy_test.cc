@@ -5,6 +5,7 @@
 #include "server/core/lru_k_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,6 +70,13 @@ class LruKPolicyTest : public ::testing::Test {
   }
 
   void Advance(absl::Duration d) { clock_.Advance(d); }
+
+  // The policy against a model that keeps every reference time and ranks by
+  // the header's formula, over random inserts, touches, erases, importance
+  // changes and clock steps; with probation the model also keeps each
+  // block's segment by the header's rules and picks from the segment
+  // PickVictim must.
+  void RunModel(double probation_share, uint32_t seed);
 
   std::vector<IndexNode*> Drain() {
     std::vector<IndexNode*> order;
@@ -369,6 +377,131 @@ TEST_F(LruKPolicyTest, ParentsRankedBeforeTheirChildrenAreWalkedOnce) {
   EXPECT_THAT(Drain(), ElementsAre(p, other));
 }
 
+// Probation (LruKOptions::probation_share): blocks with one reference wait
+// in their own segment, which gives the victim while it holds more than its
+// share.
+TEST_F(LruKPolicyTest, ProbationGivesTheVictimWhileOverItsShare) {
+  Reset({.probation_share = 0.5});
+  // Two blocks referenced twice (main), then three newcomers (probation).
+  IndexNode* m1 = Add(1);
+  IndexNode* m2 = Add(2);
+  Advance(absl::Seconds(5));
+  for (IndexNode* n : {m1, m2}) policy_->Touch(n);
+  Advance(absl::Hours(1));
+  IndexNode* p1 = Add(3);
+  IndexNode* p2 = Add(4);
+  IndexNode* p3 = Add(5);
+  EXPECT_EQ(policy_->probation_size(), 3u);
+  // 3 of 5 is over half: the coldest newcomer goes, although the main
+  // blocks rank lower (their 2nd reference is an hour old).
+  EXPECT_EQ(policy_->PickVictim(All), p1);
+  policy_->Erase(p1);
+  // 2 of 4 is not over half: the main segment's lowest rank goes.
+  EXPECT_EQ(policy_->PickVictim(All), m1);
+  policy_->Erase(m1);
+  // Then p2 (2 of 3 on probation), m2 (1 of 2), p3.
+  EXPECT_THAT(Drain(), ElementsAre(p2, m2, p3));
+}
+
+TEST_F(LruKPolicyTest, WithoutProbationNewcomersRankAgainstEveryBlock) {
+  // The same blocks without probation: the hour-old main blocks go first.
+  IndexNode* m1 = Add(1);
+  IndexNode* m2 = Add(2);
+  Advance(absl::Seconds(5));
+  for (IndexNode* n : {m1, m2}) policy_->Touch(n);
+  Advance(absl::Hours(1));
+  IndexNode* p1 = Add(3);
+  EXPECT_EQ(policy_->probation_size(), 0u);
+  EXPECT_THAT(Drain(), ElementsAre(m1, m2, p1));
+}
+
+TEST_F(LruKPolicyTest, AnUncorrelatedReferencePromotesOffProbation) {
+  Reset({.probation_share = 0.5});
+  IndexNode* a = Add(1);
+  IndexNode* b = Add(2);
+  IndexNode* c = Add(3);
+  EXPECT_EQ(policy_->probation_size(), 3u);
+  Advance(absl::Milliseconds(500));  // within the correlated period: stays
+  policy_->Touch(a);
+  EXPECT_EQ(policy_->probation_size(), 3u);
+  Advance(absl::Seconds(2));  // another request: promoted
+  policy_->Touch(a);
+  EXPECT_EQ(policy_->probation_size(), 2u);
+  EXPECT_EQ(policy_->References(*a), 2);
+  // b and c (2 of 3) are over half: b goes; then 1 of 2 is not: a, then c.
+  EXPECT_THAT(Drain(), ElementsAre(b, a, c));
+}
+
+TEST_F(LruKPolicyTest, ABlockComingBackWithRetainedHistorySkipsProbation) {
+  Reset({.probation_share = 0.5});
+  IndexNode* a = Add(1);
+  policy_->Erase(a);  // one reference retained
+  Advance(absl::Seconds(2));
+  policy_->Insert(a);  // the second: straight to the main segment
+  EXPECT_EQ(policy_->References(*a), 2);
+  EXPECT_EQ(policy_->probation_size(), 0u);
+  IndexNode* b = Add(2);
+  IndexNode* c = Add(3);
+  EXPECT_EQ(policy_->probation_size(), 2u);
+  EXPECT_THAT(Drain(), ElementsAre(b, a, c));
+}
+
+TEST_F(LruKPolicyTest, PriorityAndImportanceKeepABlockOffProbation) {
+  Reset({.probation_share = 0.5});
+  IndexNode* plain = Add(1);
+  IndexNode* urgent = Add(2, kUnspecified, /*priority=*/1);
+  IndexNode* negative = Add(3, kUnspecified, /*priority=*/-1);
+  IndexNode* valued = Add(4);
+  EXPECT_EQ(policy_->probation_size(), 3u);
+  policy_->SetImportance(valued, 0.4f);  // below kProtectImportance: stays
+  EXPECT_EQ(policy_->probation_size(), 3u);
+  policy_->SetImportance(valued, LruKOptions::kProtectImportance);
+  EXPECT_EQ(policy_->probation_size(), 2u);
+  policy_->SetImportance(valued, 0.0f);  // once in the main segment, it stays there
+  EXPECT_EQ(policy_->probation_size(), 2u);
+  // plain and negative (2 of 4) are not over half: the main segment first,
+  // where valued (importance 0 now) ranks below urgent (priority 1).
+  EXPECT_EQ(policy_->PickVictim(All), valued);
+  policy_->Erase(valued);
+  // Then 2 of 3 on probation: negative (1 minute lower than plain); then
+  // 1 of 2: urgent, and plain last.
+  EXPECT_THAT(Drain(), ElementsAre(negative, urgent, plain));
+}
+
+TEST_F(LruKPolicyTest, ProbationParentsAreSetAsideAndTheMainSegmentServes) {
+  // A chain on probation under the Cache's leaf-only rule, with a main block.
+  Reset({.probation_share = 0.5});
+  IndexNode* m = Add(9);
+  Advance(absl::Seconds(2));
+  policy_->Touch(m);
+  Advance(absl::Seconds(2));
+  IndexNode* a = Add(1);
+  IndexNode* b = Add(2, kUnspecified, 0, a);
+  IndexNode* c = Add(3, kUnspecified, 0, b);
+  for (IndexNode* n : {c, b, a}) policy_->Touch(n);  // correlated: still on probation
+  EXPECT_EQ(policy_->probation_size(), 3u);
+  std::vector<const IndexNode*> asked;
+  auto leaf_not_c = [&](const IndexNode& n) {
+    asked.push_back(&n);
+    return n.is_leaf() && &n != c;  // c is the tail of an append in progress
+  };
+  // Probation (3 of 4) first: c is pinned, a and b have children; then m.
+  EXPECT_EQ(policy_->PickVictim(leaf_not_c), m);
+  EXPECT_THAT(asked, ElementsAre(c, b, a, m));
+  asked.clear();
+  EXPECT_EQ(policy_->PickVictim(leaf_not_c), m);
+  EXPECT_THAT(asked, ElementsAre(c, m));  // a and b were set aside
+  // The chain drains leaf first once c may go.
+  policy_->Erase(m);
+  for (IndexNode* expected : {c, b, a}) {
+    IndexNode* victim = policy_->PickVictim([](const IndexNode& n) { return n.is_leaf(); });
+    ASSERT_EQ(victim, expected);
+    policy_->Erase(victim);
+    index_.RemoveSubtree(victim, [](IndexNode*) {});
+  }
+  EXPECT_EQ(policy_->size(), 0u);
+}
+
 TEST_F(LruKPolicyTest, OptionsAreValidated) {
   EXPECT_TRUE(LruKOptions{}.Validate().ok());
   EXPECT_FALSE(LruKOptions{.default_k = 0}.Validate().ok());
@@ -377,6 +510,10 @@ TEST_F(LruKPolicyTest, OptionsAreValidated) {
   EXPECT_FALSE(LruKOptions{.priority_step = absl::Hours(25)}.Validate().ok());
   EXPECT_FALSE(LruKOptions{.fewer_than_k_penalty = absl::Seconds(-1)}.Validate().ok());
   EXPECT_TRUE(LruKOptions{.fewer_than_k_penalty = absl::ZeroDuration()}.Validate().ok());
+  EXPECT_TRUE(LruKOptions{.probation_share = 0.9}.Validate().ok());
+  EXPECT_FALSE(LruKOptions{.probation_share = 0.95}.Validate().ok());
+  EXPECT_FALSE(LruKOptions{.probation_share = -0.1}.Validate().ok());
+  EXPECT_FALSE(LruKOptions{.probation_share = std::nan("")}.Validate().ok());
   EXPECT_THAT(std::string(LruKOptions{.code_k = 9}.Validate().message()),
               ::testing::HasSubstr("code_k"));
 }
@@ -390,35 +527,46 @@ TEST_F(LruKPolicyTest, NodeGrowsByAtMost32Bytes) {
   EXPECT_LE(sizeof(IndexNode), 200u);
 }
 
-// The policy against a model that keeps every reference time and ranks by
-// the header's formula, over random inserts, touches, erases, importance
-// changes and clock steps.
-TEST_F(LruKPolicyTest, MatchesAReferenceModel) {
+TEST_F(LruKPolicyTest, MatchesAReferenceModel) { RunModel(0, 11); }
+
+TEST_F(LruKPolicyTest, WithProbationMatchesAReferenceModel) {
+  for (uint32_t seed : {11u, 12u, 13u}) RunModel(0.3, seed);
+}
+
+// The model (LruKPolicyTest::RunModel declares it).
+void LruKPolicyTest::RunModel(double probation_share, uint32_t seed) {
   const LruKOptions options{.correlated_period = absl::Milliseconds(300),
                             .retained_history = 8,
-                            .fewer_than_k_penalty = absl::Seconds(20)};
+                            .fewer_than_k_penalty = absl::Seconds(20),
+                            .probation_share = probation_share};
   Reset(options);
   struct Model {
     std::vector<int64_t> refs;  // uncorrelated references, newest last
     int64_t last = 0;
     uint64_t seq = 0;
     bool tracked = false;
+    bool main = false;  // in the main segment (always, without probation)
   };
-  std::mt19937 rng(11);
+  std::mt19937 rng(seed);
   std::vector<IndexNode*> nodes;
   for (uint32_t i = 0; i < 24; ++i) {
-    nodes.push_back(Make(i + 1, static_cast<uint8_t>(rng() % 4), static_cast<int32_t>(rng() % 3)));
+    nodes.push_back(Make((seed - 11) * 100 + i + 1, static_cast<uint8_t>(rng() % 4),
+                         static_cast<int32_t>(rng() % 3)));
   }
   std::map<uint64_t, Model> model;  // by key: retained history included
   std::vector<uint64_t> erased;     // retained keys, least recently erased first
   uint64_t seq = 0;
   auto now_ms = [&] { return absl::ToUnixMillis(clock_.Now()); };
+  // Returns whether the use was an uncorrelated reference.
   auto use = [&](Model& m) {
     const int64_t t = now_ms();
-    if (m.refs.empty() || t - m.last >= 300) m.refs.push_back(t);
+    const bool uncorrelated = m.refs.empty() || t - m.last >= 300;
+    if (uncorrelated) m.refs.push_back(t);
     m.last = t;
     m.seq = ++seq;
+    return uncorrelated;
   };
+  auto hinted = [](const IndexNode& n) { return n.priority > 0 || n.importance() >= 0.5f; };
   auto rank = [&](const IndexNode& n, const Model& m) {
     const size_t k = static_cast<size_t>(options.KFor(n.workload));
     const int64_t base = m.refs.size() >= k ? m.refs[m.refs.size() - k] : m.last - 20000;
@@ -437,12 +585,14 @@ TEST_F(LruKPolicyTest, MatchesAReferenceModel) {
       policy_->Insert(n);
       m.tracked = true;
       use(m);
+      m.main = probation_share == 0 || m.refs.size() >= 2 || hinted(*n);
     } else if (op < 6) {
       policy_->Touch(n);
-      use(m);
+      if (use(m)) m.main = true;
     } else if (op < 8) {
       policy_->Erase(n);
       m.tracked = false;
+      m.main = false;
       erased.push_back(n->key);
       if (erased.size() > 8) {  // the least recently erased history is forgotten
         model[erased.front()].refs.clear();
@@ -450,11 +600,22 @@ TEST_F(LruKPolicyTest, MatchesAReferenceModel) {
       }
     } else {
       policy_->SetImportance(n, static_cast<float>(rng() % 5) / 4);
+      if (hinted(*n)) m.main = true;
     }
+    size_t tracked = 0, on_probation = 0;
+    for (IndexNode* c : nodes) {
+      const Model& cm = model[c->key];
+      tracked += cm.tracked;
+      on_probation += cm.tracked && !cm.main;
+    }
+    ASSERT_EQ(policy_->probation_size(), on_probation) << "step " << step;
+    const bool probation_first =
+        on_probation > 0 &&
+        (on_probation == tracked || static_cast<double>(on_probation) > probation_share * tracked);
     const IndexNode* expected = nullptr;
     for (IndexNode* c : nodes) {
       const Model& cm = model[c->key];
-      if (!cm.tracked) continue;
+      if (!cm.tracked || cm.main == probation_first) continue;
       if (expected == nullptr) {
         expected = c;
         continue;
@@ -462,6 +623,17 @@ TEST_F(LruKPolicyTest, MatchesAReferenceModel) {
       const Model& em = model[expected->key];
       const int64_t rc = rank(*c, cm), re = rank(*expected, em);
       if (rc < re || (rc == re && cm.seq < em.seq)) expected = c;
+    }
+    if (expected == nullptr) {  // the other segment
+      for (IndexNode* c : nodes) {
+        const Model& cm = model[c->key];
+        if (!cm.tracked) continue;
+        const Model* em = expected == nullptr ? nullptr : &model[expected->key];
+        if (em == nullptr || rank(*c, cm) < rank(*expected, *em) ||
+            (rank(*c, cm) == rank(*expected, *em) && cm.seq < em->seq)) {
+          expected = c;
+        }
+      }
     }
     ASSERT_EQ(policy_->PickVictim(All), expected) << "step " << step;
     if (m.tracked) {

@@ -1,6 +1,7 @@
 // kvcache-policy-sim: replays Mooncake JSONL traces offline, in process,
-// against the daemon's eviction policies (NewLruPolicy, LruKPolicy) and an
-// offline Belady bound, and prints token hit ratios per cache capacity.
+// against the daemon's eviction policies (NewLruPolicy, LruKPolicy) and
+// offline oracles (Belady, perfect frequency, one-hit), and prints token hit ratios per cache
+// capacity.
 //
 // The model of the cache (server/core/cache.cc, append_session.cc):
 //  - a block is one trace hash id (512 tokens), keyed by its whole prefix
@@ -21,13 +22,18 @@
 // ties. It obeys the same leaf-only rule, so it is the bound for policies
 // that must keep every cached block's prefix; it is not proven optimal
 // under that rule (a longest-forward-distance heuristic), but no policy here
-// beat it. "gap" is (policy - LRU) / (Belady - LRU).
+// beat it. "gap" is (policy - LRU) / (Belady - LRU). Two more oracles
+// (BeladyPolicy's Oracle) bound what kinds of online policy could reach:
+// LFU with each block's true count over the whole trace, and LRU that
+// knows the blocks that are never used again.
 //
 // The traces carry no workload, priority or importance: every block is
 // WORKLOAD_KIND_UNSPECIFIED with priority 0 and importance 0, so the
 // combined rank equals plain LRU-K with default_k: the "combined" column
 // (LruKOptions{}, the daemon's defaults) is LRU-K with K = 2 and the
-// default settings, whatever the flags set for the K columns.
+// default settings, whatever the flags set for the K columns. The
+// "probation" column is the same with LruKOptions::probation_share set
+// (--probation-share, default 0.1).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
@@ -56,12 +62,14 @@ namespace {
 constexpr uint64_t kNever = std::numeric_limits<uint32_t>::max();
 
 // A trace prepared once: each request's chained block keys and, per block,
-// the index of the next request that uses it (kNever: none).
+// the index of the next request that uses it (kNever: none) and how many
+// requests of the whole trace use it.
 struct Prepared {
   std::string name;
   std::vector<TraceRequest> requests;
   std::vector<std::vector<uint64_t>> keys;
   std::vector<std::vector<uint64_t>> next_use;
+  std::vector<std::vector<uint64_t>> total_uses;
   uint64_t unique_blocks = 0;
   uint64_t total_tokens = 0;
   uint64_t ideal_hit_tokens = 0;  // an unbounded cache
@@ -96,15 +104,36 @@ Prepared Prepare(std::string name, std::vector<TraceRequest> requests) {
     }
     for (uint64_t key : p.keys[r]) next[key] = r;
   }
+  absl::flat_hash_map<uint64_t, uint64_t> uses;
+  for (const auto& keys : p.keys) {
+    for (uint64_t key : keys) ++uses[key];
+  }
+  p.total_uses.resize(p.requests.size());
+  for (size_t r = 0; r < p.requests.size(); ++r) {
+    for (uint64_t key : p.keys[r]) p.total_uses[r].push_back(uses[key]);
+  }
   return p;
 }
 
-// Belady as an EvictionPolicy: the simulator sets each block's next use
-// before it inserts or touches it. Order: farthest next use first, then
-// deepest, then first placed; kept in the node's policy hook.
+// The oracles, as one EvictionPolicy: the simulator sets each block's next
+// use and total uses before it inserts or touches it; the order is kept in
+// the node's policy hook.
+//  - kBelady: farthest next use first, then deepest, then first placed;
+//  - kOneHit: LRU that knows which blocks are never used again and evicts
+//    them first (least recently used first among them): the most that any
+//    filter of one-hit blocks (probation, admission) can add to LRU;
+//  - kFrequency: fewest uses in the whole trace first, least recently used
+//    first among equals: LFU with perfect counts, the most that ranking by
+//    frequency can do when reuse is independent of time.
+enum class Oracle { kBelady, kOneHit, kFrequency };
+
 class BeladyPolicy final : public EvictionPolicy {
  public:
-  void set_next_use(uint64_t next) { next_ = next; }
+  explicit BeladyPolicy(Oracle oracle = Oracle::kBelady) : oracle_(oracle) {}
+  void set_next_use(uint64_t next, uint64_t total_uses) {
+    next_ = next;
+    total_uses_ = total_uses;
+  }
   void Insert(IndexNode* node) override { Place(node); }
   void Touch(IndexNode* node) override {
     order_.erase(node);
@@ -129,12 +158,21 @@ class BeladyPolicy final : public EvictionPolicy {
     }
   };
   void Place(IndexNode* node) {
+    if (oracle_ != Oracle::kBelady) {
+      const int64_t rank = oracle_ == Oracle::kOneHit ? (next_ == kNever ? 0 : 1)
+                                                      : static_cast<int64_t>(total_uses_);
+      node->policy_hook.order = {.rank = rank, .seq = ++placed_};
+      order_.insert(node);
+      return;
+    }
     const uint64_t depth_first = uint64_t{0xFFFFFF - std::min<uint32_t>(node->depth, 0xFFFFFF)};
     node->policy_hook.order = {.rank = -static_cast<int64_t>(next_),
                                .seq = (depth_first << 40) | ++placed_};
     order_.insert(node);
   }
+  const Oracle oracle_;
   uint64_t next_ = kNever;
+  uint64_t total_uses_ = 0;
   uint64_t placed_ = 0;
   absl::btree_set<IndexNode*, ByNextUse> order_;
 };
@@ -160,7 +198,7 @@ Result Replay(const Prepared& p, uint64_t capacity, EvictionPolicy* policy, Bela
     if (at > clock->Now()) clock->Advance(at - clock->Now());
     const std::vector<uint64_t>& keys = p.keys[r];
     auto use = [&](IndexNode* n, size_t i, bool insert) {
-      if (belady != nullptr) belady->set_next_use(p.next_use[r][i]);
+      if (belady != nullptr) belady->set_next_use(p.next_use[r][i], p.total_uses[r][i]);
       insert ? policy->Insert(n) : policy->Touch(n);
     };
     path.clear();
@@ -203,15 +241,18 @@ Result Replay(const Prepared& p, uint64_t capacity, EvictionPolicy* policy, Bela
 
 struct Column {
   std::string name;
-  std::function<std::unique_ptr<EvictionPolicy>(Clock*)> make;  // null: Belady
+  std::function<std::unique_ptr<EvictionPolicy>(Clock*)> make;  // null: an oracle
+  // Which oracle, when `make` is null.
+  Oracle oracle = Oracle::kBelady;
 };
 
 struct Options {
   std::vector<std::string> traces;
   std::vector<double> capacity_percent = {1, 5, 10, 25};
   int64_t correlated_ms = 1000;
-  int64_t retained = 65536;     // the daemon's default; -1: the capacity
-  int64_t penalty_ms = 600000;  // the daemon's default; -1: infinite
+  int64_t retained = 65536;      // the daemon's default; -1: the capacity
+  int64_t penalty_ms = 600000;   // the daemon's default; -1: infinite
+  double probation_share = 0.1;  // the probation column's
   bool json = false;
 };
 
@@ -245,9 +286,11 @@ int Run(const Options& o) {
           o.retained < 0 ? "= capacity" : absl::StrCat(o.retained).c_str(),
           o.penalty_ms < 0 ? "infinite" : absl::StrCat(o.penalty_ms, " ms").c_str());
       std::printf(
-          "| capacity | blocks | LRU | LRU-K2 | LRU-K3 | LRU-K4 | combined | Belady | gap K2 | "
-          "gap K3 | gap K4 | gap comb |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          "---:|\n");
+          "| capacity | blocks | LRU | LRU-K2 | LRU-K3 | LRU-K4 | combined | probation | freq. "
+          "oracle | one-hit oracle | Belady | gap K2 | gap K3 | gap K4 | gap comb | gap prob | gap "
+          "freq. | gap one-hit |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          "---:|---:|\n");
     }
     for (double pct : o.capacity_percent) {
       const uint64_t capacity =
@@ -258,6 +301,14 @@ int Run(const Options& o) {
           {"lru_k3", [&](Clock* c) { return NewLruKPolicy(KOptions(o, 3, capacity), c); }},
           {"lru_k4", [&](Clock* c) { return NewLruKPolicy(KOptions(o, 4, capacity), c); }},
           {"combined", [](Clock* c) { return NewLruKPolicy(LruKOptions{}, c); }},
+          {"probation",
+           [&](Clock* c) {
+             LruKOptions l;
+             l.probation_share = o.probation_share;
+             return NewLruKPolicy(l, c);
+           }},
+          {"frequency_oracle", nullptr, Oracle::kFrequency},
+          {"one_hit_oracle", nullptr, Oracle::kOneHit},
           {"belady", nullptr},
       };
       std::vector<double> hit;
@@ -268,7 +319,7 @@ int Run(const Options& o) {
         if (col.make) {
           policy = col.make(&clock);
         } else {
-          auto b = std::make_unique<BeladyPolicy>();
+          auto b = std::make_unique<BeladyPolicy>(col.oracle);
           belady = b.get();
           policy = std::move(b);
         }
@@ -285,15 +336,17 @@ int Run(const Options& o) {
         }
       }
       if (o.json) continue;
-      const double lru = hit[0], opt = hit[5];
-      auto gap = [&](double h) {
-        return opt - lru > 1e-9 ? absl::StrFormat("%.2f", (h - lru) / (opt - lru))
-                                : std::string("n/a");
-      };
-      std::printf("| %g%% | %llu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %s | %s | %s |\n",
-                  pct, static_cast<unsigned long long>(capacity), hit[0], hit[1], hit[2], hit[3],
-                  hit[4], hit[5], gap(hit[1]).c_str(), gap(hit[2]).c_str(), gap(hit[3]).c_str(),
-                  gap(hit[4]).c_str());
+      const double lru = hit[0], opt = hit.back();
+      std::string row =
+          absl::StrFormat("| %g%% | %llu |", pct, static_cast<unsigned long long>(capacity));
+      for (double h : hit) absl::StrAppendFormat(&row, " %.3f |", h);
+      for (size_t c = 1; c + 1 < hit.size(); ++c) {
+        absl::StrAppend(&row, " ",
+                        opt - lru > 1e-9 ? absl::StrFormat("%.2f", (hit[c] - lru) / (opt - lru))
+                                         : std::string("n/a"),
+                        " |");
+      }
+      std::printf("%s\n", row.c_str());
     }
   }
   return 0;
@@ -306,7 +359,8 @@ int main(int argc, char** argv) {
   kvcache::bench::Options o;
   CLI::App app(
       "Replays Mooncake JSONL traces offline against the daemon's eviction policies (LRU, "
-      "LRU-K with K = 2, 3, 4, the combined default) and a leaf-only Belady bound; prints token "
+      "LRU-K with K = 2, 3, 4, the combined default, LRU-K with probation), LFU with perfect "
+      "counts, an LRU that knows the one-hit blocks, and a leaf-only Belady bound; prints token "
       "hit ratios and the share of the LRU -> Belady gap each policy captures.");
   app.add_option("--trace", o.traces, "Mooncake JSONL trace (repeatable)")->required();
   app.add_option("--capacity-percent", o.capacity_percent,
@@ -322,6 +376,10 @@ int main(int argc, char** argv) {
   app.add_option("--penalty-ms", o.penalty_ms,
                  "LRU-K fewer-than-K penalty for the K columns, ms; -1: infinite (default 600000)")
       ->check(CLI::Range(int64_t{-1}, int64_t{315360000000}));
+  app.add_option("--probation-share", o.probation_share,
+                 "LruKOptions::probation_share of the probation column, which otherwise has the "
+                 "daemon's defaults (default 0.1)")
+      ->check(CLI::Range(0.0, 0.9));
   app.add_flag("--json", o.json, "one JSON object per (trace, capacity, policy) instead");
   CLI11_PARSE(app, argc, argv);
   return kvcache::bench::Run(o);
