@@ -158,10 +158,16 @@ void PersistCalibration(const std::vector<CalibrationOutcome>& outcomes,
 }
 
 // Runs the periodic work until `stopping`: lease expiry every second,
-// compaction and calibration at their configured intervals.
+// compaction, pool compaction and calibration at their configured intervals.
 void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
-                    v1::CalibratedWeights calibrated, const std::atomic<bool>& stopping) {
+                    const v1::HostTierConfig& host, v1::CalibratedWeights calibrated,
+                    const std::atomic<bool>& stopping) {
   const absl::Duration compaction_every = absl::Milliseconds(config.compaction_interval_ms());
+  const absl::Duration pool_compaction_every = absl::Milliseconds(host.compaction_interval_ms());
+  const PoolCompactionOptions pool_compaction{
+      .plan = {.max_span_occupancy = host.compaction_max_span_occupancy(),
+               .max_bytes = host.compaction_max_bytes_per_pass()}};
+  absl::Time next_pool_compaction = absl::Now() + pool_compaction_every;
   const absl::Duration calibration_every = absl::Seconds(config.calibration_interval_seconds());
   absl::Time next_expiry = absl::Now();
   absl::Time next_compaction = absl::Now() + compaction_every;
@@ -188,6 +194,20 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
             r.under_pressure ? ", under memory pressure" : "");
       }
       next_compaction = absl::Now() + compaction_every;
+    }
+    if (pool_compaction_every > absl::ZeroDuration() && now >= next_pool_compaction) {
+      const PoolCompactionResult r = cache.CompactPool(pool_compaction);
+      if (r.mismatched_blocks > 0) {
+        spdlog::error(
+            "pool compaction: {} blocks did not match their checksums (memory corruption); "
+            "left in place",
+            r.mismatched_blocks);
+      }
+      if (r.moved_blocks > 0) {
+        spdlog::debug("pool compaction: {} blocks ({} bytes) moved out of {} sparse spans",
+                      r.moved_blocks, r.moved_bytes, r.draining_spans);
+      }
+      next_pool_compaction = absl::Now() + pool_compaction_every;
     }
     if (calibration_every > absl::ZeroDuration() && now >= next_calibration) {
       const std::vector<CalibrationOutcome> outcomes = cache.Calibrate();
@@ -528,8 +548,9 @@ int Serve(const v1::ServerConfig& config) {
 
   if (checkpoints != nullptr) checkpoints->Start();
   std::atomic<bool> stopping{false};
-  std::thread maintenance(
-      [&] { RunMaintenance(cache, config.importance(), std::move(calibrated), stopping); });
+  std::thread maintenance([&] {
+    RunMaintenance(cache, config.importance(), config.host_tier(), std::move(calibrated), stopping);
+  });
   std::thread migrator;
   std::shared_ptr<spdlog::logger> migration_log;
   if (*ssd != nullptr || *gpu != nullptr) {

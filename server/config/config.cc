@@ -239,6 +239,11 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!host->has_high_watermark()) host->set_high_watermark(0.90);
   if (host->min_class_bytes() == 0) host->set_min_class_bytes(64);
   if (!host->has_low_watermark()) host->set_low_watermark(0.80);
+  if (!host->has_compaction_interval_ms()) host->set_compaction_interval_ms(1000);
+  if (!host->has_compaction_max_span_occupancy()) host->set_compaction_max_span_occupancy(0.5);
+  if (host->compaction_max_bytes_per_pass() == 0) {
+    host->set_compaction_max_bytes_per_pass(uint64_t{64} << 20);
+  }
 
   v1::SsdTierConfig* ssd = c->mutable_ssd_tier();
   if (ssd->capacity_bytes() == 0) ssd->set_capacity_bytes(uint64_t{16} << 30);
@@ -445,6 +450,23 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host_tier.low_watermark (", h.low_watermark(), ") and high_watermark (",
         h.high_watermark(), ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
+  }
+  if (h.compaction_interval_ms() != 0) {
+    if (auto s =
+            CheckRange("host_tier.compaction_interval_ms", h.compaction_interval_ms(), 10, 3600000);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!(h.compaction_max_span_occupancy() >= 0 && h.compaction_max_span_occupancy() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("host_tier.compaction_max_span_occupancy is ",
+                                                   h.compaction_max_span_occupancy(),
+                                                   "; it must be in [0, 1]"));
+  }
+  if (auto s = CheckRange("host_tier.compaction_max_bytes_per_pass",
+                          h.compaction_max_bytes_per_pass(), 1, uint64_t{1} << 40);
+      !s.ok()) {
+    return s;
   }
   if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
   if (auto s = ValidateGpuTier(c.gpu_tier()); !s.ok()) return s;

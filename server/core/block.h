@@ -61,6 +61,8 @@ class BlockPayload {
   uint64_t size() const { return size_; }
   // Bytes of pool memory this payload holds (its size class).
   uint64_t footprint() const { return allocation_.bytes; }
+  // The memory this payload holds (pool memory unless made by FromHeap).
+  const Allocation& allocation() const { return allocation_; }
 
   // A payload of `size` bytes on the heap, not counted against any tier.
   static std::shared_ptr<BlockPayload> FromHeap(uint64_t size);

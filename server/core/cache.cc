@@ -579,6 +579,7 @@ CacheStats Cache::GetStats() const {
   stats.rejected_appends = rejected_appends_;
   stats.scores = score_histogram_;
   stats.compaction_passes = compaction_passes_;
+  stats.pool_compaction = pool_compaction_;
   stats.conflicting_appends = conflicting_appends_;
   stats.metadata_evictions = metadata_evictions_;
   stats.metadata_bytes = MetadataBytesLocked();

@@ -22,6 +22,8 @@
 //   Calibrate      refits each model's weights on its sampled reports
 //   Migrate        one pass of the tier migrator: demotes cold host blocks to
 //                  the lower tier (SSD) past the host's high watermark
+//   CompactPool    one pass of host pool compaction: blocks in sparse spans
+//                  move to fuller ones so the pool can release the spans
 //   CaptureModels / CaptureBlocks / RestoreModel / RestoreBlock
 //                  the state a checkpoint records and a restart puts back
 //   PlaceOnDevice  copies a prefix's blocks into the GPU tier and leases
@@ -298,6 +300,24 @@ struct CompactionResult {
   uint64_t pruned_tokens = 0;
 };
 
+// Host pool compaction (server/core/pool_compaction.cc, docs/tiers.md).
+struct PoolCompactionOptions {
+  CompactionPlanOptions plan;
+  // Test seam: called after a pass copied its blocks, outside the lock,
+  // before it swaps them in (tests change blocks there).
+  std::function<void()> on_copied;
+};
+
+struct PoolCompactionResult {
+  uint64_t draining_spans = 0;     // spans the pool's plan drains
+  uint64_t planned_blocks = 0;     // blocks found in them
+  uint64_t moved_blocks = 0;       // copied, verified and swapped in
+  uint64_t moved_bytes = 0;        // their payload bytes
+  uint64_t changed_blocks = 0;     // not swapped: changed or removed during the copy
+  uint64_t mismatched_blocks = 0;  // not swapped: the copy did not match the checksum
+  bool out_of_targets = false;     // stopped: no free chunk outside the draining spans
+};
+
 struct MigrationResult {
   uint64_t demoted_blocks = 0;  // written to the lower tier, host copy dropped
   uint64_t demoted_bytes = 0;
@@ -414,6 +434,16 @@ class Cache {
   // the pool memory append staging keeps free, so a full tier still
   // compacts. Also enforces the budgets (attention reports grow metadata).
   CompactionResult Compact();
+
+  // One pass of host pool compaction: the pool names the live chunks of its
+  // sparsest spans (SlabPool::PlanCompaction); each block held there is
+  // copied, outside the lock, into a chunk of a fuller span of its class,
+  // the copy verified against the block's checksum, and the block's payload
+  // swapped under the lock only if the block still holds the payload copied.
+  // Readers never wait: a fetch holding the old payload keeps reading it,
+  // and its chunk returns to the pool when the last reference drops (then
+  // the drained span is released). The daemon calls it periodically.
+  PoolCompactionResult CompactPool(const PoolCompactionOptions& options = {});
 
   // Refits every model's weights that has enough samples (calibration.h),
   // moving them at most calibration_max_step, and starts a new sample.
@@ -721,6 +751,7 @@ class Cache {
   absl::flat_hash_set<const IndexNode*> compacting_ ABSL_GUARDED_BY(mu_);
   ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
   uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
+  PoolCompactionCounters pool_compaction_ ABSL_GUARDED_BY(mu_);  // CompactPool totals
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
   DeviceCopies device_copies_ ABSL_GUARDED_BY(mu_);  // the GPU tier's copies
   std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);

@@ -125,6 +125,15 @@ struct CheckpointCounters {
   uint64_t reattach_failures = 0;
 };
 
+// Host pool compaction (Cache::CompactPool) since start.
+struct PoolCompactionCounters {
+  uint64_t passes = 0;
+  uint64_t moved_blocks = 0;
+  uint64_t moved_bytes = 0;
+  uint64_t changed_blocks = 0;     // copied, not swapped: changed during the copy
+  uint64_t mismatched_blocks = 0;  // copied, not swapped: the copy failed its checksum
+};
+
 struct CacheStats {
   std::vector<ModelStats> models;
   SlabPoolStats host_pool;
@@ -135,6 +144,7 @@ struct CacheStats {
   uint64_t rejected_appends = 0;
   ScoreHistogram scores;
   uint64_t compaction_passes = 0;
+  PoolCompactionCounters pool_compaction;
   uint64_t conflicting_appends = 0;  // appends that carried a conflicting block
   uint64_t metadata_evictions = 0;   // evictions to keep metadata within its budget
   uint64_t metadata_bytes = 0;       // index nodes, tokens, importance state, lease tokens

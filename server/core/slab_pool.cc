@@ -12,6 +12,13 @@
 // span between lists in O(1). Under ASan free chunks are poisoned, so a stale
 // read of pool memory is reported.
 //
+// Compaction: a draining span is off its class's buckets (so neither
+// Allocate nor AllocateMoveTarget picks it) and on the class's `draining`
+// list; PlanCompaction finds its live chunks by marking the chunks on its
+// free list among those carved. Allocate falls back to a draining span only
+// when the class has no other free chunk and no span can be reserved, so the
+// capacity contract stays exact while a plan is under way.
+//
 // Free spans stay mapped on free_spans_[k]. A one-slab class with none free
 // splits a free longer span into one-slab spans (munmap can later release
 // each slab alone); a longer span is never assembled from scattered free
@@ -127,13 +134,14 @@ constexpr int kFullnessBuckets = 16;
 
 // One span of `slabs` contiguous class slabs: on its class's fullness bucket
 // `bucket` while 0 < live < chunk_count, unlisted (bucket -1) while full, on
-// free_spans_[slabs] while serving no class. Owned by SlabPoolImpl::spans_;
-// guarded by SlabPoolImpl::mu_.
+// free_spans_[slabs] while serving no class; unlisted while draining.
+// Owned by SlabPoolImpl::spans_; guarded by SlabPoolImpl::mu_.
 struct Span {
   std::byte* base = nullptr;
   uint64_t slabs = 1;
   int class_index = kNoClass;  // kNoClass while free
   int bucket = -1;
+  bool draining = false;  // in the current compaction plan (on SizeClass::draining)
   uint64_t chunk_bytes = 0;
   uint64_t chunk_count = 0;
   uint64_t carved = 0;             // chunks [0, carved) were handed out since assignment
@@ -152,9 +160,10 @@ struct SizeClass {
   // (live * bucket_scale) >> 32 (<= live * 16 / chunk_count, no division).
   uint64_t bucket_scale = 0;
   std::array<Span*, kFullnessBuckets> partial{};
-  uint32_t nonempty = 0;  // bit b set iff partial[b] != nullptr
-  uint64_t spans = 0;     // spans serving the class
-  uint64_t live = 0;      // chunks live
+  uint32_t nonempty = 0;        // bit b set iff partial[b] != nullptr
+  uint64_t spans = 0;           // spans serving the class
+  uint64_t live = 0;            // chunks live
+  std::vector<Span*> draining;  // spans of the current compaction plan (live > 0)
 };
 
 // The span length (in slabs) for chunks of `chunk_bytes` in slabs of
@@ -258,8 +267,17 @@ class SlabPoolImpl final : public SlabPool {
 
   SlabPoolStats GetStats() const override {
     MutexLock lock(&mu_);
-    return SlabPoolStats{options_.capacity_bytes, options_.slab_bytes, reserved_bytes_,
-                         allocated_bytes_,        live_allocations_,   failed_allocations_};
+    uint64_t draining = 0;
+    for (const SizeClass& c : classes_) draining += c.draining.size();
+    return SlabPoolStats{.capacity_bytes = options_.capacity_bytes,
+                         .slab_bytes = options_.slab_bytes,
+                         .reserved_bytes = reserved_bytes_,
+                         .allocated_bytes = allocated_bytes_,
+                         .live_allocations = live_allocations_,
+                         .failed_allocations = failed_allocations_,
+                         .draining_spans = draining,
+                         .drained_spans = drained_spans_,
+                         .move_targets = move_targets_};
   }
 
   std::vector<SlabClassStats> GetClassStats() const override {
@@ -276,7 +294,125 @@ class SlabPoolImpl final : public SlabPool {
     return out;
   }
 
+  absl::StatusOr<CompactionPlan> PlanCompaction(const CompactionPlanOptions& options) override {
+    if (!(options.max_span_occupancy >= 0 && options.max_span_occupancy <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SlabPool::PlanCompaction: max_span_occupancy is ",
+                       options.max_span_occupancy, "; it must be in 0..1"));
+    }
+    CompactionPlan plan;
+    MutexLock lock(&mu_);
+    for (SizeClass& c : classes_) {  // end the previous plan
+      for (Span* span : c.draining) {
+        span->draining = false;
+        Relist(c, span);
+      }
+      c.draining.clear();
+    }
+    for (SizeClass& c : classes_) {
+      if (c.chunk_bytes == 0 || c.nonempty == 0) continue;
+      std::vector<Span*> partial;
+      uint64_t free = 0;  // free chunks in the class's listed spans
+      for (Span* head : c.partial) {
+        for (Span* span = head; span != nullptr; span = span->next) {
+          partial.push_back(span);
+          free += span->chunk_count - span->live;
+        }
+      }
+      if (partial.size() < 2) continue;
+      std::sort(partial.begin(), partial.end(), [](const Span* a, const Span* b) {
+        return a->live != b->live ? a->live < b->live : a->base < b->base;
+      });
+      uint64_t moving = 0;  // chunks of the class the plan names so far
+      for (Span* span : partial) {
+        if (static_cast<double>(span->live) >
+            options.max_span_occupancy * static_cast<double>(span->chunk_count)) {
+          break;
+        }
+        // Draining takes the span's free chunks out of the targets; the
+        // rest must still hold every chunk named so far and the span's own.
+        const uint64_t left = free - (span->chunk_count - span->live);
+        if (left < moving + span->live) break;
+        if (plan.bytes + span->live * c.chunk_bytes > options.max_bytes) break;
+        free = left;
+        moving += span->live;
+        Unlist(c, span);
+        span->draining = true;
+        c.draining.push_back(span);
+        ++plan.spans;
+        plan.bytes += span->live * c.chunk_bytes;
+        AppendLiveChunks(*span, &plan.moves);
+      }
+    }
+    std::sort(plan.moves.begin(), plan.moves.end(),
+              [](const Allocation& a, const Allocation& b) { return a.data < b.data; });
+    return plan;
+  }
+
+  absl::StatusOr<Allocation> AllocateMoveTarget(const Allocation& source) override {
+    if (source.bytes == 0 || source.bytes > options_.slab_bytes ||
+        RoundedSize(source.bytes) != source.bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SlabPool::AllocateMoveTarget: source.bytes is ", source.bytes,
+                       "; it must be a size class (large runs are never moved)"));
+    }
+    MutexLock lock(&mu_);
+    SizeClass& c = classes_[ClassIndex(source.bytes)];
+    if (c.nonempty == 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("SlabPool: no free ", source.bytes,
+                       "-byte chunk outside draining spans to move a chunk to"));
+    }
+    const Allocation target = TakeChunk(c, c.partial[31 - std::countl_zero(c.nonempty)]);
+    allocated_bytes_ += target.bytes;
+    ++live_allocations_;
+    ++move_targets_;
+    return target;
+  }
+
  private:
+  // Appends the live chunks of `span` (carved and not on its free list).
+  void AppendLiveChunks(const Span& span, std::vector<Allocation>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<bool> is_free(span.carved, false);
+    for (std::byte* chunk = span.free_head; chunk != nullptr;) {
+      is_free[static_cast<uint64_t>(chunk - span.base) / span.chunk_bytes] = true;
+      ASAN_UNPOISON_MEMORY_REGION(chunk, sizeof(std::byte*));
+      std::byte* next;
+      std::memcpy(&next, chunk, sizeof(std::byte*));
+      ASAN_POISON_MEMORY_REGION(chunk, sizeof(std::byte*));
+      chunk = next;
+    }
+    for (uint64_t i = 0; i < span.carved; ++i) {
+      if (!is_free[i])
+        out->push_back(Allocation{span.base + i * span.chunk_bytes, span.chunk_bytes});
+    }
+  }
+
+  // Takes a free chunk of `span` (a span of class `c` with one) and relists it.
+  Allocation TakeChunk(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t chunk_bytes = c.chunk_bytes;
+    std::byte* chunk;
+    if (span->free_head != nullptr) {
+      chunk = span->free_head;
+      ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
+      std::memcpy(&span->free_head, chunk, sizeof(std::byte*));
+    } else {
+      chunk = span->base + span->carved++ * chunk_bytes;
+      ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
+    }
+    ++span->live;
+    ++c.live;
+    Relist(c, span);
+    return Allocation{chunk, chunk_bytes};
+  }
+
+  // Takes `span` out of its class's compaction plan (it serves allocations again).
+  void StopDraining(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    span->draining = false;
+    c.draining.erase(std::find(c.draining.begin(), c.draining.end(), span));
+  }
+
   absl::Status Exhausted(absl::string_view what, uint64_t need) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -364,22 +500,18 @@ class SlabPoolImpl final : public SlabPool {
       span = c.partial[31 - std::countl_zero(c.nonempty)];  // the fullest bucket
     } else {
       absl::StatusOr<Span*> taken = TakeSpan(class_index);
-      if (!taken.ok()) return taken.status();
-      span = *taken;
+      if (taken.ok()) {
+        span = *taken;
+      } else if (!c.draining.empty()) {
+        // The last free chunks of the class are in spans being drained: a
+        // plan never makes a request fail that would succeed without it.
+        span = c.draining.back();
+        StopDraining(c, span);
+      } else {
+        return taken.status();
+      }
     }
-    std::byte* chunk;
-    if (span->free_head != nullptr) {
-      chunk = span->free_head;
-      ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
-      std::memcpy(&span->free_head, chunk, sizeof(std::byte*));
-    } else {
-      chunk = span->base + span->carved++ * chunk_bytes;
-      ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
-    }
-    ++span->live;
-    ++c.live;
-    Relist(c, span);
-    return Allocation{chunk, chunk_bytes};
+    return TakeChunk(c, span);
   }
 
   void FreeChunk(const Allocation& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -400,6 +532,10 @@ class SlabPoolImpl final : public SlabPool {
     --span->live;
     --c.live;
     if (span->live == 0) {
+      if (span->draining) {
+        StopDraining(c, span);
+        ++drained_spans_;
+      }
       Unlist(c, span);
       span->class_index = kNoClass;
       --c.spans;
@@ -407,7 +543,7 @@ class SlabPoolImpl final : public SlabPool {
       reserved_bytes_ -= span_bytes;
       free_spans_[span->slabs].push_back(span);
       free_span_bytes_ += span_bytes;
-    } else {
+    } else if (!span->draining) {
       Relist(c, span);
     }
   }
@@ -533,6 +669,8 @@ class SlabPoolImpl final : public SlabPool {
   uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_allocations_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t drained_spans_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t move_targets_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -551,6 +689,12 @@ absl::Status SlabPoolOptions::Validate() const {
                                                    slab_bytes, ")"));
   }
   return absl::OkStatus();
+}
+
+bool CompactionPlan::Contains(const std::byte* data) const {
+  auto it = std::lower_bound(moves.begin(), moves.end(), data,
+                             [](const Allocation& a, const std::byte* d) { return a.data < d; });
+  return it != moves.end() && it->data == data;
 }
 
 absl::StatusOr<std::unique_ptr<SlabPool>> SlabPool::Create(const SlabPoolOptions& options) {

@@ -31,6 +31,22 @@
 // mapped memory (reserved plus cached) never exceeds capacity_bytes either.
 // The pool never evicts; its caller frees and retries.
 //
+// Compaction: under a churn of mixed sizes a class's free chunks scatter over
+// many partly used spans, each reserved whole. PlanCompaction() picks, per
+// class, the sparsest partly used spans (at most max_span_occupancy of their
+// chunks live) whose live chunks fit in the free chunks of the class's other
+// partly used spans, marks them draining and names their live chunks. A
+// draining span gives no chunk to AllocateMoveTarget() and none to Allocate()
+// unless that is the only way to serve it within capacity (then the span
+// stops draining). The caller moves each named chunk: AllocateMoveTarget()
+// gives a chunk of the same class in a span that is not draining (never a
+// new span), the caller copies the bytes, repoints its users and frees the
+// source through Free() once nothing reads it. The pool never frees a chunk
+// itself: a draining span is released when its last chunk is freed, as any
+// span. The next PlanCompaction() ends the previous plan: spans still
+// draining (chunks the caller did not move, or not yet freed) serve
+// allocations again and may be picked again.
+//
 // Memory is 64-byte aligned (class chunks) or page aligned (spans and runs),
 // reserved lazily on first use and kept for reuse (cached free spans are only
 // unmapped to make room for a mapping of another shape, or when the pool is
@@ -74,6 +90,26 @@ struct SlabPoolStats {
   uint64_t allocated_bytes = 0;  // sum of Allocation::bytes currently live
   uint64_t live_allocations = 0;
   uint64_t failed_allocations = 0;  // RESOURCE_EXHAUSTED answers so far
+  uint64_t draining_spans = 0;      // spans of the current compaction plan not yet released
+  uint64_t drained_spans = 0;       // spans released while draining, so far
+  uint64_t move_targets = 0;        // chunks AllocateMoveTarget handed out, so far
+};
+
+struct CompactionPlanOptions {
+  // A span is drained only while at most this fraction of its chunks is live.
+  double max_span_occupancy = 0.5;
+  // Most chunk bytes one plan names (the copying the caller signs up for).
+  uint64_t max_bytes = uint64_t{64} << 20;
+};
+
+// The live chunks of the spans a plan drains, sorted by address.
+struct CompactionPlan {
+  std::vector<Allocation> moves;
+  uint64_t spans = 0;  // spans marked draining
+  uint64_t bytes = 0;  // sum of moves' bytes
+
+  // Whether `data` is the start of a chunk the plan names.
+  bool Contains(const std::byte* data) const;
 };
 
 // One size class: its chunk, the span its chunks are carved from, and how
@@ -107,6 +143,19 @@ class SlabPool {
 
   // Every size class, smallest first (classes with no span included).
   virtual std::vector<SlabClassStats> GetClassStats() const = 0;
+
+  // Ends the previous plan and makes a new one (see Compaction above).
+  // INVALID_ARGUMENT unless 0 <= max_span_occupancy <= 1.
+  virtual absl::StatusOr<CompactionPlan> PlanCompaction(const CompactionPlanOptions& options) = 0;
+
+  // A chunk of `source`'s class in a partly used span that is not draining,
+  // to move `source`'s bytes to; `source` stays live (the caller frees it).
+  // Counted as an allocation. RESOURCE_EXHAUSTED when the class has no free
+  // chunk outside draining spans (no span is reserved for a move);
+  // INVALID_ARGUMENT for a large run (runs are never moved).
+  // REQUIRES: `source` came from Allocate() or AllocateMoveTarget() on this
+  // pool and was not freed.
+  virtual absl::StatusOr<Allocation> AllocateMoveTarget(const Allocation& source) = 0;
 };
 
 }  // namespace kvcache

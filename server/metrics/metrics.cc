@@ -237,6 +237,28 @@ class CacheCollector final : public prometheus::Collectable {
         Family("kvcached_tier_utilization_ratio",
                "Live payload bytes over the bytes a tier has reserved", MetricType::Gauge);
     AddSample(utilization, host, Ratio(s.payload_bytes, s.host_pool.reserved_bytes));
+    const PoolCompactionCounters& pc = s.pool_compaction;
+    auto pool_passes = Family("kvcached_pool_compaction_passes_total",
+                              "Host pool compaction passes run", MetricType::Counter);
+    AddSample(pool_passes, {}, static_cast<double>(pc.passes));
+    auto pool_moves =
+        Family("kvcached_pool_compaction_moves_total",
+               "Blocks host pool compaction moved to a fuller span", MetricType::Counter);
+    AddSample(pool_moves, {}, static_cast<double>(pc.moved_blocks));
+    auto pool_moved_bytes =
+        Family("kvcached_pool_compaction_moved_bytes_total",
+               "Payload bytes host pool compaction copied and swapped in", MetricType::Counter);
+    AddSample(pool_moved_bytes, {}, static_cast<double>(pc.moved_bytes));
+    auto pool_skipped = Family("kvcached_pool_compaction_skipped_total",
+                               "Blocks host pool compaction copied but did not swap in, by reason",
+                               MetricType::Counter);
+    AddSample(pool_skipped, {{"reason", "changed"}}, static_cast<double>(pc.changed_blocks));
+    AddSample(pool_skipped, {{"reason", "checksum_mismatch"}},
+              static_cast<double>(pc.mismatched_blocks));
+    auto drained =
+        Family("kvcached_pool_drained_spans_total",
+               "Host pool spans released after compaction drained them", MetricType::Counter);
+    AddSample(drained, {}, static_cast<double>(s.host_pool.drained_spans));
     std::vector<MetricFamily> out;
     if (s.has_lower) {
       const std::vector<ClientMetric::Label> ssd = {{"tier", s.lower_store.kind}};
@@ -364,6 +386,9 @@ class CacheCollector final : public prometheus::Collectable {
                     &misses,    &capacity, &used,     &payload,     &tier_blocks, &utilization,
                     &evictions, &rejected, &leases,   &conflicting, &restored,    &corrupt,
                     &budget,    &metadata, &staged,   &lease_tokens}) {
+      out.push_back(std::move(*f));
+    }
+    for (auto* f : {&pool_passes, &pool_moves, &pool_moved_bytes, &pool_skipped, &drained}) {
       out.push_back(std::move(*f));
     }
     for (MetricFamily& f : ImportanceFamilies(s)) out.push_back(std::move(f));

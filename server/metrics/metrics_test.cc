@@ -21,6 +21,8 @@ CacheStats SampleStats() {
   s.host_pool.reserved_bytes = 4096;
   s.capacity_evictions = 7;
   s.active_leases = 2;
+  s.pool_compaction = {.passes = 9, .moved_blocks = 5, .moved_bytes = 5120, .changed_blocks = 1};
+  s.host_pool.drained_spans = 2;
   return s;
 }
 
@@ -33,6 +35,11 @@ TEST(MetricsTest, RendersCacheStatsWithLabels) {
       HasSubstr(R"(kvcached_lookup_hit_tokens_total{namespace="default",model="llama"} 128)"));
   EXPECT_THAT(text, HasSubstr(R"(kvcached_tier_capacity_bytes{tier="host"} 1048576)"));
   EXPECT_THAT(text, HasSubstr("kvcached_capacity_evictions_total 7"));
+  EXPECT_THAT(text, HasSubstr("kvcached_pool_compaction_passes_total 9"));
+  EXPECT_THAT(text, HasSubstr("kvcached_pool_compaction_moves_total 5"));
+  EXPECT_THAT(text, HasSubstr("kvcached_pool_compaction_moved_bytes_total 5120"));
+  EXPECT_THAT(text, HasSubstr(R"(kvcached_pool_compaction_skipped_total{reason="changed"} 1)"));
+  EXPECT_THAT(text, HasSubstr("kvcached_pool_drained_spans_total 2"));
   EXPECT_THAT(text, HasSubstr("kvcached_active_leases 2"));
 }
 
