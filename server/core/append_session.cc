@@ -311,7 +311,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   };
   auto state = cache_->FindModelLocked(model_);
   if (!state.ok()) return fail(state.status());
-  Cache::ModelState& m = **state;
+  ModelState& m = **state;
   if (m.layout != layout_ || &m.index != index_) {
     return fail(absl::AbortedError(absl::StrCat(
         "model \"", model_.model_id, "\" was registered anew",

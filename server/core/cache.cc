@@ -19,6 +19,7 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       device_(std::move(device)),
       policy_(std::move(policy)),
       lower_policy_(std::move(lower_policy)),
+      models_(options.max_models),
       leases_(options.max_leases, options.max_lease_tokens) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
   if (lower_ != nullptr) {
@@ -49,13 +50,13 @@ absl::Status Cache::CheckTokenCount(size_t n) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Cache::ModelState*> Cache::FindModelLocked(const ModelKey& model) const {
-  auto it = models_.find(model);
-  if (it == models_.end()) {
+absl::StatusOr<ModelState*> Cache::FindModelLocked(const ModelKey& model) const {
+  ModelState* state = models_.Find(model);
+  if (state == nullptr) {
     return absl::NotFoundError(absl::StrCat(
         "model \"", model.model_id, "\" is not registered in namespace \"", model.ns, "\""));
   }
-  return it->second.get();
+  return state;
 }
 
 absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, ModelLayout layout) {
@@ -70,18 +71,13 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
                      " bytes, more than the host tier's capacity of ", pool.capacity_bytes));
   }
   MutexLock lock(&mu_);
-  auto it = models_.find(model);
-  if (it != models_.end()) {
-    if (it->second->layout != layout) {
+  if (const ModelState* known = models_.Find(model); known != nullptr) {
+    if (known->layout != layout) {
       return absl::AlreadyExistsError(
           absl::StrCat("model \"", model.model_id, "\" is registered with another layout (",
-                       it->second->layout.ToString(), "); requested ", layout.ToString()));
+                       known->layout.ToString(), "); requested ", layout.ToString()));
     }
     return RegisterResult{.created = false, .layout = layout};
-  }
-  if (models_.size() >= options_.max_models) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_models (", options_.max_models, ") models are registered already"));
   }
   auto state = std::make_unique<ModelState>(model, layout, options_.importance.default_policy,
                                             options_.importance.calibration_samples);
@@ -91,8 +87,7 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
     state->policy.params.beta = w->second.beta;
     state->policy.params.gamma = w->second.gamma;
   }
-  by_index_.emplace(&state->index, state.get());
-  models_.emplace(model, std::move(state));
+  if (auto added = models_.Add(std::move(state)); !added.ok()) return added.status();
   return RegisterResult{.created = true, .layout = layout};
 }
 
@@ -204,7 +199,7 @@ bool Cache::EvictHostLeafLocked(std::vector<BlockRef>* dropped) {
       [](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1; });
   if (victim == nullptr) return false;
   LogMoveLocked(*victim, "host", "none", "evicted", victim->payload->size());
-  ModelState& state = *by_index_.at(victim->index);
+  ModelState& state = *models_.OfIndex(victim->index);
   RemoveSubtreeLocked(state, victim, dropped);
   return true;
 }
@@ -500,10 +495,7 @@ absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
   if (!state.ok()) return state.status();
   const EvictResult evicted = ClearModelLocked(**state, &dropped);
   const size_t released_leases = leases_.RemoveModel(model, &released);
-  by_index_.erase(&(*state)->index);
-  auto it = models_.find(model);
-  removed = std::move(it->second);
-  models_.erase(it);
+  removed = models_.Remove(model);
   return UnregisterResult{.evicted_blocks = evicted.evicted_blocks,
                           .evicted_bytes = evicted.evicted_bytes,
                           .released_leases = released_leases};

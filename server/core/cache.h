@@ -87,6 +87,7 @@
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/lease_table.h"
+#include "server/core/model_registry.h"
 #include "server/core/mutex.h"
 #include "server/core/prefetcher.h"
 #include "server/core/prefix_index.h"
@@ -528,38 +529,6 @@ class Cache {
  private:
   friend class AppendSession;
 
-  struct ModelState {
-    ModelState(const ModelKey& k, const ModelLayout& l, const ImportancePolicy& p,
-               size_t calibration_samples)
-        : key(k), layout(l), index(l.block_tokens), policy(p), calibrator(calibration_samples) {}
-    ModelKey key;
-    ModelLayout layout;
-    PrefixIndex index;
-    uint64_t bytes = 0;
-    uint64_t hit_tokens = 0;
-    uint64_t miss_tokens = 0;
-    uint64_t appended_blocks = 0;
-    uint64_t deduplicated_blocks = 0;
-    uint64_t evicted_blocks = 0;
-    ImportancePolicy policy;
-    importance::Calibrator calibrator;
-    uint64_t compressed_blocks = 0;  // blocks now in the compressed format
-    uint64_t int8_tokens = 0;        // tokens now stored as INT8
-    uint64_t pruned_tokens = 0;      // tokens now dropped
-    uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
-    uint64_t attention_reports = 0;
-    uint64_t calibrations = 0;
-    uint64_t conflicting_blocks = 0;  // appends whose bytes differed from the cached block
-    uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
-    uint64_t corrupt_blocks = 0;      // dropped by compaction: checksum mismatch
-    // Bumped by every policy change: a compaction job planned under another
-    // generation is void.
-    uint64_t policy_generation = 0;
-    // Bumped when compression is switched off: plans made before it may no
-    // longer send lossy blocks.
-    std::shared_ptr<std::atomic<uint64_t>> lossless_epoch =
-        std::make_shared<std::atomic<uint64_t>>(0);
-  };
   static TieredBlock TakeBlock(const IndexNode& n) { return TieredBlock::Of(n); }
 
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
@@ -731,8 +700,7 @@ class Cache {
   mutable Mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks
   std::unique_ptr<EvictionPolicy> lower_policy_ ABSL_GUARDED_BY(mu_);  // lower-only blocks
-  absl::btree_map<ModelKey, std::unique_ptr<ModelState>> models_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_ ABSL_GUARDED_BY(mu_);
+  ModelRegistry models_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;

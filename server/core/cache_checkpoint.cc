@@ -19,9 +19,9 @@ std::vector<ModelImage> Cache::CaptureModels() const {
   images.reserve(keys.size());
   for (const ModelKey& key : keys) {
     MutexLock lock(&mu_);
-    auto it = models_.find(key);
-    if (it == models_.end()) continue;
-    const ModelState& m = *it->second;
+    const ModelState* found = models_.Find(key);
+    if (found == nullptr) continue;
+    const ModelState& m = *found;
     ModelImage& image = images.emplace_back();
     image.key = key;
     image.layout = m.layout;
@@ -37,9 +37,9 @@ std::vector<ModelImage> Cache::CaptureModels() const {
 size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
                             std::vector<BlockImage>* out) const {
   MutexLock lock(&mu_);
-  auto it = models_.find(model);
-  if (it == models_.end()) return lookup_hashes.size();
-  const PrefixIndex& index = it->second->index;
+  const ModelState* found = models_.Find(model);
+  if (found == nullptr) return lookup_hashes.size();
+  const PrefixIndex& index = found->index;
   size_t gone = 0;
   for (uint64_t hash : lookup_hashes) {
     const IndexNode* n = index.FindByLookupHash(hash);
@@ -113,9 +113,9 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (image.lower != nullptr && lower_ == nullptr) image.lower.reset();
   std::vector<BlockRef> unused;  // released after the lock
   MutexLock lock(&mu_);
-  auto it = models_.find(model);
-  if (it == models_.end()) return RestoreOutcome::kUnknownModel;
-  ModelState& m = *it->second;
+  ModelState* found = models_.Find(model);
+  if (found == nullptr) return RestoreOutcome::kUnknownModel;
+  ModelState& m = *found;
   if (image.tokens.size() != m.layout.block_tokens) return RestoreOutcome::kMismatch;
   if (m.index.FindByLookupHash(image.lookup_hash) != nullptr) return RestoreOutcome::kPresent;
   if (image.host == nullptr && image.lower == nullptr) return RestoreOutcome::kLost;

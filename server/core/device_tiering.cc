@@ -192,7 +192,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
   out.unplaced_tokens = (matched - blocks.size()) * bt;
   out.copied_blocks = static_cast<uint32_t>(std::count(written.begin(), written.end(), true));
   if (blocks.empty()) return out;
-  if (!by_index_.contains(index)) {
+  if (models_.OfIndex(index) == nullptr) {
     return absl::AbortedError(
         absl::StrCat("model \"", model.model_id, "\" was unregistered during the placement"));
   }

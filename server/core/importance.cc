@@ -388,7 +388,7 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
   for (CompactionJob& job : jobs) {
     const bool alive = compacting_.erase(job.node) == 1;
     if (!alive || job.node->payload != job.old) continue;
-    ModelState& m = *by_index_.at(job.node->index);
+    ModelState& m = *models_.OfIndex(job.node->index);
     if (job.corrupt) {
       ++m.corrupt_blocks;
       ++result.corrupt_blocks;

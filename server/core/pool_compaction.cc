@@ -81,7 +81,7 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
       if (job.corrupt && alive && job.node->payload == job.old) {
         // As Compact() does: the block (and what hangs below it) leaves the
         // cache, counted in its model's corrupt_blocks.
-        ModelState& m = *by_index_.at(job.node->index);
+        ModelState& m = *models_.OfIndex(job.node->index);
         ++m.corrupt_blocks;
         LogMoveLocked(*job.node, "host", "none", "checksum", job.old->size());
         RemoveSubtreeLocked(m, job.node, &dropped);

@@ -17,7 +17,7 @@ constexpr int kMaxLowerEvictionsPerWrite = 32;
 }  // namespace
 
 IndexNode* Cache::RefindLocked(const PrefixIndex* index, uint64_t lookup_hash) const {
-  if (index == nullptr || !by_index_.contains(index)) return nullptr;
+  if (index == nullptr || models_.OfIndex(index) == nullptr) return nullptr;
   return index->FindByLookupHash(lookup_hash);
 }
 
@@ -70,7 +70,7 @@ bool Cache::EvictLowerOneLocked(std::vector<BlockRef>* dropped) {
       [](const IndexNode& n) { return n.is_leaf() && n.lower.use_count() == 1; });
   if (victim == nullptr) return false;
   LogMoveLocked(*victim, "ssd", "none", "capacity", victim->lower->seal().size);
-  RemoveSubtreeLocked(*by_index_.at(victim->index), victim, dropped);
+  RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
   ++tier_.lower_evictions;
   return true;
 }
@@ -139,7 +139,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
       // has children (they stay, below it).
       if (victim->is_leaf()) {
         LogMoveLocked(*victim, "host", "none", "not_admitted", victim->payload->size());
-        RemoveSubtreeLocked(*by_index_.at(victim->index), victim, &dropped);
+        RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, &dropped);
       } else if (!EvictHostLeafLocked(&dropped)) {
         return DemoteOutcome::kNothing;
       }
@@ -167,7 +167,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
     // leaf only we (and the index) hold.
     if (node->is_leaf() && node->payload.use_count() == 2) {
       LogMoveLocked(*node, "host", "none", "write_failed", payload->size(), took);
-      RemoveSubtreeLocked(*by_index_.at(index), node, &dropped);
+      RemoveSubtreeLocked(*models_.OfIndex(index), node, &dropped);
       ++tier_.not_admitted_evictions;
       ++capacity_evictions_;
       return DemoteOutcome::kEvicted;
@@ -296,7 +296,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
         ++tier_.checksum_failures;
         if (same) {
           LogMoveLocked(*node, "ssd", "none", "checksum", b.lower->seal().size, took);
-          ModelState& m = *by_index_.at(index);
+          ModelState& m = *models_.OfIndex(index);
           ++m.corrupt_blocks;
           RemoveSubtreeLocked(m, node, &dropped);
         }

@@ -1,0 +1,95 @@
+// ModelRegistry: the models a Cache knows, each with its index and its
+// per-model state (layout, importance policy, calibration sample, counters).
+//
+// It finds a model by key and by its index (a node's `index` leads back to
+// its model), keeps the two lookups in step, and enforces max_models. A
+// model's state lives until it is removed; the index pointer of a removed
+// model is never found again, so a reader that remembered it (an append in
+// flight, a lease, a tier move outside the lock) can tell it is gone.
+//
+// Not thread-safe: the owning Cache serialises access under its lock.
+#ifndef KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
+#define KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "server/core/importance_policy.h"
+#include "server/core/layout.h"
+#include "server/core/prefix_index.h"
+#include "server/importance/calibration.h"
+
+namespace kvcache {
+
+struct ModelState {
+  ModelState(const ModelKey& k, const ModelLayout& l, const ImportancePolicy& p,
+             size_t calibration_samples)
+      : key(k), layout(l), index(l.block_tokens), policy(p), calibrator(calibration_samples) {}
+  ModelKey key;
+  ModelLayout layout;
+  PrefixIndex index;
+  uint64_t bytes = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t miss_tokens = 0;
+  uint64_t appended_blocks = 0;
+  uint64_t deduplicated_blocks = 0;
+  uint64_t evicted_blocks = 0;
+  ImportancePolicy policy;
+  importance::Calibrator calibrator;
+  uint64_t compressed_blocks = 0;  // blocks now in the compressed format
+  uint64_t int8_tokens = 0;        // tokens now stored as INT8
+  uint64_t pruned_tokens = 0;      // tokens now dropped
+  uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
+  uint64_t attention_reports = 0;
+  uint64_t calibrations = 0;
+  uint64_t conflicting_blocks = 0;  // appends whose bytes differed from the cached block
+  uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
+  uint64_t corrupt_blocks = 0;      // dropped by compaction: checksum mismatch
+  // Bumped by every policy change: a compaction job planned under another
+  // generation is void.
+  uint64_t policy_generation = 0;
+  // Bumped when compression is switched off: plans made before it may no
+  // longer send lossy blocks.
+  std::shared_ptr<std::atomic<uint64_t>> lossless_epoch =
+      std::make_shared<std::atomic<uint64_t>>(0);
+};
+
+class ModelRegistry {
+ public:
+  using Map = absl::btree_map<ModelKey, std::unique_ptr<ModelState>>;
+
+  explicit ModelRegistry(uint32_t max_models) : max_models_(max_models) {}
+
+  // The model, or null when it is not registered.
+  ModelState* Find(const ModelKey& model) const {
+    auto it = models_.find(model);
+    return it == models_.end() ? nullptr : it->second.get();
+  }
+  // The model `index` belongs to, or null when that model was removed.
+  ModelState* OfIndex(const PrefixIndex* index) const {
+    auto it = by_index_.find(index);
+    return it == by_index_.end() ? nullptr : it->second;
+  }
+  // Adds a model not registered yet. RESOURCE_EXHAUSTED past max_models.
+  absl::StatusOr<ModelState*> Add(std::unique_ptr<ModelState> state);
+  // Removes a registered model and hands its state back (null when unknown).
+  std::unique_ptr<ModelState> Remove(const ModelKey& model);
+
+  // Every model, by key.
+  Map::const_iterator begin() const { return models_.begin(); }
+  Map::const_iterator end() const { return models_.end(); }
+  size_t size() const { return models_.size(); }
+
+ private:
+  const uint32_t max_models_;
+  Map models_;
+  absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
