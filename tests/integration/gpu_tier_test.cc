@@ -101,12 +101,6 @@ class GpuTierDaemonTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
   std::span<std::byte> Buffer(Worker& w) { return {w.kv.base, w.kv.bytes}; }
-  const v1::TierStats* Tier(const v1::GetStatsResponse& stats, const std::string& name) {
-    for (const v1::TierStats& t : stats.tiers()) {
-      if (t.name() == name) return &t;
-    }
-    return nullptr;
-  }
 
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
@@ -149,7 +143,7 @@ TEST_F(GpuTierDaemonTest, AWorkerCopiesCachedBlocksFromTheDaemonsDeviceMemory) {
 
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  const v1::TierStats* gpu = Tier(*stats, "gpu");
+  const v1::TierStats* gpu = FindTier(*stats, "gpu");
   ASSERT_NE(gpu, nullptr);
   EXPECT_EQ(gpu->blocks(), 4u * kBlocksPerSequence);
   EXPECT_EQ(gpu->promotions(), 4u * kBlocksPerSequence);
@@ -207,7 +201,7 @@ TEST_F(GpuTierDaemonTest, SixteenWorkersOverATinyGpuTierGetOnlyAppendedBytes) {
   EXPECT_GT(fetched.load(), 1000u);
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  const v1::TierStats* gpu = Tier(*stats, "gpu");
+  const v1::TierStats* gpu = FindTier(*stats, "gpu");
   ASSERT_NE(gpu, nullptr);
   EXPECT_GT(gpu->clean_drops(), 0u) << "the tiny tier never gave a copy up";
   EXPECT_LE(gpu->used_bytes(), gpu->capacity_bytes());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvcache/client.h"
+#include "kvcache/v1/admin.pb.h"
 #include "kvcache/v1/kvcache.pb.h"
 
 namespace kvcache::testing {
@@ -85,6 +86,14 @@ inline size_t FetchVerified(Client& client, std::string_view model,
   EXPECT_TRUE(std::equal(out.begin(), out.begin() + matched * block_bytes, expected.begin()))
       << what << ": fetched bytes that were never appended";
   return matched;
+}
+
+// The entry of tier `name` ("gpu", "host", "ssd") in GetStats, or null.
+inline const v1::TierStats* FindTier(const v1::GetStatsResponse& stats, std::string_view name) {
+  for (const v1::TierStats& t : stats.tiers()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
 }
 
 }  // namespace kvcache::testing

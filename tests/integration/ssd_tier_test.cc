@@ -75,17 +75,11 @@ class TierDaemonTest : public ::testing::Test {
     for (int i = 0; i < 500; ++i) {
       auto stats = client_->GetStats();
       ASSERT_TRUE(stats.ok());
-      const v1::TierStats* host = Tier(*stats, "host");
+      const v1::TierStats* host = FindTier(*stats, "host");
       if (host->payload_bytes() <= host->capacity_bytes() * 9 / 10) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     FAIL() << "the host tier stayed above its high watermark for 5 s";
-  }
-  const v1::TierStats* Tier(const v1::GetStatsResponse& stats, const std::string& name) {
-    for (const v1::TierStats& t : stats.tiers()) {
-      if (t.name() == name) return &t;
-    }
-    return nullptr;
   }
 
   std::unique_ptr<DaemonProcess> daemon_;
@@ -99,7 +93,7 @@ TEST_F(TierDaemonTest, HoldsFarMoreThanHostMemoryAndServesItExactly) {
   AppendAll(kSequences);
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  const v1::TierStats* ssd = Tier(*stats, "ssd");
+  const v1::TierStats* ssd = FindTier(*stats, "ssd");
   ASSERT_NE(ssd, nullptr) << "no ssd tier in GetStats";
   EXPECT_GT(ssd->demotions(), 0u);
   EXPECT_EQ(stats->capacity_evictions(), 0u);
@@ -113,7 +107,7 @@ TEST_F(TierDaemonTest, HoldsFarMoreThanHostMemoryAndServesItExactly) {
   }
   stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  ssd = Tier(*stats, "ssd");
+  ssd = FindTier(*stats, "ssd");
   EXPECT_GT(ssd->reads(), 0u);
   EXPECT_EQ(ssd->checksum_failures(), 0u);
 }
@@ -164,7 +158,7 @@ TEST_F(TierDaemonTest, PrefetchWaitAnswersWithTheBlocksInHostMemory) {
   for (const v1::BlockDescriptor& b : after->blocks) EXPECT_EQ(b.tier(), "");
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  const v1::TierStats* ssd = Tier(*stats, "ssd");
+  const v1::TierStats* ssd = FindTier(*stats, "ssd");
   ASSERT_NE(ssd, nullptr);
   EXPECT_EQ(ssd->prefetches_completed(), 1u);
   EXPECT_EQ(ssd->promotions(), kBlocksPerSequence);
@@ -199,7 +193,7 @@ TEST_F(TierDaemonTest, BytesCorruptedOnDiskAreDetectedAndNeverServed) {
   EXPECT_GT(short_fetches, 0u);
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  const v1::TierStats* ssd = Tier(*stats, "ssd");
+  const v1::TierStats* ssd = FindTier(*stats, "ssd");
   ASSERT_NE(ssd, nullptr);
   EXPECT_GT(ssd->checksum_failures(), 0u);
   auto again = client_->Lookup("m", Sequence(0));
@@ -248,7 +242,7 @@ TEST_F(TierDaemonTest, ManyWorkersOverTinyTiersOnlyEverSeeExactBytes) {
   EXPECT_GT(fetched.load(), 0u);
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  const v1::TierStats* ssd = Tier(*stats, "ssd");
+  const v1::TierStats* ssd = FindTier(*stats, "ssd");
   ASSERT_NE(ssd, nullptr);
   EXPECT_GT(ssd->demotions(), 0u);
   EXPECT_EQ(ssd->checksum_failures(), 0u);
