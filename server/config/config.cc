@@ -239,7 +239,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!host->has_high_watermark()) host->set_high_watermark(0.90);
   if (host->min_class_bytes() == 0) host->set_min_class_bytes(64);
   if (!host->has_low_watermark()) host->set_low_watermark(0.80);
-  if (!host->has_compaction_interval_ms()) host->set_compaction_interval_ms(1000);
+  if (!host->has_compaction_interval_ms()) host->set_compaction_interval_ms(0);
   if (!host->has_compaction_max_span_occupancy()) host->set_compaction_max_span_occupancy(0.5);
   if (host->compaction_max_bytes_per_pass() == 0) {
     host->set_compaction_max_bytes_per_pass(uint64_t{64} << 20);

@@ -14,6 +14,9 @@
 //                   (1 layer, 1 KV head, head_dim 1, fp16) come from a SlabPool,
 //                   with the system clock and the LRU policy
 //   BM_CacheLookupLease  the same, taking a lease (released in the loop)
+//   BM_IndexWalk    a post-order walk of the whole tree reading each node's
+//                   payload pointer: what Cache::CompactPool does under the
+//                   cache lock to find the blocks of the spans it drains
 //
 // Kinds (the second argument): 0 a full hit of all 32K tokens; 1 a partial
 // hit (the prompt differs from a cached one at token 16K); 2 a miss (the
@@ -211,6 +214,19 @@ void LookupLoop(benchmark::State& state, bool lease) {
 void BM_CacheLookup(benchmark::State& state) { LookupLoop(state, /*lease=*/false); }
 void BM_CacheLookupLease(benchmark::State& state) { LookupLoop(state, /*lease=*/true); }
 
+void BM_IndexWalk(benchmark::State& state) {
+  World& w = GetWorld(static_cast<uint32_t>(state.range(0)));
+  uint64_t seen = 0;
+  for (auto _ : state) {
+    w.index->VisitPostOrder([&](IndexNode* n) {
+      seen += reinterpret_cast<uintptr_t>(n->payload.get()) & 1;
+    });
+    benchmark::DoNotOptimize(seen);
+  }
+  state.counters["blocks"] = static_cast<double>(w.index->num_blocks());
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(w.index->num_blocks()));
+}
+
 benchmark::internal::Benchmark* Configure(benchmark::internal::Benchmark* b, int64_t bt,
                                           int64_t kind) {
   return b->ArgNames({"bt", "kind"})->Args({bt, kind})->Unit(benchmark::kMicrosecond);
@@ -229,6 +245,10 @@ void RegisterAll() {
         ->Threads(2)
         ->UseRealTime();
     Configure(benchmark::RegisterBenchmark("BM_CacheLookupLease", BM_CacheLookupLease), bt, 0);
+    benchmark::RegisterBenchmark("BM_IndexWalk", BM_IndexWalk)
+        ->ArgName("bt")
+        ->Arg(bt)
+        ->Unit(benchmark::kMillisecond);
   }
 }
 
