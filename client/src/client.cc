@@ -354,8 +354,8 @@ class ClientImpl final : public Client {
       req.mutable_tokens()->Assign(tokens.begin(), tokens.end());
       req.set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(lease_ttl)));
       v1::PlaceOnDeviceResponse resp;
-      absl::Status s =
-          CallOnce([&](grpc::ClientContext* ctx) { return cache_->PlaceOnDevice(ctx, req, &resp); });
+      absl::Status s = CallOnce(
+          [&](grpc::ClientContext* ctx) { return cache_->PlaceOnDevice(ctx, req, &resp); });
       if (!s.ok()) return s;
       return resp;
     });

@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<DeviceSession>> DeviceSession::Open(Client* clien
   }
   if (arenas->device_kind() != TierKindOf(info.kind)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the daemon's GPU tier is ", arenas->device_kind(), "; this worker's device is ",
-                     TierKindOf(info.kind)));
+        absl::StrCat("the daemon's GPU tier is ", arenas->device_kind(),
+                     "; this worker's device is ", TierKindOf(info.kind)));
   }
   std::unique_ptr<DeviceSession> session(new DeviceSession(client, device));
   if (absl::Status s = session->MapArenas(); !s.ok()) return s;
@@ -73,9 +73,9 @@ absl::StatusOr<DeviceFetchResult> DeviceSession::FetchToDevice(std::string_view 
   return result;
 }
 
-absl::StatusOr<DeviceFetchResult> DeviceSession::CopyPlaced(
-    const v1::PlaceOnDeviceResponse& placed, std::span<std::byte> out,
-    const DeviceFetchOptions& options) {
+absl::StatusOr<DeviceFetchResult> DeviceSession::CopyPlaced(const v1::PlaceOnDeviceResponse& placed,
+                                                            std::span<std::byte> out,
+                                                            const DeviceFetchOptions& options) {
   DeviceFetchResult result{.matched_tokens = placed.matched_tokens(),
                            .unplaced_tokens = placed.unplaced_tokens(),
                            .withheld_tokens = placed.withheld_tokens(),
@@ -107,9 +107,9 @@ absl::StatusOr<DeviceFetchResult> DeviceSession::CopyPlaced(
   if (absl::Status s = FromGpu(device_->CreateStream(&stream)); !s.ok()) return s;
   absl::Status copied;
   for (int i = 0; i < placed.blocks_size() && copied.ok(); ++i) {
-    copied = FromGpu(device_->CopyAsync(gpu::CopyKind::kDeviceToDevice,
-                                        out.data() + i * block_bytes, sources[i], block_bytes,
-                                        stream));
+    copied =
+        FromGpu(device_->CopyAsync(gpu::CopyKind::kDeviceToDevice, out.data() + i * block_bytes,
+                                   sources[i], block_bytes, stream));
   }
   if (copied.ok()) copied = FromGpu(device_->Synchronize(stream));
   (void)device_->DestroyStream(stream);

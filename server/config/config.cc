@@ -59,8 +59,8 @@ absl::Status ValidateGpuTier(const v1::GpuTierConfig& g) {
   if (!(g.low_watermark() > 0 && g.low_watermark() <= g.high_watermark() &&
         g.high_watermark() <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gpu_tier.low_watermark (", g.low_watermark(), ") and high_watermark (",
-        g.high_watermark(), ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
+        "gpu_tier.low_watermark (", g.low_watermark(), ") and high_watermark (", g.high_watermark(),
+        ") must satisfy 0 < low_watermark <= high_watermark <= 1"));
   }
   if (g.on_unavailable() != "refuse" && g.on_unavailable() != "skip") {
     return absl::InvalidArgumentError(absl::StrCat(

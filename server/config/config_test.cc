@@ -184,8 +184,7 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"correlated period above a day",
        [](auto& c) { c.mutable_cache()->mutable_lru_k()->set_correlated_period_ms(90000000); },
        "cache.lru_k.correlated_period_ms"},
-      {"unknown gpu kind", [](auto& c) { c.mutable_gpu_tier()->set_kind("tpu"); },
-       "gpu_tier.kind"},
+      {"unknown gpu kind", [](auto& c) { c.mutable_gpu_tier()->set_kind("tpu"); }, "gpu_tier.kind"},
       {"gpu slab not power of two",
        [](auto& c) {
          c.mutable_gpu_tier()->set_kind("cuda");

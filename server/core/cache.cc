@@ -337,8 +337,7 @@ absl::StatusOr<std::pair<uint64_t, absl::Time>> Cache::CreateLeaseLocked(
   const absl::Time now = clock_->Now();
   ExpireLeasesLocked(now);
   tokens.resize(matched_tokens);  // a prefix of the request's tokens: shrinks
-  const absl::Time expires =
-      now + (ttl == absl::ZeroDuration() ? options_.default_lease_ttl : ttl);
+  const absl::Time expires = now + (ttl == absl::ZeroDuration() ? options_.default_lease_ttl : ttl);
   absl::StatusOr<uint64_t> id = leases_.Add({.model = model,
                                              .index = index,
                                              .matched_tokens = matched_tokens,

@@ -692,7 +692,7 @@ class Cache {
   const CacheOptions options_;
   const std::unique_ptr<SlabPool> pool_;
   Clock* const clock_;
-  const std::shared_ptr<BlockStore> lower_;  // null: one tier
+  const std::shared_ptr<BlockStore> lower_;   // null: one tier
   const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
   // Runs background promotions; null without a lower tier. Destroyed first.
   std::unique_ptr<Prefetcher> prefetcher_;
@@ -766,9 +766,8 @@ class AppendSession {
   struct HashState;
   AppendSession(Cache* cache, ModelKey model, ModelLayout layout, std::vector<Token> tokens,
                 uint64_t start_block, AppendHints hints, std::vector<uint64_t> checksums,
-                std::vector<uint64_t> keys, BlockHashes hashes,
-                std::vector<TieredBlock> pinned, std::vector<BlockPlan> plan,
-                std::vector<uint32_t> novelty_layers);
+                std::vector<uint64_t> keys, BlockHashes hashes, std::vector<TieredBlock> pinned,
+                std::vector<BlockPlan> plan, std::vector<uint32_t> novelty_layers);
   absl::Status Fail(absl::Status status);
   // The pinned flags of block `index` of the sequence; empty when none.
   // hints_.protected_ranges is sorted and disjoint.

@@ -12,9 +12,9 @@ absl::StatusOr<uint64_t> LeaseTable::Add(Lease lease) {
         "max_leases (", max_leases_, ") leases are live; release some or retry later"));
   }
   if (tokens_ + lease.tokens.size() > max_tokens_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "live leases hold ", tokens_, " tokens; this one (", lease.tokens.size(),
-        ") would pass max_lease_tokens (", max_tokens_, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("live leases hold ", tokens_, " tokens; this one (", lease.tokens.size(),
+                     ") would pass max_lease_tokens (", max_tokens_, ")"));
   }
   uint64_t id;
   do {

@@ -19,7 +19,7 @@ namespace {
 struct MoveJob {
   IndexNode* node = nullptr;
   BlockRef old;
-  BlockRef copy;  // null: not copied, or the copy did not verify
+  BlockRef copy;         // null: not copied, or the copy did not verify
   bool corrupt = false;  // the stored bytes do not match their checksum
 };
 

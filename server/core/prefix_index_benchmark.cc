@@ -218,9 +218,8 @@ void BM_IndexWalk(benchmark::State& state) {
   World& w = GetWorld(static_cast<uint32_t>(state.range(0)));
   uint64_t seen = 0;
   for (auto _ : state) {
-    w.index->VisitPostOrder([&](IndexNode* n) {
-      seen += reinterpret_cast<uintptr_t>(n->payload.get()) & 1;
-    });
+    w.index->VisitPostOrder(
+        [&](IndexNode* n) { seen += reinterpret_cast<uintptr_t>(n->payload.get()) & 1; });
     benchmark::DoNotOptimize(seen);
   }
   state.counters["blocks"] = static_cast<double>(w.index->num_blocks());

@@ -19,8 +19,8 @@
 namespace kvcache {
 
 struct TieredBlock {
-  BlockRef host;    // the host copy, or null
-  StoredRef lower;  // set only when there is no host copy: the copy to read back
+  BlockRef host;             // the host copy, or null
+  StoredRef lower;           // set only when there is no host copy: the copy to read back
   uint64_t lookup_hash = 0;  // finds the block's node again
   StoredRef device;          // the GPU tier copy a placement holds, or null
   uint64_t key = 0;          // the block's chain key

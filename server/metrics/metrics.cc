@@ -351,9 +351,9 @@ class CacheCollector final : public prometheus::Collectable {
       AddSample(drops, {{"reason", "pressure"}}, static_cast<double>(t.device_drops_pressure));
       AddSample(drops, {{"reason", "invalidated"}},
                 static_cast<double>(t.device_drops_invalidated));
-      auto failed = Family("kvcached_gpu_write_failures_total",
-                           "Copies into the GPU tier that failed (other than for room)",
-                           MetricType::Counter);
+      auto failed =
+          Family("kvcached_gpu_write_failures_total",
+                 "Copies into the GPU tier that failed (other than for room)", MetricType::Counter);
       AddSample(failed, {}, static_cast<double>(t.device_write_failures));
       for (auto* f : {&placed, &placed_bytes, &found, &drops, &failed}) {
         out.push_back(std::move(*f));

@@ -9,11 +9,10 @@
 //
 // Limits (docs/api.md, "Timeouts and limits"): Append and Fetch streams count
 // against max_concurrent_streams and, per peer, max_streams_per_client;
-// Lookup, BatchLookup, Evict, ReportAttention and PlaceOnDevice against max_concurrent_unary. A stream
-// that makes no progress for stream_idle_timeout_ms is cancelled with
-// DEADLINE_EXCEEDED and gives back its slot, its append session and its
-// blocks. A Fetch holds a reference only to blocks not yet handed to gRPC
-// (and gRPC to those it has not yet sent), so a slow reader pins only what
+// Lookup, BatchLookup, Evict, ReportAttention and PlaceOnDevice against max_concurrent_unary. A
+// stream that makes no progress for stream_idle_timeout_ms is cancelled with DEADLINE_EXCEEDED and
+// gives back its slot, its append session and its blocks. A Fetch holds a reference only to blocks
+// not yet handed to gRPC (and gRPC to those it has not yet sent), so a slow reader pins only what
 // is in flight.
 //
 // Thread-safe; the Cache and RpcObserver must outlive the service.
@@ -42,11 +41,11 @@ struct CacheServiceOptions {
   Clock* clock = SystemClock::Get();  // what the idle timeout reads
 };
 
-using CacheServiceBase = v1::Cache::WithCallbackMethod_RegisterModel<
-    v1::Cache::WithCallbackMethod_Lookup<v1::Cache::WithCallbackMethod_BatchLookup<
-        v1::Cache::WithCallbackMethod_ReleaseLease<v1::Cache::WithRawCallbackMethod_Append<
-            v1::Cache::WithRawCallbackMethod_Fetch<v1::Cache::WithCallbackMethod_Evict<
-                v1::Cache::WithCallbackMethod_ReportAttention<
+using CacheServiceBase =
+    v1::Cache::WithCallbackMethod_RegisterModel<v1::Cache::WithCallbackMethod_Lookup<
+        v1::Cache::WithCallbackMethod_BatchLookup<v1::Cache::WithCallbackMethod_ReleaseLease<
+            v1::Cache::WithRawCallbackMethod_Append<v1::Cache::WithRawCallbackMethod_Fetch<
+                v1::Cache::WithCallbackMethod_Evict<v1::Cache::WithCallbackMethod_ReportAttention<
                     v1::Cache::WithCallbackMethod_PlaceOnDevice<
                         v1::Cache::WithCallbackMethod_GetDeviceArenas<v1::Cache::Service>>>>>>>>>>;
 

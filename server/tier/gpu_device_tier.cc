@@ -158,8 +158,8 @@ absl::StatusOr<std::shared_ptr<DeviceTier>> OpenGpuDeviceTier(const GpuTierOptio
         "gpu tier: this kvcached was built without CUDA (KVCACHE_ENABLE_CUDA off)");
 #endif
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpu tier: kind \"", options.kind, "\" is not one of cuda, host_stand_in"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu tier: kind \"", options.kind, "\" is not one of cuda, host_stand_in"));
   }
   const gpu::DeviceInfo info = device->Probe();
   if (!info.usable) return absl::UnavailableError(absl::StrCat("gpu tier: ", info.reason));

@@ -77,8 +77,8 @@ class GpuTierDaemonTest : public ::testing::Test {
   }
   void AppendSequence(Client& client, int s) {
     const std::vector<uint32_t> tokens = Sequence(s);
-    auto r =
-        client.Append("m", tokens, MakeKv(tokens, kBlockTokens, block_bytes_, 0, kBlocksPerSequence));
+    auto r = client.Append("m", tokens,
+                           MakeKv(tokens, kBlockTokens, block_bytes_, 0, kBlocksPerSequence));
     ASSERT_TRUE(r.ok()) << "sequence " << s << ": " << r.status();
   }
   std::unique_ptr<Worker> NewWorker() {
@@ -134,10 +134,9 @@ TEST_F(GpuTierDaemonTest, AWorkerCopiesCachedBlocksFromTheDaemonsDeviceMemory) {
   auto partial = w->session->FetchToDevice("m", longer, Buffer(*w));
   ASSERT_TRUE(partial.ok());
   EXPECT_EQ(partial->matched_tokens, kBlocksPerSequence * kBlockTokens);
-  EXPECT_EQ(w->session->FetchToDevice("m", Sequence(1), Buffer(*w).first(block_bytes_))
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      w->session->FetchToDevice("m", Sequence(1), Buffer(*w).first(block_bytes_)).status().code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w->session->FetchToDevice("nope", Sequence(1), Buffer(*w)).status().code(),
             absl::StatusCode::kNotFound);
 
@@ -231,8 +230,9 @@ TEST(GpuTierStartupTest, AnUnusableDeviceStopsStartupUnlessSkipped) {
   EXPECT_THAT(output, HasSubstr("gpu tier: "));
 
   auto skipped = DaemonProcess::Start(
-      {.extra_flags = {"--gpu-tier", "cuda", "--config",
-                       WriteConfig("gpu_skip.json", R"({"gpu_tier": {"on_unavailable": "skip"}})")}});
+      {.extra_flags = {
+           "--gpu-tier", "cuda", "--config",
+           WriteConfig("gpu_skip.json", R"({"gpu_tier": {"on_unavailable": "skip"}})")}});
   ASSERT_TRUE(skipped.ok()) << skipped.status();
   std::ifstream log((*skipped)->log_path());
   std::stringstream text;
