@@ -265,7 +265,8 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
   std::vector<bool> pooled;
   for (size_t i = 0; i < blocks.size(); ++i) {
     TieredBlock& b = blocks[i];
-    if (b.host != nullptr) continue;
+    // A block a placement holds on the device needs no read-back.
+    if (b.host != nullptr || b.device != nullptr) continue;
     const uint64_t size = b.lower->seal().size;
     BlockRef into;
     if (promote) {

@@ -258,6 +258,9 @@ TEST_F(DeviceCacheTest, ACopyWhoseBlockIsRecompressedIsDroppedAndNotPlacedAgain)
 }
 
 TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
+  // Migrate keeps at most 28 of the GPU tier's 128 slots.
+  options_.tiers.device_high_watermark = 0.22;
+  options_.tiers.device_low_watermark = 0.22;
   // A host tier of 2 slabs (16 blocks) over an in-memory lower tier.
   MakeCache(2, uint64_t{1} << 20, /*lower=*/true);
   for (uint32_t id = 1; id <= 4; ++id) Append(id, 8);  // 32 blocks: half demoted
@@ -271,6 +274,17 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
     ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
   }
   EXPECT_GT(cache_->GetStats().tiers.lower_reads, 0u);
+  // The first 4 blocks of sequence 1 are the least recently placed: they
+  // lose their device copies, the other 28 keep theirs.
+  ASSERT_EQ(cache_->Migrate().device_drops, 4u);
+  const CacheStats placed = cache_->GetStats();
+  // Placed again: only blocks without a device copy may be read back.
+  auto p = cache_->PlaceOnDevice(kModel, Sequence(1, 8));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->copied_blocks, 4u);
+  ExpectPlacementHolds(*p, 1);
+  EXPECT_LE(cache_->GetStats().tiers.lower_reads - placed.tiers.lower_reads, 4u);
+  ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
 }
 
 TEST_F(DeviceCacheTest, ConcurrentPlacementsAppendsAndMigrationServeOnlyAppendedBytes) {
