@@ -151,7 +151,6 @@ void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
     --tier_.device_blocks;
     tier_.device_payload_bytes -= device->seal().size;
   }
-  compacting_.erase(node);
   ForgetCompressionLocked(state, node);
   metadata_bytes_ -= node->metadata_bytes;
   node->metadata_bytes = 0;

@@ -55,6 +55,11 @@
 // append that makes a lossy block exact) or the block leaves the cache; a
 // lease taken by PlaceOnDevice keeps its copies alive until it ends.
 //
+// Every copy of a block's bytes from one place or form to another
+// (compaction, compression, demotion, promotion, placement) is a BlockMove
+// (block_move.h): claimed under the lock, copied outside it, committed only
+// if the block did not change meanwhile.
+//
 // Thread-safety: every method is thread-safe. One mutex guards the metadata
 // (registry, indexes, policy, leases); it is never held while payload bytes
 // are copied or hashed, nor during I/O.
@@ -600,10 +605,6 @@ class Cache {
     return node.payload != nullptr ? policy_.get() : lower_policy_.get();
   }
   void TouchLocked(IndexNode* node, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The node of `index` with `lookup_hash` if the index still belongs to a
-  // model; nullptr otherwise.
-  IndexNode* RefindLocked(const PrefixIndex* index, uint64_t lookup_hash) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `node`'s host copy (into `dropped`), leaving its lower copy.
   // REQUIRES: node->payload and node->lower set.
   void DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped)
@@ -714,9 +715,9 @@ class Cache {
       ABSL_GUARDED_BY(mu_);
   uint64_t conflicting_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // for max_metadata_bytes
-  // Nodes a compaction pass is encoding outside the lock; a node removed
-  // meanwhile leaves the set, so the pass knows not to touch it.
-  absl::flat_hash_set<const IndexNode*> compacting_ ABSL_GUARDED_BY(mu_);
+  // Host payloads a compression or pool compaction move claimed
+  // (block_move.h), so the other pass does not claim them too.
+  absl::flat_hash_set<const BlockPayload*> moving_ ABSL_GUARDED_BY(mu_);
   ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
   uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
   PoolCompactionCounters pool_compaction_ ABSL_GUARDED_BY(mu_);  // CompactPool totals

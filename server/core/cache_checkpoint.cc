@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/block_move.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -54,9 +55,13 @@ size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> loo
     b.depth = n->depth;
     const std::span<const Token> tokens = n->tokens();
     b.tokens.assign(tokens.begin(), tokens.end());
-    b.seal = n->seal();
-    b.host = n->payload;
-    b.lower = n->lower;
+    // A claim with no commit (block_move.h): the copy goes to the
+    // checkpoint file, and the claim's references keep the copies readable
+    // (and the block out of the movers' hands) until the batch is written.
+    BlockMove claim = BlockMove::Claim(*n);
+    b.seal = claim.seal();
+    b.host = claim.host();
+    b.lower = claim.lower();
     b.expires = n->expires;
     b.last_access = n->last_access;
     b.priority = n->priority;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/block_move.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -108,6 +109,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
   // held from here on.
   DevicePlacement out;
   std::vector<TieredBlock> blocks;
+  std::vector<BlockMove> moves;  // host or SSD -> GPU, one per block
   const PrefixIndex* index;
   uint32_t bt;
   {
@@ -124,7 +126,9 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     m.hit_tokens += exact * bt;
     m.miss_tokens += (tokens.size() / bt) * bt - exact * bt;
     blocks.reserve(path.size());
+    moves.reserve(path.size());
     for (IndexNode* n : path) {
+      moves.push_back(BlockMove::Claim(*n));
       TieredBlock b = TakeBlock(*n);
       if (const StoredRef* copy = device_copies_.Find(n); copy != nullptr) {
         b.device = *copy;
@@ -177,12 +181,11 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     const BlockSeal& seal = b.device->seal();
     ++tier_.device_placements;
     tier_.device_placed_bytes += seal.size;
-    IndexNode* node = RefindLocked(index, b.lookup_hash);
+    // Still the bytes the copy was made from, in whichever tier.
+    IndexNode* node = moves[i].RefindSealed(models_);
     if (node == nullptr || device_copies_.Find(node) != nullptr) {
-      continue;  // gone, or placed by another placement meanwhile
+      continue;  // gone or changed, or placed by another placement meanwhile
     }
-    const BlockSeal now = node->seal();
-    if (now.compressed || now.checksum != seal.checksum || now.size != seal.size) continue;
     device_copies_.Put(node, b.device);
     ++tier_.device_blocks;
     tier_.device_payload_bytes += seal.size;

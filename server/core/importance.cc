@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/block_move.h"
 #include "server/core/cache.h"
 #include "server/importance/block_codec.h"
 #include "server/importance/scoring.h"
@@ -177,8 +178,7 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
 
 // One block a compaction pass re-encodes outside the lock.
 struct Cache::CompactionJob {
-  IndexNode* node = nullptr;
-  BlockRef old;
+  BlockMove move;  // the raw block, re-encoded outside the lock
   ModelLayout layout;
   ImportancePolicy policy;
   int64_t first_position = 0;
@@ -247,8 +247,8 @@ CompactionResult Cache::Compact() {
           uint32_t& pd = deepest[n->parent];
           pd = std::max(pd, d);
         }
-        if (n->tokens_state().compressed || n->payload.use_count() != 1 ||
-            compacting_.contains(n)) {
+        // use_count: a reader or another move (pool compaction) holds it.
+        if (n->tokens_state().compressed || n->payload.use_count() != 1) {
           return;
         }
         if (!result.under_pressure && n->last_access > now - o.cold_after) return;
@@ -266,8 +266,7 @@ CompactionResult Cache::Compact() {
     jobs.reserve(candidates.size());
     for (const Candidate& c : candidates) {
       const BlockTokenState& ts = c.node->tokens_state();
-      CompactionJob job{.node = c.node,
-                        .old = c.node->payload,
+      CompactionJob job{.move = BlockMove::Claim(*c.node),
                         .layout = c.model->layout,
                         .policy = c.model->policy,
                         .first_position = int64_t{c.node->depth} * c.model->layout.block_tokens,
@@ -283,22 +282,23 @@ CompactionResult Cache::Compact() {
                                                       o.activity_half_life_seconds, 0, 0);
         }
       }
-      compacting_.insert(c.node);
+      moving_.insert(c.node->payload.get());
       jobs.push_back(std::move(job));
     }
   }
 
   // Outside the lock: verify, score, decide each token's precision, encode.
   for (CompactionJob& job : jobs) {
+    const BlockPayload& old = *job.move.host();
     const uint32_t bt = job.layout.block_tokens;
     // Never re-encode bytes that are not what was appended: the new checksum
     // would make the corruption look valid.
-    if (Checksum(job.old->data()) != job.old->checksum()) {
+    if (Checksum(old.data()) != old.checksum()) {
       job.corrupt = true;
       continue;
     }
     if (job.novelty.empty()) {  // appended while the model did not compress
-      job.novelty = BlockKeyNovelty(job.layout, job.old->data(),
+      job.novelty = BlockKeyNovelty(job.layout, old.data(),
                                     NoveltyLayers(o.novelty_layers, job.layout.num_layers));
       job.novelty_computed = !job.novelty.empty();
     }
@@ -329,8 +329,7 @@ CompactionResult Cache::Compact() {
     }
     const importance::BlockShape shape = ToBlockShape(job.layout);
     // A token with an Inf or NaN stays exact: INT8 cannot represent it.
-    const uint32_t non_finite =
-        importance::KeepNonFiniteTokensFull(shape, job.old->data(), precision);
+    const uint32_t non_finite = importance::KeepNonFiniteTokensFull(shape, old.data(), precision);
     if (non_finite > 0) {
       job.num_int8 = 0;
       job.num_pruned = 0;
@@ -343,7 +342,7 @@ CompactionResult Cache::Compact() {
     absl::StatusOr<uint64_t> size = importance::CompressedSize(shape, precision);
     if (!size.ok()) continue;
     // Lossy only when it pays: the copy must take a smaller piece of the pool.
-    if (pool_->RoundedSize(*size) >= job.old->footprint()) {
+    if (pool_->RoundedSize(*size) >= old.footprint()) {
       ++result.no_saving_blocks;
       continue;
     }
@@ -353,16 +352,16 @@ CompactionResult Cache::Compact() {
     absl::StatusOr<Allocation> a = pool_->Allocate(*size);
     if (!a.ok()) break;
     BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, *size);
-    if (!importance::EncodeBlock(shape, job.old->data(), precision, encoded->mutable_data()).ok()) {
+    if (!importance::EncodeBlock(shape, old.data(), precision, encoded->mutable_data()).ok()) {
       continue;
     }
     encoded->set_compressed(true);
     // Remember what the encoding decodes to, so a fetch can check its decode.
-    std::vector<std::byte> decoded(job.old->size());
+    std::vector<std::byte> decoded(old.size());
     absl::StatusOr<importance::CompressedBlockView> view =
         importance::ParseCompressedBlock(encoded->data());
     if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) continue;
-    encoded->Seal(Checksum(encoded->data()), job.old->raw_checksum(), Checksum(decoded));
+    encoded->Seal(Checksum(encoded->data()), old.raw_checksum(), Checksum(decoded));
     job.encoded = std::move(encoded);
   }
 
@@ -386,35 +385,37 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
   CompactionResult& result = *out;
   for (float s : all_scores) score_histogram_.Add(s);
   for (CompactionJob& job : jobs) {
-    const bool alive = compacting_.erase(job.node) == 1;
-    if (!alive || job.node->payload != job.old) continue;
-    ModelState& m = *models_.OfIndex(job.node->index);
+    const BlockPayload& old = *job.move.host();
+    moving_.erase(&old);
+    IndexNode* node = job.move.Refind(models_);
+    if (node == nullptr) continue;
+    ModelState& m = *models_.OfIndex(node->index);
     if (job.corrupt) {
       ++m.corrupt_blocks;
       ++result.corrupt_blocks;
-      RemoveSubtreeLocked(m, job.node, dropped);
+      RemoveSubtreeLocked(m, node, dropped);
       continue;
     }
-    if (job.novelty_computed && job.node->tokens_state().novelty.empty()) {
-      job.node->mutable_tokens_state().novelty = std::move(job.novelty);
-      RecountMetadataLocked(job.node);
+    if (job.novelty_computed && node->tokens_state().novelty.empty()) {
+      node->mutable_tokens_state().novelty = std::move(job.novelty);
+      RecountMetadataLocked(node);
     }
     // A policy change since planning (above all a switch to off) voids the job.
     if (job.encoded == nullptr || m.policy_generation != job.policy_generation ||
         m.policy.mode == CompressionMode::kOff) {
       continue;
     }
-    const uint64_t delta = job.old->size() - job.encoded->size();
-    const uint64_t saved = job.old->footprint() - job.encoded->footprint();
-    job.node->payload = job.encoded;
-    DropLowerCopyLocked(job.node);  // a raw copy below no longer matches the seal
-    DropDeviceCopyLocked(job.node, DeviceDrop::kRecompressed);  // nor does a device copy
-    BlockTokenState& ts = job.node->mutable_tokens_state();
+    const uint64_t delta = old.size() - job.encoded->size();
+    const uint64_t saved = old.footprint() - job.encoded->footprint();
+    node->payload = job.encoded;
+    DropLowerCopyLocked(node);  // a raw copy below no longer matches the seal
+    DropDeviceCopyLocked(node, DeviceDrop::kRecompressed);  // nor does a device copy
+    BlockTokenState& ts = node->mutable_tokens_state();
     ts.compressed = true;
     ts.num_int8 = job.num_int8;
     ts.num_pruned = job.num_pruned;
     ts.bytes_saved = saved;
-    RecountMetadataLocked(job.node);  // the state may be new
+    RecountMetadataLocked(node);  // the state may be new
     ++m.compressed_blocks;
     m.int8_tokens += job.num_int8;
     m.pruned_tokens += job.num_pruned;

@@ -2,23 +2,24 @@
 //
 // The pool decides which spans to drain and names their live chunks
 // (SlabPool::PlanCompaction); the cache knows which block each chunk holds.
-// A pass follows the pattern of Compact(): plan under the lock, copy and
-// verify outside it, swap under it only what did not change meanwhile.
-// Blocks being moved sit in compacting_, so a compression pass leaves them
-// alone, and a block removed meanwhile leaves the set (ForgetNodeLocked).
+// Each block is a BlockMove (block_move.h): claimed under the lock, copied
+// and verified outside it, swapped in under it only if it did not change
+// meanwhile. Unlike the other moves it also moves blocks readers hold (their
+// old chunk is freed when they let go); claimed payloads sit in moving_, so
+// a compression pass and this one never claim the same block.
 #include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "server/core/block_move.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
 namespace {
 
 struct MoveJob {
-  IndexNode* node = nullptr;
-  BlockRef old;
+  BlockMove move;
   BlockRef copy;         // null: not copied, or the copy did not verify
   bool corrupt = false;  // the stored bytes do not match their checksum
 };
@@ -41,12 +42,12 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
     for (auto& [key, mp] : models_) {
       mp->index.VisitPostOrder([&](IndexNode* n) {
         mu_.AssertHeld();  // the lambda runs under the lock
-        if (n->payload == nullptr || compacting_.contains(n) ||
+        if (n->payload == nullptr || moving_.contains(n->payload.get()) ||
             !plan->Contains(n->payload->allocation().data)) {
           return;
         }
-        compacting_.insert(n);
-        jobs.push_back({.node = n, .old = n->payload});
+        moving_.insert(n->payload.get());
+        jobs.push_back({.move = BlockMove::Claim(*n)});
       });
     }
   }
@@ -54,21 +55,22 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
 
   // Outside the lock: copy into a chunk of a fuller span, and verify.
   for (MoveJob& job : jobs) {
-    absl::StatusOr<Allocation> target = pool_->AllocateMoveTarget(job.old->allocation());
+    const BlockPayload& old = *job.move.host();
+    absl::StatusOr<Allocation> target = pool_->AllocateMoveTarget(old.allocation());
     if (!target.ok()) {
       result.out_of_targets = true;
       break;
     }
-    auto copy = std::make_shared<BlockPayload>(pool_.get(), *target, job.old->size());
-    std::memcpy(copy->mutable_data().data(), job.old->data().data(), job.old->size());
+    auto copy = std::make_shared<BlockPayload>(pool_.get(), *target, old.size());
+    std::memcpy(copy->mutable_data().data(), old.data().data(), old.size());
     // Install only a copy that matches the seal: a block whose stored bytes
     // fail their checksum is dropped below, never served.
-    if (Checksum(copy->data()) != job.old->checksum()) {
+    if (Checksum(copy->data()) != old.checksum()) {
       ++result.mismatched_blocks;
       job.corrupt = true;
       continue;  // the copy's chunk returns to the pool here
     }
-    copy->SealAs(job.old->seal());
+    copy->SealAs(old.seal());
     job.copy = std::move(copy);
   }
 
@@ -77,24 +79,26 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
   {
     MutexLock lock(&mu_);
     for (MoveJob& job : jobs) {
-      const bool alive = compacting_.erase(job.node) == 1;
-      if (job.corrupt && alive && job.node->payload == job.old) {
+      const BlockPayload& old = *job.move.host();
+      moving_.erase(&old);
+      IndexNode* node = job.move.Refind(models_);
+      if (job.corrupt && node != nullptr) {
         // As Compact() does: the block (and what hangs below it) leaves the
         // cache, counted in its model's corrupt_blocks.
-        ModelState& m = *models_.OfIndex(job.node->index);
+        ModelState& m = *models_.OfIndex(node->index);
         ++m.corrupt_blocks;
-        LogMoveLocked(*job.node, "host", "none", "checksum", job.old->size());
-        RemoveSubtreeLocked(m, job.node, &dropped);
+        LogMoveLocked(*node, "host", "none", "checksum", old.size());
+        RemoveSubtreeLocked(m, node, &dropped);
         continue;
       }
       if (job.copy == nullptr) continue;
-      if (!alive || job.node->payload != job.old) {
+      if (node == nullptr) {
         ++result.changed_blocks;
         continue;
       }
-      job.node->payload = std::move(job.copy);
+      node->payload = std::move(job.copy);
       ++result.moved_blocks;
-      result.moved_bytes += job.old->size();
+      result.moved_bytes += old.size();
     }
     pool_compaction_.moved_blocks += result.moved_blocks;
     pool_compaction_.moved_bytes += result.moved_bytes;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/block_move.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -15,11 +16,6 @@ namespace {
 constexpr int kMaxLowerEvictionsPerWrite = 32;
 
 }  // namespace
-
-IndexNode* Cache::RefindLocked(const PrefixIndex* index, uint64_t lookup_hash) const {
-  if (index == nullptr || models_.OfIndex(index) == nullptr) return nullptr;
-  return index->FindByLookupHash(lookup_hash);
-}
 
 void Cache::DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped) {
   policy_->Release(node);
@@ -115,9 +111,7 @@ std::vector<MoveRecord> Cache::DrainMoves() {
 
 Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char* reason) {
   *refused = false;
-  const PrefixIndex* index;
-  uint64_t lookup_hash, key;
-  BlockRef payload;  // keeps the victim from being picked (or compacted) twice
+  BlockMove move;  // its claim keeps the victim from being picked (or compacted) twice
   {
     std::vector<BlockRef> dropped;  // freed after the lock
     MutexLock lock(&mu_);
@@ -147,27 +141,25 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
       ++capacity_evictions_;
       return DemoteOutcome::kEvicted;
     }
-    index = victim->index;
-    lookup_hash = victim->lookup_hash;
-    key = victim->key;
-    payload = victim->payload;
+    move = BlockMove::Claim(*victim);
   }
   // The write, outside the lock.
+  const BlockPayload& payload = *move.host();
   const absl::Time start = absl::Now();
-  absl::StatusOr<StoredRef> copy = WriteLower(key, *payload);
+  absl::StatusOr<StoredRef> copy = WriteLower(move.key(), payload);
   const absl::Duration took = absl::Now() - start;
 
   std::vector<BlockRef> dropped;
   MutexLock lock(&mu_);
-  IndexNode* node = RefindLocked(index, lookup_hash);
-  if (node == nullptr || node->payload != payload) return DemoteOutcome::kRaced;
+  IndexNode* node = move.Refind(models_);
+  if (node == nullptr || node->lower != nullptr) return DemoteOutcome::kRaced;
   if (!copy.ok()) {
     ++tier_.lower_write_failures;
     // The lower tier cannot take it: evict it instead, if it is still a
-    // leaf only we (and the index) hold.
+    // leaf only the move (and the index) hold.
     if (node->is_leaf() && node->payload.use_count() == 2) {
-      LogMoveLocked(*node, "host", "none", "write_failed", payload->size(), took);
-      RemoveSubtreeLocked(*models_.OfIndex(index), node, &dropped);
+      LogMoveLocked(*node, "host", "none", "write_failed", payload.size(), took);
+      RemoveSubtreeLocked(*models_.OfIndex(move.index()), node, &dropped);
       ++tier_.not_admitted_evictions;
       ++capacity_evictions_;
       return DemoteOutcome::kEvicted;
@@ -176,11 +168,11 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
   }
   node->lower = *std::move(copy);
   ++tier_.lower_blocks;
-  tier_.lower_payload_bytes += payload->size();
+  tier_.lower_payload_bytes += payload.size();
   ++tier_.demotions;
-  tier_.demoted_bytes += payload->size();
-  *bytes = payload->size();
-  LogMoveLocked(*node, "host", "ssd", reason, payload->size(), took);
+  tier_.demoted_bytes += payload.size();
+  *bytes = payload.size();
+  LogMoveLocked(*node, "host", "ssd", reason, payload.size(), took);
   DropHostCopyLocked(node, &dropped);
   return DemoteOutcome::kDemoted;
 }
@@ -263,10 +255,12 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
   std::vector<StoredRead> reads;
   std::vector<size_t> which;
   std::vector<bool> pooled;
+  std::vector<BlockMove> moves;  // lower -> host, committed below
   for (size_t i = 0; i < blocks.size(); ++i) {
     TieredBlock& b = blocks[i];
     // A block a placement holds on the device needs no read-back.
     if (b.host != nullptr || b.device != nullptr) continue;
+    moves.push_back(BlockMove::Claim(index, b));
     const uint64_t size = b.lower->seal().size;
     BlockRef into;
     if (promote) {
@@ -288,8 +282,8 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
   MutexLock lock(&mu_);
   for (size_t k = 0; k < reads.size(); ++k) {
     TieredBlock& b = blocks[which[k]];
-    IndexNode* node = RefindLocked(index, b.lookup_hash);
-    const bool same = node != nullptr && node->payload == nullptr && node->lower == b.lower;
+    IndexNode* node = moves[k].Refind(models_);
+    const bool same = node != nullptr;
     if (!reads[k].status.ok()) {
       readable = std::min(readable, which[k]);
       if (absl::IsDataLoss(reads[k].status)) {
