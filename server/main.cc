@@ -355,10 +355,21 @@ int Serve(const v1::ServerConfig& config) {
   spdlog::set_level(spdlog::level::from_str(config.logging().level()));
   spdlog::info("kvcached {} starting with config:\n{}", KVCACHE_VERSION, ConfigToJson(config));
 
+  // The GPU tier first: the host pool registers its memory with its device.
+  absl::StatusOr<std::shared_ptr<DeviceTier>> gpu = OpenGpuTier(config.gpu_tier());
+  if (!gpu.ok()) {
+    spdlog::error("{}", gpu.status().ToString());
+    return 2;
+  }
+  std::shared_ptr<HostMemoryRegistrar> pinner;
+  if (*gpu != nullptr && config.gpu_tier().pin_host_memory()) {
+    pinner = (*gpu)->HostPinner();
+    spdlog::info("host tier: memory is page-locked with the gpu tier's device as it is mapped");
+  }
   SlabPoolOptions pool_options{.capacity_bytes = config.host_tier().capacity_bytes(),
                                .slab_bytes = config.host_tier().slab_bytes(),
                                .min_class_bytes = config.host_tier().min_class_bytes()};
-  auto pool = SlabPool::Create(pool_options);
+  auto pool = SlabPool::Create(pool_options, std::move(pinner));
   if (!pool.ok()) {
     spdlog::error("host tier: {}", pool.status().ToString());
     return 2;
@@ -403,11 +414,6 @@ int Serve(const v1::ServerConfig& config) {
   absl::StatusOr<std::shared_ptr<BlockStore>> ssd = OpenSsdTier(config.ssd_tier());
   if (!ssd.ok()) {
     spdlog::error("{}", ssd.status().ToString());
-    return 2;
-  }
-  absl::StatusOr<std::shared_ptr<DeviceTier>> gpu = OpenGpuTier(config.gpu_tier());
-  if (!gpu.ok()) {
-    spdlog::error("{}", gpu.status().ToString());
     return 2;
   }
   const v1::SsdTierConfig& ssd_config = config.ssd_tier();

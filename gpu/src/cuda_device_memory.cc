@@ -56,6 +56,9 @@ class CudaDeviceMemory final : public DeviceMemory {
     cudaSetDevice(device_);
     for (auto& [id, stream] : streams_) cudaStreamDestroy(stream);
     if (sync_stream_ != nullptr) cudaStreamDestroy(sync_stream_);
+    for (auto& [base, bytes] : host_ranges_.ranges()) {
+      cudaHostUnregister(reinterpret_cast<void*>(base));
+    }
     for (auto& [id, mapping] : mappings_) cudaIpcCloseMemHandle(mapping.base);
     for (auto& [id, arena] : arenas_) cudaFree(arena.base);
   }
@@ -221,6 +224,36 @@ class CudaDeviceMemory final : public DeviceMemory {
     return GpuStatus::Ok();
   }
 
+  GpuStatus RegisterHost(void* data, uint64_t bytes) override {
+    if (GpuStatus s = Enter(); !s.ok()) return s;
+    // Held across the call: two overlapping registrations must not both pass the check.
+    std::lock_guard<std::mutex> lock(host_mu_);
+    {
+      std::lock_guard<std::mutex> ranges_lock(mu_);
+      if (GpuStatus s = host_ranges_.Check(data, bytes); !s.ok()) return s;
+    }
+    KVCACHE_GPU_CUDA_RETURN_IF_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault));
+    std::lock_guard<std::mutex> ranges_lock(mu_);
+    host_ranges_.Add(data, bytes);
+    return GpuStatus::Ok();
+  }
+
+  GpuStatus UnregisterHost(void* data) override {
+    if (GpuStatus s = Enter(); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(host_mu_);
+    {
+      std::lock_guard<std::mutex> ranges_lock(mu_);
+      if (GpuStatus s = host_ranges_.Remove(data); !s.ok()) return s;
+    }
+    KVCACHE_GPU_CUDA_RETURN_IF_ERROR(cudaHostUnregister(data));
+    return GpuStatus::Ok();
+  }
+
+  uint64_t registered_host_bytes() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return host_ranges_.total_bytes();
+  }
+
  private:
   struct Range {
     std::byte* base;
@@ -299,6 +332,8 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   const int device_;
+  // Serialises RegisterHost / UnregisterHost (taken before mu_, never after).
+  std::mutex host_mu_;
   std::mutex mu_;
   // Guarded by mu_:
   bool probed_ = false;
@@ -309,6 +344,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   std::unordered_map<MappingId, Range> mappings_;
   std::unordered_map<StreamId, cudaStream_t> streams_;
   internal::DeviceRanges ranges_;
+  internal::HostRanges host_ranges_;
 };
 
 }  // namespace

@@ -204,6 +204,24 @@ class HostStandInMemory final : public DeviceMemory {
     return GpuStatus::Ok();
   }
 
+  GpuStatus RegisterHost(void* data, uint64_t bytes) override {
+    if (GpuStatus s = CheckUsable(); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (GpuStatus s = host_ranges_.Check(data, bytes); !s.ok()) return s;
+    host_ranges_.Add(data, bytes);
+    return GpuStatus::Ok();
+  }
+
+  GpuStatus UnregisterHost(void* data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return host_ranges_.Remove(data);
+  }
+
+  uint64_t registered_host_bytes() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return host_ranges_.total_bytes();
+  }
+
  private:
   struct ArenaRecord {
     std::byte* base;
@@ -240,6 +258,7 @@ class HostStandInMemory final : public DeviceMemory {
   std::unordered_map<MappingId, MappingRecord> mappings_;
   std::unordered_set<StreamId> streams_;
   internal::DeviceRanges ranges_;
+  internal::HostRanges host_ranges_;
 };
 
 }  // namespace

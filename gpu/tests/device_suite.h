@@ -5,6 +5,7 @@
 #define KVCACHE_GPU_TESTS_DEVICE_SUITE_H_
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -160,6 +161,40 @@ TEST_F(DeviceSuite, SyncCopiesRoundTrip) {
   EXPECT_TRUE(device_->Copy(CopyKind::kHostToDevice, arena.base, data.data(), 0).ok());
   EXPECT_TRUE(device_->FreeArena(arena.id).ok());
   EXPECT_EQ(device_->FreeArena(arena.id).code, GpuCode::kNotFound);
+}
+
+TEST_F(DeviceSuite, RegisteredHostMemoryCopiesBothWays) {
+  // Two page-aligned ranges of one mapping, as a host pool registers its spans.
+  const size_t bytes = size_t{2} << 20;
+  void* mapped =
+      mmap(nullptr, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  auto* host = static_cast<std::byte*>(mapped);
+  ASSERT_TRUE(device_->RegisterHost(host, bytes).ok());
+  ASSERT_TRUE(device_->RegisterHost(host + bytes, bytes).ok());
+  EXPECT_EQ(device_->registered_host_bytes(), 2 * bytes);
+  // Overlapping, empty and null ranges are refused and change nothing.
+  EXPECT_EQ(device_->RegisterHost(host + 4096, 4096).code, GpuCode::kInvalidArgument);
+  EXPECT_EQ(device_->RegisterHost(host + bytes - 4096, 8192).code, GpuCode::kInvalidArgument);
+  EXPECT_EQ(device_->RegisterHost(host, 0).code, GpuCode::kInvalidArgument);
+  EXPECT_EQ(device_->RegisterHost(nullptr, 4096).code, GpuCode::kInvalidArgument);
+  EXPECT_EQ(device_->UnregisterHost(host + 4096).code, GpuCode::kNotFound);
+  EXPECT_EQ(device_->registered_host_bytes(), 2 * bytes);
+
+  const std::vector<std::byte> data = RandomBytes(bytes, 7);
+  std::memcpy(host, data.data(), bytes);
+  Arena arena;
+  ASSERT_TRUE(device_->AllocateArena(bytes, &arena).ok());
+  ASSERT_TRUE(device_->Copy(CopyKind::kHostToDevice, arena.base, host, bytes).ok());
+  ASSERT_TRUE(device_->Copy(CopyKind::kDeviceToHost, host + bytes, arena.base, bytes).ok());
+  EXPECT_EQ(std::memcmp(host + bytes, data.data(), bytes), 0);
+
+  ASSERT_TRUE(device_->UnregisterHost(host).ok());
+  ASSERT_TRUE(device_->UnregisterHost(host + bytes).ok());
+  EXPECT_EQ(device_->UnregisterHost(host).code, GpuCode::kNotFound);
+  EXPECT_EQ(device_->registered_host_bytes(), 0u);
+  EXPECT_TRUE(device_->FreeArena(arena.id).ok());
+  munmap(mapped, 2 * bytes);
 }
 
 TEST_F(DeviceSuite, AsyncCopiesOnStreams) {

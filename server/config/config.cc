@@ -266,6 +266,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!gpu->has_high_watermark()) gpu->set_high_watermark(0.95);
   if (!gpu->has_low_watermark()) gpu->set_low_watermark(0.85);
   if (gpu->on_unavailable().empty()) gpu->set_on_unavailable("refuse");
+  if (!gpu->has_pin_host_memory()) gpu->set_pin_host_memory(true);
 
   v1::CheckpointConfig* ckpt = c->mutable_checkpoint();
   if (!ckpt->has_interval_seconds()) ckpt->set_interval_seconds(300);

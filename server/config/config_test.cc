@@ -35,6 +35,8 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.limits().grpc_memory_quota_bytes(), uint64_t{1} << 30);
   EXPECT_EQ(c.limits().keepalive_time_ms(), 30000u);
   EXPECT_EQ(c.limits().keepalive_timeout_ms(), 10000u);
+  EXPECT_TRUE(c.gpu_tier().kind().empty());
+  EXPECT_TRUE(c.gpu_tier().pin_host_memory());  // takes effect only with a GPU tier
 }
 
 TEST(ConfigTest, RemoteListenersNeedAnExplicitOptIn) {

@@ -24,11 +24,13 @@
 #define KVCACHE_SERVER_CORE_DEVICE_TIER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "server/core/block_store.h"
+#include "server/core/slab_pool.h"
 
 namespace kvcache {
 
@@ -62,6 +64,10 @@ class DeviceTier : public BlockStore {
   virtual DeviceSlot Slot(const StoredCopy& copy) const = 0;
   // Every arena allocated so far, in the order added.
   virtual std::vector<DeviceArena> Arenas() const = 0;
+  // A registrar that page-locks host memory for this device (for the host
+  // pool: SlabPool::Create), so host <-> device copies are DMA with no
+  // staging. It keeps the tier alive while it is held.
+  virtual std::shared_ptr<HostMemoryRegistrar> HostPinner() = 0;
 };
 
 }  // namespace kvcache

@@ -186,8 +186,9 @@ uint64_t SpanSlabs(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t max_slabs
 
 class SlabPoolImpl final : public SlabPool {
  public:
-  explicit SlabPoolImpl(const SlabPoolOptions& options)
+  SlabPoolImpl(const SlabPoolOptions& options, std::shared_ptr<HostMemoryRegistrar> registrar)
       : options_(options),
+        registrar_(std::move(registrar)),
         min_class_shift_(std::countr_zero(options.min_class_bytes)),
         classes_((std::countr_zero(options.slab_bytes) - min_class_shift_ + 1) *
                  kStepsPerDoubling) {
@@ -211,9 +212,9 @@ class SlabPoolImpl final : public SlabPool {
 
   ~SlabPoolImpl() override {
     MutexLock lock(&mu_);
-    for (auto& [base, span] : spans_) Unmap(span->base, span->slabs * options_.slab_bytes);
-    for (auto& [data, bytes] : runs_) Unmap(data, bytes);
-    for (auto& [data, bytes] : free_runs_) Unmap(data, bytes);
+    for (auto& [base, span] : spans_) Release(span->base, span->slabs * options_.slab_bytes);
+    for (auto& [data, bytes] : runs_) Release(data, bytes);
+    for (auto& [data, bytes] : free_runs_) Release(data, bytes);
   }
 
   absl::StatusOr<Allocation> Allocate(uint64_t bytes) override {
@@ -277,7 +278,9 @@ class SlabPoolImpl final : public SlabPool {
                          .failed_allocations = failed_allocations_,
                          .draining_spans = draining,
                          .drained_spans = drained_spans_,
-                         .move_targets = move_targets_};
+                         .move_targets = move_targets_,
+                         .pinned_bytes = pinned_bytes_,
+                         .pin_failures = pin_failures_};
   }
 
   std::vector<SlabClassStats> GetClassStats() const override {
@@ -440,6 +443,7 @@ class SlabPoolImpl final : public SlabPool {
         return absl::ResourceExhaustedError(
             absl::StrCat("SlabPool: mmap of a ", run_bytes, "-byte run failed: errno ", errno));
       }
+      Pin(data, run_bytes);
     }
     runs_.emplace(data, run_bytes);
     reserved_bytes_ += run_bytes;
@@ -465,7 +469,7 @@ class SlabPoolImpl final : public SlabPool {
       return reserved_bytes_ + free_run_bytes_ + free_span_bytes_;
     };
     while (!free_runs_.empty() && mapped() + bytes > capacity) {
-      Unmap(free_runs_.back().first, free_runs_.back().second);
+      Release(free_runs_.back().first, free_runs_.back().second);
       free_run_bytes_ -= free_runs_.back().second;
       free_runs_.pop_back();
     }
@@ -474,7 +478,7 @@ class SlabPoolImpl final : public SlabPool {
         Span* span = free_spans_[k].back();
         free_spans_[k].pop_back();
         free_span_bytes_ -= k * options_.slab_bytes;
-        Unmap(span->base, k * options_.slab_bytes);
+        Release(span->base, k * options_.slab_bytes);
         for (uint64_t i = 0; i < k; ++i) {
           slab_owner_.erase(reinterpret_cast<uintptr_t>(span->base + i * options_.slab_bytes));
         }
@@ -582,6 +586,7 @@ class SlabPoolImpl final : public SlabPool {
             absl::StrCat("SlabPool: mmap of a ", span_bytes, "-byte span failed: errno ", errno));
       }
       ASAN_POISON_MEMORY_REGION(base, span_bytes);
+      Pin(base, span_bytes);
       span = Register(base, k);
     }
     *span = Span{.base = span->base,
@@ -611,11 +616,43 @@ class SlabPoolImpl final : public SlabPool {
   // Turns a free span of several slabs (off every list) into one-slab free
   // spans on free_spans_[1], the span's own first slab pushed last.
   void SplitIntoSlabs(Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Each slab may be unmapped alone from now on, so each is registered
+    // alone (the span is free: no copy reads it meanwhile).
+    if (Unpin(span->base)) {
+      for (uint64_t i = 0; i < span->slabs; ++i) {
+        Pin(span->base + i * options_.slab_bytes, options_.slab_bytes);
+      }
+    }
     for (uint64_t i = span->slabs - 1; i >= 1; --i) {
       free_spans_[1].push_back(Register(span->base + i * options_.slab_bytes, 1));
     }
     span->slabs = 1;
     free_spans_[1].push_back(span);
+  }
+
+  // Registers a range just mapped with the registrar, if there is one.
+  void Pin(std::byte* data, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (registrar_ == nullptr) return;
+    if (!registrar_->Register(data, bytes).ok()) {
+      ++pin_failures_;
+      return;
+    }
+    pinned_.emplace(data, bytes);
+    pinned_bytes_ += bytes;
+  }
+  // Unregisters the range starting at `data` if it was registered; whether it was.
+  bool Unpin(std::byte* data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = pinned_.find(data);
+    if (it == pinned_.end()) return false;
+    registrar_->Unregister(data, it->second);
+    pinned_bytes_ -= it->second;
+    pinned_.erase(it);
+    return true;
+  }
+  // Unpins and unmaps a mapping (a span or a run).
+  void Release(std::byte* data, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Unpin(data);
+    Unmap(data, bytes);
   }
 
   // Puts `span` on the bucket for its fullness (off the lists while full).
@@ -649,6 +686,7 @@ class SlabPoolImpl final : public SlabPool {
   }
 
   const SlabPoolOptions options_;
+  const std::shared_ptr<HostMemoryRegistrar> registrar_;  // null: pin nothing
   const int min_class_shift_;
 
   mutable Mutex mu_;
@@ -671,6 +709,10 @@ class SlabPoolImpl final : public SlabPool {
   uint64_t failed_allocations_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t drained_spans_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t move_targets_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ranges the registrar registered (base -> bytes).
+  absl::flat_hash_map<std::byte*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
+  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pin_failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -697,9 +739,10 @@ bool CompactionPlan::Contains(const std::byte* data) const {
   return it != moves.end() && it->data == data;
 }
 
-absl::StatusOr<std::unique_ptr<SlabPool>> SlabPool::Create(const SlabPoolOptions& options) {
+absl::StatusOr<std::unique_ptr<SlabPool>> SlabPool::Create(
+    const SlabPoolOptions& options, std::shared_ptr<HostMemoryRegistrar> registrar) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  return std::unique_ptr<SlabPool>(new SlabPoolImpl(options));
+  return std::unique_ptr<SlabPool>(new SlabPoolImpl(options, std::move(registrar)));
 }
 
 }  // namespace kvcache

@@ -93,6 +93,22 @@ struct SlabPoolStats {
   uint64_t draining_spans = 0;      // spans of the current compaction plan not yet released
   uint64_t drained_spans = 0;       // spans released while draining, so far
   uint64_t move_targets = 0;        // chunks AllocateMoveTarget handed out, so far
+  uint64_t pinned_bytes = 0;        // mapped bytes a HostMemoryRegistrar registered, now
+  uint64_t pin_failures = 0;        // mappings it refused (used unpinned), so far
+};
+
+// Told of every range of memory a SlabPool maps and unmaps, so that a device
+// can page-lock it for DMA (the GPU tier: cudaHostRegister). Register() is
+// called right after a range is mapped; a range it registered is passed to
+// Unregister() with the same data and bytes right before it is unmapped, and
+// registered ranges never overlap. A pool uses a range it could not register
+// all the same (unpinned), and counts it (SlabPoolStats::pin_failures).
+// Called under the pool's lock: implementations must not call back into it.
+class HostMemoryRegistrar {
+ public:
+  virtual ~HostMemoryRegistrar() = default;
+  virtual absl::Status Register(std::byte* data, uint64_t bytes) = 0;
+  virtual void Unregister(std::byte* data, uint64_t bytes) = 0;
 };
 
 struct CompactionPlanOptions {
@@ -125,7 +141,10 @@ struct SlabClassStats {
 
 class SlabPool {
  public:
-  static absl::StatusOr<std::unique_ptr<SlabPool>> Create(const SlabPoolOptions& options);
+  // `registrar` (optional) is told of every mapping the pool makes; it must
+  // outlive the pool's mappings (the pool holds a reference).
+  static absl::StatusOr<std::unique_ptr<SlabPool>> Create(
+      const SlabPoolOptions& options, std::shared_ptr<HostMemoryRegistrar> registrar = nullptr);
   virtual ~SlabPool() = default;
 
   // Returns memory of at least `bytes`. INVALID_ARGUMENT when bytes is 0 or

@@ -105,6 +105,8 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
   host->set_payload_bytes(stats.payload_bytes);
   host->set_slab_bytes(stats.host_pool.slab_bytes);
   host->set_blocks(stats.blocks - stats.tiers.lower_only_blocks);
+  host->set_pinned_bytes(stats.host_pool.pinned_bytes);
+  host->set_pin_failures(stats.host_pool.pin_failures);
   if (stats.has_lower) {
     const TierCounters& t = stats.tiers;
     v1::TierStats* lower = response->add_tiers();

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -37,7 +38,7 @@ class GpuCopy final : public StoredCopy {
   const gpu::GpuBlockHandle handle_;
 };
 
-class GpuDeviceTier final : public DeviceTier {
+class GpuDeviceTier final : public DeviceTier, public std::enable_shared_from_this<GpuDeviceTier> {
  public:
   GpuDeviceTier(std::string kind, std::unique_ptr<gpu::DeviceMemory> device,
                 std::unique_ptr<gpu::GpuBlockPool> pool, std::string description)
@@ -111,6 +112,10 @@ class GpuDeviceTier final : public DeviceTier {
     return out;
   }
 
+  std::shared_ptr<HostMemoryRegistrar> HostPinner() override;
+
+  gpu::DeviceMemory& device() { return *device_; }
+
   void Free(const gpu::GpuBlockHandle& handle) {
     // A slot the pool cannot free is a bug in this tier; nothing else to do
     // with it here (it stays allocated, which only costs capacity).
@@ -135,6 +140,27 @@ class GpuDeviceTier final : public DeviceTier {
 };
 
 GpuCopy::~GpuCopy() { tier_->Free(handle_); }
+
+// Page-locks the host pool's mappings with the tier's device
+// (cudaHostRegister; the stand-in records them).
+class DeviceHostPinner final : public HostMemoryRegistrar {
+ public:
+  explicit DeviceHostPinner(std::shared_ptr<GpuDeviceTier> tier) : tier_(std::move(tier)) {}
+  absl::Status Register(std::byte* data, uint64_t bytes) override {
+    return FromGpu(tier_->device().RegisterHost(data, bytes));
+  }
+  void Unregister(std::byte* data, uint64_t /*bytes*/) override {
+    // Only ranges Register() took reach here; a failure leaves nothing to undo.
+    (void)tier_->device().UnregisterHost(data);
+  }
+
+ private:
+  const std::shared_ptr<GpuDeviceTier> tier_;
+};
+
+std::shared_ptr<HostMemoryRegistrar> GpuDeviceTier::HostPinner() {
+  return std::make_shared<DeviceHostPinner>(shared_from_this());
+}
 
 }  // namespace
 

@@ -149,6 +149,13 @@ TEST_F(GpuTierDaemonTest, AWorkerCopiesCachedBlocksFromTheDaemonsDeviceMemory) {
   EXPECT_GE(gpu->placement_hits(), kBlocksPerSequence);
   EXPECT_EQ(gpu->capacity_bytes(), 8u << 20);
   EXPECT_EQ(stats->active_leases(), 0u);  // every lease released
+  // The host tier's memory the blocks were placed from is registered with
+  // the device (gpu_tier.pin_host_memory, on by default).
+  const v1::TierStats* host = FindTier(*stats, "host");
+  ASSERT_NE(host, nullptr);
+  EXPECT_GE(host->pinned_bytes(), host->used_bytes());
+  EXPECT_GT(host->pinned_bytes(), 0u);
+  EXPECT_EQ(host->pin_failures(), 0u);
 
   auto [tiers_code, tiers] =
       RunShell(absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " tiers"));

@@ -116,6 +116,16 @@ class DeviceMemory {
   virtual GpuStatus ExportArena(ArenaId id, ArenaIpcHandle* out) = 0;
   virtual GpuStatus OpenArena(const ArenaIpcHandle& handle, ArenaMapping* out) = 0;
   virtual GpuStatus CloseArena(MappingId mapping) = 0;
+
+  // Page-locks host memory [data, data + bytes) for DMA (cudaHostRegister), so copies between it
+  // and the device need no staging buffer. A range may not overlap one registered already
+  // (INVALID_ARGUMENT); it stays registered until UnregisterHost(data) (NOT_FOUND unless `data`
+  // starts a registered range), which must come before the memory is unmapped. The stand-in
+  // checks and records the ranges and pins nothing.
+  virtual GpuStatus RegisterHost(void* data, uint64_t bytes) = 0;
+  virtual GpuStatus UnregisterHost(void* data) = 0;
+  // Bytes registered now.
+  virtual uint64_t registered_host_bytes() = 0;
 };
 
 struct HostStandInOptions {
