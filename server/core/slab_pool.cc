@@ -691,6 +691,12 @@ absl::Status SlabPoolOptions::Validate() const {
   return absl::OkStatus();
 }
 
+void SlabPoolStats::VisitCounters(CounterVisitor& visitor) const {
+  visitor.Visit({"kvcached_pool_drained_spans_total",
+                 "Host pool spans released after compaction drained them", CounterType::kCounter},
+                drained_spans);
+}
+
 bool CompactionPlan::Contains(const std::byte* data) const {
   auto it = std::lower_bound(moves.begin(), moves.end(), data,
                              [](const Allocation& a, const std::byte* d) { return a.data < d; });

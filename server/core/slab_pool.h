@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/core/counter_visitor.h"
 
 namespace kvcache {
 
@@ -93,6 +94,9 @@ struct SlabPoolStats {
   uint64_t draining_spans = 0;      // spans of the current compaction plan not yet released
   uint64_t drained_spans = 0;       // spans released while draining, so far
   uint64_t move_targets = 0;        // chunks AllocateMoveTarget handed out, so far
+
+  // The pool's own counters (its size is reported with the host tier's).
+  void VisitCounters(CounterVisitor& visitor) const;
 };
 
 struct CompactionPlanOptions {
