@@ -1,15 +1,26 @@
 // CacheStats: a point-in-time snapshot of what the cache holds and did.
-// The Admin RPC and the metrics module both read it; neither reaches into
+// The Admin RPC reads its fields; the metrics module has it report its
+// counters through a CounterVisitor (counter_visitor.h). Neither reaches into
 // the cache's internals, and the core links no metrics library.
+//
+// Each group of counters reports itself: its VisitCounters (cache_stats.cc,
+// in the order of the fields) names the metric family, help, type and labels
+// of each field it exposes. Adding a counter is the field, the code that
+// counts it, and one Visit line there; a per-model or cache-wide counter also
+// needs its copy in Cache::GetStats (docs/metrics.md, "Adding a counter").
+// Visiting reads only the snapshot: Cache::GetStats copies it under the
+// lock, the visitor runs after, on the caller's thread.
 #ifndef KVCACHE_SERVER_CORE_CACHE_STATS_H_
 #define KVCACHE_SERVER_CORE_CACHE_STATS_H_
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "server/core/block_store.h"
+#include "server/core/counter_visitor.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/prefetcher.h"
@@ -41,6 +52,9 @@ struct ModelStats {
   uint64_t conflicting_blocks = 0;  // appended with other bytes than the cached copy
   uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
   uint64_t corrupt_blocks = 0;      // found not matching their checksum and dropped
+
+  // The per-model families, labelled namespace and model.
+  void VisitCounters(CounterVisitor& visitor) const;
 };
 
 // Distribution of the importance scores compaction computed: bucket i
@@ -104,6 +118,12 @@ struct TierCounters {
   uint64_t device_drops_pressure = 0;
   uint64_t device_drops_invalidated = 0;
   uint64_t device_write_failures = 0;  // move records dropped: the log was not drained in time
+
+  // The lower tier's moves, evictions, reads and failures; `tier` is its
+  // kind ("ssd"). Only when there is a lower tier.
+  void VisitLowerCounters(std::string_view tier, CounterVisitor& visitor) const;
+  // The GPU tier's placements, drops and failures. Only when there is one.
+  void VisitDeviceCounters(CounterVisitor& visitor) const;
 };
 
 // Checkpoints (server/checkpoint): not the cache's own numbers; the daemon
@@ -123,6 +143,9 @@ struct CheckpointCounters {
   uint64_t restore_failed_checkpoints = 0;  // unreadable or corrupt at start-up
   uint64_t reattached_copies = 0;
   uint64_t reattach_failures = 0;
+
+  // The checkpoint families; none unless `enabled`. `now` dates the age.
+  void VisitCounters(absl::Time now, CounterVisitor& visitor) const;
 };
 
 // Host pool compaction (Cache::CompactPool) since start.
@@ -132,6 +155,8 @@ struct PoolCompactionCounters {
   uint64_t moved_bytes = 0;
   uint64_t changed_blocks = 0;     // copied, not swapped: changed during the copy
   uint64_t mismatched_blocks = 0;  // copied, not swapped: the copy failed its checksum
+
+  void VisitCounters(CounterVisitor& visitor) const;
 };
 
 struct CacheStats {
@@ -159,6 +184,13 @@ struct CacheStats {
   TierCounters tiers;
   PrefetchStats prefetch;
   CheckpointCounters checkpoint;
+
+  // Every counter and gauge above, each group's in turn: the models' (their
+  // families listed even with no model), each tier's size, the cache's own,
+  // pool compaction's, the lower and GPU tiers' when they exist, the
+  // checkpoints' when enabled. `now` is the time of the scrape. `scores` is
+  // not visited: it is a histogram, which the metrics module renders itself.
+  void VisitCounters(absl::Time now, CounterVisitor& visitor) const;
 };
 
 }  // namespace kvcache

@@ -58,6 +58,16 @@ void Prefetcher::CountLate() {
   ++stats_.late;
 }
 
+void PrefetchStats::VisitCounters(std::string_view tier, CounterVisitor& visitor) const {
+  constexpr CounterFamily kPrefetches{"kvcached_tier_prefetches_total",
+                                      "Lookup prefetches of a tier's blocks, by outcome",
+                                      CounterType::kCounter};
+  visitor.Visit(kPrefetches, {{"tier", tier}, {"outcome", "issued"}}, issued);
+  visitor.Visit(kPrefetches, {{"tier", tier}, {"outcome", "completed"}}, completed);
+  visitor.Visit(kPrefetches, {{"tier", tier}, {"outcome", "dropped"}}, dropped);
+  visitor.Visit(kPrefetches, {{"tier", tier}, {"outcome", "late"}}, late);
+}
+
 PrefetchStats Prefetcher::GetStats() const {
   std::lock_guard lock(mu_);
   return stats_;

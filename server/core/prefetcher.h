@@ -16,10 +16,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/core/counter_visitor.h"
 
 namespace kvcache {
 
@@ -40,6 +42,9 @@ struct PrefetchStats {
   uint64_t completed = 0;  // jobs run
   uint64_t dropped = 0;    // refused: the queue was full
   uint64_t late = 0;       // a submitter stopped waiting before its job ran
+
+  // The prefetches of the tier they read from, labelled with its `tier`.
+  void VisitCounters(std::string_view tier, CounterVisitor& visitor) const;
 };
 
 class Prefetcher {

@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/core/counter_visitor.h"
 
 namespace kvcache {
 
@@ -95,6 +96,9 @@ struct SlabPoolStats {
   uint64_t move_targets = 0;        // chunks AllocateMoveTarget handed out, so far
   uint64_t pinned_bytes = 0;        // mapped bytes a HostMemoryRegistrar registered, now
   uint64_t pin_failures = 0;        // mappings it refused (used unpinned), so far
+
+  // The pool's own counters (its size is reported with the host tier's).
+  void VisitCounters(CounterVisitor& visitor) const;
 };
 
 // Told of every range of memory a SlabPool maps and unmaps, so that a device

@@ -4,7 +4,10 @@
 // RPC counts, latency histograms and payload bytes arrive through the
 // RpcObserver interface as calls finish; cache gauges and counters are read
 // from a CacheStats snapshot at scrape time, so the core is never asked for
-// numbers nobody reads. Names and labels are listed in docs/metrics.md.
+// numbers nobody reads. The snapshot reports them through a CounterVisitor
+// (server/core/counter_visitor.h), which groups its samples into families by
+// name: this module names no cache counter itself, only the importance score
+// histogram. Names and labels are listed in docs/metrics.md.
 //
 // Thread-safe. The stats source must stay callable while the exposer runs.
 #ifndef KVCACHE_SERVER_METRICS_METRICS_H_
