@@ -5,12 +5,15 @@
 // device-to-device between two arenas, once as per-block copies through CudaDeviceMemory
 // (CopyAsync on one stream, then Synchronize: the tier's path) and once as a single
 // cudaMemcpyAsync of all the bytes (the peer). It prints GB/s of both and their ratio; the best
-// of --reps runs counts. Needs only the CUDA runtime.
+// of --reps runs counts. Then H2D from mmap'd host memory, pageable and after
+// DeviceMemory::RegisterHost (the host pool's path with gpu_tier.pin_host_memory), against the
+// same one-copy peer. Needs only the CUDA runtime.
 //
 // Usage: gpu_tier_bench [--total-mib N] [--reps N] [--require-device]
 //   Without a usable device it prints "no device: <reason>" and exits 0 (1 with
 //   --require-device).
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -168,6 +171,46 @@ int main(int argc, char** argv) {
                   total / one / 1e9, one / blocks);
     }
   }
+
+  // The host pool's memory: mmap'd (pageable), then the same pages after RegisterHost, as the
+  // daemon registers its pool with gpu_tier.pin_host_memory. Per-block H2D against the one
+  // pinned copy above.
+  void* mapped = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) {
+    std::perror("mmap");
+    return 1;
+  }
+  std::memset(mapped, 0x5a, total);
+  double one = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t = TimeOne(peer_stream, CopyKind::kHostToDevice, buffers, total);
+    if (t < 0) return 1;
+    one = std::min(one, t);
+  }
+  Buffers pool = buffers;
+  pool.host = static_cast<std::byte*>(mapped);
+  for (const char* mode : {"pageable", "registered"}) {
+    if (std::strcmp(mode, "registered") == 0 &&
+        !Check(device->RegisterHost(mapped, total), "RegisterHost")) {
+      return 1;
+    }
+    for (uint64_t block = 64 << 10; block <= (8 << 20); block *= 4) {
+      double blocks = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        const double t =
+            TimeBlocks(device.get(), stream, CopyKind::kHostToDevice, pool, total, block);
+        if (t < 0) return 1;
+        blocks = std::min(blocks, t);
+      }
+      std::printf("H2D %-10s %7llu KiB %8llu %12.1f %12.1f %7.2f\n", mode,
+                  static_cast<unsigned long long>(block >> 10),
+                  static_cast<unsigned long long>(total / block), total / blocks / 1e9,
+                  total / one / 1e9, one / blocks);
+    }
+  }
+  if (!Check(device->UnregisterHost(mapped), "UnregisterHost")) return 1;
+  munmap(mapped, total);
+
   cudaStreamDestroy(peer_stream);
   cudaFreeHost(buffers.host);
   return 0;

@@ -737,14 +737,15 @@ void SlabPoolStats::VisitCounters(CounterVisitor& visitor) const {
   visitor.Visit({"kvcached_pool_drained_spans_total",
                  "Host pool spans released after compaction drained them", CounterType::kCounter},
                 drained_spans);
-  visitor.Visit({"kvcached_host_pool_pinned_bytes",
-                 "Host pool memory page-locked with the GPU tier's device (gpu_tier.pin_host_memory)",
-                 CounterType::kGauge},
-                pinned_bytes);
-  visitor.Visit({"kvcached_host_pool_pin_failures_total",
-                 "Host pool mappings the device refused to page-lock (used unpinned)",
-                 CounterType::kCounter},
-                pin_failures);
+  visitor.Visit(
+      {"kvcached_host_pool_pinned_bytes",
+       "Host pool memory page-locked with the GPU tier's device (gpu_tier.pin_host_memory)",
+       CounterType::kGauge},
+      pinned_bytes);
+  visitor.Visit(
+      {"kvcached_host_pool_pin_failures_total",
+       "Host pool mappings the device refused to page-lock (used unpinned)", CounterType::kCounter},
+      pin_failures);
 }
 
 bool CompactionPlan::Contains(const std::byte* data) const {
