@@ -1,11 +1,13 @@
 #include "kvcache/gpu/arena_allocator.h"
 
+#include <algorithm>
 #include <bit>
 #include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace kvcache::gpu {
 namespace {
@@ -16,15 +18,17 @@ GpuStatus Invalid(const std::string& message) {
 
 bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
+// The smallest step between classes: slot offsets stay multiples of it.
+constexpr uint64_t kMinStepBytes = 256;
+
 class ArenaAllocatorImpl final : public ArenaAllocator {
  public:
   ArenaAllocatorImpl(const ArenaAllocatorOptions& options, ArenaSource source)
       : options_(options),
         source_(std::move(source)),
         slabs_per_arena_(options.arena_bytes / options.slab_bytes),
-        min_shift_(std::countr_zero(options.min_block_bytes)),
-        num_classes_(std::countr_zero(options.slab_bytes) - min_shift_ + 1),
-        partial_(num_classes_) {}
+        class_bytes_(ClassSizes(options.min_block_bytes, options.slab_bytes)),
+        partial_(class_bytes_.size()) {}
 
   GpuStatus Allocate(uint64_t bytes, BlockSlot* out) override {
     const int cls = ClassIndex(bytes);
@@ -32,7 +36,7 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
       return Invalid("block of " + std::to_string(bytes) + " bytes: must be 1 .. slab_bytes (" +
                      std::to_string(options_.slab_bytes) + ")");
     }
-    const uint64_t class_bytes = options_.min_block_bytes << cls;
+    const uint64_t class_bytes = class_bytes_[cls];
     std::lock_guard<std::mutex> lock(mu_);
     if (partial_[cls].empty()) {
       if (free_slabs_.empty()) {
@@ -76,19 +80,20 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
     Slab& slab = slabs_[index];
     const uint64_t in_slab = slot.offset % options_.slab_bytes;
     if (slab.cls < 0) return Invalid(Describe(slot) + " is not allocated");
-    const uint64_t class_bytes = options_.min_block_bytes << slab.cls;
+    const uint64_t class_bytes = class_bytes_[slab.cls];
     if (slot.bytes != class_bytes) {
       return Invalid(Describe(slot) + ": its slab holds " + std::to_string(class_bytes) +
                      "-byte slots");
     }
     if (in_slab % class_bytes != 0) return Invalid(Describe(slot) + " is not a slot start");
-    const uint32_t i = static_cast<uint32_t>(in_slab / class_bytes);
+    const uint64_t i = in_slab / class_bytes;
+    if (i >= slab.requested.size()) return Invalid(Describe(slot) + " is in its slab's tail");
     if (slab.requested[i] == 0) return Invalid(Describe(slot) + " is not allocated");
     allocated_bytes_ -= class_bytes;
     requested_bytes_ -= slab.requested[i];
     --live_blocks_;
     slab.requested[i] = 0;
-    slab.free_slots.push_back(i);
+    slab.free_slots.push_back(static_cast<uint32_t>(i));
     if (--slab.live == 0) {
       partial_[slab.cls].erase(index);
       slab.cls = -1;
@@ -122,7 +127,7 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
 
   uint64_t ClassBytes(uint64_t bytes) const override {
     const int cls = ClassIndex(bytes);
-    return cls < 0 ? 0 : options_.min_block_bytes << cls;
+    return cls < 0 ? 0 : class_bytes_[cls];
   }
 
  private:
@@ -135,8 +140,21 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
 
   int ClassIndex(uint64_t bytes) const {
     if (bytes == 0 || bytes > options_.slab_bytes) return -1;
-    if (bytes <= options_.min_block_bytes) return 0;
-    return std::bit_width(bytes - 1) - min_shift_;
+    return static_cast<int>(std::lower_bound(class_bytes_.begin(), class_bytes_.end(), bytes) -
+                            class_bytes_.begin());
+  }
+
+  // The class sizes, smallest first: each power of two p from min_block_bytes to slab_bytes,
+  // and between p and 2p the quarter steps 1.25p, 1.5p and 1.75p where a quarter of p is at
+  // least kMinStepBytes (so every slot stays 256-byte aligned in its slab).
+  static std::vector<uint64_t> ClassSizes(uint64_t min_block_bytes, uint64_t slab_bytes) {
+    std::vector<uint64_t> sizes;
+    for (uint64_t p = min_block_bytes; p <= slab_bytes; p *= 2) {
+      sizes.push_back(p);
+      if (p == slab_bytes || p / 4 < kMinStepBytes) continue;
+      for (uint64_t step = 1; step < 4; ++step) sizes.push_back(p + step * (p / 4));
+    }
+    return sizes;
   }
 
   static std::string Describe(const BlockSlot& slot) {
@@ -177,8 +195,7 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
   const ArenaAllocatorOptions options_;
   const ArenaSource source_;
   const uint64_t slabs_per_arena_;
-  const int min_shift_;
-  const int num_classes_;
+  const std::vector<uint64_t> class_bytes_;  // by class index, ascending
 
   mutable std::mutex mu_;
   // Guarded by mu_:

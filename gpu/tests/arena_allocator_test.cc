@@ -74,16 +74,64 @@ TEST(ArenaAllocatorOptions, ValidateNamesTheField) {
             GpuCode::kInvalidArgument);
 }
 
-TEST(ArenaAllocator, ClassesArePowersOfTwoFromTheSmallest) {
+TEST(ArenaAllocator, ClassesArePowersOfTwoAndTheirQuarterSteps) {
   FakeSource source;
   auto allocator = Make(&source);
   EXPECT_EQ(allocator->ClassBytes(0), 0u);
   EXPECT_EQ(allocator->ClassBytes(1), 64 * kKiB);
   EXPECT_EQ(allocator->ClassBytes(64 * kKiB), 64 * kKiB);
-  EXPECT_EQ(allocator->ClassBytes(64 * kKiB + 1), 128 * kKiB);
-  EXPECT_EQ(allocator->ClassBytes(300 * kKiB), 512 * kKiB);
+  EXPECT_EQ(allocator->ClassBytes(64 * kKiB + 1), 80 * kKiB);
+  EXPECT_EQ(allocator->ClassBytes(100 * kKiB), 112 * kKiB);
+  EXPECT_EQ(allocator->ClassBytes(300 * kKiB), 320 * kKiB);
+  EXPECT_EQ(allocator->ClassBytes(900 * kKiB), 1 * kMiB);
   EXPECT_EQ(allocator->ClassBytes(1 * kMiB), 1 * kMiB);
   EXPECT_EQ(allocator->ClassBytes(1 * kMiB + 1), 0u);
+  // Every request gets the smallest class that holds it, wasting at most a
+  // fifth of its slot; every class is a multiple of 256 bytes.
+  for (uint64_t bytes = 64 * kKiB + 1; bytes <= 1 * kMiB; bytes += 4093) {
+    const uint64_t cls = allocator->ClassBytes(bytes);
+    ASSERT_GE(cls, bytes);
+    EXPECT_LT(cls - bytes, cls / 5 + 1) << bytes;
+    EXPECT_EQ(cls % 256, 0u) << bytes;
+    // No smaller class holds it: everything from `bytes` up to the class gets the class.
+    if (cls - 256 >= bytes) EXPECT_EQ(allocator->ClassBytes(cls - 256), cls) << bytes;
+  }
+  // Below 1 KiB a quarter step would not be 256-byte aligned: powers of two only.
+  ArenaAllocatorOptions tiny = SmallOptions();
+  tiny.min_block_bytes = 256;
+  auto small = Make(&source, tiny);
+  EXPECT_EQ(small->ClassBytes(257), 512u);
+  EXPECT_EQ(small->ClassBytes(513), 1024u);
+  EXPECT_EQ(small->ClassBytes(1025), 1280u);
+}
+
+TEST(ArenaAllocator, ASlabsTailPastItsLastSlotIsNotASlot) {
+  FakeSource source;
+  auto allocator = Make(&source);
+  BlockSlot slot;
+  ASSERT_TRUE(allocator->Allocate(400 * kKiB, &slot).ok());
+  ASSERT_EQ(slot.bytes, 448 * kKiB);  // two slots per 1 MiB slab, 128 KiB of tail
+  const uint64_t slab_start = slot.offset - slot.offset % kMiB;
+  EXPECT_EQ(allocator->Free({slot.arena, slab_start + 2 * slot.bytes, slot.bytes}).code,
+            GpuCode::kInvalidArgument);
+  EXPECT_EQ(allocator->Stats().live_blocks, 1u);
+  ASSERT_TRUE(allocator->Free(slot).ok());
+}
+
+TEST(ArenaAllocator, BlocksJustOverAPowerOfTwoFillMostOfTheirSlots) {
+  // 80 KiB blocks (1.25 x 64 KiB): a power-of-two class would be 128 KiB
+  // (62% used); the quarter step takes 80 KiB slots, 12 to a 1 MiB slab.
+  FakeSource source;
+  auto allocator = Make(&source);
+  std::vector<BlockSlot> slots;
+  for (;;) {
+    BlockSlot slot;
+    if (!allocator->Allocate(80 * kKiB, &slot).ok()) break;
+    slots.push_back(slot);
+  }
+  EXPECT_EQ(slots.size(), 16u * 12u);
+  EXPECT_GT(allocator->Stats().utilization(), 0.93);
+  for (const BlockSlot& slot : slots) ASSERT_TRUE(allocator->Free(slot).ok());
 }
 
 TEST(ArenaAllocator, GrowsLazilyAndCarvesSlotsAtClassOffsets) {
@@ -98,8 +146,8 @@ TEST(ArenaAllocator, GrowsLazilyAndCarvesSlotsAtClassOffsets) {
   EXPECT_EQ(source.calls, 1);
   EXPECT_EQ(source.sizes, std::vector<uint64_t>{4 * kMiB});
   EXPECT_EQ(a.arena, 1u);
-  EXPECT_EQ(a.bytes, 128 * kKiB);
-  EXPECT_EQ(a.offset % (128 * kKiB), 0u);
+  EXPECT_EQ(a.bytes, 112 * kKiB);
+  EXPECT_EQ(a.offset % kMiB % (112 * kKiB), 0u);
   EXPECT_NE(a.offset, b.offset);
   EXPECT_EQ(a.offset / kMiB, b.offset / kMiB);  // same slab
   EXPECT_NE(c.offset / kMiB, a.offset / kMiB);  // another class, another slab
@@ -107,7 +155,7 @@ TEST(ArenaAllocator, GrowsLazilyAndCarvesSlotsAtClassOffsets) {
   const ArenaAllocatorStats stats = allocator->Stats();
   EXPECT_EQ(stats.capacity_bytes, 16 * kMiB);
   EXPECT_EQ(stats.reserved_bytes, 4 * kMiB);
-  EXPECT_EQ(stats.allocated_bytes, 320 * kKiB);
+  EXPECT_EQ(stats.allocated_bytes, 288 * kKiB);
   EXPECT_EQ(stats.requested_bytes, 200 * kKiB + 10);
   EXPECT_EQ(stats.live_blocks, 3u);
   EXPECT_EQ(stats.arenas, 1u);

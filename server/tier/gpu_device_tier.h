@@ -27,7 +27,7 @@ struct GpuTierOptions {
   int device = 0;             // CUDA device ordinal
   // Hard limit on device memory the tier reserves, in arenas of arena_bytes
   // (a multiple of slab_bytes, at most capacity_bytes); slabs serve one
-  // power-of-two slot size (min_block_bytes .. slab_bytes) at a time, and
+  // slot size class (min_block_bytes .. slab_bytes) at a time, and
   // a block larger than a slab is not placed (INVALID_ARGUMENT).
   uint64_t capacity_bytes = uint64_t{8} << 30;
   uint64_t arena_bytes = uint64_t{1} << 30;

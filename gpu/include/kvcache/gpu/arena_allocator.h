@@ -2,16 +2,18 @@
 // deals in (arena id, offset) pairs, never dereferences memory, and gets arenas from a callback.
 //
 // Each arena (arena_bytes) is cut into slabs (slab_bytes, a power of two). A request of at most
-// one slab is rounded up to a power-of-two size class (min_block_bytes .. slab_bytes); a slab
-// serves one class at a time, holding slab_bytes / class slots, and goes back to the free-slab
-// list when its last slot is freed, so any class can reuse it. Blocks larger than a slab are
-// rejected (INVALID_ARGUMENT): the GPU tier stores KV blocks, which are sized well below a slab.
-// When no slab is free the allocator asks the ArenaSource for one more arena, as long as the
+// one slab is rounded up to a size class (min_block_bytes .. slab_bytes): the powers of two p and
+// the quarter steps between them (1.25p, 1.5p, 1.75p; where p / 4 >= 256), so a slot wastes at
+// most a fifth of itself, as the host pool's classes do. A slab serves one class at a time,
+// holding floor(slab_bytes / class) slots (the tail after the last is unused), and goes back to
+// the free-slab list when its last slot is freed, so any class can reuse it. Blocks larger than a
+// slab are rejected (INVALID_ARGUMENT): the GPU tier stores KV blocks, which are sized well below a
+// slab. When no slab is free the allocator asks the ArenaSource for one more arena, as long as the
 // arenas reserved stay within capacity_bytes (the tier's hard limit); otherwise Allocate fails
 // with RESOURCE_EXHAUSTED and the caller evicts and retries. Arenas are kept until destruction.
 //
-// Slot offsets are multiples of their class size, so a slot is aligned to min(class, slab
-// alignment in the arena); arenas from DeviceMemory are at least 256-byte aligned.
+// Slot offsets in a slab are multiples of their class size, and every class is a multiple of 256
+// bytes; arenas from DeviceMemory are at least 256-byte aligned, so every slot is too.
 //
 // Thread-safe: every method may be called concurrently. The ArenaSource is called with the
 // allocator's lock held (arenas are added rarely) and must not call back into the allocator.
