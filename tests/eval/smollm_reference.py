@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""A reference forward pass of SmolLM2-135M-Instruct (GGUF, Llama architecture) in numpy.
+
+The fidelity evaluation's model (docs/testing.md, "The real model"): it runs the model from the
+GGUF file tests/eval/fetch_model.sh fetches, dequantizing every weight to float32 once, and exposes
+what the evaluation needs that an inference engine hides:
+
+* per layer, the K (after RoPE) and V it produces for every position, by KV head;
+* per layer, the attention probabilities it computes, by query head;
+* decoding from a KV cache that the caller supplies (full, or as the daemon would serve it:
+  dequantized INT8, or pruned, with the kept positions).
+
+Work in progress: the forward pass is checked against llama-cpp-python (an independent
+implementation of the same model) with `--check`; the evaluation itself is not built yet.
+
+Usage:
+  smollm_reference.py MODEL.gguf --tokens 1,504,3303   logits' top-5 after the last token
+  smollm_reference.py MODEL.gguf --check "prompt" ...  compare with llama-cpp-python
+Needs numpy and gguf (pip); --check also needs llama-cpp-python.
+"""
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # pragma: no cover - a clear message instead of a trace
+    sys.exit("smollm_reference.py needs the gguf package: pip install gguf numpy")
+
+
+@dataclass
+class Config:
+    layers: int
+    dim: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rope_base: float
+    eps: float
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray
+    wq: np.ndarray  # (heads * head_dim, dim)
+    wk: np.ndarray  # (kv_heads * head_dim, dim)
+    wv: np.ndarray
+    wo: np.ndarray  # (dim, heads * head_dim)
+    ffn_norm: np.ndarray
+    gate: np.ndarray  # (ffn, dim)
+    up: np.ndarray
+    down: np.ndarray  # (dim, ffn)
+
+
+@dataclass
+class KvCache:
+    """Per layer: K (after RoPE) and V of shape (kv_heads, positions, head_dim), and the absolute
+    position of each cached entry (a pruned cache keeps some positions only)."""
+
+    k: list = field(default_factory=list)
+    v: list = field(default_factory=list)
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def _field(reader, key):
+    f = reader.fields[key]
+    value = f.parts[f.data[0]]
+    return value.tolist()[0] if len(value) == 1 else value.tolist()
+
+
+class SmolLM:
+    def __init__(self, path):
+        reader = gguf.GGUFReader(path)
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        if arch != "llama":
+            raise ValueError(f"{path}: architecture {arch}, not llama")
+        heads = _field(reader, "llama.attention.head_count")
+        dim = _field(reader, "llama.embedding_length")
+        self.config = Config(
+            layers=_field(reader, "llama.block_count"),
+            dim=dim,
+            heads=heads,
+            kv_heads=_field(reader, "llama.attention.head_count_kv"),
+            head_dim=dim // heads,
+            ffn=_field(reader, "llama.feed_forward_length"),
+            vocab=_field(reader, "llama.vocab_size"),
+            rope_base=float(_field(reader, "llama.rope.freq_base")),
+            eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        )
+        tensors = {t.name: t for t in reader.tensors}
+
+        def weight(name):
+            t = tensors[name]
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+            return w.reshape([int(d) for d in reversed(t.shape.tolist())])
+
+        self.embedding = weight("token_embd.weight")  # (vocab, dim)
+        self.output = weight("output.weight") if "output.weight" in tensors else self.embedding
+        self.output_norm = weight("output_norm.weight")
+        self.layers = [
+            LayerWeights(
+                attn_norm=weight(f"blk.{i}.attn_norm.weight"),
+                wq=weight(f"blk.{i}.attn_q.weight"),
+                wk=weight(f"blk.{i}.attn_k.weight"),
+                wv=weight(f"blk.{i}.attn_v.weight"),
+                wo=weight(f"blk.{i}.attn_output.weight"),
+                ffn_norm=weight(f"blk.{i}.ffn_norm.weight"),
+                gate=weight(f"blk.{i}.ffn_gate.weight"),
+                up=weight(f"blk.{i}.ffn_up.weight"),
+                down=weight(f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(self.config.layers)
+        ]
+        c = self.config
+        self._inv_freq = c.rope_base ** (-np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim)
+
+    def _norm(self, x, w):
+        return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.config.eps)) * w
+
+    def _rope(self, x, positions):
+        # x: (heads, n, head_dim). GGUF stores Llama's Q and K permuted so that RoPE rotates
+        # adjacent pairs (llama.cpp's "normal" mode).
+        angles = positions[:, None].astype(np.float64) * self._inv_freq[None, :]
+        cos = np.cos(angles).astype(np.float32)
+        sin = np.sin(angles).astype(np.float32)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = even * cos - odd * sin
+        out[..., 1::2] = even * sin + odd * cos
+        return out
+
+    def forward(self, tokens, cache=None, keep_attention=False):
+        """Runs `tokens` after what `cache` holds (None: an empty cache) and returns
+        (logits of shape (len(tokens), vocab), the cache extended by these tokens, and per layer
+        the attention probabilities (heads, len(tokens), cached + len(tokens)) if asked)."""
+        c = self.config
+        cache = cache if cache is not None else KvCache()
+        start = int(cache.positions.max()) + 1 if cache.positions.size else 0
+        n = len(tokens)
+        positions = np.arange(start, start + n)
+        all_positions = np.concatenate([cache.positions, positions])
+        x = self.embedding[np.asarray(tokens)]
+        out_cache = KvCache(positions=all_positions)
+        attention = []
+        group = c.heads // c.kv_heads
+        # A query sees every cached entry and the new tokens up to itself.
+        mask = all_positions[None, :] > positions[:, None]
+        for i, w in enumerate(self.layers):
+            h = self._norm(x, w.attn_norm)
+            q = (h @ w.wq.T).reshape(n, c.heads, c.head_dim).transpose(1, 0, 2)
+            k = (h @ w.wk.T).reshape(n, c.kv_heads, c.head_dim).transpose(1, 0, 2)
+            v = (h @ w.wv.T).reshape(n, c.kv_heads, c.head_dim).transpose(1, 0, 2)
+            q = self._rope(q, positions)
+            k = self._rope(k, positions)
+            if cache.k:
+                k = np.concatenate([cache.k[i], k], axis=1)
+                v = np.concatenate([cache.v[i], v], axis=1)
+            out_cache.k.append(k)
+            out_cache.v.append(v)
+            kh = np.repeat(k, group, axis=0)  # (heads, total, head_dim)
+            vh = np.repeat(v, group, axis=0)
+            scores = q @ kh.transpose(0, 2, 1) / np.sqrt(c.head_dim)
+            scores = np.where(mask[None, :, :], -np.inf, scores)
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            if keep_attention:
+                attention.append(p)
+            o = (p @ vh).transpose(1, 0, 2).reshape(n, c.heads * c.head_dim)
+            x = x + o @ w.wo.T
+            h = self._norm(x, w.ffn_norm)
+            g = h @ w.gate.T
+            x = x + ((g / (1 + np.exp(-g))) * (h @ w.up.T)) @ w.down.T
+        logits = self._norm(x, self.output_norm) @ self.output.T
+        return logits, out_cache, attention
+
+
+def _check(model_path, model, prompts, tolerance):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        sys.exit("--check needs llama-cpp-python: pip install llama-cpp-python")
+    oracle = Llama(model_path=model_path, logits_all=True, n_ctx=2048, verbose=False)
+    worst = 0.0
+    agree = 0
+    total = 0
+    for prompt in prompts:
+        tokens = oracle.tokenize(prompt.encode(), add_bos=True)
+        oracle.reset()
+        oracle.eval(tokens)
+        theirs = np.array(oracle.scores[: len(tokens)], dtype=np.float32)
+        ours, _, _ = model.forward(tokens)
+        diff = float(np.max(np.abs(ours - theirs)))
+        same = int(np.sum(ours.argmax(-1) == theirs.argmax(-1)))
+        worst = max(worst, diff)
+        agree += same
+        total += len(tokens)
+        print(f"{len(tokens):4d} tokens  top-1 agree {same}/{len(tokens)}  max |dlogit| {diff:.3f}"
+              f"  {prompt[:40]!r}")
+    print(f"top-1 agreement {agree}/{total}, worst max |dlogit| {worst:.3f} (tolerance {tolerance})")
+    return 0 if worst <= tolerance else 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--tokens", help="comma-separated token ids")
+    parser.add_argument("--check", nargs="*", help="prompts to compare with llama-cpp-python")
+    parser.add_argument("--tolerance", type=float, default=0.5,
+                        help="largest |logit difference| --check accepts")
+    args = parser.parse_args()
+    model = SmolLM(args.model)
+    if args.check is not None:
+        return _check(args.model, model, args.check or ["The capital of France is"], args.tolerance)
+    tokens = [int(t) for t in (args.tokens or "1").split(",")]
+    logits, _, _ = model.forward(tokens)
+    top = np.argsort(-logits[-1])[:5]
+    print(" ".join(f"{t}:{logits[-1][t]:.3f}" for t in top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
