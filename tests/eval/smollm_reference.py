@@ -22,10 +22,13 @@ Usage:
   smollm_reference.py MODEL.gguf --write-f32 OUT.gguf  the same weights as F32, for --oracle-model
   smollm_reference.py MODEL.gguf [--oracle-model OUT.gguf] --check "prompt" ...
                                                        compare with llama-cpp-python
+  smollm_reference.py MODEL.gguf --verify tests/eval/data/smollm_reference_logits.json
+                                                       compare with stored reference logits
 Needs numpy and gguf (pip); --check also needs llama-cpp-python.
 """
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass, field
 
@@ -242,6 +245,31 @@ def _check(model_path, model, prompts, tolerance):
     return 0 if worst <= tolerance else 1
 
 
+def verify_reference(model, path, tolerance):
+    """Runs the prompts of a reference-logit file (tests/eval/data/) and compares: the same top-1
+    token at every position, and every stored top-k logit within `tolerance`. 0 when all hold."""
+    with open(path) as f:
+        ref = json.load(f)
+    failures = 0
+    worst = 0.0
+    positions = 0
+    for prompt in ref["prompts"]:
+        logits, _, _ = model.forward(prompt["tokens"])
+        for i, (ids, values) in enumerate(zip(prompt["top_ids"], prompt["top_logits"])):
+            positions += 1
+            ours = logits[i][ids]
+            diff = float(np.max(np.abs(ours - np.asarray(values, dtype=np.float32))))
+            worst = max(worst, diff)
+            if int(np.argmax(logits[i])) != ids[0] or diff > tolerance:
+                failures += 1
+                print(f"{prompt['name']} position {i}: top-1 {int(np.argmax(logits[i]))} "
+                      f"(reference {ids[0]}), max |dlogit| over the reference top-{len(ids)} "
+                      f"{diff:.4f}")
+    print(f"{positions} positions of {len(ref['prompts'])} prompts against {ref['oracle']}: "
+          f"{failures} failing, worst max |dlogit| {worst:.4f} (tolerance {tolerance})")
+    return 0 if failures == 0 else 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model")
@@ -255,11 +283,15 @@ def main():
                              "the comparison")
     parser.add_argument("--write-f32", metavar="OUT",
                         help="write MODEL with F32 weights to OUT (an --oracle-model) and exit")
+    parser.add_argument("--verify", metavar="REFERENCE_JSON",
+                        help="compare with stored reference logits (tests/eval/data/)")
     args = parser.parse_args()
     if args.write_f32:
         write_f32_gguf(args.model, args.write_f32)
         return 0
     model = SmolLM(args.model)
+    if args.verify:
+        return verify_reference(model, args.verify, args.tolerance)
     if args.check is not None:
         return _check(args.oracle_model or args.model, model,
                       args.check or ["The capital of France is"], args.tolerance)
