@@ -10,9 +10,8 @@ what the evaluation needs that an inference engine hides:
 * decoding from a KV cache that the caller supplies (full, or as the daemon would serve it:
   dequantized INT8, or pruned, with the kept positions).
 
-Work in progress: the forward pass is checked against llama-cpp-python (an independent
-implementation of the same model) with `--check`; the evaluation itself is not built yet.
-Measured: against llama.cpp running the same weights as F32 (`--write-f32`, then
+The forward pass is checked against llama-cpp-python (an independent implementation of the
+same model) with `--check`; fidelity.py is the evaluation built on it. Measured: against llama.cpp running the same weights as F32 (`--write-f32`, then
 `--oracle-model`), 56/56 top-1 agreement and max |logit difference| 0.021 on three prompts
 (chat, code, prose); against llama.cpp on the Q4_1 file itself, whose CPU matmuls quantize the
 activations to 8 bits, 54/56 and 1.36.
@@ -69,11 +68,14 @@ class LayerWeights:
 @dataclass
 class KvCache:
     """Per layer: K (after RoPE) and V of shape (kv_heads, positions, head_dim), and the absolute
-    position of each cached entry (a pruned cache keeps some positions only)."""
+    position of each cached entry (a pruned cache keeps some positions only). `mask`, when set,
+    holds per layer a bool array (kv_heads, positions): False hides that entry from that KV
+    head's queries, for caches pruned per (layer, head) rather than per position."""
 
     k: list = field(default_factory=list)
     v: list = field(default_factory=list)
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    mask: list = None
 
 
 def _field(reader, key):
@@ -143,10 +145,15 @@ class SmolLM:
         out[..., 1::2] = even * sin + odd * cos
         return out
 
-    def forward(self, tokens, cache=None, keep_attention=False):
+    def forward(self, tokens, cache=None, keep_attention=False, attention_hook=None,
+                output_hook=None):
         """Runs `tokens` after what `cache` holds (None: an empty cache) and returns
         (logits of shape (len(tokens), vocab), the cache extended by these tokens, and per layer
-        the attention probabilities (heads, len(tokens), cached + len(tokens)) if asked)."""
+        the attention probabilities (heads, len(tokens), cached + len(tokens)) if asked).
+        attention_hook(layer, probabilities) and output_hook(layer, attention output of shape
+        (heads, len(tokens), head_dim)) are called per layer when given, so a caller can reduce
+        what it needs without keeping every layer's attention. The returned cache keeps `cache`'s
+        mask, extended to show the new tokens to every head."""
         c = self.config
         cache = cache if cache is not None else KvCache()
         start = int(cache.positions.max()) + 1 if cache.positions.size else 0
@@ -155,10 +162,14 @@ class SmolLM:
         all_positions = np.concatenate([cache.positions, positions])
         x = self.embedding[np.asarray(tokens)]
         out_cache = KvCache(positions=all_positions)
+        if cache.mask is not None:
+            out_cache.mask = [np.concatenate([m, np.ones((c.kv_heads, n), dtype=bool)], axis=1)
+                              for m in cache.mask]
         attention = []
         group = c.heads // c.kv_heads
         # A query sees every cached entry and the new tokens up to itself.
         mask = all_positions[None, :] > positions[:, None]
+        cached = cache.positions.size
         for i, w in enumerate(self.layers):
             h = self._norm(x, w.attn_norm)
             q = (h @ w.wq.T).reshape(n, c.heads, c.head_dim).transpose(1, 0, 2)
@@ -175,12 +186,21 @@ class SmolLM:
             vh = np.repeat(v, group, axis=0)
             scores = q @ kh.transpose(0, 2, 1) / np.sqrt(c.head_dim)
             scores = np.where(mask[None, :, :], -np.inf, scores)
+            if cache.mask is not None:  # entries pruned for some KV heads only
+                hidden = ~np.repeat(cache.mask[i], group, axis=0)  # (heads, cached)
+                scores[:, :, :cached] = np.where(hidden[:, None, :], -np.inf,
+                                                 scores[:, :, :cached])
             scores -= scores.max(axis=-1, keepdims=True)
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
             if keep_attention:
                 attention.append(p)
-            o = (p @ vh).transpose(1, 0, 2).reshape(n, c.heads * c.head_dim)
+            if attention_hook is not None:
+                attention_hook(i, p)
+            o = p @ vh
+            if output_hook is not None:
+                output_hook(i, o)
+            o = o.transpose(1, 0, 2).reshape(n, c.heads * c.head_dim)
             x = x + o @ w.wo.T
             h = self._norm(x, w.ffn_norm)
             g = h @ w.gate.T
