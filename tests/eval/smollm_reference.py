@@ -182,22 +182,24 @@ class SmolLM:
                 v = np.concatenate([cache.v[i], v], axis=1)
             out_cache.k.append(k)
             out_cache.v.append(v)
-            kh = np.repeat(k, group, axis=0)  # (heads, total, head_dim)
-            vh = np.repeat(v, group, axis=0)
-            scores = q @ kh.transpose(0, 2, 1) / np.sqrt(c.head_dim)
-            scores = np.where(mask[None, :, :], -np.inf, scores)
+            # Query heads h*group .. h*group+group-1 share KV head h: one matmul per KV head.
+            kt = np.ascontiguousarray(k.transpose(0, 2, 1))  # (kv_heads, head_dim, total)
+            scores = (q.reshape(c.kv_heads, group * n, c.head_dim) @ kt).reshape(
+                c.heads, n, kt.shape[2])
+            scores *= np.float32(1 / np.sqrt(c.head_dim))
+            scores[:, mask] = -np.inf
             if cache.mask is not None:  # entries pruned for some KV heads only
                 hidden = ~np.repeat(cache.mask[i], group, axis=0)  # (heads, cached)
                 scores[:, :, :cached] = np.where(hidden[:, None, :], -np.inf,
                                                  scores[:, :, :cached])
             scores -= scores.max(axis=-1, keepdims=True)
-            p = np.exp(scores)
+            p = np.exp(scores, out=scores)
             p /= p.sum(axis=-1, keepdims=True)
             if keep_attention:
                 attention.append(p)
             if attention_hook is not None:
                 attention_hook(i, p)
-            o = p @ vh
+            o = (p.reshape(c.kv_heads, group * n, -1) @ v).reshape(c.heads, n, c.head_dim)
             if output_hook is not None:
                 output_hook(i, o)
             o = o.transpose(1, 0, 2).reshape(n, c.heads * c.head_dim)
