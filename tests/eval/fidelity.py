@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""The fidelity evaluation: KV retention policies on a real model, judged by its own next tokens.
+
+For each prompt (workloads.py) the reference model (smollm_reference.py) runs the prefix with
+full-precision KV, recording the attention the policies may use (kv_policies.Signals); each
+policy then stores that KV within a byte budget (a fraction of its FP16 bytes), and the
+continuation is teacher-forced on what the policy serves. Against the same continuation on the
+full-precision KV it reports:
+* top-1 agreement: the share of continuation positions whose most likely next token is the same;
+* perplexity ratio: exp(mean NLL with the policy's KV - mean NLL with full KV) of the true next
+  tokens (for generated continuations: the model's own greedy tokens);
+* attention-output error per layer: ||o - o_full|| / ||o_full|| of each layer's attention output
+  over the continuation (the layer's input already carries earlier layers' errors).
+Results go to a JSON file (every prompt, policy and budget) and a summary of medians with their
+spread (min..max over prompts) per workload; --svg draws agreement against bytes.
+
+Usage (tests/eval/eval_env.sh prepares the Python; fetch_model.sh prints the model):
+  fidelity.py MODEL.gguf --out results.json [--svg plot.svg] [--per-workload 6]
+      [--workloads chat,code,summarization] [--policies ...] [--budgets 0.5,0.37,0.25,0.15]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fidelity_report  # noqa: E402
+import kv_policies as kp  # noqa: E402
+import kv_quant as kq  # noqa: E402
+import smollm_reference as sr  # noqa: E402
+import smollm_tokenizer  # noqa: E402
+import workloads as wl  # noqa: E402
+
+SUPPRESSED = (0, 1, 2)  # <|endoftext|>, <|im_start|>, <|im_end|>: generations never end early
+
+
+def int8_quantize_mode(cache, layout, protection):
+    """The daemon's quantize mode: every unprotected position INT8 in all heads (format v1)."""
+    n = cache.positions.size
+    protected = kp.protected_positions(n, protection)
+    token_precision = np.where(protected, kq.FULL, kq.INT8)
+    precision = np.broadcast_to(token_precision, (layout.kv_heads, n))
+    ks, vs = [], []
+    for layer in range(layout.layers):
+        k, v, _ = kq.apply_precision(cache.k[layer], cache.v[layer], precision, layout.block_tokens)
+        ks.append(k)
+        vs.append(v)
+    t = layout.block_tokens
+    stored = sum(kq.v1_block_bytes(token_precision[s:s + t], layout.layers, layout.kv_heads,
+                                   layout.head_dim) for s in range(0, n, t))
+    return kp.Served(sr.KvCache(k=ks, v=vs, positions=cache.positions), stored)
+
+
+def policies(protection):
+    """name -> (budgets it runs at: None for its own size, fn(cache, layout, budget, signals))."""
+    ours = kp.ours
+    return {
+        "fp16": (None, lambda c, l, b, s: kp.full_fp16(c, l)),
+        "int8": (None, lambda c, l, b, s: int8_quantize_mode(c, l, protection)),
+        "streaming_llm": ("all", lambda c, l, b, s: kp.streaming_llm(c, l, b, protection.sinks)),
+        "h2o": ("all", lambda c, l, b, s: kp.h2o(c, l, b, s)),
+        "snapkv": ("all", lambda c, l, b, s: kp.snapkv(c, l, b, s)),
+        "ours": ("all", lambda c, l, b, s: ours(c, l, b, s, protection)),
+        "ours_no_int4": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection, int4=False)),
+        "ours_per_token": ("ablation",
+                           lambda c, l, b, s: ours(c, l, b, s, protection, per_head=False)),
+        "ours_attention_only": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection,
+                                                                   weights=(1.0, 0.0, 0.0))),
+        "ours_position_only": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection,
+                                                                  weights=(0.0, 1.0, 0.0))),
+    }
+
+
+def log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def generate(model, cache, last_logits, count):
+    """Greedy continuation of `count` tokens from `cache` (the prefix's), end tokens suppressed."""
+    tokens = []
+    logits = last_logits.copy()
+    for _ in range(count):
+        logits[list(SUPPRESSED)] = -np.inf
+        token = int(np.argmax(logits))
+        tokens.append(token)
+        out, cache, _ = model.forward([token], cache=cache)
+        logits = out[-1]
+    return tokens
+
+
+def outputs_hook(store):
+    def hook(layer, o):
+        store[layer] = o.copy()
+    return hook
+
+
+def run_prompt(model, layout, prompt, policy_table, budgets, ablation_budgets, protection,
+               window_queries, log):
+    hook, signals = kp.signal_collector(layout, model.config.heads, window_queries)
+    started = time.time()
+    prefix_logits, cache, _ = model.forward(prompt.prefix, attention_hook=hook)
+    if prompt.generate:
+        prompt.continuation = generate(model, cache, prefix_logits[-1], prompt.continuation_tokens)
+    full_out = {}
+    full, _, _ = model.forward(prompt.continuation, cache=cache, output_hook=outputs_hook(full_out))
+    targets = np.asarray(prompt.continuation[1:])
+    full_nll = -log_softmax(full[:-1])[np.arange(len(targets)), targets]
+    full_top = full.argmax(-1)
+    log(f"  prefix {len(prompt.prefix)} + continuation {len(prompt.continuation)} tokens "
+        f"({time.time() - started:.0f} s)")
+    fp16_bytes = layout.fp16_bytes(len(prompt.prefix))
+    records = []
+    for name, (kind, fn) in policy_table.items():
+        runs = {None: [None], "all": budgets, "ablation": ablation_budgets}[kind]
+        for budget in runs:
+            t0 = time.time()
+            served = fn(cache, layout, budget, signals)
+            out = {}
+            logits, _, _ = model.forward(prompt.continuation, cache=served.cache,
+                                         output_hook=outputs_hook(out))
+            nll = -log_softmax(logits[:-1])[np.arange(len(targets)), targets]
+            errors = [float(np.linalg.norm(out[i] - full_out[i]) / np.linalg.norm(full_out[i]))
+                      for i in range(layout.layers)]
+            record = {
+                "workload": prompt.workload, "prompt": prompt.name, "source": prompt.source,
+                "policy": name, "budget": budget, "bytes": int(served.bytes),
+                "bytes_fraction": served.bytes / fp16_bytes,
+                "agreement": float(np.mean(logits.argmax(-1) == full_top)),
+                "ppl_ratio": float(np.exp(np.mean(nll) - np.mean(full_nll))),
+                "attention_error": errors, "detail": served.detail,
+            }
+            records.append(record)
+            log(f"  {name:20s} budget {budget if budget else '-':>5} bytes "
+                f"{record['bytes_fraction']:6.1%} top-1 {record['agreement']:7.2%} "
+                f"ppl x{record['ppl_ratio']:.4f} attn err {np.mean(errors):.4f} "
+                f"{served.detail} ({time.time() - t0:.1f} s)")
+    return records
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--out", required=True, help="results JSON")
+    parser.add_argument("--svg", help="plot of agreement against bytes per workload")
+    parser.add_argument("--workloads", default=",".join(wl.WORKLOADS))
+    parser.add_argument("--per-workload", type=int, default=6)
+    parser.add_argument("--prefix", type=int, default=1024, help="prefix tokens (code, "
+                        "summarization; chat prompts are as long as their text)")
+    parser.add_argument("--continuation", type=int, default=256)
+    parser.add_argument("--budgets", default="0.5,0.37,0.25,0.15")
+    parser.add_argument("--ablation-budgets", default="0.37,0.15")
+    parser.add_argument("--policies", help="comma-separated subset (default: all)")
+    parser.add_argument("--block-tokens", type=int, default=32)
+    parser.add_argument("--window-queries", type=int, default=32,
+                        help="the prefix's last queries whose attention SnapKV and ours read")
+    args = parser.parse_args()
+
+    model = sr.SmolLM(args.model)
+    c = model.config
+    layout = kp.Layout(c.layers, c.kv_heads, c.head_dim, args.block_tokens)
+    protection = kp.Protection()
+    table = policies(protection)
+    if args.policies:
+        wanted = args.policies.split(",")
+        unknown = [p for p in wanted if p not in table]
+        if unknown:
+            sys.exit(f"unknown policies {unknown}; known: {', '.join(table)}")
+        table = {k: v for k, v in table.items() if k in wanted}
+    tokenizer = smollm_tokenizer.load(args.model)
+    prompts = wl.build(lambda t: smollm_tokenizer.encode(tokenizer, t),
+                       args.workloads.split(","), args.per_workload, args.prefix,
+                       args.continuation)
+    budgets = [float(b) for b in args.budgets.split(",")]
+    ablations = [float(b) for b in args.ablation_budgets.split(",")]
+    records = []
+    for i, prompt in enumerate(prompts):
+        prompt.continuation_tokens = args.continuation
+        print(f"[{i + 1}/{len(prompts)}] {prompt.workload} {prompt.name}", flush=True)
+        records += run_prompt(model, layout, prompt, table, budgets, ablations, protection,
+                              args.window_queries, lambda s: print(s, flush=True))
+        with open(args.out, "w") as f:  # after every prompt: a long run can be read midway
+            json.dump({"config": vars(args), "records": records}, f, indent=1)
+    print(fidelity_report.summary_markdown(records))
+    if args.svg:
+        fidelity_report.write_svg(records, args.svg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
