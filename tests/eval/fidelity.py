@@ -72,6 +72,8 @@ def policies(protection):
                                                                    weights=(1.0, 0.0, 0.0))),
         "ours_position_only": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection,
                                                                   weights=(0.0, 1.0, 0.0))),
+        "ours_recent_fp16": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection,
+                                                                recent_fp16=True)),
     }
 
 
@@ -153,7 +155,7 @@ def main():
                         "summarization; chat prompts are as long as their text)")
     parser.add_argument("--continuation", type=int, default=256)
     parser.add_argument("--budgets", default="0.5,0.37,0.25,0.15")
-    parser.add_argument("--ablation-budgets", default="0.37,0.15")
+    parser.add_argument("--ablation-budgets", default="0.37")
     parser.add_argument("--policies", help="comma-separated subset (default: all)")
     parser.add_argument("--block-tokens", type=int, default=32)
     parser.add_argument("--window-queries", type=int, default=32,

@@ -4,7 +4,8 @@
 bytes stored (fraction of FP16), top-1 agreement with its min..max, the perplexity ratio with
 its max, and the mean over layers of the attention-output error.
 `write_svg(records, path)`: one panel per workload, median top-1 agreement against the median
-bytes fraction, one line per policy. Usable alone: `fidelity_report.py results.json [--svg P]`.
+bytes fraction, one line per policy. Usable alone, merging runs:
+`fidelity_report.py results.json... [--svg P]`.
 """
 
 import argparse
@@ -106,11 +107,13 @@ def write_svg(records, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("results")
+    parser.add_argument("results", nargs="+", help="fidelity.py JSON files, merged")
     parser.add_argument("--svg")
     args = parser.parse_args()
-    with open(args.results) as f:
-        records = json.load(f)["records"]
+    records = []
+    for path in args.results:
+        with open(path) as f:
+            records += json.load(f)["records"]
     print(summary_markdown(records))
     if args.svg:
         write_svg(records, args.svg)

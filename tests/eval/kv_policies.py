@@ -19,7 +19,9 @@ Ours (the importance score of docs/importance.md, precision per (layer, KV head)
   activity is the attention from the last `report_queries` prefix queries, divided by the
   largest such attention of an unprotected position of that head and clamped to 1
   (importance::ObserveAttention), position kernels::PositionFactor, novelty the key's cosine
-  distance to its predecessor's (clamped to 1). Sinks and the recent window stay FP16.
+  distance to its predecessor's (clamped to 1). The sinks stay FP16; the recent window ranks
+  above every other entry (the daemon's budget mode; recent_fp16=True keeps it FP16 as the
+  quantize and prune modes do).
 * quantize first: every unprotected entry starts at INT8; while over budget the lowest-scored
   are demoted to INT4, and only when everything is INT4 are the lowest-scored pruned; budget
   left over promotes the highest-scored INT8 entries to FP16.
@@ -228,7 +230,7 @@ def allocate(layout, scores, protected, budget_bytes, int4=True):
 
 
 def ours(cache, layout, budget, signals, protection=Protection(), weights=(0.6, 0.3, 0.1),
-         per_head=True, int4=True, recent_fp16=True):
+         per_head=True, int4=True, recent_fp16=False):
     """recent_fp16=False keeps only the sinks at FP16 whatever the budget: the recent window
     ranks above every other entry instead (the last demoted, the first promoted)."""
     n = cache.positions.size

@@ -3,11 +3,14 @@
 // real KV dump (docs/importance.md, "The evaluation").
 //
 //   kvcache-eval [--profile standard|redundant | --input dump.safetensors] [options]
+//   kvcache-eval model --out results.json [options]   the real model (fidelity.py)
 //
 // Prints the data's measured statistics, one markdown table per budget,
 // the single operating points and the acceptance targets; --csv and --svg
 // write the results as a file and a plot. Exits 1 on an error (a bad dump,
 // an unwritable file), 2 on a bad command line.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -359,12 +362,29 @@ int Run(Options& o) {
 }  // namespace
 }  // namespace kvcache::eval
 
+// `kvcache-eval model ...`: the fidelity evaluation on the real model, which
+// runs in Python (tests/eval/fidelity.py through run_fidelity.sh, with this
+// build's evaluation venv); the remaining arguments go to fidelity.py.
+static int RunRealModel(int argc, char** argv) {
+  std::vector<std::string> args = {"bash", KVCACHE_EVAL_SOURCE_DIR "/run_fidelity.sh",
+                                   KVCACHE_EVAL_BUILD_DIR};
+  for (int i = 2; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> c_args;
+  for (std::string& a : args) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  execvp("bash", c_args.data());
+  std::perror("kvcache-eval model: cannot run bash");
+  return 1;
+}
+
 int main(int argc, char** argv) {
   using kvcache::eval::Options;
+  if (argc >= 2 && std::string(argv[1]) == "model") return RunRealModel(argc, argv);
   Options o;
   o.gen.duplicate_share = -1;  // the profile's default unless given
   CLI::App app(
       "kvcache-eval: KV retention policies side by side at equal byte budgets.\n"
+      "On the real model: kvcache-eval model --out results.json [--help for its options].\n"
       "Exits 1 on an error, 2 on a bad command line.",
       "kvcache-eval");
   auto* input = app.add_option("--input", o.input,
