@@ -313,6 +313,26 @@ def compare(rule, got, layout):
     return problems
 
 
+def coarse_report(report, steps=256):
+    """The report rounded to multiples of 1/steps: what a worker sending coarse attention
+    would report. Many tokens then tie (and many are 0), which pins SelectByMass's tie rule."""
+    return (np.round(np.asarray(report, np.float64) * steps) / steps).astype(np.float32)
+
+
+def cases(block_tokens, target_mass):
+    """(name, policy, layout block_tokens, report transform) of the checked scenarios: the
+    default weights on the real report; and attention alone on a coarse report (ties, zero
+    scores), 64-token blocks with a 124-token recent window, so the block at the window's
+    edge compresses to no smaller pool chunk and must stay raw."""
+    return [
+        ("default weights", dr.Policy(mode="prune", target_mass=target_mass), block_tokens,
+         lambda r: r),
+        ("attention only, coarse report, window 124",
+         dr.Policy(mode="prune", alpha=1.0, beta=0.0, gamma=0.0, target_mass=0.9,
+                   recent_window=124), 64, coarse_report),
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kvcached", required=True)
@@ -336,42 +356,48 @@ def main():
         return 1
     prefix, cont = ids[:args.prefix], ids[args.prefix:args.prefix + args.continuation]
     c = model.config
-    layout = dr.Layout(c.layers, c.kv_heads, c.head_dim, args.block_tokens)
-    policy = dr.Policy(mode="prune", target_mass=args.target_mass)
-    _, cache, report = dr.prefix_with_report(model, prefix)
-    rule = dr.plan(cache, report, policy, layout)
-    try:
-        got = serve_through_daemon(args.kvcached, args.stubs, prefix, cache, report, policy, layout)
-    except DaemonPathError as e:
-        print(f"daemon path failed: {e}", file=sys.stderr)
-        return 1
-    problems = compare(rule, got, layout)
-    tokens = rule.tokens
-    stats = got.stats
-    if (stats["int8_tokens"], stats["pruned_tokens"]) != (tokens["int8"], tokens["pruned"]):
-        problems.append(f"GetStats int8/pruned tokens {stats['int8_tokens']}/"
-                        f"{stats['pruned_tokens']}, rule {tokens['int8']}/{tokens['pruned']}")
-    if stats["compressed_blocks"] != sum(rule.compressed):
-        problems.append(f"GetStats compressed_blocks {stats['compressed_blocks']}, rule "
-                        f"{sum(rule.compressed)}")
-    ours, _, _ = model.forward(cont, cache=rule.served)
-    theirs, _, _ = model.forward(cont, cache=got.served)
+    _, cache, real_report = dr.prefix_with_report(model, prefix)
     full, _, _ = model.forward(cont, cache=cache)
-    logit_diff = float(np.max(np.abs(ours - theirs)))
-    if logit_diff > 1e-6:
-        problems.append(f"continuation logits differ by up to {logit_diff:.3g}")
-    agree = float(np.mean(theirs.argmax(-1) == full.argmax(-1)))
-    print(f"{len(prefix)}-token prefix of {os.path.basename(args.text)}, {len(rule.precision)} "
-          f"blocks of {layout.block_tokens}: {sum(rule.compressed)} compressed; tokens full "
-          f"{tokens['full']}, int8 {tokens['int8']}, pruned {tokens['pruned']}; stored "
-          f"{rule.stored_total} of {rule.fp16_bytes} bytes ({rule.stored_total / rule.fp16_bytes:.4f})")
-    print(f"daemon path {got.seconds:.1f} s; continuation of {len(cont)} tokens: max |logit "
-          f"difference| daemon vs rule {logit_diff:.3g}; top-1 agreement with full precision "
-          f"{agree * 100:.2f}%; total {time.monotonic() - t0:.1f} s")
-    for p in problems[:40]:
-        print("MISMATCH", p)
-    if problems:
-        print(f"{len(problems)} mismatches between kvcached and daemon_rule.py")
+    failed = 0
+    for name, policy, block_tokens, transform in cases(args.block_tokens, args.target_mass):
+        layout = dr.Layout(c.layers, c.kv_heads, c.head_dim, block_tokens)
+        report = transform(real_report)
+        rule = dr.plan(cache, report, policy, layout)
+        try:
+            got = serve_through_daemon(args.kvcached, args.stubs, prefix, cache, report, policy,
+                                       layout)
+        except DaemonPathError as e:
+            print(f"{name}: daemon path failed: {e}", file=sys.stderr)
+            return 1
+        problems = compare(rule, got, layout)
+        tokens, stats = rule.tokens, got.stats
+        if (stats["int8_tokens"], stats["pruned_tokens"]) != (tokens["int8"], tokens["pruned"]):
+            problems.append(f"GetStats int8/pruned tokens {stats['int8_tokens']}/"
+                            f"{stats['pruned_tokens']}, rule {tokens['int8']}/{tokens['pruned']}")
+        if stats["compressed_blocks"] != sum(rule.compressed):
+            problems.append(f"GetStats compressed_blocks {stats['compressed_blocks']}, rule "
+                            f"{sum(rule.compressed)}")
+        ours, _, _ = model.forward(cont, cache=rule.served)
+        theirs, _, _ = model.forward(cont, cache=got.served)
+        logit_diff = float(np.max(np.abs(ours - theirs)))
+        if logit_diff > 1e-6:
+            problems.append(f"continuation logits differ by up to {logit_diff:.3g}")
+        agree = float(np.mean(theirs.argmax(-1) == full.argmax(-1)))
+        ties = sum(len(s) - len(np.unique(s[s > 0])) - int(np.sum(s == 0))
+                   for s in rule.scores if s is not None)
+        print(f"{name}: {len(prefix)}-token prefix of {os.path.basename(args.text)}, "
+              f"{len(rule.precision)} blocks of {layout.block_tokens}, {sum(rule.compressed)} "
+              f"compressed; tokens full {tokens['full']}, int8 {tokens['int8']}, pruned "
+              f"{tokens['pruned']}; repeated positive scores {ties}; stored {rule.stored_total} of "
+              f"{rule.fp16_bytes} bytes ({rule.stored_total / rule.fp16_bytes:.4f}); daemon path "
+              f"{got.seconds:.1f} s; continuation of {len(cont)} tokens: max |logit difference| "
+              f"{logit_diff:.3g}, top-1 agreement with full precision {agree * 100:.2f}%")
+        for p in problems[:40]:
+            print("  MISMATCH", p)
+        failed += bool(problems)
+    print(f"total {time.monotonic() - t0:.1f} s")
+    if failed:
+        print(f"{failed} case(s) where kvcached and daemon_rule.py disagree")
         return 1
     print("kvcached and daemon_rule.py agree: precision maps, stored bytes, served KV, logits")
     return 0
