@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import daemon_rule  # noqa: E402
 import fidelity_report  # noqa: E402
 import kv_policies as kp  # noqa: E402
 import kv_quant as kq  # noqa: E402
@@ -55,6 +56,20 @@ def int8_quantize_mode(cache, layout, protection):
     return kp.Served(sr.KvCache(k=ks, v=vs, positions=cache.positions), stored)
 
 
+def daemon_prune(cache, layout, budget, signals):
+    """The daemon's prune mode (format v1, one precision per token, daemon_rule.py: its exact
+    replica) at the target_mass whose stored bytes come closest to the budget; None when the
+    budget is below what the mode can store."""
+    dl = daemon_rule.Layout(layout.layers, layout.kv_heads, layout.head_dim, layout.block_tokens)
+    fit = daemon_rule.target_mass_for_budget(cache, signals.report, daemon_rule.Policy(
+        mode="prune"), dl, budget)
+    if not fit.reachable:
+        return None
+    plan = fit.plan
+    return kp.Served(plan.served, plan.stored_total, f"target_mass {fit.target_mass:.4f} "
+                     "(" + " ".join(f"{k} {v}" for k, v in plan.tokens.items()) + " tokens)")
+
+
 def policies(protection):
     """name -> (budgets it runs at: None for its own size, fn(cache, layout, budget, signals))."""
     ours = kp.ours
@@ -64,6 +79,7 @@ def policies(protection):
         "streaming_llm": ("all", lambda c, l, b, s: kp.streaming_llm(c, l, b, protection.sinks)),
         "h2o": ("all", lambda c, l, b, s: kp.h2o(c, l, b, s)),
         "snapkv": ("all", lambda c, l, b, s: kp.snapkv(c, l, b, s)),
+        "daemon_prune": ("all", daemon_prune),
         "ours": ("all", lambda c, l, b, s: ours(c, l, b, s, protection)),
         "ours_no_int4": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection, int4=False)),
         "ours_per_token": ("ablation",
@@ -104,8 +120,15 @@ def outputs_hook(store):
 def run_prompt(model, layout, prompt, policy_table, budgets, ablation_budgets, protection,
                window_queries, log):
     hook, signals = kp.signal_collector(layout, model.config.heads, window_queries)
+    report_hook, report = daemon_rule.attention_report_hook(64)  # what a worker reports
+
+    def both(layer, p):
+        hook(layer, p)
+        report_hook(layer, p)
+
     started = time.time()
-    prefix_logits, cache, _ = model.forward(prompt.prefix, attention_hook=hook)
+    prefix_logits, cache, _ = model.forward(prompt.prefix, attention_hook=both)
+    signals.report = np.stack([report[i] for i in range(layout.layers)])
     if prompt.generate:
         prompt.continuation = generate(model, cache, prefix_logits[-1], prompt.continuation_tokens)
     full_out = {}
@@ -122,6 +145,9 @@ def run_prompt(model, layout, prompt, policy_table, budgets, ablation_budgets, p
         for budget in runs:
             t0 = time.time()
             served = fn(cache, layout, budget, signals)
+            if served is None:
+                log(f"  {name:20s} budget {budget}: below what the policy can store; skipped")
+                continue
             out = {}
             logits, _, _ = model.forward(prompt.continuation, cache=served.cache,
                                          output_hook=outputs_hook(out))

@@ -51,6 +51,7 @@ class Signals:
     accumulated: list  # per layer (kv_heads, N): attention from every prefix query (H2O)
     window: list       # per layer (kv_heads, N): attention from the last `window` queries
     window_queries: int
+    report: np.ndarray = None  # (layers, N): what a worker reports to the daemon (daemon_rule)
 
 
 @dataclass
