@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -117,8 +118,8 @@ def outputs_hook(store):
     return hook
 
 
-def run_prompt(model, layout, prompt, policy_table, budgets, ablation_budgets, protection,
-               window_queries, log):
+def reference_pass(model, layout, prompt, window_queries, log):
+    """The prefix's KV and signals, the continuation, and what full-precision KV gives on it."""
     hook, signals = kp.signal_collector(layout, model.config.heads, window_queries)
     report_hook, report = daemon_rule.attention_report_hook(64)  # what a worker reports
 
@@ -134,10 +135,43 @@ def run_prompt(model, layout, prompt, policy_table, budgets, ablation_budgets, p
     full_out = {}
     full, _, _ = model.forward(prompt.continuation, cache=cache, output_hook=outputs_hook(full_out))
     targets = np.asarray(prompt.continuation[1:])
-    full_nll = -log_softmax(full[:-1])[np.arange(len(targets)), targets]
-    full_top = full.argmax(-1)
     log(f"  prefix {len(prompt.prefix)} + continuation {len(prompt.continuation)} tokens "
         f"({time.time() - started:.0f} s)")
+    return {"k": np.stack(cache.k), "v": np.stack(cache.v), "positions": cache.positions,
+            "accumulated": np.stack(signals.accumulated), "window": np.stack(signals.window),
+            "report": signals.report, "continuation": np.asarray(prompt.continuation),
+            "full_top": full.argmax(-1),
+            "full_nll": -log_softmax(full[:-1])[np.arange(len(targets)), targets],
+            "full_out": np.stack([full_out[i] for i in range(layout.layers)])}
+
+
+def cached_reference_pass(model, layout, prompt, window_queries, log, cache_dir):
+    """reference_pass, kept in cache_dir (an .npz per prompt) when given: later runs of other
+    policies on the same prompts skip the prefix, the generation and the full-KV pass."""
+    if not cache_dir:
+        return reference_pass(model, layout, prompt, window_queries, log)
+    key = (f"{prompt.workload}-{prompt.name}-{len(prompt.prefix)}-{prompt.continuation_tokens}"
+           f"-{window_queries}-{zlib.crc32(np.asarray(prompt.prefix, np.int32).tobytes()):08x}.npz")
+    path = os.path.join(cache_dir, key)
+    if os.path.exists(path):
+        with np.load(path) as f:
+            return {k: f[k] for k in f.files}
+    ref = reference_pass(model, layout, prompt, window_queries, log)
+    os.makedirs(cache_dir, exist_ok=True)
+    np.savez(path + ".tmp.npz", **ref)
+    os.replace(path + ".tmp.npz", path)
+    return ref
+
+
+def run_prompt(model, layout, prompt, policy_table, budgets, ablation_budgets, protection,
+               window_queries, log, cache_dir=None):
+    ref = cached_reference_pass(model, layout, prompt, window_queries, log, cache_dir)
+    prompt.continuation = [int(t) for t in ref["continuation"]]
+    cache = sr.KvCache(k=list(ref["k"]), v=list(ref["v"]), positions=ref["positions"])
+    signals = kp.Signals(list(ref["accumulated"]), list(ref["window"]), window_queries,
+                         ref["report"])
+    full_out, full_top, full_nll = ref["full_out"], ref["full_top"], ref["full_nll"]
+    targets = np.asarray(prompt.continuation[1:])
     fp16_bytes = layout.fp16_bytes(len(prompt.prefix))
     records = []
     for name, (kind, fn) in policy_table.items():
@@ -184,6 +218,8 @@ def main():
     parser.add_argument("--ablation-budgets", default="0.37")
     parser.add_argument("--policies", help="comma-separated subset (default: all)")
     parser.add_argument("--block-tokens", type=int, default=32)
+    parser.add_argument("--reference-cache", help="folder keeping each prompt's full-KV pass "
+                        "(large: ~120 MB per 1K-token prompt), reused by later runs")
     parser.add_argument("--window-queries", type=int, default=32,
                         help="the prefix's last queries whose attention SnapKV and ours read")
     args = parser.parse_args()
@@ -210,7 +246,8 @@ def main():
         prompt.continuation_tokens = args.continuation
         print(f"[{i + 1}/{len(prompts)}] {prompt.workload} {prompt.name}", flush=True)
         records += run_prompt(model, layout, prompt, table, budgets, ablations, protection,
-                              args.window_queries, lambda s: print(s, flush=True))
+                              args.window_queries, lambda s: print(s, flush=True),
+                              args.reference_cache)
         with open(args.out, "w") as f:  # after every prompt: a long run can be read midway
             json.dump({"config": vars(args), "records": records}, f, indent=1)
     print(fidelity_report.summary_markdown(records))
