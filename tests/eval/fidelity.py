@@ -89,6 +89,8 @@ def policies(protection):
                                                                    weights=(1.0, 0.0, 0.0))),
         "ours_position_only": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection,
                                                                   weights=(0.0, 1.0, 0.0))),
+        "ours_per_block": ("all", lambda c, l, b, s: ours(c, l, b, s, protection,
+                                                         per_block=True)),
         "ours_recent_fp16": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection,
                                                                 recent_fp16=True)),
     }
@@ -151,7 +153,8 @@ def cached_reference_pass(model, layout, prompt, window_queries, log, cache_dir)
     if not cache_dir:
         return reference_pass(model, layout, prompt, window_queries, log)
     key = (f"{prompt.workload}-{prompt.name}-{len(prompt.prefix)}-{prompt.continuation_tokens}"
-           f"-{window_queries}-{zlib.crc32(np.asarray(prompt.prefix, np.int32).tobytes()):08x}.npz")
+           f"-{window_queries}-{zlib.crc32(np.asarray(prompt.prefix, np.int32).tobytes()):08x}"
+           ".npz")
     path = os.path.join(cache_dir, key)
     if os.path.exists(path):
         with np.load(path) as f:

@@ -231,16 +231,26 @@ def allocate(layout, scores, protected, budget_bytes, int4=True):
 
 
 def ours(cache, layout, budget, signals, protection=Protection(), weights=(0.6, 0.3, 0.1),
-         per_head=True, int4=True, recent_fp16=False):
+         per_head=True, int4=True, recent_fp16=False, per_block=False):
     """recent_fp16=False keeps only the sinks at FP16 whatever the budget: the recent window
-    ranks above every other entry instead (the last demoted, the first promoted)."""
+    ranks above every other entry instead (the last demoted, the first promoted). per_block
+    fits every block to the budget on its own, as the daemon's compaction does; otherwise the
+    budget holds for the whole prefix and important blocks take more of it."""
     n = cache.positions.size
     scores = importance_scores(cache, signals, protection, weights, per_head)
     protected = protected_positions(n, protection)
     if not recent_fp16:
         scores[:, :, protected] = scores.max() + 1
         protected = np.arange(n) < protection.sinks
-    precision, detail = allocate(layout, scores, protected, budget * layout.fp16_bytes(n), int4)
+    if per_block:
+        t = layout.block_tokens
+        parts = [allocate(layout, scores[:, :, s:s + t], protected[s:s + t],
+                          budget * layout.fp16_bytes(min(t, n - s)), int4) for s in range(0, n, t)]
+        precision = np.concatenate([p for p, _ in parts], axis=2)
+        detail = "per block"
+    else:
+        precision, detail = allocate(layout, scores, protected, budget * layout.fp16_bytes(n),
+                                     int4)
     ks, vs, masks = [], [], []
     for layer in range(layout.layers):
         k, v, keep = kq.apply_precision(cache.k[layer], cache.v[layer], precision[layer],
