@@ -110,6 +110,7 @@ ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
   p.params.recent_window = c.recent_window();
   p.params.decay_tau = c.decay_tau();
   p.target_mass = c.target_mass();
+  p.target_bytes = c.target_bytes();
   o.activity_half_life_seconds = c.activity_half_life_seconds();
   o.cold_after = absl::Seconds(c.cold_after_seconds());
   o.pressure_watermark = c.pressure_watermark();

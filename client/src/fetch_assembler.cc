@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -23,7 +24,16 @@ uint64_t MaxFetchedBlockBytes(const v1::ModelLayout& layout, uint64_t block_byte
       const uint64_t dim = layout.head_dim(), tokens = layout.block_tokens();
       constexpr uint64_t kHeaderBytes = 48;
       const uint64_t per_layer = 2 * 2 * 3 + 4 * heads * dim + 4 * heads * tokens;
-      return block_bytes + kHeaderBytes + (tokens + 3) / 4 * 4 + layers * per_layer;
+      const uint64_t v1 = block_bytes + kHeaderBytes + (tokens + 3) / 4 * 4 + layers * per_layer;
+      // Version 2, per (layer, head): rows take at most their raw bytes; K has
+      // up to 3 ranges per channel (INT8 A, INT4 min and max), V up to 2 per
+      // token; 5 padded sections for each of K and V. The map: 2 bits per entry.
+      const uint64_t element = layout.dtype() == v1::DTYPE_FP32 ? 4 : 2;
+      const uint64_t entries = layers * heads * tokens;
+      const uint64_t per_group = 2 * 5 * 3 + 3 * dim * element + 2 * tokens * element;
+      const uint64_t v2 =
+          block_bytes + kHeaderBytes + ((entries + 3) / 4 + 3) / 4 * 4 + layers * heads * per_group;
+      return std::max(v1, v2);
     }
     default:
       return 0;

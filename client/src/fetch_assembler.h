@@ -31,7 +31,7 @@ namespace kvcache::internal {
 // The most bytes one fetched block of a model with this layout (whose raw
 // blocks are `block_bytes`) may declare in `encoding`: block_bytes for RAW and
 // DEQUANTIZED; for COMPRESSED an upper bound on the compressed block format
-// (docs/api.md): the raw bytes (no token takes more room than at full
+// (docs/api.md, versions 1 and 2): the raw bytes (no entry takes more room than at full
 // precision), its 48-byte header and precision map, the INT8 scales and
 // section padding. 0 for an encoding this client does not know. Callers
 // refuse a larger declared size before reserving memory for it.

@@ -239,6 +239,26 @@ TEST(MaxFetchedBlockBytesTest, BoundsEveryCompressedBlockOfTheLayout) {
         largest = std::max(largest, *size);
       }
     }
+    // Version 2: every split of each (layer, head)'s tokens into full, INT8,
+    // INT4 and pruned entries (the same split for every (layer, head)).
+    for (uint32_t full = 0; full <= sh.tokens; ++full) {
+      for (uint32_t int8 = 0; full + int8 <= sh.tokens; ++int8) {
+        for (uint32_t int4 = 0; full + int8 + int4 <= sh.tokens; int4 += 1 + int4 / 8) {
+          std::vector<importance::TokenPrecision> precision(shape.entries(),
+                                                            importance::TokenPrecision::kPruned);
+          for (size_t i = 0; i < precision.size(); ++i) {
+            const uint32_t t = static_cast<uint32_t>(i % sh.tokens);
+            precision[i] = t < full                 ? importance::TokenPrecision::kFull
+                           : t < full + int8        ? importance::TokenPrecision::kInt8
+                           : t < full + int8 + int4 ? importance::TokenPrecision::kInt4
+                                                    : importance::TokenPrecision::kPruned;
+          }
+          auto size = importance::CompressedSizeV2(shape, precision);
+          ASSERT_TRUE(size.ok()) << size.status();
+          largest = std::max(largest, *size);
+        }
+      }
+    }
     EXPECT_LE(largest, bound) << sh.layers << "x" << sh.heads << "x" << sh.dim;
     // Tight enough to be a real bound: at most twice what the worst case takes.
     EXPECT_LE(bound, 2 * largest);

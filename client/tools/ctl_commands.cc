@@ -137,6 +137,8 @@ std::string ModeName(v1::CompressionMode mode) {
       return "quantize";
     case v1::COMPRESSION_MODE_PRUNE:
       return "prune";
+    case v1::COMPRESSION_MODE_BUDGET:
+      return "budget";
     default:
       return "unspecified";
   }
@@ -147,6 +149,7 @@ void PrintPolicy(std::ostream& out, const v1::ModelPolicy& p) {
       << absl::StrFormat("weights:       alpha %.3f  beta %.3f  gamma %.3f\n", p.weights().alpha(),
                          p.weights().beta(), p.weights().gamma())
       << "target mass:   " << p.target_mass() << '\n'
+      << "target bytes:  " << p.target_bytes() << '\n'
       << "sink tokens:   " << p.sink_tokens() << '\n'
       << "recent window: " << p.recent_window() << '\n';
 }
@@ -358,7 +361,8 @@ int RunModels(const Context& ctx) {
 }
 
 int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change) {
-  const bool changing = !change.mode.empty() || !change.weights.empty() || change.target_mass != 0;
+  const bool changing = !change.mode.empty() || !change.weights.empty() ||
+                        change.target_mass != 0 || change.target_bytes != 0;
   if (!changing) {
     absl::StatusOr<v1::ListModelsResponse> models = ctx.client->ListModels(ctx.ns);
     if (!models.ok()) return Fail(ctx, "policy", models.status());
@@ -387,10 +391,12 @@ int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs
     req.set_mode(v1::COMPRESSION_MODE_QUANTIZE);
   } else if (change.mode == "prune") {
     req.set_mode(v1::COMPRESSION_MODE_PRUNE);
+  } else if (change.mode == "budget") {
+    req.set_mode(v1::COMPRESSION_MODE_BUDGET);
   } else if (!change.mode.empty()) {
     return Fail(ctx, "policy",
-                absl::InvalidArgumentError(absl::StrCat("--mode is \"", change.mode,
-                                                        "\"; it must be off, quantize or prune")));
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--mode is \"", change.mode, "\"; it must be off, quantize, prune or budget")));
   }
   if (!change.weights.empty()) {
     if (change.weights.size() != 3) {
@@ -402,6 +408,7 @@ int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs
     req.mutable_weights()->set_gamma(change.weights[2]);
   }
   req.set_target_mass(change.target_mass);
+  req.set_target_bytes(change.target_bytes);
   absl::StatusOr<v1::UpdateModelPolicyResponse> resp = ctx.client->UpdateModelPolicy(req);
   if (!resp.ok()) return Fail(ctx, "policy", resp.status());
   if (ctx.json) {

@@ -57,9 +57,10 @@ int RunUnregister(const Context& ctx, std::string_view model);
 // target mass, sinks, window); otherwise applies the change and shows the
 // result (and how many compressed blocks switching to off removed).
 struct PolicyChangeArgs {
-  std::string mode;            // "", "off", "quantize", "prune"
+  std::string mode;            // "", "off", "quantize", "prune", "budget"
   std::vector<float> weights;  // empty, or alpha, beta, gamma
   double target_mass = 0;      // 0: unchanged
+  double target_bytes = 0;     // 0: unchanged
 };
 int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change);
 

@@ -107,13 +107,17 @@ int main(int argc, char** argv) {
   std::string policy_model;
   kvcache::ctl::PolicyChangeArgs policy_change;
   policy->add_option("-m,--model", policy_model, "model id")->required();
-  policy->add_option("--mode", policy_change.mode, "off, quantize or prune")
-      ->check(CLI::IsMember({"off", "quantize", "prune"}));
+  policy->add_option("--mode", policy_change.mode, "off, quantize, prune or budget")
+      ->check(CLI::IsMember({"off", "quantize", "prune", "budget"}));
   policy->add_option("--weights", policy_change.weights, "alpha beta gamma (each in [0, 1])")
       ->expected(3);
   policy
       ->add_option("--target-mass", policy_change.target_mass,
                    "share of a block's importance mass prune mode keeps, in (0, 1]")
+      ->check(CLI::Range(0.0, 1.0));
+  policy
+      ->add_option("--target-bytes", policy_change.target_bytes,
+                   "share of a raw block's bytes budget mode may keep, in (0, 1]")
       ->check(CLI::Range(0.0, 1.0));
 
   CLI::App* checkpoint = app.add_subcommand(

@@ -42,6 +42,7 @@ v1::CheckpointModel EncodeModel(const ModelImage& image, uint64_t blocks) {
   r.set_decay_tau(p.params.decay_tau);
   r.set_position_decay(static_cast<uint32_t>(p.params.decay));
   r.set_target_mass(p.target_mass);
+  r.set_target_bytes(p.target_bytes);
   r.set_blocks(blocks);
   return r;
 }
@@ -56,7 +57,7 @@ absl::StatusOr<ModelImage> DecodeModel(const v1::CheckpointModel& r) {
                   .dtype = static_cast<DType>(r.dtype()),
                   .block_tokens = r.block_tokens()};
   if (absl::Status s = image.layout.Validate(); !s.ok()) return Damaged(s.message());
-  if (r.compression_mode() > 2) {
+  if (r.compression_mode() > 3) {
     return Damaged(absl::StrCat("compression_mode ", r.compression_mode()));
   }
   ImportancePolicy& p = image.policy;
@@ -69,6 +70,7 @@ absl::StatusOr<ModelImage> DecodeModel(const v1::CheckpointModel& r) {
   p.params.decay_tau = r.decay_tau();
   p.params.decay = static_cast<kernels::PositionDecay>(r.position_decay());
   p.target_mass = r.target_mass();
+  if (r.target_bytes() != 0) p.target_bytes = r.target_bytes();
   if (absl::Status s = p.Validate(); !s.ok()) return Damaged(s.message());
   return image;
 }
@@ -108,6 +110,9 @@ v1::CheckpointBlock EncodeBlock(const BlockImage& b, const std::optional<StoredL
   r.mutable_pinned()->assign(ts.pinned.begin(), ts.pinned.end());
   r.set_num_int8(ts.num_int8);
   r.set_num_pruned(ts.num_pruned);
+  r.set_int8_entries(ts.int8_entries);
+  r.set_int4_entries(ts.int4_entries);
+  r.set_pruned_entries(ts.pruned_entries);
   r.set_bytes_saved(ts.bytes_saved);
   r.set_token_state_compressed(ts.compressed);
   return r;
@@ -155,6 +160,9 @@ absl::StatusOr<BlockImage> DecodeBlock(const v1::CheckpointBlock& r, uint32_t bl
   ts.pinned.assign(r.pinned().begin(), r.pinned().end());
   ts.num_int8 = r.num_int8();
   ts.num_pruned = r.num_pruned();
+  ts.int8_entries = r.int8_entries();
+  ts.int4_entries = r.int4_entries();
+  ts.pruned_entries = r.pruned_entries();
   ts.bytes_saved = r.bytes_saved();
   ts.compressed = r.token_state_compressed();
   return b;

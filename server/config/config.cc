@@ -119,9 +119,9 @@ absl::Status CheckUnit(std::string_view field, double value, bool allow_zero) {
 
 absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
   const std::string& mode = i.default_mode();
-  if (mode != "off" && mode != "quantize" && mode != "prune") {
-    return absl::InvalidArgumentError(absl::StrCat("importance.default_mode is \"", mode,
-                                                   "\"; it must be off, quantize or prune"));
+  if (mode != "off" && mode != "quantize" && mode != "prune" && mode != "budget") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "importance.default_mode is \"", mode, "\"; it must be off, quantize, prune or budget"));
   }
   for (auto [field, value] : {std::pair<std::string_view, double>{"alpha", i.alpha()},
                               {"beta", i.beta()},
@@ -132,6 +132,7 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
     return absl::InvalidArgumentError("importance.alpha, beta and gamma are all 0");
   }
   if (auto s = CheckUnit("target_mass", i.target_mass(), false); !s.ok()) return s;
+  if (auto s = CheckUnit("target_bytes", i.target_bytes(), false); !s.ok()) return s;
   if (auto s = CheckUnit("pressure_watermark", i.pressure_watermark(), false); !s.ok()) return s;
   if (auto s = CheckRange("importance.sink_tokens", i.sink_tokens(), 0, 1 << 20); !s.ok()) {
     return s;
@@ -303,6 +304,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!imp->has_recent_window()) imp->set_recent_window(64);
   if (imp->decay_tau() == 0) imp->set_decay_tau(256);
   if (imp->target_mass() == 0) imp->set_target_mass(0.95);
+  if (imp->target_bytes() == 0) imp->set_target_bytes(0.37);
   if (imp->activity_half_life_seconds() == 0) imp->set_activity_half_life_seconds(600);
   if (imp->cold_after_seconds() == 0) imp->set_cold_after_seconds(300);
   if (imp->pressure_watermark() == 0) imp->set_pressure_watermark(0.85);

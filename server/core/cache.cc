@@ -162,9 +162,13 @@ void Cache::ForgetCompressionLocked(ModelState& state, IndexNode* node) {
   --state.compressed_blocks;
   state.int8_tokens -= ts.num_int8;
   state.pruned_tokens -= ts.num_pruned;
+  state.int8_entries -= ts.int8_entries;
+  state.int4_entries -= ts.int4_entries;
+  state.pruned_entries -= ts.pruned_entries;
   state.bytes_saved -= ts.bytes_saved;
   ts.compressed = false;
   ts.num_int8 = ts.num_pruned = 0;
+  ts.int8_entries = ts.int4_entries = ts.pruned_entries = 0;
   ts.bytes_saved = 0;
 }
 
@@ -174,7 +178,7 @@ uint64_t Cache::NodeMetadataBytes(const IndexNode& node) {
     const BlockTokenState& ts = node.tokens_state();
     bytes += sizeof(BlockTokenState) + kTokenStateAllocationOverhead +
              ts.novelty.capacity() * sizeof(float) + ts.activity.capacity() * sizeof(float) +
-             ts.pinned.capacity();
+             ts.head_activity.capacity() * sizeof(float) + ts.pinned.capacity();
   }
   return bytes;
 }
@@ -555,6 +559,10 @@ CacheStats Cache::GetStats() const {
                                            m->int8_tokens - m->pruned_tokens,
                             .int8_tokens = m->int8_tokens,
                             .pruned_tokens = m->pruned_tokens,
+                            .int8_entries = m->int8_entries,
+                            .int4_entries = m->int4_entries,
+                            .pruned_entries = m->pruned_entries,
+                            .budget_overruns = m->budget_overruns,
                             .bytes_saved = m->bytes_saved,
                             .attention_reports = m->attention_reports,
                             .calibrations = m->calibrations,

@@ -281,6 +281,7 @@ struct PolicyUpdate {
   std::optional<CompressionMode> mode;
   std::optional<importance::Weights> weights;
   std::optional<double> target_mass;
+  std::optional<double> target_bytes;
 };
 
 struct PolicyChange {
@@ -304,6 +305,11 @@ struct CompactionResult {
   uint64_t evicted_blocks = 0;    // evicted to keep the budgets
   uint64_t int8_tokens = 0;
   uint64_t pruned_tokens = 0;
+  // Budget mode: entries (layer, KV head, token) per precision, and blocks over budget.
+  uint64_t int8_entries = 0;
+  uint64_t int4_entries = 0;
+  uint64_t pruned_entries = 0;
+  uint64_t budget_overruns = 0;
 };
 
 // Host pool compaction (server/core/pool_compaction.cc, docs/tiers.md).

@@ -153,6 +153,9 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
     ++m.compressed_blocks;
     m.int8_tokens += ts.num_int8;
     m.pruned_tokens += ts.num_pruned;
+    m.int8_entries += ts.int8_entries;
+    m.int4_entries += ts.int4_entries;
+    m.pruned_entries += ts.pruned_entries;
     m.bytes_saved += ts.bytes_saved;
   }
   RecountMetadataLocked(node);

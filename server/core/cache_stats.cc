@@ -85,10 +85,11 @@ void ModelStats::VisitCounters(CounterVisitor& visitor) const {
                  "Blocks removed (capacity, explicit or expiry), per model", CounterType::kCounter},
                 l, evicted_blocks);
   // Importance-aware retention.
-  constexpr CounterFamily kMode{"kvcached_compression_mode",
-                                "1 for the compression mode a model is in (off, quantize, prune)",
-                                CounterType::kGauge};
-  for (const char* name : {"off", "quantize", "prune"}) {
+  constexpr CounterFamily kMode{
+      "kvcached_compression_mode",
+      "1 for the compression mode a model is in (off, quantize, prune, budget)",
+      CounterType::kGauge};
+  for (const char* name : {"off", "quantize", "prune", "budget"}) {
     visitor.Visit(kMode, {{"namespace", ns}, {"model", id}, {"mode", name}},
                   CompressionModeName(policy.mode) == name ? 1.0 : 0.0);
   }
@@ -111,6 +112,19 @@ void ModelStats::VisitCounters(CounterVisitor& visitor) const {
   visitor.Visit(kTokens, {{"namespace", ns}, {"model", id}, {"precision", "int8"}}, int8_tokens);
   visitor.Visit(kTokens, {{"namespace", ns}, {"model", id}, {"precision", "pruned"}},
                 pruned_tokens);
+  constexpr CounterFamily kEntries{
+      "kvcached_model_entries",
+      "Budget mode: (layer, KV head, token) entries per model by precision (int8, int4, pruned)",
+      CounterType::kGauge};
+  visitor.Visit(kEntries, {{"namespace", ns}, {"model", id}, {"precision", "int8"}}, int8_entries);
+  visitor.Visit(kEntries, {{"namespace", ns}, {"model", id}, {"precision", "int4"}}, int4_entries);
+  visitor.Visit(kEntries, {{"namespace", ns}, {"model", id}, {"precision", "pruned"}},
+                pruned_entries);
+  visitor.Visit({"kvcached_budget_overruns_total",
+                 "Blocks compacted in budget mode that did not fit target_bytes even pruned, "
+                 "per model",
+                 CounterType::kCounter},
+                l, budget_overruns);
   visitor.Visit(
       {"kvcached_model_bytes_saved", "Raw block bytes minus what compressed blocks take, per model",
        CounterType::kGauge},

@@ -45,6 +45,12 @@ struct ModelStats {
   uint64_t full_tokens = 0;  // tokens at the model's dtype
   uint64_t int8_tokens = 0;
   uint64_t pruned_tokens = 0;
+  // Budget mode (format version 2): (layer, KV head, token) entries per
+  // precision now stored, and blocks that did not fit target_bytes.
+  uint64_t int8_entries = 0;
+  uint64_t int4_entries = 0;
+  uint64_t pruned_entries = 0;
+  uint64_t budget_overruns = 0;
   uint64_t bytes_saved = 0;  // pool memory compressed blocks freed
   uint64_t attention_reports = 0;
   uint64_t calibrations = 0;

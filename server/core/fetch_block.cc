@@ -11,7 +11,7 @@ std::vector<uint32_t> KeptTokens(const importance::CompressedBlockView& view) {
   std::vector<uint32_t> kept;
   if (view.num_pruned == 0) return kept;
   for (uint32_t t = 0; t < view.shape.block_tokens; ++t) {
-    if (view.precision[t] != importance::TokenPrecision::kPruned) kept.push_back(t);
+    if (view.TokenKept(t)) kept.push_back(t);
   }
   return kept;
 }

@@ -10,6 +10,7 @@
 #include "server/core/block_move.h"
 #include "server/core/cache.h"
 #include "server/importance/block_codec.h"
+#include "server/importance/budget_allocation.h"
 #include "server/importance/scoring.h"
 
 namespace kvcache {
@@ -44,6 +45,7 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
     next.params.gamma = update.weights->gamma;
   }
   if (update.target_mass) next.target_mass = *update.target_mass;
+  if (update.target_bytes) next.target_bytes = *update.target_bytes;
   if (auto s = next.Validate(); !s.ok()) return s;
 
   PolicyChange change{.previous_mode = m.policy.mode};
@@ -125,15 +127,38 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
     tokens = lease->tokens;
   }
   const size_t n = tokens.size();
-  if (n == 0 || attention.size() != uint64_t{rows} * n) {
+  // Rows per (layer, KV head): row r is layer r / num_kv_heads, head r % num_kv_heads.
+  const uint64_t head_rows = uint64_t{m.layout.num_layers} * m.layout.num_kv_heads;
+  const bool per_head = n > 0 && rows == m.layout.num_layers && m.layout.num_kv_heads > 1 &&
+                        attention.size() == head_rows * n;
+  if (n == 0 || (attention.size() != uint64_t{rows} * n && !per_head)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attention has ", attention.size(), " values; expected num_layers (", rows, ") x tokens (",
-        n, ") = ", uint64_t{rows} * n, lease_id != 0 ? " for the lease" : "",
+        n, ") = ", uint64_t{rows} * n, " or, per KV head, num_layers (", m.layout.num_layers,
+        ") x num_kv_heads (", m.layout.num_kv_heads, ") x tokens = ", head_rows * n,
+        lease_id != 0 ? " for the lease" : "",
         n == 0 ? "; a report needs at least one token" : ""));
+  }
+  if (per_head) {  // the token's mass sums every (layer, head) row
+    mass.assign(n, 0.0f);
+    for (uint64_t r = 0; r < head_rows; ++r) {
+      for (size_t t = 0; t < n; ++t) mass[t] += attention[r * n + t];
+    }
   }
   // Scale to [0, 1] by the largest unprotected mass (ObserveAttention: the
   // sink would squash the rest).
   const std::vector<float> observed = importance::ObserveAttention(mass, m.policy.params);
+  // Budget mode keeps activity per (layer, KV head), each row scaled by its own
+  // largest unprotected mass.
+  std::vector<float> observed_heads;
+  if (per_head && m.policy.mode == CompressionMode::kBudget) {
+    observed_heads.reserve(head_rows * n);
+    for (uint64_t r = 0; r < head_rows; ++r) {
+      const std::vector<float> row =
+          importance::ObserveAttention(attention.subspan(r * n, n), m.policy.params);
+      observed_heads.insert(observed_heads.end(), row.begin(), row.end());
+    }
+  }
 
   std::vector<IndexNode*> path;
   if (lease_id != 0) hashes = BlockHashes::Of(m.layout.block_tokens, tokens);
@@ -170,6 +195,20 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
           ts.activity[i], elapsed, o.activity_half_life_seconds, observed[g], o.activity_weight);
       ++result.updated_tokens;
     }
+    if (!observed_heads.empty()) {
+      if (ts.head_activity.size() != head_rows * bt) {
+        ts.head_activity.assign(head_rows * bt, 0.0f);
+        RecountMetadataLocked(node);
+      }
+      for (uint64_t r = 0; r < head_rows; ++r) {
+        for (uint32_t i = 0; i < bt; ++i) {
+          float& a = ts.head_activity[r * bt + i];
+          a = importance::DecayActivity(a, elapsed, o.activity_half_life_seconds,
+                                        observed_heads[r * n + uint64_t{node->depth} * bt + i],
+                                        o.activity_weight);
+        }
+      }
+    }
     ts.activity_updated = now;
   }
   ++m.attention_reports;
@@ -184,6 +223,7 @@ struct Cache::CompactionJob {
   int64_t first_position = 0;
   int64_t sequence_tokens = 0;
   std::vector<float> activity;
+  std::vector<float> head_activity;  // budget mode, when reported per head
   std::vector<float> novelty;
   std::vector<uint8_t> pinned;
   bool novelty_computed = false;   // novelty was missing and computed by the pass
@@ -193,21 +233,75 @@ struct Cache::CompactionJob {
   BlockRef encoded;
   uint32_t num_int8 = 0;
   uint32_t num_pruned = 0;
+  // Budget mode (version 2): entries per precision, and whether it missed the budget.
+  uint32_t int8_entries = 0;
+  uint32_t int4_entries = 0;
+  uint32_t pruned_entries = 0;
+  bool over_budget = false;
 };
 
 namespace {
+
+// True for a token that stays full whatever the budget: a sink or pinned (and,
+// in the modes other than budget, the recent window).
+bool KeptFull(const ImportancePolicy& p, int64_t position, int64_t seq,
+              const std::vector<uint8_t>& pinned, int64_t i) {
+  if (!pinned.empty() && pinned[i] != 0) return true;
+  if (p.mode == CompressionMode::kBudget) return position < p.params.sink_tokens;
+  return importance::IsStructurallyProtected(p.params, position, seq);
+}
 
 // True when every token of the block is protected, so compressing it would
 // change nothing.
 bool FullyProtected(const ImportancePolicy& p, int64_t first, int64_t bt, int64_t seq,
                     const std::vector<uint8_t>& pinned) {
   for (int64_t i = 0; i < bt; ++i) {
-    if (!importance::IsStructurallyProtected(p.params, first + i, seq) &&
-        (pinned.empty() || pinned[i] == 0)) {
-      return false;
-    }
+    if (!KeptFull(p, first + i, seq, pinned, i)) return false;
   }
   return true;
+}
+
+// Budget mode: the precision of every (layer, KV head, token) entry of the raw
+// block `raw` (importance::AllocateBudget). Scores are per entry: the
+// (layer, head)'s activity when the worker reported per head, else the
+// token's, with the token's position factor and novelty. Sinks, pinned
+// tokens and entries with a non-finite value stay full; the recent window
+// ranks first. Appends the scores to `scores_out`.
+absl::StatusOr<importance::BudgetAllocation> PlanBudget(
+    const ModelLayout& layout, const ImportancePolicy& policy, int64_t first_position,
+    int64_t sequence_tokens, const std::vector<float>& activity,
+    const std::vector<float>& head_activity, const std::vector<float>& novelty,
+    const std::vector<uint8_t>& pinned, std::span<const std::byte> raw,
+    std::vector<float>* scores_out) {
+  const importance::BlockShape shape = ToBlockShape(layout);
+  const uint64_t entries = shape.entries();
+  const uint32_t bt = layout.block_tokens;
+  const uint64_t groups = uint64_t{layout.num_layers} * layout.num_kv_heads;
+  std::vector<float> scores(entries);
+  const bool per_head = head_activity.size() == entries;
+  const std::span<const float> token_activity =
+      activity.size() == bt ? std::span<const float>(activity) : std::span<const float>();
+  const std::span<const float> token_novelty =
+      novelty.size() == bt ? std::span<const float>(novelty) : std::span<const float>();
+  for (uint64_t g = 0; g < groups; ++g) {
+    const std::span<const float> a =
+        per_head ? std::span<const float>(head_activity).subspan(g * bt, bt) : token_activity;
+    importance::ScoreTokens(policy.params, first_position, sequence_tokens, a, token_novelty,
+                            std::span<float>(scores).subspan(g * bt, bt));
+  }
+  std::vector<uint8_t> fixed(entries, 0), first(entries, 0);
+  std::vector<importance::TokenPrecision> probe(entries, importance::TokenPrecision::kInt8);
+  importance::KeepNonFiniteEntriesFull(shape, raw, probe);
+  for (uint64_t i = 0; i < entries; ++i) {
+    const int64_t t = static_cast<int64_t>(i % bt);
+    const int64_t position = first_position + t;
+    fixed[i] = KeptFull(policy, position, sequence_tokens, pinned, t) ||
+               probe[i] == importance::TokenPrecision::kFull;
+    first[i] = importance::IsStructurallyProtected(policy.params, position, sequence_tokens);
+  }
+  scores_out->insert(scores_out->end(), scores.begin(), scores.end());
+  return importance::AllocateBudget(shape, scores, fixed, first,
+                                    policy.target_bytes * static_cast<double>(shape.raw_bytes()));
 }
 
 }  // namespace
@@ -281,6 +375,13 @@ CompactionResult Cache::Compact() {
           job.activity[i] = importance::DecayActivity(ts.activity[i], elapsed,
                                                       o.activity_half_life_seconds, 0, 0);
         }
+        if (c.model->policy.mode == CompressionMode::kBudget) {
+          job.head_activity.resize(ts.head_activity.size());
+          for (size_t i = 0; i < ts.head_activity.size(); ++i) {
+            job.head_activity[i] = importance::DecayActivity(ts.head_activity[i], elapsed,
+                                                             o.activity_half_life_seconds, 0, 0);
+          }
+        }
       }
       moving_.insert(c.node->payload.get());
       jobs.push_back(std::move(job));
@@ -301,6 +402,40 @@ CompactionResult Cache::Compact() {
       job.novelty = BlockKeyNovelty(job.layout, old.data(),
                                     NoveltyLayers(o.novelty_layers, job.layout.num_layers));
       job.novelty_computed = !job.novelty.empty();
+    }
+    const importance::BlockShape shape = ToBlockShape(job.layout);
+    if (job.policy.mode == CompressionMode::kBudget) {
+      absl::StatusOr<importance::BudgetAllocation> plan =
+          PlanBudget(job.layout, job.policy, job.first_position, job.sequence_tokens, job.activity,
+                     job.head_activity, job.novelty, job.pinned, old.data(), &all_scores);
+      if (!plan.ok()) continue;
+      job.int8_entries = job.int4_entries = job.pruned_entries = 0;
+      for (importance::TokenPrecision p : plan->precision) {
+        job.int8_entries += p == importance::TokenPrecision::kInt8;
+        job.int4_entries += p == importance::TokenPrecision::kInt4;
+        job.pruned_entries += p == importance::TokenPrecision::kPruned;
+      }
+      job.over_budget = !plan->fits;
+      if (job.int8_entries + job.int4_entries + job.pruned_entries == 0) continue;
+      if (pool_->RoundedSize(plan->bytes) >= old.footprint()) {
+        ++result.no_saving_blocks;
+        continue;
+      }
+      absl::StatusOr<Allocation> a = pool_->Allocate(plan->bytes);
+      if (!a.ok()) break;
+      BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, plan->bytes);
+      if (!importance::EncodeBlockV2(shape, old.data(), plan->precision, encoded->mutable_data())
+               .ok()) {
+        continue;
+      }
+      encoded->set_compressed(true);
+      std::vector<std::byte> decoded(old.size());
+      absl::StatusOr<importance::CompressedBlockView> view =
+          importance::ParseCompressedBlock(encoded->data());
+      if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) continue;
+      encoded->Seal(Checksum(encoded->data()), old.raw_checksum(), Checksum(decoded));
+      job.encoded = std::move(encoded);
+      continue;
     }
     std::vector<float> scores(bt);
     importance::ScoreTokens(job.policy.params, job.first_position, job.sequence_tokens,
@@ -327,7 +462,6 @@ CompactionResult Cache::Compact() {
         ++job.num_int8;
       }
     }
-    const importance::BlockShape shape = ToBlockShape(job.layout);
     // A token with an Inf or NaN stays exact: INT8 cannot represent it.
     const uint32_t non_finite = importance::KeepNonFiniteTokensFull(shape, old.data(), precision);
     if (non_finite > 0) {
@@ -414,11 +548,18 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
     ts.compressed = true;
     ts.num_int8 = job.num_int8;
     ts.num_pruned = job.num_pruned;
+    ts.int8_entries = job.int8_entries;
+    ts.int4_entries = job.int4_entries;
+    ts.pruned_entries = job.pruned_entries;
     ts.bytes_saved = saved;
     RecountMetadataLocked(node);  // the state may be new
     ++m.compressed_blocks;
     m.int8_tokens += job.num_int8;
     m.pruned_tokens += job.num_pruned;
+    m.int8_entries += job.int8_entries;
+    m.int4_entries += job.int4_entries;
+    m.pruned_entries += job.pruned_entries;
+    m.budget_overruns += job.over_budget ? 1 : 0;
     m.bytes_saved += saved;
     m.bytes -= delta;
     payload_bytes_ -= delta;
@@ -426,6 +567,10 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
     result.bytes_saved += saved;
     result.int8_tokens += job.num_int8;
     result.pruned_tokens += job.num_pruned;
+    result.int8_entries += job.int8_entries;
+    result.int4_entries += job.int4_entries;
+    result.pruned_entries += job.pruned_entries;
+    result.budget_overruns += job.over_budget ? 1 : 0;
   }
 }
 

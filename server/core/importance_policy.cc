@@ -17,13 +17,15 @@ std::string_view CompressionModeName(CompressionMode mode) {
       return "quantize";
     case CompressionMode::kPrune:
       return "prune";
+    case CompressionMode::kBudget:
+      return "budget";
   }
   return "unknown";
 }
 
 std::optional<CompressionMode> ParseCompressionMode(std::string_view name) {
-  for (CompressionMode m :
-       {CompressionMode::kOff, CompressionMode::kQuantize, CompressionMode::kPrune}) {
+  for (CompressionMode m : {CompressionMode::kOff, CompressionMode::kQuantize,
+                            CompressionMode::kPrune, CompressionMode::kBudget}) {
     if (name == CompressionModeName(m)) return m;
   }
   return std::nullopt;
@@ -50,6 +52,10 @@ absl::Status ImportancePolicy::Validate() const {
   if (!(target_mass > 0 && target_mass <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("target_mass ", target_mass, " is outside (0, 1]"));
+  }
+  if (!(target_bytes > 0 && target_bytes <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_bytes ", target_bytes, " is outside (0, 1]"));
   }
   return absl::OkStatus();
 }

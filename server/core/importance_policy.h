@@ -9,8 +9,16 @@
 //   prune     as quantize, and tokens below the block's dynamic threshold
 //             (the smallest set covering target_mass of the block's
 //             importance) are dropped
-// Protected tokens (attention sinks, the recent window of the sequence,
-// ranges a worker pinned at append) always stay at full precision.
+//   budget    one precision per (layer, KV head, token) entry (compressed
+//             format version 2) so that a cold block takes at most
+//             target_bytes of its raw bytes: quantize first (INT8, then INT4
+//             for the least important entries, pruning only when all-INT4
+//             does not fit; budget left over promotes the most important to
+//             full): importance::AllocateBudget
+// Protected tokens (attention sinks, ranges a worker pinned at append, and in
+// the modes other than budget the recent window of the sequence) always stay
+// at full precision; in budget mode the recent window ranks above every other
+// entry instead (the last demoted, the first promoted).
 //
 // ImportanceOptions are the cache-wide settings: the default policy for new
 // models, how activity decays, when a block counts as cold, the memory
@@ -36,9 +44,9 @@
 
 namespace kvcache {
 
-enum class CompressionMode : uint8_t { kOff = 0, kQuantize = 1, kPrune = 2 };
+enum class CompressionMode : uint8_t { kOff = 0, kQuantize = 1, kPrune = 2, kBudget = 3 };
 
-// "off", "quantize", "prune".
+// "off", "quantize", "prune", "budget".
 std::string_view CompressionModeName(CompressionMode mode);
 // The mode named `name` (as above); nullopt for anything else.
 std::optional<CompressionMode> ParseCompressionMode(std::string_view name);
@@ -47,10 +55,12 @@ struct ImportancePolicy {
   CompressionMode mode = CompressionMode::kOff;
   kernels::ImportanceParams params;  // alpha, beta, gamma, sinks, recent window, decay
   double target_mass = 0.95;         // in (0, 1]
+  // Budget mode: the share of a raw block's bytes its compressed copy may take, in (0, 1].
+  double target_bytes = 0.37;
 
   // INVALID_ARGUMENT naming the field when a weight is not finite or outside
   // [0, 1], the other params are invalid, the weights are all zero or
-  // target_mass is outside (0, 1].
+  // target_mass or target_bytes is outside (0, 1].
   absl::Status Validate() const;
 };
 

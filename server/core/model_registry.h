@@ -43,6 +43,10 @@ struct ModelState {
   uint64_t compressed_blocks = 0;  // blocks now in the compressed format
   uint64_t int8_tokens = 0;        // tokens now stored as INT8
   uint64_t pruned_tokens = 0;      // tokens now dropped
+  uint64_t int8_entries = 0;       // budget mode: (layer, head, token) entries now INT8
+  uint64_t int4_entries = 0;       // ... INT4
+  uint64_t pruned_entries = 0;     // ... dropped
+  uint64_t budget_overruns = 0;    // blocks that did not fit target_bytes even pruned
   uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
   uint64_t attention_reports = 0;
   uint64_t calibrations = 0;

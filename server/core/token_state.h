@@ -3,8 +3,9 @@
 //
 // Novelty is computed once, when the block is appended; activity is the
 // decayed attention that workers report; pins are the token ranges a worker
-// asked to protect. num_int8 / num_pruned describe the block's current
-// representation (both 0 for a raw block). Vectors are empty until there is
+// asked to protect. num_int8 / num_pruned (version-1 blocks) or the
+// *_entries counters (version-2 blocks) describe the block's current
+// representation (all 0 for a raw block). Vectors are empty until there is
 // something to hold (a block nobody reported on has no activity vector).
 //
 // Thread-safety: owned by an IndexNode and guarded by the cache's mutex.
@@ -25,8 +26,17 @@ struct BlockTokenState {
   std::vector<uint8_t> pinned;  // block_tokens flags (1: worker-pinned), or empty
   uint32_t num_int8 = 0;        // tokens stored as INT8
   uint32_t num_pruned = 0;      // tokens dropped
-  uint64_t bytes_saved = 0;     // pool memory the compressed copy freed
-  bool compressed = false;      // the payload uses the compressed block format
+  // Budget mode: per (layer, KV head, token) activity, [layer][head][token]
+  // (num_layers * num_kv_heads * block_tokens values), or empty (then every
+  // head uses `activity`). Not kept in checkpoints.
+  std::vector<float> head_activity;
+  // Version-2 blocks: entries stored as INT8, INT4, or dropped (num_int8 and
+  // num_pruned stay 0 for them).
+  uint32_t int8_entries = 0;
+  uint32_t int4_entries = 0;
+  uint32_t pruned_entries = 0;
+  uint64_t bytes_saved = 0;  // pool memory the compressed copy freed
+  bool compressed = false;   // the payload uses the compressed block format
 };
 
 }  // namespace kvcache

@@ -12,47 +12,20 @@
 #include "kvcache/kernels/gather.h"
 #include "kvcache/kernels/quantize.h"
 #include "kvcache/kernels/types.h"
+#include "server/importance/block_codec_internal.h"
 
 namespace kvcache::importance {
 namespace {
+
+using namespace codec_internal;  // NOLINT: the codec's own helpers
 
 static_assert(std::endian::native == std::endian::little,
               "the compressed block format is little-endian and written with memcpy");
 static_assert(sizeof(TokenPrecision) == 1, "the precision map is one byte per token");
 
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = kCompressedVersion1;
 // Largest raw block accepted: keeps every size computed here far from uint64 overflow.
 constexpr uint64_t kMaxRawBytes = uint64_t{1} << 56;
-
-// Header field offsets (see block_codec.h).
-constexpr size_t kOffMagic = 0;
-constexpr size_t kOffVersion = 4;
-constexpr size_t kOffHeaderBytes = 6;
-constexpr size_t kOffLayers = 8;
-constexpr size_t kOffHeads = 12;
-constexpr size_t kOffHeadDim = 16;
-constexpr size_t kOffTokens = 20;
-constexpr size_t kOffDType = 24;
-constexpr size_t kOffFull = 28;
-constexpr size_t kOffInt8 = 32;
-constexpr size_t kOffPruned = 36;
-constexpr size_t kOffPayload = 40;
-constexpr size_t kOffReserved = 44;
-
-uint64_t Pad4(uint64_t n) { return (n + 3) & ~uint64_t{3}; }
-
-// Bytes per element of a kvcache.v1.DType; 0 for an unknown value.
-uint64_t ElementBytes(uint32_t dtype) {
-  switch (dtype) {
-    case 1:  // fp16
-    case 2:  // bf16
-      return 2;
-    case 3:  // fp32
-      return 4;
-    default:
-      return 0;
-  }
-}
 
 // kvcache.v1.DType -> kernels::DType. REQUIRES: ElementBytes(dtype) != 0.
 kernels::DType KernelDType(uint32_t dtype) {
@@ -68,25 +41,6 @@ kernels::DType KernelDType(uint32_t dtype) {
 
 bool Aligned(const void* p, size_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
-}
-
-void PutU16(std::byte* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
-void PutU32(std::byte* p, uint32_t v) { std::memcpy(p, &v, sizeof(v)); }
-uint16_t GetU16(const std::byte* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-uint32_t GetU32(const std::byte* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-std::string ShapeString(const BlockShape& s) {
-  return absl::StrCat("num_layers=", s.num_layers, " num_kv_heads=", s.num_kv_heads,
-                      " head_dim=", s.head_dim, " block_tokens=", s.block_tokens,
-                      " dtype=", s.dtype);
 }
 
 struct Counts {
@@ -178,10 +132,6 @@ float* ScalesBuffer(Scratch& s, uint64_t count) {
 absl::Status KernelFailure(const char* what, kernels::KernelStatus status) {
   return absl::InternalError(
       absl::StrCat("compressed block: ", what, " failed: ", kernels::KernelStatusName(status)));
-}
-
-absl::Status DataLoss(const std::string& reason) {
-  return absl::DataLossError(absl::StrCat("compressed block: ", reason));
 }
 
 }  // namespace
@@ -342,14 +292,16 @@ absl::StatusOr<CompressedBlockView> ParseCompressedBlock(std::span<const std::by
                                  absl::Hex(kCompressedMagic, absl::kZeroPad8)));
   }
   const uint16_t version = GetU16(b + kOffVersion);
-  if (version != kVersion) {
-    return DataLoss(absl::StrCat("unsupported version ", version, ", expected ", kVersion));
+  if (version != kCompressedVersion1 && version != kCompressedVersion2) {
+    return DataLoss(absl::StrCat("unsupported version ", version, ", expected ",
+                                 kCompressedVersion1, " or ", kCompressedVersion2));
   }
   const uint16_t header_bytes = GetU16(b + kOffHeaderBytes);
   if (header_bytes != kCompressedHeaderBytes) {
     return DataLoss(
         absl::StrCat("header_bytes is ", header_bytes, ", expected ", kCompressedHeaderBytes));
   }
+  if (version == kCompressedVersion2) return ParseV2(bytes);
   const uint32_t reserved = GetU32(b + kOffReserved);
   if (reserved != 0) return DataLoss(absl::StrCat("reserved field is ", reserved, ", expected 0"));
 
@@ -400,6 +352,11 @@ absl::StatusOr<CompressedBlockView> ParseCompressedBlock(std::span<const std::by
 }
 
 absl::Status DecodeBlock(const CompressedBlockView& view, std::span<std::byte> out) {
+  if (view.version == kCompressedVersion2) return DecodeV2(view, out);
+  if (view.version != kCompressedVersion1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compressed block: view has unknown version ", view.version));
+  }
   const BlockShape& shape = view.shape;
   const uint64_t raw_bytes = shape.raw_bytes();
   if (raw_bytes == 0) {
@@ -511,6 +468,7 @@ absl::Status DecodeBlock(const CompressedBlockView& view, std::span<std::byte> o
               std::memcpy(d, head_int8 + uint64_t{run.rank} * row_bytes, n);
               break;
             case TokenPrecision::kPruned:
+            case TokenPrecision::kInt4:  // not in version 1 (the map was validated)
               std::memset(d, 0, n);
               break;
           }
@@ -519,6 +477,30 @@ absl::Status DecodeBlock(const CompressedBlockView& view, std::span<std::byte> o
     }
   }
   return absl::OkStatus();
+}
+
+uint64_t BlockShape::entries() const {
+  if (raw_bytes() == 0) return 0;
+  return uint64_t{num_layers} * num_kv_heads * block_tokens;
+}
+
+TokenPrecision CompressedBlockView::EntryPrecision(uint32_t layer, uint32_t head,
+                                                   uint32_t token) const {
+  if (version != kCompressedVersion2) return precision[token];
+  const uint64_t i = (uint64_t{layer} * shape.num_kv_heads + head) * shape.block_tokens + token;
+  const auto byte = static_cast<uint8_t>(entry_map[i / 4]);
+  return static_cast<TokenPrecision>((byte >> (2 * (i % 4))) & 3);
+}
+
+bool CompressedBlockView::TokenKept(uint32_t token) const {
+  if (version != kCompressedVersion2) return precision[token] != TokenPrecision::kPruned;
+  if (num_pruned == 0) return true;
+  for (uint32_t layer = 0; layer < shape.num_layers; ++layer) {
+    for (uint32_t h = 0; h < shape.num_kv_heads; ++h) {
+      if (EntryPrecision(layer, h, token) != TokenPrecision::kPruned) return true;
+    }
+  }
+  return false;
 }
 
 bool LooksCompressed(std::span<const std::byte> bytes) {

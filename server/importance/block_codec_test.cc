@@ -484,7 +484,9 @@ TEST(ParseCompressedBlockTest, RejectsCorruptHeaderFields) {
   const uint32_t version_word = ReadU32(s.enc, 4);
   const std::vector<Mutation> mutations = {
       {"magic", 0, 0x3251564B, "bad magic"},
-      {"version", 4, (version_word & 0xFFFF0000u) | 2u, "unsupported version"},
+      {"version", 4, (version_word & 0xFFFF0000u) | 3u, "unsupported version"},
+      // A version-1 block relabelled as version 2: its counts are not entries.
+      {"version 2", 4, (version_word & 0xFFFF0000u) | 2u, "entries"},
       {"header_bytes", 4, (version_word & 0xFFFFu) | (40u << 16), "header_bytes"},
       {"zero layers", 8, 0, "invalid shape"},
       {"zero heads", 12, 0, "invalid shape"},

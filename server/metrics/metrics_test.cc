@@ -44,11 +44,28 @@ CacheStats SampleStats() {
 ModelStats RichModel(std::string ns, std::string id, CompressionMode mode, uint64_t& n) {
   ModelStats m;
   m.model = {.ns = std::move(ns), .model_id = std::move(id)};
-  for (uint64_t* f :
-       {&m.blocks, &m.tokens, &m.bytes, &m.hit_tokens, &m.miss_tokens, &m.appended_blocks,
-        &m.deduplicated_blocks, &m.evicted_blocks, &m.compressed_blocks, &m.full_tokens,
-        &m.int8_tokens, &m.pruned_tokens, &m.bytes_saved, &m.attention_reports, &m.calibrations,
-        &m.conflicting_blocks, &m.restored_blocks, &m.corrupt_blocks}) {
+  for (uint64_t* f : {&m.blocks,
+                      &m.tokens,
+                      &m.bytes,
+                      &m.hit_tokens,
+                      &m.miss_tokens,
+                      &m.appended_blocks,
+                      &m.deduplicated_blocks,
+                      &m.evicted_blocks,
+                      &m.compressed_blocks,
+                      &m.full_tokens,
+                      &m.int8_tokens,
+                      &m.pruned_tokens,
+                      &m.bytes_saved,
+                      &m.attention_reports,
+                      &m.calibrations,
+                      &m.conflicting_blocks,
+                      &m.restored_blocks,
+                      &m.corrupt_blocks,
+                      &m.int8_entries,
+                      &m.int4_entries,
+                      &m.pruned_entries,
+                      &m.budget_overruns}) {
     *f = n++;
   }
   m.policy.mode = mode;

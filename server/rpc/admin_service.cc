@@ -75,6 +75,10 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
     out->set_full_tokens(m.full_tokens);
     out->set_int8_tokens(m.int8_tokens);
     out->set_pruned_tokens(m.pruned_tokens);
+    out->set_int8_entries(m.int8_entries);
+    out->set_int4_entries(m.int4_entries);
+    out->set_pruned_entries(m.pruned_entries);
+    out->set_budget_overruns(m.budget_overruns);
     out->set_bytes_saved(m.bytes_saved);
     out->set_attention_reports(m.attention_reports);
     out->set_calibrations(m.calibrations);
@@ -158,6 +162,7 @@ grpc::ServerUnaryReactor* AdminService::UpdateModelPolicy(
                                            .gamma = request->weights().gamma()};
     }
     if (request->target_mass() != 0) update.target_mass = request->target_mass();
+    if (request->target_bytes() != 0) update.target_bytes = request->target_bytes();
     absl::StatusOr<PolicyChange> change = cache_->UpdatePolicy(*key, update);
     if (!change.ok()) return change.status();
     *response->mutable_policy() = ToProto(change->policy);

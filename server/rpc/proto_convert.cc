@@ -89,6 +89,8 @@ v1::CompressionMode ToProto(CompressionMode mode) {
       return v1::COMPRESSION_MODE_QUANTIZE;
     case CompressionMode::kPrune:
       return v1::COMPRESSION_MODE_PRUNE;
+    case CompressionMode::kBudget:
+      return v1::COMPRESSION_MODE_BUDGET;
   }
   return v1::COMPRESSION_MODE_UNSPECIFIED;
 }
@@ -103,6 +105,8 @@ absl::StatusOr<std::optional<CompressionMode>> FromProto(v1::CompressionMode mod
       return CompressionMode::kQuantize;
     case v1::COMPRESSION_MODE_PRUNE:
       return CompressionMode::kPrune;
+    case v1::COMPRESSION_MODE_BUDGET:
+      return CompressionMode::kBudget;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("mode ", static_cast<int>(mode), " is not a CompressionMode"));
@@ -116,6 +120,7 @@ v1::ModelPolicy ToProto(const ImportancePolicy& policy) {
   out.mutable_weights()->set_beta(policy.params.beta);
   out.mutable_weights()->set_gamma(policy.params.gamma);
   out.set_target_mass(policy.target_mass);
+  out.set_target_bytes(policy.target_bytes);
   out.set_sink_tokens(static_cast<uint32_t>(policy.params.sink_tokens));
   out.set_recent_window(static_cast<uint32_t>(policy.params.recent_window));
   return out;
