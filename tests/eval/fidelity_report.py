@@ -55,6 +55,56 @@ def summary_markdown(records):
     return "\n".join(lines)
 
 
+def pivot_markdown(records, metric="agreement", budgets=None):
+    """One row per policy, one column per (workload, budget): the median of `metric`."""
+    rows = summary_rows(records)
+    workloads = sorted({r["workload"] for r in rows})
+    budgets = budgets or sorted({r["budget"] for r in rows if r["budget"]}, reverse=True)
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    cell = {(r["workload"], r["policy"], r["budget"]): r for r in rows}
+    head = [f"{w} {b:.0%}" for w in workloads for b in budgets]
+    lines = ["| policy | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for policy in policies:
+        values = []
+        for w in workloads:
+            for b in budgets:
+                r = cell.get((w, policy, b)) or cell.get((w, policy, None))
+                if r is None or (r["budget"] is None and b != budgets[0]):
+                    values.append("")
+                elif metric == "agreement":
+                    values.append(f"{r['agreement']:.2%}")
+                else:
+                    values.append(f"x{r[metric]:.4f}" if metric == "ppl_ratio" else
+                                  f"{r[metric]:.4f}")
+        lines.append(f"| {policy} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def targets_markdown(records, budget=0.37, ours="ours"):
+    """Issue 11's targets at `budget`, per workload: met or missed, with the figures."""
+    rows = {(r["workload"], r["policy"], r["budget"]): r for r in summary_rows(records)}
+    lines = ["| workload | target | figure | met |", "|---|---|---|---|"]
+    for w in sorted({r["workload"] for r in rows.values()}):
+        o = rows.get((w, ours, budget))
+        if o is None:
+            continue
+        checks = [(f"{ours} top-1 >= 99% at {budget:.0%}", f"{o['agreement']:.2%}",
+                   o["agreement"] >= 0.99),
+                  (f"{ours} perplexity within +2%", f"x{o['ppl_ratio']:.4f}",
+                   o["ppl_ratio"] <= 1.02)]
+        for rival in ("h2o", "snapkv"):
+            r = rows.get((w, rival, budget))
+            if r:
+                checks.append((f"{ours} above {rival}", f"{o['agreement']:.2%} vs "
+                               f"{r['agreement']:.2%}", o["agreement"] > r["agreement"]))
+        i8 = rows.get((w, "int8", None))
+        if i8:
+            checks.append(("int8 top-1 >= 99.5%", f"{i8['agreement']:.2%} at "
+                           f"{i8['bytes']:.1%} bytes", i8["agreement"] >= 0.995))
+        lines += [f"| {w} | {t} | {f} | {'yes' if ok else '**no**'} |" for t, f, ok in checks]
+    return "\n".join(lines)
+
+
 def write_svg(records, path):
     rows = summary_rows(records)
     workloads = sorted({r["workload"] for r in rows})
@@ -115,6 +165,10 @@ def main():
         with open(path) as f:
             records += json.load(f)["records"]
     print(summary_markdown(records))
+    print()
+    print(pivot_markdown(records))
+    print()
+    print(targets_markdown(records))
     if args.svg:
         write_svg(records, args.svg)
     return 0
