@@ -60,11 +60,13 @@ class Layout:
 @dataclass
 class Policy:
     """A model's ImportancePolicy plus the cache-wide ImportanceOptions the decision reads."""
-    mode: str = "prune"  # "quantize" or "prune" ("off" stores everything raw)
+    mode: str = "prune"  # "quantize" or "prune" ("off" stores everything raw); "budget":
+    #                      daemon_budget_rule.budget_plan
     alpha: float = 0.6
     beta: float = 0.3
     gamma: float = 0.1
     target_mass: float = 0.95
+    target_bytes: float = 0.37  # budget mode: share of a raw block's bytes a compressed one may take
     sink_tokens: int = 4
     recent_window: int = 64
     decay_tau: float = 256.0
