@@ -84,8 +84,8 @@ void FillKv(uint64_t seed, std::span<std::byte> out) {
     x += 0x9E3779B97F4A7C15ull;
     uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     z ^= z >> 31;
-    const uint16_t h = static_cast<uint16_t>(((z & 1) << 15) | ((9 + (z >> 1) % 8) << 10) |
-                                             ((z >> 8) & 0x3FF));
+    const uint16_t h =
+        static_cast<uint16_t>(((z & 1) << 15) | ((9 + (z >> 1) % 8) << 10) | ((z >> 8) & 0x3FF));
     std::memcpy(out.data() + i, &h, 2);
   }
 }
@@ -98,9 +98,8 @@ void PrintJson(uint32_t prefix, const PathResult& r) {
       "\"ms\": [%s], \"median_ms\": %.4f, \"decode_median_ms\": %.4f, \"blocks\": %u, "
       "\"compressed_blocks\": %u, \"verified\": %s}\n",
       prefix, r.path.c_str(), static_cast<unsigned long long>(r.bytes_moved),
-      static_cast<unsigned long long>(r.bytes_out), absl::StrJoin(ms, ", ").c_str(),
-      Median(r.ms), Median(r.decode_ms), r.blocks, r.compressed_blocks,
-      r.verified ? "true" : "false");
+      static_cast<unsigned long long>(r.bytes_out), absl::StrJoin(ms, ", ").c_str(), Median(r.ms),
+      Median(r.decode_ms), r.blocks, r.compressed_blocks, r.verified ? "true" : "false");
   std::fflush(stdout);
 }
 
@@ -167,9 +166,8 @@ absl::Status TtftFetch::Setup() {
 
 absl::Status TtftFetch::MeasurePrefix(uint32_t prefix) {
   if (prefix == 0 || prefix % o_.block_tokens != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--prefix-tokens ", prefix, " is not a positive multiple of ",
-                     o_.block_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prefix-tokens ", prefix, " is not a positive multiple of ", o_.block_tokens));
   }
   const uint32_t blocks = prefix / o_.block_tokens;
   const uint64_t bytes = uint64_t{blocks} * block_bytes_;
@@ -181,7 +179,7 @@ absl::Status TtftFetch::MeasurePrefix(uint32_t prefix) {
   std::span<std::byte> src = all.subspan(0, bytes), dst = all.subspan(bytes, bytes),
                        dst2 = all.subspan(2 * bytes, bytes);
   FillKv(prefix, src);
-  std::memset(dst.data(), 0, bytes);   // fault in every page before timing
+  std::memset(dst.data(), 0, bytes);  // fault in every page before timing
   std::memset(dst2.data(), 0, bytes);
   std::vector<std::byte> heap(bytes), lossy(bytes), decoded(bytes);
 
@@ -215,8 +213,8 @@ absl::Status TtftFetch::MeasurePrefix(uint32_t prefix) {
     if (!f.ok()) return f.status();
     if (f->matched_tokens != prefix) {
       r.verified = false;
-      return absl::DataLossError(absl::StrCat(r.path, ": matched ", f->matched_tokens, " of ",
-                                              prefix, " tokens"));
+      return absl::DataLossError(
+          absl::StrCat(r.path, ": matched ", f->matched_tokens, " of ", prefix, " tokens"));
     }
     return absl::OkStatus();
   };
@@ -245,7 +243,8 @@ absl::Status TtftFetch::MeasurePrefix(uint32_t prefix) {
     const absl::Time t1 = absl::Now();
     if (!fb.ok()) return fb.status();
     if (fb->size() != blocks) {
-      return absl::DataLossError(absl::StrCat("grpc-int8: ", fb->size(), " of ", blocks, " blocks"));
+      return absl::DataLossError(
+          absl::StrCat("grpc-int8: ", fb->size(), " of ", blocks, " blocks"));
     }
     uint64_t moved = 0;
     for (const FetchedBlock& b : *fb) {

@@ -62,7 +62,7 @@ def start_daemon(kvcached, workdir):
     log = open(os.path.join(workdir, "kvcached.log"), "w")
     proc = subprocess.Popen([kvcached, "--config", path], stdout=log, stderr=subprocess.STDOUT)
     for _ in range(100):
-        if os.path.exists(sock):
+        if os.path.exists(sock) and os.path.exists(sock + ".shm"):
             return proc, sock
         time.sleep(0.1)
     proc.kill()
