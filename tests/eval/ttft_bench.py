@@ -128,10 +128,14 @@ def run_llama_side(args, sizes):
         return (time.perf_counter() - t0) * 1e3, first
 
     results = {}
-    for n in sizes:
+    runs = [int(r) for r in str(args.runs).split(",")]
+    runs = runs * len(sizes) if len(runs) == 1 else runs
+    if len(runs) != len(sizes):
+        sys.exit("ttft_bench: --runs needs one number or one per size")
+    for n, n_runs in zip(sizes, runs):
         p = n - args.suffix
         rec, suf, load, decode, diffs, same = [], [], [], [], [], True
-        for run in range(args.runs):
+        for run in range(n_runs):
             llm.reset()
             ms, first_rec = timed_eval(tokens[:n])
             ref = logits()
@@ -182,7 +186,8 @@ def main():
     ap.add_argument("--sizes", default="512,1024,2048,4096")
     ap.add_argument("--suffix", type=int, default=32, help="uncached tokens at the end")
     ap.add_argument("--block-tokens", type=int, default=32)
-    ap.add_argument("--runs", type=int, default=5, help="llama.cpp runs per size")
+    ap.add_argument("--runs", default="5",
+                    help="llama.cpp runs per size: one number, or one per size (5,5,3,1)")
     ap.add_argument("--fetch-runs", type=int, default=11, help="fetches per path and size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decode-tokens", type=int, default=16,
