@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The daemon path against its replica (docs/testing.md, "The real model"): one
+# The daemon path against its replicas (docs/testing.md, "The real model"): one
 # real text's prefix through the real kvcached (appended as FP16, attention
-# reported, compacted in prune mode, fetched back) must give exactly what
-# daemon_rule.py computes: every block's precision map, the stored KVQ1 bytes,
-# the served KV bit for bit and the logits of a 64-token teacher-forced
-# continuation decoded from it. Sets up the evaluation's venv and the model
-# like reference_logits_test.sh; fails, saying why, when anything is missing.
+# reported, compacted, fetched back) must give exactly what the replica
+# computes, in prune mode (daemon_rule.py, two cases) and in budget mode
+# (daemon_budget_rule.py: target_bytes 0.37, 0.2 and 0.6, per-head and
+# per-layer reports): every block's precision map, the stored KVQ1 bytes
+# (versions 1 and 2), the GetStats counts, the served KV bit for bit and the
+# logits of a 64-token teacher-forced continuation decoded from it. Sets up
+# the evaluation's venv and the model like reference_logits_test.sh; fails,
+# saying why, when anything is missing.
 # Usage: daemon_path_test.sh BUILD_DIR KVCACHED STUBS_DIR
 set -euo pipefail
 
