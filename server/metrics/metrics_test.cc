@@ -359,9 +359,9 @@ TEST(MetricsTest, SamplesWithDifferentLabelsShareOneFamily) {
   EXPECT_THAT(text, HasSubstr("# TYPE kvcached_model_blocks gauge\n"
                               "kvcached_model_blocks{namespace=\"default\",model=\"llama\"} 1\n"
                               "kvcached_model_blocks{namespace=\"default\",model=\"mistral\"} "
-                              "20\n"
+                              "24\n"
                               "kvcached_model_blocks{namespace=\"tenant-b\",model=\"llama\"} "
-                              "39\n"));
+                              "47\n"));
   EXPECT_EQ(Count(text, "# TYPE kvcached_tier_evictions_total counter\n"), 1);
   EXPECT_EQ(Count(text, "kvcached_tier_evictions_total{"), 2);
 }
