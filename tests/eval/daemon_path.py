@@ -333,7 +333,15 @@ def compare(rule, got, layout):
     """The differences between daemon_rule's plan and what the daemon did (empty: none)."""
     problems = []
     for b, (p, q) in enumerate(zip(rule.precision, got.precision)):
-        if not np.array_equal(p, q):
+        if p.shape != q.shape:
+            problems.append(f"block {b}: precision map shape daemon {q.shape}, rule {p.shape}")
+        elif p.ndim == 3 and not np.array_equal(p, q):  # version 2: say where, not all of it
+            where = np.argwhere(p != q)
+            l, h, t = where[0]
+            problems.append(f"block {b}: precision differs in {len(where)} entries, first "
+                            f"(layer {l}, head {h}, token {t}): daemon {q[l, h, t]}, rule "
+                            f"{p[l, h, t]}")
+        elif not np.array_equal(p, q):
             problems.append(f"block {b}: precision map daemon {q.tolist()}, rule {p.tolist()}")
         if rule.stored_bytes[b] != got.stored_bytes[b]:
             problems.append(f"block {b}: stored bytes daemon {got.stored_bytes[b]}, rule "
