@@ -29,6 +29,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import daemon_budget_rule  # noqa: E402
 import daemon_rule  # noqa: E402
 import fidelity_report  # noqa: E402
 import kv_policies as kp  # noqa: E402
@@ -63,12 +64,39 @@ def daemon_prune(cache, layout, budget, signals):
     budget is below what the mode can store."""
     dl = daemon_rule.Layout(layout.layers, layout.kv_heads, layout.head_dim, layout.block_tokens)
     fit = daemon_rule.target_mass_for_budget(cache, signals.report, daemon_rule.Policy(
-        mode="prune"), dl, budget)
+        mode="prune"), dl, _whole_block_budget(cache, layout, budget))
     if not fit.reachable:
         return None
     plan = fit.plan
-    return kp.Served(plan.served, plan.stored_total, f"target_mass {fit.target_mass:.4f} "
+    return kp.Served(plan.served, plan.stored_total + _tail_bytes(cache, layout),
+                     f"target_mass {fit.target_mass:.4f} "
                      "(" + " ".join(f"{k} {v}" for k, v in plan.tokens.items()) + " tokens)")
+
+
+def _tail_bytes(cache, layout):
+    """FP16 bytes of the positions after the prefix's last whole block: the daemon stores whole
+    blocks only, so the worker keeps these as they are (and they count)."""
+    return layout.fp16_bytes(cache.positions.size % layout.block_tokens)
+
+
+def _whole_block_budget(cache, layout, budget):
+    """The budget of the whole blocks once the tail's FP16 bytes are paid for."""
+    n = cache.positions.size
+    whole = layout.fp16_bytes(n - n % layout.block_tokens)
+    return (budget * layout.fp16_bytes(n) - _tail_bytes(cache, layout)) / whole
+
+
+def daemon_budget(cache, layout, budget, signals):
+    """The daemon's budget mode at target_bytes = budget (format v2, per block), computed by
+    daemon_budget_rule.py, its exact replica, from a per-head report of the attention of the
+    prefix's last `window_queries` queries (what `ours` reads)."""
+    dl = daemon_rule.Layout(layout.layers, layout.kv_heads, layout.head_dim, layout.block_tokens)
+    rows = np.concatenate(signals.window).astype(np.float32)  # row = layer * kv_heads + head
+    plan = daemon_budget_rule.budget_plan(cache, rows, daemon_rule.Policy(
+        mode="budget", target_bytes=_whole_block_budget(cache, layout, budget)), dl)
+    entries = plan.entries
+    return kp.Served(plan.served, plan.stored_total + _tail_bytes(cache, layout),
+                     " ".join(f"{k} {v}" for k, v in entries.items()) + " entries")
 
 
 def policies(protection):
@@ -81,6 +109,7 @@ def policies(protection):
         "h2o": ("all", lambda c, l, b, s: kp.h2o(c, l, b, s)),
         "snapkv": ("all", lambda c, l, b, s: kp.snapkv(c, l, b, s)),
         "daemon_prune": ("all", daemon_prune),
+        "daemon_budget": ("all", daemon_budget),
         "ours": ("all", lambda c, l, b, s: ours(c, l, b, s, protection)),
         "ours_no_int4": ("ablation", lambda c, l, b, s: ours(c, l, b, s, protection, int4=False)),
         "ours_per_token": ("ablation",
