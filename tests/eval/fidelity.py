@@ -15,7 +15,7 @@ Results go to a JSON file (every prompt, policy and budget) and a summary of med
 spread (min..max over prompts) per workload; --svg draws agreement against bytes.
 
 Usage (tests/eval/eval_env.sh prepares the Python; fetch_model.sh prints the model):
-  fidelity.py MODEL.gguf --out results.json [--svg plot.svg] [--per-workload 6]
+  fidelity.py MODEL.gguf --out results.json [--svg plot.svg] [--per-workload 4]
       [--workloads chat,code,summarization] [--policies ...] [--budgets 0.5,0.37,0.25,0.15]
 """
 
@@ -242,7 +242,9 @@ def main():
     parser.add_argument("--out", required=True, help="results JSON")
     parser.add_argument("--svg", help="plot of agreement against bytes per workload")
     parser.add_argument("--workloads", default=",".join(wl.WORKLOADS))
-    parser.add_argument("--per-workload", type=int, default=6)
+    parser.add_argument("--per-workload", type=int, default=4)
+    parser.add_argument("--from-prompt", type=int, default=0,
+                        help="skip each workload's first prompts (to add prompts to a run)")
     parser.add_argument("--prefix", type=int, default=1024, help="prefix tokens (code, "
                         "summarization; chat prompts are as long as their text)")
     parser.add_argument("--continuation", type=int, default=256)
@@ -271,6 +273,13 @@ def main():
     prompts = wl.build(lambda t: smollm_tokenizer.encode(tokenizer, t),
                        args.workloads.split(","), args.per_workload, args.prefix,
                        args.continuation)
+    seen = {}
+    kept = []
+    for p in prompts:
+        seen[p.workload] = seen.get(p.workload, -1) + 1
+        if seen[p.workload] >= args.from_prompt:
+            kept.append(p)
+    prompts = kept
     budgets = [float(b) for b in args.budgets.split(",")]
     ablations = [float(b) for b in args.ablation_budgets.split(",")]
     records = []
