@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -388,6 +389,30 @@ CompactionResult Cache::Compact() {
     }
   }
 
+  // Encodes `old` into a new pool allocation of `bytes` and seals it with the
+  // checksums of the encoding, of the appended bytes and of what the encoding
+  // decodes to (a fetch checks its decode against the last). `block` is null
+  // when the encoder or the decode check refused (the block stays as it is);
+  // pool_full when the pool has no room for the copy (the pass stops).
+  struct Sealed {
+    BlockRef block;
+    bool pool_full = false;
+  };
+  auto encode_and_seal = [&](const BlockPayload& old, uint64_t bytes,
+                             const std::function<absl::Status(std::span<std::byte>)>& encode) {
+    absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
+    if (!a.ok()) return Sealed{.pool_full = true};
+    BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
+    if (!encode(encoded->mutable_data()).ok()) return Sealed{};
+    encoded->set_compressed(true);
+    std::vector<std::byte> decoded(old.size());
+    absl::StatusOr<importance::CompressedBlockView> view =
+        importance::ParseCompressedBlock(encoded->data());
+    if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) return Sealed{};
+    encoded->Seal(Checksum(encoded->data()), old.raw_checksum(), Checksum(decoded));
+    return Sealed{.block = std::move(encoded)};
+  };
+
   // Outside the lock: verify, score, decide each token's precision, encode.
   for (CompactionJob& job : jobs) {
     const BlockPayload& old = *job.move.host();
@@ -421,20 +446,11 @@ CompactionResult Cache::Compact() {
         ++result.no_saving_blocks;
         continue;
       }
-      absl::StatusOr<Allocation> a = pool_->Allocate(plan->bytes);
-      if (!a.ok()) break;
-      BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, plan->bytes);
-      if (!importance::EncodeBlockV2(shape, old.data(), plan->precision, encoded->mutable_data())
-               .ok()) {
-        continue;
-      }
-      encoded->set_compressed(true);
-      std::vector<std::byte> decoded(old.size());
-      absl::StatusOr<importance::CompressedBlockView> view =
-          importance::ParseCompressedBlock(encoded->data());
-      if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) continue;
-      encoded->Seal(Checksum(encoded->data()), old.raw_checksum(), Checksum(decoded));
-      job.encoded = std::move(encoded);
+      const Sealed sealed = encode_and_seal(old, plan->bytes, [&](std::span<std::byte> out) {
+        return importance::EncodeBlockV2(shape, old.data(), plan->precision, out);
+      });
+      if (sealed.pool_full) break;
+      job.encoded = sealed.block;
       continue;
     }
     std::vector<float> scores(bt);
@@ -483,20 +499,11 @@ CompactionResult Cache::Compact() {
     // The copy needs a chunk of another size class. Commits keep
     // append_staging_bytes of the pool free, so a full tier still has room
     // for it; when even that is taken, stop this pass.
-    absl::StatusOr<Allocation> a = pool_->Allocate(*size);
-    if (!a.ok()) break;
-    BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, *size);
-    if (!importance::EncodeBlock(shape, old.data(), precision, encoded->mutable_data()).ok()) {
-      continue;
-    }
-    encoded->set_compressed(true);
-    // Remember what the encoding decodes to, so a fetch can check its decode.
-    std::vector<std::byte> decoded(old.size());
-    absl::StatusOr<importance::CompressedBlockView> view =
-        importance::ParseCompressedBlock(encoded->data());
-    if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) continue;
-    encoded->Seal(Checksum(encoded->data()), old.raw_checksum(), Checksum(decoded));
-    job.encoded = std::move(encoded);
+    const Sealed sealed = encode_and_seal(old, *size, [&](std::span<std::byte> out) {
+      return importance::EncodeBlock(shape, old.data(), precision, out);
+    });
+    if (sealed.pool_full) break;
+    job.encoded = sealed.block;
   }
 
   if (options_.on_compaction_encoded) options_.on_compaction_encoded();
