@@ -167,12 +167,7 @@ absl::StatusOr<uint64_t> CompressedSize(const BlockShape& shape,
                      static_cast<int>(static_cast<uint8_t>(precision[bad]))));
   }
   const uint64_t total = ComputeLayout(shape, counts).total;
-  if (total > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("compressed block: encoding would be ", total,
-                                                   " bytes, payload_bytes is limited to ",
-                                                   std::numeric_limits<uint32_t>::max()));
-  }
-  return total;
+  return codec_internal::WithinPayloadLimit(total);
 }
 
 absl::Status EncodeBlock(const BlockShape& shape, std::span<const std::byte> raw,

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -33,6 +34,17 @@ inline constexpr size_t kOffPayload = 40;
 inline constexpr size_t kOffReserved = 44;  // version 2: num_int4
 
 inline uint64_t Pad4(uint64_t n) { return (n + 3) & ~uint64_t{3}; }
+
+// `total`, or INVALID_ARGUMENT when an encoding that large cannot be described
+// by the header's u32 payload_bytes.
+inline absl::StatusOr<uint64_t> WithinPayloadLimit(uint64_t total) {
+  if (total > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("compressed block: encoding would be ", total,
+                                                   " bytes, payload_bytes is limited to ",
+                                                   std::numeric_limits<uint32_t>::max()));
+  }
+  return total;
+}
 
 // Bytes per element of a kvcache.v1.DType; 0 for an unknown value.
 inline uint64_t ElementBytes(uint32_t dtype) {

@@ -355,12 +355,7 @@ absl::StatusOr<uint64_t> CompressedSizeV2(const BlockShape& shape,
   Counts4 totals;
   const uint64_t total = EncodingBytes(
       shape, [&](uint64_t i) { return static_cast<uint8_t>(precision[i]); }, &totals);
-  if (total > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("compressed block: encoding would be ", total,
-                                                   " bytes, payload_bytes is limited to ",
-                                                   std::numeric_limits<uint32_t>::max()));
-  }
-  return total;
+  return codec_internal::WithinPayloadLimit(total);
 }
 
 absl::Status EncodeBlockV2(const BlockShape& shape, std::span<const std::byte> raw,
