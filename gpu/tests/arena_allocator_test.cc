@@ -94,7 +94,9 @@ TEST(ArenaAllocator, ClassesArePowersOfTwoAndTheirQuarterSteps) {
     EXPECT_LT(cls - bytes, cls / 5 + 1) << bytes;
     EXPECT_EQ(cls % 256, 0u) << bytes;
     // No smaller class holds it: everything from `bytes` up to the class gets the class.
-    if (cls - 256 >= bytes) EXPECT_EQ(allocator->ClassBytes(cls - 256), cls) << bytes;
+    if (cls - 256 >= bytes) {
+      EXPECT_EQ(allocator->ClassBytes(cls - 256), cls) << bytes;
+    }
   }
   // Below 1 KiB a quarter step would not be 256-byte aligned: powers of two only.
   ArenaAllocatorOptions tiny = SmallOptions();

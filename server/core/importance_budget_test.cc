@@ -82,7 +82,9 @@ TEST_F(BudgetModeTest, CompactsWithinTargetBytesKeepingSinksExact) {
       for (uint32_t h = 0; h < kHeads; ++h) {
         for (uint32_t t = 0; t < kBt; ++t) {
           const importance::TokenPrecision p = view->EntryPrecision(l, h, t);
-          if (b == 0 && t < 4) EXPECT_EQ(p, importance::TokenPrecision::kFull) << "sink " << t;
+          if (b == 0 && t < 4) {
+            EXPECT_EQ(p, importance::TokenPrecision::kFull) << "sink " << t;
+          }
           for (uint32_t kv = 0; kv < 2; ++kv) {
             for (uint32_t d = 0; d < kDim; ++d) {
               const size_t i = At(l, kv, h, t, d);

@@ -77,7 +77,9 @@ TEST_F(PoolCompactionTest, MovesBlocksWhileAFetchHoldsTheOldPayload) {
   EXPECT_EQ(s.pool_compaction.moved_blocks, kPerSlab / 4);
   EXPECT_EQ(s.payload_bytes, kept.size() * 512);
   // Every block, moved or not, fetched afterwards holds exactly its bytes.
-  for (uint32_t id : kept) EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
+  for (uint32_t id : kept) {
+    EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
+  }
   // Nothing left to move: one partly used span.
   EXPECT_EQ(cache_->CompactPool().planned_blocks, 0u);
 }
@@ -100,7 +102,9 @@ TEST_F(PoolCompactionTest, ABlockChangedDuringTheCopyIsNotSwapped) {
   EXPECT_EQ(Fetched(Small(), Seq({4})), kBt);
   EXPECT_EQ(Matched(Small(), Seq({8})), 0u);
   for (uint32_t id = 0; id < kPerSlab; id += 4) {
-    if (id != 8) EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
+    if (id != 8) {
+      EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
+    }
   }
   // No copy of the changed blocks was left behind in the pool.
   const CacheStats s = cache_->GetStats();
@@ -122,7 +126,9 @@ TEST_F(PoolCompactionTest, ABlockThatFailsItsChecksumIsDroppedNotMoved) {
   EXPECT_EQ(Matched(Small(), Seq({12})), 0u);
   EXPECT_EQ(StatsOf(Small()).corrupt_blocks, 1u);
   for (uint32_t id = 0; id < kPerSlab; id += 4) {
-    if (id != 12) EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
+    if (id != 12) {
+      EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
+    }
   }
 }
 

@@ -260,7 +260,9 @@ TEST_P(TierTest, AFullLowerTierEvictsItsColdestLeaves) {
   for (uint32_t s = 0; s < 20; ++s) {
     const std::vector<Token> tokens = SequenceOf(s, 4);
     const uint64_t got = Fetched(Big(), tokens);
-    if (s >= 17) EXPECT_EQ(got, 4 * kBt) << "sequence " << s;
+    if (s >= 17) {
+      EXPECT_EQ(got, 4 * kBt) << "sequence " << s;
+    }
   }
 }
 

@@ -157,7 +157,9 @@ TEST_P(SsdStoreTest, RoundTripsManySizes) {
     refs.push_back(*std::move(ref));
     ++key;
   }
-  for (const SsdRef& ref : refs) EXPECT_TRUE(ReadAndCheck(store, *ref).ok()) << ref->size();
+  for (const SsdRef& ref : refs) {
+    EXPECT_TRUE(ReadAndCheck(store, *ref).ok()) << ref->size();
+  }
   const SsdStoreStats stats = store.GetStats();
   EXPECT_EQ(stats.live_extents, refs.size());
   EXPECT_EQ(stats.writes, refs.size());
@@ -305,7 +307,9 @@ TEST_P(SsdStoreTest, ResourceExhaustedChangesNothing) {
   EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
   EXPECT_EQ(after.payload_bytes, before.payload_bytes);
   EXPECT_EQ(after.writes, before.writes);
-  for (const SsdRef& ref : refs) EXPECT_TRUE(ReadAndCheck(store, *ref).ok());
+  for (const SsdRef& ref : refs) {
+    EXPECT_TRUE(ReadAndCheck(store, *ref).ok());
+  }
 }
 
 TEST_P(SsdStoreTest, CorruptPayloadIsDataLoss) {
@@ -484,7 +488,9 @@ TEST_P(SsdStoreTest, ReattachesEveryBlockAfterARestart) {
   EXPECT_EQ((*fresh)->epoch(), 2u);
   EXPECT_EQ((*fresh)->sequence(), highest + 1);
   EXPECT_TRUE(ReadAndCheck(store, **fresh).ok());
-  for (const SsdReattachRequest& r : saved) EXPECT_NE(r.extent->offset(), (*fresh)->offset());
+  for (const SsdReattachRequest& r : saved) {
+    EXPECT_NE(r.extent->offset(), (*fresh)->offset());
+  }
   fresh->reset();
   for (SsdReattachRequest& r : saved) r.extent.reset();
   stats = store.GetStats();
@@ -682,7 +688,9 @@ TEST_P(SsdStoreTest, NewWritesNeverOverlapReattachedExtents) {
   for (const SsdReattachRequest& r : saved) {
     EXPECT_TRUE(ReadAndCheck(store, *r.extent).ok()) << r.key;
   }
-  for (const SsdRef& ref : fresh) EXPECT_TRUE(ReadAndCheck(store, *ref).ok()) << ref->key();
+  for (const SsdRef& ref : fresh) {
+    EXPECT_TRUE(ReadAndCheck(store, *ref).ok()) << ref->key();
+  }
   EXPECT_EQ(store.GetStats().live_extents, saved.size() + fresh.size());
 }
 
@@ -733,7 +741,9 @@ TEST_P(SsdStoreTest, RetentionKeepsFreedSlotsUntilReleased) {
   ASSERT_TRUE(reuse_c.ok()) << reuse_c.status();
   EXPECT_EQ((*reuse_c)->offset(), c);
   for (const SsdRef& ref : refs) {
-    if (ref != nullptr) EXPECT_TRUE(ReadAndCheck(store, *ref).ok());
+    if (ref != nullptr) {
+      EXPECT_TRUE(ReadAndCheck(store, *ref).ok());
+    }
   }
 }
 

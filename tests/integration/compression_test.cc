@@ -64,7 +64,9 @@ class ImportanceDaemonTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0);
+    }
     std::remove(config_path_.c_str());
   }
   v1::ModelStats Stats() {
@@ -188,7 +190,9 @@ TEST_F(ImportanceDaemonTest, QuantizeAtRuntimeServesDequantizedKvWithinBound) {
   ASSERT_TRUE(restored.ok()) << restored.status();
   // (Compaction may have compressed them again already: blocks go cold after 1 s here.)
   EXPECT_EQ(restored->blocks * kBt + restored->withheld_tokens, kBlocks * kBt);
-  if (restored->blocks == kBlocks) EXPECT_EQ(got, kv_);
+  if (restored->blocks == kBlocks) {
+    EXPECT_EQ(got, kv_);
+  }
   EXPECT_GE(Stats().restored_blocks(), kBlocks - 1);
   ASSERT_TRUE(WaitForCompressed(kBlocks - 1)) << "compaction did not compress them again";
 

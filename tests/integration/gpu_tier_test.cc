@@ -69,7 +69,9 @@ class GpuTierDaemonTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0) << "log " << daemon_->log_path();
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0) << "log " << daemon_->log_path();
+    }
   }
 
   std::vector<uint32_t> Sequence(int s) const {

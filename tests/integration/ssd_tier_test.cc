@@ -48,7 +48,9 @@ class TierDaemonTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0) << "log " << daemon_->log_path();
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0) << "log " << daemon_->log_path();
+    }
   }
 
   std::vector<uint32_t> Sequence(int s) const {
@@ -155,7 +157,9 @@ TEST_F(TierDaemonTest, PrefetchWaitAnswersWithTheBlocksInHostMemory) {
   auto after = client_->Lookup("m", tokens, options);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->matched_tokens, kBlocksPerSequence * kBlockTokens);
-  for (const v1::BlockDescriptor& b : after->blocks) EXPECT_EQ(b.tier(), "");
+  for (const v1::BlockDescriptor& b : after->blocks) {
+    EXPECT_EQ(b.tier(), "");
+  }
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
   const v1::TierStats* ssd = FindTier(*stats, "ssd");
