@@ -301,14 +301,9 @@ absl::StatusOr<CompressedBlockView> ParseCompressedBlock(std::span<const std::by
   if (reserved != 0) return DataLoss(absl::StrCat("reserved field is ", reserved, ", expected 0"));
 
   CompressedBlockView view;
-  view.shape.num_layers = GetU32(b + kOffLayers);
-  view.shape.num_kv_heads = GetU32(b + kOffHeads);
-  view.shape.head_dim = GetU32(b + kOffHeadDim);
-  view.shape.block_tokens = GetU32(b + kOffTokens);
-  view.shape.dtype = GetU32(b + kOffDType);
-  if (view.shape.raw_bytes() == 0) {
-    return DataLoss(absl::StrCat("invalid shape (", ShapeString(view.shape), ")"));
-  }
+  absl::StatusOr<BlockShape> shape = ReadShape(b);
+  if (!shape.ok()) return shape.status();
+  view.shape = *shape;
   view.num_full = GetU32(b + kOffFull);
   view.num_int8 = GetU32(b + kOffInt8);
   view.num_pruned = GetU32(b + kOffPruned);

@@ -82,6 +82,21 @@ inline absl::Status DataLoss(const std::string& reason) {
   return absl::DataLossError(absl::StrCat("compressed block: ", reason));
 }
 
+// The block shape a header (at least kCompressedHeaderBytes) names; DATA_LOSS
+// when it is not a valid shape.
+inline absl::StatusOr<BlockShape> ReadShape(const std::byte* header) {
+  BlockShape shape;
+  shape.num_layers = GetU32(header + kOffLayers);
+  shape.num_kv_heads = GetU32(header + kOffHeads);
+  shape.head_dim = GetU32(header + kOffHeadDim);
+  shape.block_tokens = GetU32(header + kOffTokens);
+  shape.dtype = GetU32(header + kOffDType);
+  if (shape.raw_bytes() == 0) {
+    return DataLoss(absl::StrCat("invalid shape (", ShapeString(shape), ")"));
+  }
+  return shape;
+}
+
 // Version 2's parts of ParseCompressedBlock and DecodeBlock (block_codec_v2.cc).
 // REQUIRES (ParseV2): bytes.size() >= kCompressedHeaderBytes, magic, version 2 and
 // header_bytes already checked.
