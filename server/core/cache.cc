@@ -346,7 +346,8 @@ absl::StatusOr<std::pair<uint64_t, absl::Time>> Cache::CreateLeaseLocked(
                                              .matched_tokens = matched_tokens,
                                              .tokens = std::move(tokens),
                                              .blocks = std::move(blocks),
-                                             .expires = expires});
+                                             .expires = expires,
+                                             .created = now});
   if (!id.ok()) return id.status();
   return std::make_pair(*id, expires);
 }

@@ -84,6 +84,7 @@
 #include "absl/time/time.h"
 #include "server/core/block.h"
 #include "server/core/block_image.h"
+#include "server/core/cache_inspection.h"
 #include "server/core/cache_stats.h"
 #include "server/core/clock.h"
 #include "server/core/device_copies.h"
@@ -505,6 +506,23 @@ class Cache {
   const std::shared_ptr<DeviceTier>& device_tier() const { return device_; }
 
   CacheStats GetStats() const;
+
+  // The operator's view (cache_inspection.h, cache_inspection.cc).
+  // Reads back the chosen copies and checks each; NOT_FOUND for an unknown
+  // model, INVALID_ARGUMENT for a prefix without a model. Returns the totals
+  // with every bad block found. Stops early (the result not done) when
+  // on_progress returns false.
+  absl::StatusOr<VerifyProgress> VerifyBlocks(const VerifyOptions& options)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  MemorySnapshot SnapshotMemory(size_t max_leases = 1000) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The cached prefix of `tokens`: NOT_FOUND for an unknown model; an empty
+  // inspection (matched_tokens 0) when nothing is cached.
+  absl::StatusOr<SequenceInspection> InspectSequence(const ModelKey& model,
+                                                     std::span<const Token> tokens,
+                                                     bool include_heads) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The `limit` prefixes whose subtrees were used most (ties: more bytes first).
+  std::vector<PrefixSummary> TopPrefixes(size_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checkpoints and restart (block_image.h, server/checkpoint). A checkpoint
   // takes CaptureModels() once, then CaptureBlocks() batch by batch (each

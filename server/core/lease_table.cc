@@ -79,6 +79,10 @@ void LeaseTable::ForEach(absl::FunctionRef<void(Lease&)> visit) {
   for (auto& [id, lease] : leases_) visit(lease);
 }
 
+void LeaseTable::ForEachWithId(absl::FunctionRef<void(uint64_t, const Lease&)> visit) const {
+  for (const auto& [id, lease] : leases_) visit(id, lease);
+}
+
 void LeaseTable::Clear() {
   leases_.clear();
   by_expiry_.clear();

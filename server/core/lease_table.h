@@ -35,6 +35,7 @@ struct Lease {
   std::vector<Token> tokens;  // the matched tokens, for attention reports
   std::vector<TieredBlock> blocks;
   absl::Time expires;
+  absl::Time created = absl::InfinitePast();  // when it was taken (for the operator's view)
   uint64_t metadata_bytes = 0;  // set by the table: counted in metadata_bytes()
 };
 
@@ -57,6 +58,8 @@ class LeaseTable {
   // costs only what expires.
   void Expire(absl::Time now);
   void ForEach(absl::FunctionRef<void(Lease&)> visit);
+  // Every live lease with its id, in no particular order.
+  void ForEachWithId(absl::FunctionRef<void(uint64_t id, const Lease&)> visit) const;
   void Clear();
 
   size_t size() const { return leases_.size(); }
