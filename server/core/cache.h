@@ -521,6 +521,12 @@ class Cache {
                                                      std::span<const Token> tokens,
                                                      bool include_heads) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for the most used cached sequence that begins with the block of
+  // chain key `first_block_key` (at each block, the child used most).
+  absl::StatusOr<SequenceInspection> InspectHottestPath(const ModelKey& model,
+                                                        uint64_t first_block_key,
+                                                        bool include_heads) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The `limit` prefixes whose subtrees were used most (ties: more bytes first).
   std::vector<PrefixSummary> TopPrefixes(size_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
 

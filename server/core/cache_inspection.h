@@ -153,6 +153,7 @@ struct SequenceInspection {
   std::vector<float> head_activity;
   std::vector<StoredPrecision> head_precision;
   uint64_t attention_reports = 0;  // the model's, so far
+  std::vector<Token> tokens;       // the inspected prefix
 };
 
 // --- TopPrefixes --------------------------------------------------------------
