@@ -433,6 +433,56 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::VerifyBlocksProgress> VerifyBlocks(
+      const v1::VerifyBlocksRequest& req,
+      std::function<bool(const v1::VerifyBlocksProgress&)> on_progress) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    std::unique_ptr<grpc::ClientReader<v1::VerifyBlocksProgress>> reader =
+        admin_->VerifyBlocks(&ctx, req);
+    v1::VerifyBlocksProgress last;
+    v1::VerifyBlocksProgress msg;
+    while (reader->Read(&msg)) {
+      if (on_progress && !on_progress(msg)) {
+        ctx.TryCancel();
+        break;
+      }
+      last = std::move(msg);
+    }
+    absl::Status s = ToAbslStatus(reader->Finish());
+    if (!s.ok()) return s;
+    return last;
+  }
+
+  absl::StatusOr<v1::DumpMemoryResponse> DumpMemory() override {
+    v1::DumpMemoryRequest req;
+    v1::DumpMemoryResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->DumpMemory(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::InspectSequenceResponse> InspectSequence(
+      v1::InspectSequenceRequest req) override {
+    if (req.namespace_().empty()) req.set_namespace_(ns_);
+    v1::InspectSequenceResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->InspectSequence(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<v1::SetLogLevelResponse> SetLogLevel(std::string_view level) override {
+    v1::SetLogLevelRequest req;
+    req.set_level(std::string(level));
+    v1::SetLogLevelResponse resp;
+    absl::Status s = CallWithRetry(
+        [&](grpc::ClientContext* ctx) { return admin_->SetLogLevel(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::StatusOr<v1::GetStatsResponse> GetStats() override {
     v1::GetStatsRequest req;
     v1::GetStatsResponse resp;

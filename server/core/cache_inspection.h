@@ -36,11 +36,11 @@ namespace kvcache {
 // A stored copy that does not match what the index says of it.
 struct BadBlockReport {
   ModelKey model;
-  uint64_t key = 0;        // the block's chain key
-  uint32_t index = 0;      // its position in its sequence
-  std::string tier;        // "host" or "ssd": the copy that failed
-  std::string problem;     // what did not match
-  bool dropped = false;    // removed (with the blocks below it)
+  uint64_t key = 0;      // the block's chain key
+  uint32_t index = 0;    // its position in its sequence
+  std::string tier;      // "host" or "ssd": the copy that failed
+  std::string problem;   // what did not match
+  bool dropped = false;  // removed (with the blocks below it)
 };
 
 struct VerifyProgress {
@@ -116,7 +116,7 @@ struct MemorySnapshot {
 
 // How a token, or a (layer, KV head, token) entry, is stored.
 enum class StoredPrecision : uint8_t {
-  kFull = 0,    // the model's dtype, exact
+  kFull = 0,  // the model's dtype, exact
   kInt8 = 1,
   kInt4 = 2,
   kPruned = 3,  // dropped
@@ -141,10 +141,10 @@ struct SequenceInspection {
   ImportancePolicy policy;
   uint64_t matched_tokens = 0;
   std::vector<InspectedBlock> blocks;
-  std::vector<float> importance;  // the score compaction ranks by, with the weights now
-  std::vector<float> activity;    // decayed attention reports, [0, 1] (faded to now)
-  std::vector<float> novelty;     // [0, 2]
-  std::vector<float> position;    // the position factor
+  std::vector<float> importance;      // the score compaction ranks by, with the weights now
+  std::vector<float> activity;        // decayed attention reports, [0, 1] (faded to now)
+  std::vector<float> novelty;         // [0, 2]
+  std::vector<float> position;        // the position factor
   std::vector<uint8_t> pinned;        // 1: protected by a worker's hints
   std::vector<uint8_t> is_protected;  // 1: kept exact whatever the score
   std::vector<StoredPrecision> precision;
@@ -161,11 +161,11 @@ struct SequenceInspection {
 // The cached sequences that begin with one first block.
 struct PrefixSummary {
   ModelKey model;
-  uint64_t key = 0;          // the first block's chain key
-  uint64_t blocks = 0;       // cached blocks in the subtree
-  uint64_t bytes = 0;        // their stored bytes (host and lower)
-  uint64_t references = 0;   // lookups, fetches and appends that used them
-  uint32_t depth = 0;        // blocks in the longest cached sequence
+  uint64_t key = 0;         // the first block's chain key
+  uint64_t blocks = 0;      // cached blocks in the subtree
+  uint64_t bytes = 0;       // their stored bytes (host and lower)
+  uint64_t references = 0;  // lookups, fetches and appends that used them
+  uint32_t depth = 0;       // blocks in the longest cached sequence
   absl::Time last_access = absl::InfinitePast();
   std::vector<Token> first_tokens;  // the first block's first tokens (at most 16)
 };

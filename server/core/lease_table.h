@@ -36,7 +36,7 @@ struct Lease {
   std::vector<TieredBlock> blocks;
   absl::Time expires;
   absl::Time created = absl::InfinitePast();  // when it was taken (for the operator's view)
-  uint64_t metadata_bytes = 0;  // set by the table: counted in metadata_bytes()
+  uint64_t metadata_bytes = 0;                // set by the table: counted in metadata_bytes()
 };
 
 class LeaseTable {

@@ -47,6 +47,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -265,6 +266,20 @@ class Client {
   virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint() = 0;
   virtual absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints() = 0;
   virtual absl::StatusOr<v1::VerifyCheckpointResponse> VerifyCheckpoint(uint64_t sequence) = 0;
+
+  // The operator's view (docs/operations.md). VerifyBlocks streams the
+  // daemon's progress to `on_progress` (return false to stop; the call then
+  // ends CANCELLED) and returns the last message (done set when the walk
+  // finished); its deadline is the client's timeout. Not retried.
+  // InspectSequence uses the request's namespace, or the client's when empty.
+  // SetLogLevel with an empty level only reads it.
+  virtual absl::StatusOr<v1::VerifyBlocksProgress> VerifyBlocks(
+      const v1::VerifyBlocksRequest& request,
+      std::function<bool(const v1::VerifyBlocksProgress&)> on_progress = nullptr) = 0;
+  virtual absl::StatusOr<v1::DumpMemoryResponse> DumpMemory() = 0;
+  virtual absl::StatusOr<v1::InspectSequenceResponse> InspectSequence(
+      v1::InspectSequenceRequest request) = 0;
+  virtual absl::StatusOr<v1::SetLogLevelResponse> SetLogLevel(std::string_view level) = 0;
 
   // The GPU tier (docs/tiers.md, "The GPU tier"): the daemon's device arenas
   // (an empty device_kind when it has none), and placing the exact cached
