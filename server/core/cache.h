@@ -79,6 +79,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -565,6 +566,13 @@ class Cache {
   friend class AppendSession;
 
   static TieredBlock TakeBlock(const IndexNode& n) { return TieredBlock::Of(n); }
+
+  // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
+  // inspect (under the lock) into its vector (cache_inspection.cc).
+  absl::StatusOr<SequenceInspection> InspectPath(
+      const ModelKey& model, bool include_heads,
+      absl::FunctionRef<void(const ModelState&, std::vector<IndexNode*>*)> find_path) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

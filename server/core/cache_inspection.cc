@@ -1,0 +1,559 @@
+// Cache: the operator's view (cache_inspection.h): verifying stored blocks,
+// memory snapshots, per-token inspection of a cached sequence, top prefixes.
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "server/core/block_move.h"
+#include "server/core/cache.h"
+#include "server/importance/scoring.h"
+
+namespace kvcache {
+namespace {
+
+constexpr size_t kVerifyBatchBlocks = 64;
+
+double SecondsSince(absl::Time earlier, absl::Time now) {
+  if (earlier == absl::InfinitePast()) return 0;
+  return std::max(0.0, absl::ToDoubleSeconds(now - earlier));
+}
+
+// What is wrong with `bytes` as a copy sealed with `seal`; empty when nothing.
+std::string CheckCopy(const BlockSeal& seal, std::span<const std::byte> bytes, uint64_t raw_bytes) {
+  if (bytes.size() != seal.size) {
+    return absl::StrCat("size ", bytes.size(), " differs from the sealed ", seal.size);
+  }
+  if (Checksum(bytes) != seal.checksum) return "checksum of the stored bytes";
+  if (!seal.compressed) {
+    if (bytes.size() != raw_bytes) {
+      return absl::StrCat("raw block of ", bytes.size(), " bytes; the layout's is ", raw_bytes);
+    }
+    return "";
+  }
+  absl::StatusOr<importance::CompressedBlockView> view = importance::ParseCompressedBlock(bytes);
+  if (!view.ok()) return absl::StrCat("compressed format: ", view.status().message());
+  if (view->shape.raw_bytes() != raw_bytes) return "compressed block of another layout";
+  std::vector<std::byte> decoded(raw_bytes);
+  const absl::Status decode = importance::DecodeBlock(*view, decoded);
+  if (!decode.ok()) return absl::StrCat("decoding: ", decode.message());
+  if (Checksum(decoded) != seal.decoded_checksum) return "checksum of the decoded block";
+  return "";
+}
+
+StoredPrecision FromCodec(importance::TokenPrecision p) {
+  switch (p) {
+    case importance::TokenPrecision::kFull:
+      return StoredPrecision::kFull;
+    case importance::TokenPrecision::kInt8:
+      return StoredPrecision::kInt8;
+    case importance::TokenPrecision::kInt4:
+      return StoredPrecision::kInt4;
+    case importance::TokenPrecision::kPruned:
+      return StoredPrecision::kPruned;
+  }
+  return StoredPrecision::kFull;
+}
+
+}  // namespace
+
+// --- VerifyBlocks -------------------------------------------------------------
+
+absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options) {
+  if (!options.prefix.empty() && !options.model.has_value()) {
+    return absl::InvalidArgumentError("a prefix to verify needs its model");
+  }
+  std::optional<BlockHashes> prefix_hashes;
+  if (!options.prefix.empty()) {
+    absl::StatusOr<BlockHashes> hashes = HashBlocks(*options.model, options.prefix);
+    if (!hashes.ok()) return hashes.status();
+    prefix_hashes = *std::move(hashes);
+  }
+  // The blocks to check, by where to find them again: nothing is referenced
+  // until its batch, so a long walk pins no memory.
+  struct Target {
+    const PrefixIndex* index;
+    uint64_t lookup_hash;
+  };
+  std::vector<Target> targets;
+  VerifyProgress total;
+  {
+    MutexLock lock(&mu_);
+    auto add = [&](const IndexNode* n) {
+      mu_.AssertHeld();
+      const bool host = n->payload != nullptr;
+      const bool lower = n->lower != nullptr && options.include_lower;
+      if (!host && !lower) return;
+      targets.push_back({n->index, n->lookup_hash});
+      if (host) {
+        ++total.blocks_total;
+        total.bytes_total += n->payload->size();
+      }
+      if (lower) {
+        ++total.blocks_total;
+        total.bytes_total += n->lower->seal().size;
+      }
+    };
+    if (options.model.has_value()) {
+      absl::StatusOr<ModelState*> m = FindModelLocked(*options.model);
+      if (!m.ok()) return m.status();
+      if (prefix_hashes.has_value()) {
+        std::vector<IndexNode*> path;
+        (*m)->index.Match(options.prefix, *prefix_hashes, &path);
+        for (const IndexNode* n : path) add(n);
+      } else {
+        (*m)->index.VisitPostOrder(add);
+      }
+    } else {
+      for (const auto& [key, m] : models_) {
+        if (!options.ns.empty() && key.ns != options.ns) continue;
+        m->index.VisitPostOrder(add);
+      }
+    }
+  }
+
+  const absl::Time start = absl::Now();
+  absl::Time next_report = start + options.progress_interval;
+  VerifyProgress report;  // what the next callback carries beyond the totals
+  auto send = [&](bool done) {
+    total.done = done;
+    if (!options.on_progress) return true;
+    VerifyProgress p = total;
+    p.bad_blocks = std::move(report.bad_blocks);
+    report.bad_blocks.clear();
+    return options.on_progress(p);
+  };
+  for (size_t first = 0; first < targets.size(); first += kVerifyBatchBlocks) {
+    const size_t last = std::min(targets.size(), first + kVerifyBatchBlocks);
+    struct Claimed {
+      BlockMove move;
+      ModelKey model;
+      uint64_t raw_bytes = 0;
+      uint32_t depth = 0;
+      bool check_lower = false;
+    };
+    std::vector<Claimed> batch;
+    {
+      MutexLock lock(&mu_);
+      for (size_t i = first; i < last; ++i) {
+        const ModelState* m = models_.OfIndex(targets[i].index);
+        const IndexNode* n =
+            m == nullptr ? nullptr : targets[i].index->FindByLookupHash(targets[i].lookup_hash);
+        if (n == nullptr) {
+          ++total.skipped_blocks;
+          continue;
+        }
+        batch.push_back({.move = BlockMove::Claim(*n),
+                         .model = m->key,
+                         .raw_bytes = m->layout.BlockBytes(),
+                         .depth = n->depth,
+                         .check_lower = options.include_lower && n->lower != nullptr});
+      }
+    }
+    for (Claimed& c : batch) {
+      struct Finding {
+        const char* tier;
+        std::string problem;
+      };
+      std::vector<Finding> findings;
+      if (c.move.host() != nullptr) {
+        std::string problem = CheckCopy(c.move.host()->seal(), c.move.host()->data(), c.raw_bytes);
+        ++total.blocks_checked;
+        total.bytes_checked += c.move.host()->size();
+        if (!problem.empty()) findings.push_back({"host", std::move(problem)});
+      }
+      if (c.check_lower && lower_ != nullptr) {
+        const StoredRef& copy = c.move.lower();
+        std::vector<std::byte> bytes(copy->seal().size);
+        const absl::Status read = lower_->Read(*copy, bytes);
+        std::string problem;
+        if (!read.ok()) {
+          problem = std::string(read.message());
+        } else {
+          problem = CheckCopy(copy->seal(), bytes, c.raw_bytes);
+        }
+        ++total.blocks_checked;
+        total.bytes_checked += bytes.size();
+        if (!problem.empty()) findings.push_back({"ssd", std::move(problem)});
+      }
+      for (Finding& f : findings) {
+        BadBlockReport bad{.model = c.model,
+                           .key = c.move.key(),
+                           .index = c.depth,
+                           .tier = f.tier,
+                           .problem = std::move(f.problem)};
+        if (options.drop_bad) {
+          std::vector<BlockRef> dropped;  // freed after the lock
+          MutexLock lock(&mu_);
+          IndexNode* n = c.move.Refind(models_);
+          if (n != nullptr) {
+            ModelState& m = *models_.OfIndex(c.move.index());
+            ++m.corrupt_blocks;
+            const bool lower_only_bad = bad.tier == "ssd" && n->payload != nullptr;
+            if (lower_only_bad) {
+              if (n->lower == c.move.lower()) {
+                LogMoveLocked(*n, "ssd", "none", "verify", n->lower->seal().size);
+                ++tier_.checksum_failures;
+                DropLowerCopyLocked(n);
+                bad.dropped = true;
+              }
+            } else {
+              LogMoveLocked(*n, bad.tier == "ssd" ? "ssd" : "host", "none", "verify",
+                            n->seal().size);
+              const EvictResult removed = RemoveSubtreeLocked(m, n, &dropped);
+              total.dropped_blocks += removed.evicted_blocks;
+              bad.dropped = true;
+            }
+          }
+        }
+        report.bad_blocks.push_back(bad);
+        total.bad_blocks.push_back(std::move(bad));
+        if (options.drop_bad && total.bad_blocks.back().dropped) break;  // the block is gone
+      }
+      c.move.Release();
+      // Throttle: never ahead of max_bytes_per_second since the start.
+      if (options.max_bytes_per_second > 0) {
+        const absl::Duration due = absl::Seconds(static_cast<double>(total.bytes_checked) /
+                                                 static_cast<double>(options.max_bytes_per_second));
+        const absl::Duration ahead = due - (absl::Now() - start);
+        if (ahead > absl::ZeroDuration()) absl::SleepFor(ahead);
+      }
+      if (absl::Now() >= next_report) {
+        next_report = absl::Now() + options.progress_interval;
+        if (!send(false)) {
+          total.done = false;
+          return total;
+        }
+      }
+    }
+  }
+  send(true);
+  total.done = true;
+  return total;
+}
+
+// --- SnapshotMemory -----------------------------------------------------------
+
+MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
+  MemorySnapshot s;
+  s.stats = GetStats();
+  s.slab_classes = pool_->GetClassStats();
+  MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  s.taken = now;
+  std::vector<LeaseSnapshot> leases;
+  leases_.ForEachWithId([&](uint64_t id, const Lease& l) {
+    LeaseSnapshot& out = leases.emplace_back();
+    out.id = id;
+    out.model = l.model;
+    out.tokens = l.matched_tokens;
+    out.blocks = l.blocks.size();
+    for (const TieredBlock& b : l.blocks) out.bytes += b.seal().size;
+    out.created = l.created;
+    out.expires = l.expires;
+  });
+  s.leases_total = leases.size();
+  std::sort(leases.begin(), leases.end(), [](const LeaseSnapshot& a, const LeaseSnapshot& b) {
+    return a.created != b.created ? a.created < b.created : a.id < b.id;
+  });
+  if (leases.size() > max_leases) leases.resize(max_leases);
+  s.leases = std::move(leases);
+  // Blocks a lease holds, by lookup hash per index (a lease keeps no node pointers).
+  absl::flat_hash_map<std::pair<const PrefixIndex*, uint64_t>, int> lease_blocks;
+  leases_.ForEachWithId([&](uint64_t, const Lease& l) {
+    for (const TieredBlock& b : l.blocks) ++lease_blocks[{l.index, b.lookup_hash}];
+  });
+  for (const auto& [key, mp] : models_) {
+    const ModelState& m = *mp;
+    ModelMemory& out = s.models.emplace_back();
+    out.model = key;
+    const uint64_t raw = m.layout.BlockBytes();
+    m.index.VisitPostOrder([&](IndexNode* n) {
+      mu_.AssertHeld();
+      const BlockTokenState& ts = n->tokens_state();
+      if (n->payload != nullptr) {
+        ++out.host_blocks;
+        out.host_bytes += n->payload->size();
+        // The index holds one reference; a reader or a move holds more.
+        if (n->payload.use_count() > 1) ++out.referenced_blocks;
+      }
+      if (n->lower != nullptr) {
+        ++out.lower_blocks;
+        out.lower_bytes += n->lower->seal().size;
+      }
+      if (device_copies_.Find(n) != nullptr) ++out.device_blocks;
+      if (!ts.compressed) {
+        ++out.raw_blocks;
+      } else if (ts.int8_entries + ts.int4_entries + ts.pruned_entries > 0) {
+        ++out.budget_blocks;
+      } else {
+        ++out.int8_blocks;
+      }
+      out.raw_bytes += raw;
+      if (lease_blocks.contains({&m.index, n->lookup_hash})) ++out.leased_blocks;
+      for (uint8_t p : ts.pinned) out.pinned_tokens += p != 0 ? 1 : 0;
+      out.metadata_bytes += n->metadata_bytes;
+    });
+  }
+  return s;
+}
+
+// --- InspectSequence ----------------------------------------------------------
+
+namespace {
+
+// One block of an inspected path, copied out under the lock.
+struct PathBlock {
+  uint32_t depth = 0;
+  uint64_t key = 0;
+  BlockRef host;
+  StoredRef lower;
+  BlockSeal seal;
+  float importance = 0;
+  std::vector<Token> tokens;
+  BlockTokenState state;
+};
+
+}  // namespace
+
+absl::StatusOr<SequenceInspection> Cache::InspectSequence(const ModelKey& model,
+                                                          std::span<const Token> tokens,
+                                                          bool include_heads) const {
+  absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
+  if (!hashes.ok()) return hashes.status();
+  return InspectPath(model, include_heads, [&](const ModelState& m, std::vector<IndexNode*>* path) {
+    m.index.Match(tokens, *hashes, path);
+  });
+}
+
+absl::StatusOr<SequenceInspection> Cache::InspectHottestPath(const ModelKey& model,
+                                                             uint64_t first_block_key,
+                                                             bool include_heads) const {
+  return InspectPath(model, include_heads, [&](const ModelState& m, std::vector<IndexNode*>* path) {
+    // The most used child at each level: children report their subtree's
+    // uses to their parent (post-order visits children first).
+    absl::flat_hash_map<const IndexNode*, std::pair<uint64_t, IndexNode*>> best;
+    absl::flat_hash_map<const IndexNode*, uint64_t> uses;  // of the subtree
+    IndexNode* first = nullptr;
+    m.index.VisitPostOrder([&](IndexNode* n) {
+      const uint64_t mine = uses[n] + n->references;
+      if (n->parent == nullptr) {
+        if (n->key == first_block_key) first = n;
+        return;
+      }
+      uses[n->parent] += mine;
+      auto& [top, child] = best[n->parent];
+      if (child == nullptr || mine > top) {
+        top = mine;
+        child = n;
+      }
+    });
+    for (IndexNode* n = first; n != nullptr;) {
+      path->push_back(n);
+      auto it = best.find(n);
+      n = it == best.end() ? nullptr : it->second.second;
+    }
+  });
+}
+
+absl::StatusOr<SequenceInspection> Cache::InspectPath(
+    const ModelKey& model, bool include_heads,
+    absl::FunctionRef<void(const ModelState&, std::vector<IndexNode*>*)> find_path) const {
+  SequenceInspection out;
+  std::vector<PathBlock> blocks;
+  int64_t sequence_tokens = 0;
+  absl::Time now;
+  double half_life = options_.importance.activity_half_life_seconds;
+  {
+    MutexLock lock(&mu_);
+    absl::StatusOr<ModelState*> found = FindModelLocked(model);
+    if (!found.ok()) return found.status();
+    const ModelState& m = **found;
+    now = clock_->Now();
+    out.layout = m.layout;
+    out.policy = m.policy;
+    out.attention_reports = m.attention_reports;
+    std::vector<IndexNode*> path;
+    find_path(m, &path);
+    if (path.empty()) return out;
+    // The sequence a block belongs to ends at the deepest block cached below
+    // it, as compaction sees it.
+    absl::flat_hash_map<const IndexNode*, uint32_t> deepest;
+    m.index.VisitPostOrder([&](IndexNode* n) {
+      // Children come first; copy out before inserting the parent.
+      const uint32_t d = std::max(deepest[n], n->depth);
+      deepest[n] = d;
+      if (n->parent != nullptr) {
+        uint32_t& pd = deepest[n->parent];
+        pd = std::max(pd, d);
+      }
+    });
+    sequence_tokens = (int64_t{deepest[path.back()]} + 1) * m.layout.block_tokens;
+    blocks.reserve(path.size());
+    for (const IndexNode* n : path) {
+      PathBlock& b = blocks.emplace_back();
+      b.depth = n->depth;
+      b.key = n->key;
+      b.host = n->payload;
+      b.lower = n->lower;
+      b.seal = n->seal();
+      b.importance = n->importance();
+      const std::span<const Token> t = n->tokens();
+      b.tokens.assign(t.begin(), t.end());
+      b.state = n->tokens_state();
+    }
+  }
+
+  const ModelLayout& layout = out.layout;
+  const uint32_t bt = layout.block_tokens;
+  const uint64_t n_tokens = uint64_t{bt} * blocks.size();
+  const uint64_t heads = uint64_t{layout.num_layers} * layout.num_kv_heads;
+  out.matched_tokens = n_tokens;
+  out.tokens.reserve(n_tokens);
+  out.importance.resize(n_tokens);
+  out.activity.assign(n_tokens, 0.0f);
+  out.novelty.assign(n_tokens, 0.0f);
+  out.position.resize(n_tokens);
+  out.pinned.assign(n_tokens, 0);
+  out.is_protected.assign(n_tokens, 0);
+  out.precision.assign(n_tokens, StoredPrecision::kFull);
+  const bool any_heads = std::any_of(blocks.begin(), blocks.end(), [&](const PathBlock& b) {
+    return b.state.head_activity.size() == heads * bt;
+  });
+  if (include_heads) {
+    if (any_heads) out.head_activity.assign(heads * n_tokens, 0.0f);
+    out.head_precision.assign(heads * n_tokens, StoredPrecision::kFull);
+  }
+  const ImportancePolicy& policy = out.policy;
+  for (const PathBlock& b : blocks) {
+    const uint64_t first = uint64_t{b.depth} * bt;
+    const uint64_t base = out.tokens.size();  // this block's first token in the arrays
+    out.tokens.insert(out.tokens.end(), b.tokens.begin(), b.tokens.end());
+    const BlockTokenState& ts = b.state;
+    const double elapsed = SecondsSince(ts.activity_updated, now);
+    for (uint32_t i = 0; i < bt; ++i) {
+      const uint64_t t = base + i;
+      if (ts.activity.size() == bt) {
+        out.activity[t] = importance::DecayActivity(ts.activity[i], elapsed, half_life, 0, 0);
+      }
+      if (ts.novelty.size() == bt) out.novelty[t] = ts.novelty[i];
+      out.position[t] =
+          kernels::PositionFactor(static_cast<int64_t>(first + i), sequence_tokens, policy.params);
+      out.pinned[t] = !ts.pinned.empty() && ts.pinned[i] != 0 ? 1 : 0;
+      const bool structural = importance::IsStructurallyProtected(
+          policy.params, static_cast<int64_t>(first + i), sequence_tokens);
+      const bool kept =
+          out.pinned[t] != 0 || (policy.mode == CompressionMode::kBudget
+                                     ? static_cast<int64_t>(first + i) < policy.params.sink_tokens
+                                     : structural);
+      out.is_protected[t] = kept ? 1 : 0;
+    }
+    importance::ScoreTokens(policy.params, static_cast<int64_t>(first), sequence_tokens,
+                            std::span<const float>(out.activity).subspan(base, bt),
+                            std::span<const float>(out.novelty).subspan(base, bt),
+                            std::span<float>(out.importance).subspan(base, bt));
+    if (include_heads && any_heads && ts.head_activity.size() == heads * bt) {
+      for (uint64_t h = 0; h < heads; ++h) {
+        for (uint32_t i = 0; i < bt; ++i) {
+          out.head_activity[h * n_tokens + base + i] =
+              importance::DecayActivity(ts.head_activity[h * bt + i], elapsed, half_life, 0, 0);
+        }
+      }
+    }
+
+    InspectedBlock& ib = out.blocks.emplace_back();
+    ib.index = b.depth;
+    ib.key = b.key;
+    ib.in_host = b.host != nullptr;
+    ib.in_lower = b.lower != nullptr;
+    ib.lossy = b.seal.compressed;
+    ib.stored_bytes = b.seal.size;
+    ib.raw_bytes = layout.BlockBytes();
+    ib.importance = b.importance;
+    if (!b.seal.compressed) continue;
+    // The precision map is in the stored bytes: the host copy's, or the
+    // lower copy read back (verified) when there is no host copy.
+    std::vector<std::byte> read;
+    std::span<const std::byte> bytes;
+    if (b.host != nullptr) {
+      bytes = b.host->data();
+    } else if (lower_ != nullptr && b.lower != nullptr) {
+      read.resize(b.lower->seal().size);
+      if (!lower_->Read(*b.lower, read).ok()) continue;
+      bytes = read;
+    }
+    absl::StatusOr<importance::CompressedBlockView> view = importance::ParseCompressedBlock(bytes);
+    if (!view.ok()) continue;
+    ib.format_version = view->version;
+    for (uint32_t i = 0; i < bt; ++i) {
+      std::optional<StoredPrecision> token;
+      for (uint32_t l = 0; l < layout.num_layers; ++l) {
+        for (uint32_t h = 0; h < layout.num_kv_heads; ++h) {
+          const StoredPrecision p = FromCodec(view->EntryPrecision(l, h, i));
+          if (!token.has_value()) {
+            token = p;
+          } else if (*token != p) {
+            token = StoredPrecision::kMixed;
+          }
+          if (include_heads) {
+            const uint64_t row = uint64_t{l} * layout.num_kv_heads + h;
+            out.head_precision[row * n_tokens + base + i] = p;
+          }
+        }
+      }
+      out.precision[base + i] = token.value_or(StoredPrecision::kFull);
+    }
+  }
+  return out;
+}
+
+// --- TopPrefixes --------------------------------------------------------------
+
+std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
+  std::vector<PrefixSummary> all;
+  MutexLock lock(&mu_);
+  for (const auto& [key, mp] : models_) {
+    const ModelState& m = *mp;
+    // Post-order: a node's subtree totals are complete when it is visited.
+    absl::flat_hash_map<const IndexNode*, PrefixSummary> sums;
+    m.index.VisitPostOrder([&](IndexNode* n) {
+      // Moved out: inserting the parent's entry may move the map's values.
+      PrefixSummary s;
+      if (auto it = sums.find(n); it != sums.end()) {
+        s = std::move(it->second);
+        sums.erase(it);
+      }
+      ++s.blocks;
+      s.bytes += (n->payload != nullptr ? n->payload->size() : 0) +
+                 (n->lower != nullptr ? n->lower->seal().size : 0);
+      s.references += n->references;
+      s.depth = std::max(s.depth, n->depth + 1);
+      s.last_access = std::max(s.last_access, n->last_access);
+      if (n->parent != nullptr) {
+        PrefixSummary& p = sums[n->parent];
+        p.blocks += s.blocks;
+        p.bytes += s.bytes;
+        p.references += s.references;
+        p.depth = std::max(p.depth, s.depth);
+        p.last_access = std::max(p.last_access, s.last_access);
+        return;
+      }
+      s.model = key;
+      s.key = n->key;
+      const std::span<const Token> t = n->tokens();
+      s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));
+      all.push_back(std::move(s));
+    });
+  }
+  const size_t keep = std::min(limit, all.size());
+  std::partial_sort(all.begin(), all.begin() + static_cast<ptrdiff_t>(keep), all.end(),
+                    [](const PrefixSummary& a, const PrefixSummary& b) {
+                      if (a.references != b.references) return a.references > b.references;
+                      if (a.bytes != b.bytes) return a.bytes > b.bytes;
+                      return a.key < b.key;
+                    });
+  all.resize(keep);
+  return all;
+}
+
+}  // namespace kvcache
