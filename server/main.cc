@@ -30,6 +30,7 @@
 #include "server/core/eviction_policy.h"
 #include "server/core/slab_pool.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
 #include "server/shm/shm_server.h"
 #include "server/tier/gpu_device_tier.h"
@@ -476,6 +477,10 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::info("metrics on http://{}/metrics", metrics_address);
   }
 
+  // Every call is counted per method for GetStats (kvcachectl top) on its
+  // way to the metrics.
+  RpcTally rpc_tally(metrics.get());
+
   const v1::ListenConfig& listen = config.listen();
   int64_t socket_gid = -1;
   if (!listen.socket_group().empty()) {
@@ -515,7 +520,7 @@ int Serve(const v1::ServerConfig& config) {
                                                 .max_frame_bytes = limits.max_message_bytes()},
                                      .copy_threads = shm.copy_threads(),
                                      .parallel_copy_min_bytes = shm.parallel_copy_min_bytes()},
-                                    &cache, metrics.get());
+                                    &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
       return 2;
@@ -544,7 +549,8 @@ int Serve(const v1::ServerConfig& config) {
                    .cuda_built = KVCACHE_CUDA_BUILT != 0,
                    .shm_socket = shm_server ? shm_server->socket_path() : ""}};
   server_options.checkpoints = checkpoints.get();
-  auto server = GrpcServer::Start(server_options, &cache, metrics.get());
+  server_options.rpc_tally = &rpc_tally;
+  auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 2;

@@ -6,58 +6,7 @@
 
 namespace kvcache {
 
-grpc::ServerUnaryReactor* AdminService::Finish(grpc::CallbackServerContext* ctx,
-                                               std::string_view method, absl::Time start) {
-  return FinishWith(ctx, method, start, absl::OkStatus());
-}
-
-grpc::ServerUnaryReactor* AdminService::FinishWith(grpc::CallbackServerContext* ctx,
-                                                   std::string_view method, absl::Time start,
-                                                   const absl::Status& status) {
-  observer_->OnRpcDone(method, status.code(), absl::Now() - start, 0);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContext* ctx,
-                                                      const v1::GetServerInfoRequest*,
-                                                      v1::GetServerInfoResponse* response) {
-  const absl::Time start = absl::Now();
-  response->set_version(identity_.version);
-  response->set_git_revision(identity_.git_revision);
-  response->set_start_time_unix_ms(absl::ToUnixMillis(identity_.start_time));
-  response->set_uptime_seconds(absl::ToInt64Seconds(start - identity_.start_time));
-  for (const std::string& a : identity_.listen_addresses) response->add_listen_addresses(a);
-  response->set_cuda_built(identity_.cuda_built);
-  response->set_shm_socket(identity_.shm_socket);
-  if (checkpoints_ != nullptr) FillCheckpointStatus(*checkpoints_, response->mutable_checkpoint());
-  return Finish(ctx, "GetServerInfo", start);
-}
-
-grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* ctx,
-                                                   const v1::ListModelsRequest* request,
-                                                   v1::ListModelsResponse* response) {
-  const absl::Time start = absl::Now();
-  for (const auto& [key, layout] : cache_->ListModels()) {
-    if (!request->namespace_().empty() && request->namespace_() != key.ns) continue;
-    v1::ModelInfo* info = response->add_models();
-    info->set_namespace_(key.ns);
-    info->set_model_id(key.model_id);
-    *info->mutable_layout() = ToProto(layout);
-    info->set_block_bytes(layout.BlockBytes());
-    if (auto policy = cache_->GetPolicy(key); policy.ok()) {
-      *info->mutable_policy() = ToProto(*policy);
-    }
-  }
-  return Finish(ctx, "ListModels", start);
-}
-
-grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ctx,
-                                                 const v1::GetStatsRequest*,
-                                                 v1::GetStatsResponse* response) {
-  const absl::Time start = absl::Now();
-  const CacheStats stats = cache_->GetStats();
+void FillStats(const CacheStats& stats, v1::GetStatsResponse* response) {
   for (const ModelStats& m : stats.models) {
     v1::ModelStats* out = response->add_models();
     out->set_namespace_(m.model.ns);
@@ -142,6 +91,70 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
   response->set_metadata_bytes(stats.metadata_bytes);
   response->set_staged_bytes(stats.staged_bytes);
   response->set_lease_tokens(stats.lease_tokens);
+}
+
+grpc::ServerUnaryReactor* AdminService::Finish(grpc::CallbackServerContext* ctx,
+                                               std::string_view method, absl::Time start) {
+  return FinishWith(ctx, method, start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AdminService::FinishWith(grpc::CallbackServerContext* ctx,
+                                                   std::string_view method, absl::Time start,
+                                                   const absl::Status& status) {
+  observer_->OnRpcDone(method, status.code(), absl::Now() - start, 0);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                      const v1::GetServerInfoRequest*,
+                                                      v1::GetServerInfoResponse* response) {
+  const absl::Time start = absl::Now();
+  response->set_version(identity_.version);
+  response->set_git_revision(identity_.git_revision);
+  response->set_start_time_unix_ms(absl::ToUnixMillis(identity_.start_time));
+  response->set_uptime_seconds(absl::ToInt64Seconds(start - identity_.start_time));
+  for (const std::string& a : identity_.listen_addresses) response->add_listen_addresses(a);
+  response->set_cuda_built(identity_.cuda_built);
+  response->set_shm_socket(identity_.shm_socket);
+  if (checkpoints_ != nullptr) FillCheckpointStatus(*checkpoints_, response->mutable_checkpoint());
+  return Finish(ctx, "GetServerInfo", start);
+}
+
+grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* ctx,
+                                                   const v1::ListModelsRequest* request,
+                                                   v1::ListModelsResponse* response) {
+  const absl::Time start = absl::Now();
+  for (const auto& [key, layout] : cache_->ListModels()) {
+    if (!request->namespace_().empty() && request->namespace_() != key.ns) continue;
+    v1::ModelInfo* info = response->add_models();
+    info->set_namespace_(key.ns);
+    info->set_model_id(key.model_id);
+    *info->mutable_layout() = ToProto(layout);
+    info->set_block_bytes(layout.BlockBytes());
+    if (auto policy = cache_->GetPolicy(key); policy.ok()) {
+      *info->mutable_policy() = ToProto(*policy);
+    }
+  }
+  return Finish(ctx, "ListModels", start);
+}
+
+grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ctx,
+                                                 const v1::GetStatsRequest*,
+                                                 v1::GetStatsResponse* response) {
+  const absl::Time start = absl::Now();
+  FillStats(cache_->GetStats(), response);
+  if (rpc_tally_ != nullptr) {
+    for (const RpcCount& c : rpc_tally_->Counts()) {
+      v1::RpcCounters* out = response->add_rpcs();
+      out->set_method(c.method);
+      out->set_calls(c.calls);
+      out->set_errors(c.errors);
+      out->set_payload_bytes(c.payload_bytes);
+      out->set_latency_us_sum(c.latency_us_sum);
+    }
+  }
   return Finish(ctx, "GetStats", start);
 }
 

@@ -1,9 +1,11 @@
 // AdminService: the kvcache.v1.Admin gRPC service (server info, models, stats,
-// model policies, unregistering models, checkpoints). Thread-safe. The Cache and RpcObserver must
-// outlive it.
+// model policies, unregistering models, checkpoints, and the operator's view:
+// verifying blocks, memory snapshots, sequence inspection). Thread-safe. The
+// Cache, the RpcObserver and the optional sources must outlive it.
 #ifndef KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 #define KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "server/checkpoint/checkpoint_service.h"
 #include "server/core/cache.h"
 #include "server/rpc/rpc_observer.h"
+#include "server/rpc/rpc_tally.h"
 
 namespace kvcache {
 
@@ -27,15 +30,24 @@ struct ServerIdentity {
 // The checkpoint service's state as the Admin calls report it.
 void FillCheckpointStatus(const checkpoint::CheckpointService& service, v1::CheckpointStatus* out);
 
+// A stats snapshot as GetStats answers it (without the per-method counts).
+void FillStats(const CacheStats& stats, v1::GetStatsResponse* out);
+
+// What the Admin service reads besides the cache; each may be null.
+struct AdminSources {
+  checkpoint::CheckpointService* checkpoints = nullptr;  // null: checkpoints off
+  const RpcTally* rpc_tally = nullptr;                   // GetStats' per-method counts
+};
+
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  // `checkpoints` may be null (checkpoints off).
   AdminService(ServerIdentity identity, Cache* cache, RpcObserver* observer,
-               checkpoint::CheckpointService* checkpoints = nullptr)
+               AdminSources sources = {})
       : identity_(std::move(identity)),
         cache_(cache),
         observer_(observer),
-        checkpoints_(checkpoints) {}
+        checkpoints_(sources.checkpoints),
+        rpc_tally_(sources.rpc_tally) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::GetServerInfoRequest* request,
@@ -62,6 +74,15 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* VerifyCheckpoint(grpc::CallbackServerContext* ctx,
                                              const v1::VerifyCheckpointRequest* request,
                                              v1::VerifyCheckpointResponse* response) override;
+  // admin_inspection.cc
+  grpc::ServerWriteReactor<v1::VerifyBlocksProgress>* VerifyBlocks(
+      grpc::CallbackServerContext* ctx, const v1::VerifyBlocksRequest* request) override;
+  grpc::ServerUnaryReactor* DumpMemory(grpc::CallbackServerContext* ctx,
+                                       const v1::DumpMemoryRequest* request,
+                                       v1::DumpMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* InspectSequence(grpc::CallbackServerContext* ctx,
+                                            const v1::InspectSequenceRequest* request,
+                                            v1::InspectSequenceResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, std::string_view method,
@@ -74,6 +95,9 @@ class AdminService final : public v1::Admin::CallbackService {
   Cache* const cache_;
   RpcObserver* const observer_;
   checkpoint::CheckpointService* const checkpoints_;
+  const RpcTally* const rpc_tally_;
+  // Block verifications running now (each on a thread of its own).
+  std::atomic<int> verifications_{0};
 };
 
 }  // namespace kvcache

@@ -52,6 +52,8 @@ struct GrpcServerOptions {
   ServerIdentity identity;  // listen_addresses is filled in by Start()
   // The Admin service's checkpoint calls; null: checkpoints are off.
   checkpoint::CheckpointService* checkpoints = nullptr;
+  // GetStats' per-method counts (pass the same tally as the observer); null: none.
+  const RpcTally* rpc_tally = nullptr;
 };
 
 class GrpcServer {
