@@ -25,6 +25,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;       // the RPC failed or the input was bad
 inline constexpr int kExitUsage = 2;       // bad command line
 inline constexpr int kExitNotServing = 3;  // status: the health service says NOT_SERVING
+inline constexpr int kExitBadBlocks = 4;   // verify: found blocks that fail their checks
 
 struct Context {
   Client* client = nullptr;
@@ -73,6 +74,40 @@ std::string ToJson(const google::protobuf::Message& msg);
 int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence);
 // The checkpoint lines `status` and `checkpoint list` print.
 void PrintCheckpointStatus(const v1::CheckpointStatus& status, std::ostream& out);
+
+// kvcachectl verify (ctl_inspect.cc): reads stored blocks back in the daemon
+// and checks them; a progress line on a terminal; bad blocks as a table.
+// Exits kExitBadBlocks when any block failed.
+struct VerifyArgs {
+  std::string model;             // empty: every model (of ctx.ns when set)
+  std::vector<uint32_t> prefix;  // non-empty: only this prefix's blocks
+  bool drop_bad = false;
+  bool include_ssd = false;
+  double rate_mib_per_second = 0;  // 0: the daemon's default
+};
+int RunVerify(const Context& ctx, const VerifyArgs& args);
+
+// kvcachectl dump: a memory snapshot, written to a JSON file and summarised
+// as tables (tiers, pool and size classes, models, leases, calls in flight).
+struct DumpArgs {
+  std::string out;       // empty: kvcached-memory-<UTC time>.json (not with --json)
+  bool no_file = false;  // only the tables
+  int max_rows = 20;     // of the leases and calls tables
+};
+int RunDump(const Context& ctx, const DumpArgs& args);
+
+// kvcachectl attention: per-token importance of a cached sequence as an SVG
+// heatmap and a text summary (the most and least important spans).
+struct AttentionArgs {
+  std::string model;
+  std::vector<uint32_t> tokens;  // the sequence, or empty with first_block_key
+  uint64_t first_block_key = 0;  // the most used sequence below this first block
+  std::string svg;               // empty: no file
+  uint32_t tokens_per_row = 64;
+  uint32_t span_tokens = 16;
+  size_t top_spans = 5;
+};
+int RunAttention(const Context& ctx, const AttentionArgs& args);
 
 // Parses token ids separated by commas and/or whitespace; "a-b" is the
 // inclusive range a..b. INVALID_ARGUMENT names the first bad item.

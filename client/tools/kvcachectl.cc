@@ -20,7 +20,8 @@ constexpr const char* kDescription =
     "kvcachectl: inspect and administer a running kvcached (the KV cache daemon).\n"
     "\n"
     "Exit codes: 0 success; 1 the call failed (the message names the gRPC code);\n"
-    "2 bad command line; 3 `status` found the daemon NOT_SERVING.";
+    "2 bad command line; 3 `status` found the daemon NOT_SERVING; 4 `verify` found bad\n"
+    "blocks.";
 
 constexpr const char* kTokensHelp =
     "token ids separated by commas or spaces; A-B is the inclusive range A..B "
@@ -49,8 +50,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI::Option* timeout_option =
       app.add_option("--timeout", timeout_s,
-                     "deadline of each call, in seconds (checkpoint now and verify: 600 unless "
-                     "given)")
+                     "deadline of each call, in seconds (checkpoint now and checkpoint verify: "
+                     "600, verify: 3600 unless given)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
   app.add_flag("--json", json,
@@ -133,6 +134,58 @@ int main(int argc, char** argv) {
   checkpoint->add_option("sequence", checkpoint_sequence,
                          "verify: the checkpoint's sequence (default: the newest complete one)");
 
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "read stored blocks back in the daemon and check each against its checksum and its "
+      "compressed format (throttled, so serving goes on); report bad blocks and, with --drop, "
+      "remove them. The first thing to run when generations repeat themselves");
+  kvcache::ctl::VerifyArgs verify_args;
+  std::string verify_tokens_text;
+  verify->add_option("-m,--model", verify_args.model, "only this model (default: every model)");
+  verify->add_option("--prefix-tokens", verify_tokens_text,
+                     std::string("only this cached prefix (needs --model): ") + kTokensHelp);
+  verify->add_flag("--drop", verify_args.drop_bad,
+                   "remove bad blocks (and the blocks cached below them)");
+  verify->add_flag("--ssd", verify_args.include_ssd, "also read back the SSD tier's copies");
+  verify
+      ->add_option("--rate", verify_args.rate_mib_per_second,
+                   "MiB read back per second at most (default: the daemon's, 256)")
+      ->check(CLI::PositiveNumber);
+
+  CLI::App* dump = app.add_subcommand(
+      "dump",
+      "a memory snapshot: per tier, model and size class (blocks, bytes, precision, slab "
+      "occupancy, fragmentation) and who holds references (leases, calls in flight) with their "
+      "ages; written as JSON to a file and summarised as tables");
+  kvcache::ctl::DumpArgs dump_args;
+  dump->add_option("-o,--out", dump_args.out,
+                   "JSON file to write (default: kvcached-memory-<UTC time>.json here)");
+  dump->add_flag("--no-file", dump_args.no_file, "print the tables only");
+
+  CLI::App* attention = app.add_subcommand(
+      "attention",
+      "why the daemon kept what it kept: per-token importance, attention reports (per layer "
+      "when the model reports per head), protected tokens and stored precision of a cached "
+      "sequence, as an SVG heatmap and a text summary of the most and least important spans");
+  kvcache::ctl::AttentionArgs attention_args;
+  std::string attention_tokens_text, attention_tokens_file;
+  attention->add_option("-m,--model", attention_args.model, "model id")->required();
+  auto* at = attention->add_option("--tokens", attention_tokens_text, kTokensHelp);
+  auto* af = attention->add_option("--tokens-file", attention_tokens_file,
+                                   "file of token ids (- for stdin)");
+  auto* ak = attention->add_option(
+      "--key", attention_args.first_block_key,
+      "instead of tokens: the most used sequence that begins with the block of this chain key "
+      "(the status page's top prefixes list them)");
+  at->excludes(af)->excludes(ak);
+  af->excludes(ak);
+  attention->add_option("--svg", attention_args.svg, "write the heatmap to this SVG file");
+  attention->add_option("--span", attention_args.span_tokens, "tokens per span in the summary")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  attention->add_option("--top", attention_args.top_spans, "spans listed at each end")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -144,8 +197,9 @@ int main(int argc, char** argv) {
   options.target = target;
   options.ns = ns;
   // Writing or reading back a checkpoint of a large cache takes minutes.
-  if (checkpoint->parsed() && checkpoint_action != "list" && timeout_option->count() == 0) {
-    timeout_s = 600;
+  if (((checkpoint->parsed() && checkpoint_action != "list") || verify->parsed()) &&
+      timeout_option->count() == 0) {
+    timeout_s = verify->parsed() ? 3600 : 600;
   }
   options.timeout = absl::Seconds(timeout_s);
   if (data_path == "grpc") options.data_path = kvcache::DataPath::kGrpc;
@@ -170,6 +224,37 @@ int main(int argc, char** argv) {
   };
 
   if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
+  if (verify->parsed()) {
+    if (!verify_tokens_text.empty()) {
+      absl::StatusOr<std::vector<uint32_t>> prefix = kvcache::ctl::ParseTokens(verify_tokens_text);
+      if (!prefix.ok() || verify_args.model.empty()) {
+        std::cerr << "kvcachectl: verify: "
+                  << (prefix.ok() ? "--prefix-tokens needs --model" : prefix.status().message())
+                  << '\n';
+        return kExitUsage;
+      }
+      verify_args.prefix = *std::move(prefix);
+    }
+    return kvcache::ctl::RunVerify(ctx, verify_args);
+  }
+  if (dump->parsed()) return kvcache::ctl::RunDump(ctx, dump_args);
+  if (attention->parsed()) {
+    if (at->count() + af->count() + ak->count() == 0) {
+      std::cerr << "kvcachectl: attention: give the sequence with --tokens, --tokens-file or "
+                   "--key\n";
+      return kExitUsage;
+    }
+    if (ak->count() == 0) {
+      absl::StatusOr<std::vector<uint32_t>> tokens =
+          tokens_of(attention_tokens_text, attention_tokens_file);
+      if (!tokens.ok()) {
+        std::cerr << "kvcachectl: attention: " << tokens.status().message() << '\n';
+        return kExitUsage;
+      }
+      attention_args.tokens = *std::move(tokens);
+    }
+    return kvcache::ctl::RunAttention(ctx, attention_args);
+  }
   if (checkpoint->parsed()) {
     return kvcache::ctl::RunCheckpoint(ctx, checkpoint_action, checkpoint_sequence);
   }

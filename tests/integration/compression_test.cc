@@ -20,6 +20,7 @@
 #include "server/importance/block_codec.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
+#include "tests/integration/run_command.h"
 
 namespace kvcache::testing {
 namespace {
@@ -29,18 +30,6 @@ using ::testing::HasSubstr;
 constexpr uint32_t kBt = 16;
 constexpr uint32_t kBlocks = 4;
 constexpr char kModel[] = "imp";
-
-std::string RunCommand(const std::string& command, int* exit_code) {
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  std::string out;
-  if (pipe == nullptr) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
 
 class ImportanceDaemonTest : public ::testing::Test {
  protected:
@@ -83,9 +72,10 @@ class ImportanceDaemonTest : public ::testing::Test {
     return false;
   }
   std::string Ctl(const std::string& args, int* exit_code) {
-    return RunCommand(
-        absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " ", args),
-        exit_code);
+    CommandResult r = RunCommand(
+        absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " ", args));
+    *exit_code = r.exit_code;
+    return r.output;
   }
 
   std::string config_path_;
@@ -245,9 +235,10 @@ TEST_F(ImportanceDaemonTest, ReportsPolicyChangesAndMetrics) {
   const std::string stats = Ctl("stats", &code);
   EXPECT_THAT(stats, HasSubstr("PRUNED_TOKENS"));
 
-  const std::string scrape = RunCommand(
-      absl::StrCat("curl -sf http://127.0.0.1:", daemon_->metrics_port(), "/metrics"), &code);
-  ASSERT_EQ(code, 0);
+  const CommandResult scraped =
+      RunCommand(absl::StrCat("curl -sf http://127.0.0.1:", daemon_->metrics_port(), "/metrics"));
+  ASSERT_EQ(scraped.exit_code, 0);
+  const std::string& scrape = scraped.output;
   for (const char* name :
        {"kvcached_model_tokens{namespace=\"default\",model=\"imp\",precision=\"int8\"}",
         "kvcached_model_tokens{namespace=\"default\",model=\"imp\",precision=\"pruned\"}",

@@ -12,31 +12,12 @@
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
+#include "tests/integration/run_command.h"
 
 namespace kvcache::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult RunCommand(const std::string& command, const std::string& stdin_text = "") {
-  const std::string full =
-      stdin_text.empty() ? command + " 2>&1"
-                         : absl::StrCat("printf '%s' '", stdin_text, "' | ", command, " 2>&1");
-  CommandResult r;
-  std::FILE* pipe = ::popen(full.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 class OpsTest : public ::testing::Test {
  protected:
