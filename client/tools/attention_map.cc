@@ -112,7 +112,7 @@ std::string AttentionSvg(const v1::InspectSequenceResponse& r, const AttentionSv
   const std::vector<std::vector<float>> layers = LayerActivity(r);
   const int activity_rows = layers.empty() ? 1 : static_cast<int>(layers.size());
   const int row_height = kCell + kStripe + 2;
-  const int width = kMargin * 2 + kLabelWidth + per_row * kCell;
+  const int width = std::max(kMargin * 2 + kLabelWidth + per_row * kCell, 760);  // room for the captions
   const int heat_top = kMargin + 44;
   const int activity_top = heat_top + rows * row_height + 40;
   const int legend_top = activity_top + activity_rows * kCell + 24;
