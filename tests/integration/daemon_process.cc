@@ -1,5 +1,6 @@
 #include "tests/integration/daemon_process.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -156,6 +157,21 @@ std::pair<int, std::string> RunShell(const std::string& command) {
   while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
   const int status = ::pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+bool DaemonProcess::CorruptSsdFile() const {
+  const int fd = ::open(ssd_path().c_str(), O_RDWR);
+  if (fd < 0) return false;
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  bool ok = size > 0;
+  for (off_t page = 0; ok && page < size; page += 4096) {
+    unsigned char byte;
+    ok = ::pread(fd, &byte, 1, page + 2048) == 1;
+    byte ^= 0xa5;
+    ok = ok && ::pwrite(fd, &byte, 1, page + 2048) == 1;
+  }
+  ::close(fd);
+  return ok;
 }
 
 }  // namespace kvcache::testing

@@ -51,6 +51,10 @@ class DaemonProcess {
   const std::string& dir() const { return dir_; }
   // The SSD tier's file when DaemonOptions::ssd_bytes is set.
   std::string ssd_path() const { return dir_ + "/ssd.bin"; }
+  // Flips a byte in the middle of every 4 KiB page of the SSD tier's file:
+  // every header and payload on it is damaged. False when the file cannot be
+  // read or written.
+  bool CorruptSsdFile() const;
 
   // A client in `ns` (empty: default) over the Unix socket, on the data path
   // TestDataPath() names.

@@ -75,20 +75,6 @@ class VerifyAndDumpTest : public ::testing::Test {
     return RunCommand(
         absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " ", args));
   }
-  // Flips a byte in the middle of every 4 KiB page of the SSD tier's file.
-  void CorruptTheSsd() {
-    const int fd = ::open(daemon_->ssd_path().c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << daemon_->ssd_path();
-    const off_t size = ::lseek(fd, 0, SEEK_END);
-    for (off_t page = 0; page < size; page += 4096) {
-      unsigned char byte;
-      ASSERT_EQ(::pread(fd, &byte, 1, page + 2048), 1);
-      byte ^= 0xa5;
-      ASSERT_EQ(::pwrite(fd, &byte, 1, page + 2048), 1);
-    }
-    ::close(fd);
-  }
-
   static constexpr int kSequences = 24;
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
@@ -104,7 +90,7 @@ TEST_F(VerifyAndDumpTest, VerifyFindsBytesCorruptedOnDiskAndDropsThem) {
   EXPECT_EQ(clean.exit_code, 0) << clean.output;
   EXPECT_THAT(clean.output, HasSubstr("no bad blocks"));
 
-  CorruptTheSsd();
+  ASSERT_TRUE(daemon_->CorruptSsdFile()) << daemon_->ssd_path();
   CommandResult host_only = Ctl("verify");  // host copies are intact
   EXPECT_EQ(host_only.exit_code, 0) << host_only.output;
 

@@ -175,20 +175,8 @@ TEST_F(TierDaemonTest, BytesCorruptedOnDiskAreDetectedAndNeverServed) {
   auto first = client_->Lookup("m", Sequence(0));
   ASSERT_TRUE(first.ok());
   ASSERT_EQ(first->blocks.front().tier(), "ssd");
-  // Flip a byte in the middle of every 4 KiB page of the tier's file:
-  // every header and every payload on it is damaged now.
-  {
-    const int fd = ::open(daemon_->ssd_path().c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << daemon_->ssd_path();
-    const off_t size = ::lseek(fd, 0, SEEK_END);
-    for (off_t page = 0; page < size; page += 4096) {
-      unsigned char byte;
-      ASSERT_EQ(::pread(fd, &byte, 1, page + 2048), 1);
-      byte ^= 0xa5;
-      ASSERT_EQ(::pwrite(fd, &byte, 1, page + 2048), 1);
-    }
-    ::close(fd);
-  }
+  // Every header and every payload on the tier's file is damaged now.
+  ASSERT_TRUE(daemon_->CorruptSsdFile()) << daemon_->ssd_path();
   // Blocks on SSD are dropped when read; whatever is served is exact.
   uint64_t short_fetches = 0;
   for (int s = 0; s < kSequences; ++s) {
