@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kCell = 14;  // px, a token's square
 constexpr int kPitch = 15;
-constexpr int kLayerRow = 8;  // px, a layer's row
+constexpr int kLayerRow = 12;  // px, a layer's row
 constexpr int kLayerLabel = 40;
 constexpr int kLayerWidth = 960;
 
@@ -101,7 +101,7 @@ void AppendLayers(const SequenceInspection& s, size_t tokens, std::string* out) 
                   "\" xmlns=\"http://www.w3.org/2000/svg\">");
   for (size_t l = 0; l < layers; ++l) {
     const double y = static_cast<double>(l * kLayerRow);
-    absl::StrAppend(out, "<text x=\"0\" y=\"", y + kLayerRow - 1, "\" font-size=\"8\">L", l,
+    absl::StrAppend(out, "<text x=\"0\" y=\"", y + kLayerRow - 1, "\" font-size=\"10\">L", l,
                     "</text>");
     for (size_t b = 0; b < bins; ++b) {
       const size_t first = b * tokens / bins;

@@ -318,7 +318,10 @@ HttpResponse ServeAttention(const StatusSource& source, const StatusPageOptions&
   std::optional<uint64_t> key = ParseKey(*key_text);
   if (!key.has_value()) return BadQuery("key is not a block key (up to 16 hex digits).");
   absl::StatusOr<SequenceInspection> s = source.InspectPrefix(key_of, *key);
-  const int status = s.ok() ? 200 : absl::IsNotFound(s.status()) ? 404 : 500;
+  // A key no cached sequence begins with inspects as an empty sequence.
+  const int status = !s.ok()                  ? (absl::IsNotFound(s.status()) ? 404 : 500)
+                     : s->matched_tokens == 0 ? 404
+                                              : 200;
   return Html(status, RenderAttentionPage(options, key_of, *key, s));
 }
 

@@ -119,6 +119,7 @@ class FakeSource final : public StatusSource {
   }
   absl::StatusOr<SequenceInspection> InspectPrefix(const ModelKey& model,
                                                    uint64_t key) const override {
+    if (key == 0x9999) return SequenceInspection{};  // nothing cached below it
     if (key != 0x1234) return absl::NotFoundError("no cached sequence begins with that block");
     last_model = model;
     return Sequence(20, /*heads=*/true);
@@ -291,6 +292,9 @@ TEST(StatusPagesServedTest, ServeBothPagesWithTheirStatus) {
   EXPECT_EQ(source->last_model, (ModelKey{"team", "a/b"}));
 
   EXPECT_EQ(Get(port, "/status/attention?ns=team&model=m&key=99").status, 404);
+  Reply empty = Get(port, "/status/attention?ns=team&model=m&key=9999");
+  EXPECT_EQ(empty.status, 404);
+  EXPECT_THAT(empty.body, HasSubstr("Nothing of this sequence is cached"));
   EXPECT_EQ(Get(port, "/status/attention?ns=team&model=m").status, 400);
   EXPECT_EQ(Get(port, "/status/attention?ns=team&model=m&key=xyz").status, 400);
   EXPECT_EQ(Get(port, "/status/attention?ns=team&model=m&key=12345678901234567").status, 400);
