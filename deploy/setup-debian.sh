@@ -8,10 +8,12 @@ packages=(
   build-essential cmake ninja-build pkg-config git curl
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libspdlog-dev prometheus-cpp-dev libcli11-dev libzstd-dev nlohmann-json3-dev libxxhash-dev liburing-dev
+  libspdlog-dev prometheus-cpp-dev libcivetweb-dev civetweb libcli11-dev libzstd-dev nlohmann-json3-dev libxxhash-dev liburing-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # peers the tests and benchmarks talk to
   python3 python3-grpcio python3-protobuf prometheus redis-server redis-tools memcached
+  # the status page's browser test (tests/integration/status_page_test.sh)
+  chromium
   # the real-model evaluation's Python environment (numpy, gguf and the model come from PyPI)
   python3-venv python3-pip
 )

@@ -29,10 +29,14 @@
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/slab_pool.h"
+#include "server/http/http_server.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
 #include "server/shm/shm_server.h"
+#include "server/status/cache_status_source.h"
+#include "server/status/event_log.h"
+#include "server/status/status_page.h"
 #include "server/tier/gpu_device_tier.h"
 #include "server/tier/ssd_block_store.h"
 
@@ -244,9 +248,11 @@ std::shared_ptr<spdlog::logger> OpenMigrationLog(const v1::LoggingConfig& c) {
   }
 }
 
-// Writes the moves since the last call to the migration log.
-void WriteMoves(Cache& cache, spdlog::logger* log) {
+// Writes the moves since the last call to the migration log and the status
+// page's event log.
+void WriteMoves(Cache& cache, spdlog::logger* log, EventLog* events) {
   for (const MoveRecord& m : cache.DrainMoves()) {
+    if (events != nullptr) events->AddMove(m);
     if (log == nullptr) continue;
     log->info("key={:016x} from={} to={} reason={} bytes={} us={}", m.key, m.from, m.to, m.reason,
               m.bytes, absl::ToInt64Microseconds(m.took));
@@ -256,9 +262,10 @@ void WriteMoves(Cache& cache, spdlog::logger* log) {
 // Demotes cold host blocks to the lower tier whenever the host is past its
 // high watermark, drops GPU tier copies past its own, and writes the moves to
 // the migration log, until `stopping`.
-void RunMigrator(Cache& cache, spdlog::logger* migration_log, const std::atomic<bool>& stopping) {
+void RunMigrator(Cache& cache, spdlog::logger* migration_log, EventLog* events,
+                 const std::atomic<bool>& stopping) {
   while (!stopping.load()) {
-    WriteMoves(cache, migration_log);
+    WriteMoves(cache, migration_log, events);
     if (!cache.NeedsMigration()) {
       absl::SleepFor(absl::Milliseconds(20));
       continue;
@@ -274,7 +281,7 @@ void RunMigrator(Cache& cache, spdlog::logger* migration_log, const std::atomic<
       absl::SleepFor(absl::Milliseconds(20));  // nothing movable now (all leased or in use)
     }
   }
-  WriteMoves(cache, migration_log);
+  WriteMoves(cache, migration_log, events);
 }
 
 // The SSD tier of ssd_tier, or null when it is off. An error when it cannot be
@@ -350,6 +357,57 @@ CheckpointCounters CheckpointCountersOf(const checkpoint::CheckpointServiceStatu
     c.last_bytes = s.last->data_bytes;
   }
   return c;
+}
+
+// The status page's event log, fed the default logger's warnings and errors
+// from now on (and the tier moves, by the migrator). Called before any thread
+// that logs has started: a logger's sinks are not guarded.
+std::shared_ptr<EventLog> AttachEventLog(const v1::StatusPageConfig& c) {
+  auto events = std::make_shared<EventLog>(c.recent_events());
+  spdlog::default_logger()->sinks().push_back(NewEventLogSink(events));
+  return events;
+}
+
+// What the status page says of this daemon.
+StatusIdentity StatusIdentityOf(const v1::ListenConfig& listen) {
+  StatusIdentity id{.version = KVCACHE_VERSION,
+                    .git_revision = KVCACHE_GIT_REVISION,
+                    .start_time = absl::Now(),
+                    .listen_addresses = {},
+                    .cuda_built = KVCACHE_CUDA_BUILT != 0};
+  if (const std::string tcp = Enabled(listen.tcp_address()); !tcp.empty()) {
+    id.listen_addresses.push_back(tcp);
+  }
+  if (const std::string socket = Enabled(listen.unix_socket()); !socket.empty()) {
+    id.listen_addresses.push_back("unix:" + socket);
+  }
+  if (const std::string shm = ShmSocketPath(listen); !shm.empty()) {
+    id.listen_addresses.push_back("shm:" + shm);
+  }
+  return id;
+}
+
+// The read-only HTTP endpoint on listen.metrics_address: /metrics and, with
+// status_page.enabled, the status pages. Null when the address is "none".
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpEndpoint(
+    const v1::ServerConfig& config, const Metrics& metrics,
+    std::shared_ptr<const StatusSource> status) {
+  const std::string address = Enabled(config.listen().metrics_address());
+  if (address.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start({.address = address});
+  if (!server.ok()) {
+    return absl::Status(server.status().code(),
+                        absl::StrCat("listen.metrics_address: ", server.status().message()));
+  }
+  metrics.ServeOn(**server);
+  spdlog::info("metrics on http://{}/metrics", address);
+  if (config.status_page().enabled()) {
+    ServeStatusPages(**server, std::move(status),
+                     {.show_tokens = config.status_page().show_tokens()});
+    spdlog::info("status page on http://{}/status{}", address,
+                 config.status_page().show_tokens() ? " (showing token ids)" : "");
+  }
+  return server;
 }
 
 int Serve(const v1::ServerConfig& config) {
@@ -463,18 +521,15 @@ int Serve(const v1::ServerConfig& config) {
     if (checkpoints != nullptr) stats.checkpoint = CheckpointCountersOf(checkpoints->Status());
     return stats;
   };
-  std::unique_ptr<Metrics> metrics;
-  const std::string metrics_address = Enabled(config.listen().metrics_address());
-  if (metrics_address.empty()) {
-    metrics = Metrics::CreateUnexposed(stats_source);
-  } else {
-    auto started = Metrics::Start(metrics_address, stats_source);
-    if (!started.ok()) {
-      spdlog::error("{}", started.status().ToString());
-      return 2;
-    }
-    metrics = *std::move(started);
-    spdlog::info("metrics on http://{}/metrics", metrics_address);
+  std::unique_ptr<Metrics> metrics = Metrics::CreateUnexposed(stats_source);
+  std::shared_ptr<EventLog> events = AttachEventLog(config.status_page());
+  auto http = StartHttpEndpoint(
+      config, *metrics,
+      std::make_shared<CacheStatusSource>(&cache, StatusIdentityOf(config.listen()),
+                                          ConfigToJson(config), events, stats_source));
+  if (!http.ok()) {
+    spdlog::error("{}", http.status().ToString());
+    return 2;
   }
 
   // Every call is counted per method for GetStats (kvcachectl top) on its
@@ -568,7 +623,8 @@ int Serve(const v1::ServerConfig& config) {
   std::shared_ptr<spdlog::logger> migration_log;
   if (*ssd != nullptr || *gpu != nullptr) {
     migration_log = OpenMigrationLog(config.logging());
-    migrator = std::thread([&] { RunMigrator(cache, migration_log.get(), stopping); });
+    migrator =
+        std::thread([&] { RunMigrator(cache, migration_log.get(), events.get(), stopping); });
   }
 
   int signal_number = 0;

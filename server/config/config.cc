@@ -25,6 +25,10 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateStatusPage(const v1::StatusPageConfig& p) {
+  return CheckRange("status_page.recent_events", p.recent_events(), 1, 10000);
+}
+
 absl::Status ValidateGpuTier(const v1::GpuTierConfig& g) {
   if (g.kind().empty()) return absl::OkStatus();
   if (g.kind() != "cuda" && g.kind() != "host_stand_in") {
@@ -277,6 +281,10 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!ckpt->has_restore_on_start()) ckpt->set_restore_on_start(true);
   if (!ckpt->has_on_shutdown()) ckpt->set_on_shutdown(true);
 
+  v1::StatusPageConfig* status_page = c->mutable_status_page();
+  if (!status_page->has_enabled()) status_page->set_enabled(true);
+  if (status_page->recent_events() == 0) status_page->set_recent_events(50);
+
   v1::ShmConfig* shm = c->mutable_shm();
   if (shm->max_connections() == 0) shm->set_max_connections(256);
   if (shm->max_regions_per_connection() == 0) shm->set_max_regions_per_connection(64);
@@ -474,6 +482,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
   if (auto s = ValidateGpuTier(c.gpu_tier()); !s.ok()) return s;
   if (auto s = ValidateCheckpoint(c.checkpoint()); !s.ok()) return s;
+  if (auto s = ValidateStatusPage(c.status_page()); !s.ok()) return s;
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
       level != "error") {

@@ -404,3 +404,25 @@ TEST(ConfigTest, EvictionPolicyDefaultsAndExplicitZeros) {
 
 }  // namespace
 }  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+TEST(ConfigTest, StatusPageDefaultsAndBounds) {
+  const v1::StatusPageConfig d = DefaultConfig().status_page();
+  EXPECT_TRUE(d.enabled());
+  EXPECT_FALSE(d.show_tokens());
+  EXPECT_EQ(d.recent_events(), 50u);
+  auto c = ParseConfigJson(
+      R"({"status_page": {"enabled": false, "show_tokens": true, "recent_events": 7}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->status_page().enabled());
+  EXPECT_TRUE(c->status_page().show_tokens());
+  EXPECT_EQ(c->status_page().recent_events(), 7u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  c->mutable_status_page()->set_recent_events(10001);
+  EXPECT_THAT(std::string(ValidateConfig(*c).message()), HasSubstr("status_page.recent_events"));
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -2,12 +2,10 @@
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include <exception>
 #include <limits>
 #include <span>
 #include <string>
@@ -121,7 +119,7 @@ class CacheCollector final : public prometheus::Collectable {
 struct Metrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::shared_ptr<CacheCollector> collector;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<HttpServer> server;  // Start()'s own
   prometheus::Family<prometheus::Counter>* rpcs = nullptr;
   prometheus::Family<prometheus::Histogram>* latency = nullptr;
   prometheus::Family<prometheus::Counter>* payload = nullptr;
@@ -130,7 +128,10 @@ struct Metrics::Impl {
 };
 
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Metrics::~Metrics() = default;
+Metrics::~Metrics() {
+  // Start()'s server first: its requests render from the rest of Impl.
+  if (impl_->server != nullptr) impl_->server->Stop();
+}
 
 std::unique_ptr<Metrics> Metrics::CreateUnexposed(StatsSource stats) {
   auto impl = std::make_unique<Impl>();
@@ -161,14 +162,13 @@ std::unique_ptr<Metrics> Metrics::CreateUnexposed(StatsSource stats) {
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& address,
                                                         StatsSource stats) {
   std::unique_ptr<Metrics> metrics = CreateUnexposed(std::move(stats));
-  try {
-    metrics->impl_->exposer = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics exposer cannot listen on ", address, ": ", e.what()));
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start({.address = address});
+  if (!server.ok()) {
+    return absl::Status(server.status().code(),
+                        absl::StrCat("metrics endpoint: ", server.status().message()));
   }
-  metrics->impl_->exposer->RegisterCollectable(metrics->impl_->registry);
-  metrics->impl_->exposer->RegisterCollectable(metrics->impl_->collector);
+  metrics->impl_->server = *std::move(server);
+  metrics->ServeOn(*metrics->impl_->server);
   return metrics;
 }
 
@@ -198,10 +198,12 @@ std::string Metrics::Render() const {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-int Metrics::port() const {
-  if (impl_->exposer == nullptr) return 0;
-  auto ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
+void Metrics::ServeOn(HttpServer& server) const {
+  server.Handle("/metrics", [this](const HttpRequest&) {
+    return HttpResponse{.content_type = "text/plain; version=0.0.4", .body = Render()};
+  });
 }
+
+int Metrics::port() const { return impl_->server == nullptr ? 0 : impl_->server->port(); }
 
 }  // namespace kvcache

@@ -9,7 +9,11 @@
 // name: this module names no cache counter itself, only the importance score
 // histogram. Names and labels are listed in docs/metrics.md.
 //
-// Thread-safe. The stats source must stay callable while the exposer runs.
+// Served over HTTP by server/http: Start() runs a server of its own that
+// serves /metrics alone; the daemon instead serves /metrics next to the status
+// pages on one HttpServer (ServeOn).
+//
+// Thread-safe. The stats source must stay callable while a server serves it.
 #ifndef KVCACHE_SERVER_METRICS_METRICS_H_
 #define KVCACHE_SERVER_METRICS_METRICS_H_
 
@@ -19,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/core/cache_stats.h"
+#include "server/http/http_server.h"
 #include "server/rpc/rpc_observer.h"
 
 namespace kvcache {
@@ -27,7 +32,8 @@ class Metrics : public RpcObserver {
  public:
   using StatsSource = std::function<CacheStats()>;
 
-  // Serves /metrics on `address` ("host:port"). UNAVAILABLE when it cannot bind.
+  // Serves /metrics on `address` ("host:port"; port 0 picks one, see port())
+  // with an HttpServer of its own. UNAVAILABLE when it cannot bind.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& address,
                                                         StatsSource stats);
   // Collects without serving (for tests and for a daemon with metrics off).
@@ -41,7 +47,11 @@ class Metrics : public RpcObserver {
 
   // The exposition text a scrape would return now.
   std::string Render() const;
-  // The port the exposer bound (0 when unexposed).
+  // Serves Render() at /metrics on `server`, as Prometheus text (content type
+  // "text/plain; version=0.0.4"). REQUIRES: this Metrics outlives the
+  // server (or its Stop()).
+  void ServeOn(HttpServer& server) const;
+  // The port Start() bound (0 when unexposed or served by ServeOn alone).
   int port() const;
 
  private:

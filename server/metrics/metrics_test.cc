@@ -383,6 +383,14 @@ TEST(MetricsTest, ListsPerModelFamiliesWithoutModels) {
 TEST(MetricsTest, ExposerRefusesABadAddress) {
   auto metrics = Metrics::Start("256.0.0.1:1", SampleStats);
   EXPECT_EQ(metrics.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(metrics.status().message()), HasSubstr("256.0.0.1:1"));
+}
+
+TEST(MetricsTest, StartReportsThePortItPicked) {
+  auto metrics = Metrics::Start("127.0.0.1:0", SampleStats);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_GT((*metrics)->port(), 0);
+  EXPECT_EQ(Metrics::CreateUnexposed(SampleStats)->port(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+// The daemon's read-only status pages, served next to /metrics on
+// listen.metrics_address (docs/status_page.md):
+//
+//   /status            version and uptime, the configuration, the tiers and
+//                      their usage, the models and their policies, the top
+//                      prefixes by uses and by bytes, recent warnings and
+//                      errors, recent tier moves, and the attention map of
+//                      the most used prefix
+//   /status/attention  the attention map of one cached sequence:
+//                      ?ns=NS&model=ID&key=FIRST_BLOCK_KEY (hex), or
+//                      ?model=NS/ID&key=... (the namespace ends at the
+//                      first '/')
+//
+// Server-rendered HTML with inline CSS and SVG, no scripts (the pages send a
+// Content-Security-Policy that forbids them). Every string from the cache or
+// the config is HTML-escaped. Token ids appear only with
+// StatusPageOptions::show_tokens; otherwise the pages show keys, counts and
+// scores. Elements carry stable ids (#version, #config, #tiers, #models,
+// #top-prefixes, #recent-errors, #recent-migrations, #attention) for tests
+// and for operators' scrapers.
+//
+// The pages read everything through a StatusSource (plain values), so they
+// are rendered and tested without a cache; CacheStatusSource
+// (cache_status_source.h) is the daemon's. Rendering is thread-safe when the
+// source is.
+#ifndef KVCACHE_SERVER_STATUS_STATUS_PAGE_H_
+#define KVCACHE_SERVER_STATUS_STATUS_PAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/cache_inspection.h"
+#include "server/core/cache_stats.h"
+#include "server/core/layout.h"
+#include "server/http/http_server.h"
+#include "server/status/event_log.h"
+
+namespace kvcache {
+
+// Who is serving: shown in #version.
+struct StatusIdentity {
+  std::string version;
+  std::string git_revision;
+  absl::Time start_time;
+  std::vector<std::string> listen_addresses;
+  bool cuda_built = false;
+};
+
+// What the pages show, as plain values. Implementations must be thread-safe:
+// requests are served on several threads.
+class StatusSource {
+ public:
+  virtual ~StatusSource() = default;
+  virtual StatusIdentity Identity() const = 0;
+  // The configuration in effect, as JSON text.
+  virtual std::string ConfigJson() const = 0;
+  virtual CacheStats Stats() const = 0;
+  // The `limit` prefixes used most (ties: more bytes first).
+  virtual std::vector<PrefixSummary> TopPrefixes(size_t limit) const = 0;
+  // Newest first.
+  virtual std::vector<LoggedMessage> RecentErrors() const = 0;
+  virtual std::vector<LoggedMove> RecentMoves() const = 0;
+  // The most used cached sequence that begins with the block of chain key
+  // `first_block_key`, with per-head maps when the model has them.
+  virtual absl::StatusOr<SequenceInspection> InspectPrefix(const ModelKey& model,
+                                                           uint64_t first_block_key) const = 0;
+};
+
+struct StatusPageOptions {
+  bool show_tokens = false;  // status_page.show_tokens
+  // Rows of each top-prefix table, and how many prefixes are asked for to
+  // rank by bytes among them.
+  size_t top_prefixes = 20;
+  size_t ranked_prefixes = 1024;
+  // The attention map draws at most this many tokens of a sequence.
+  size_t max_map_tokens = 8192;
+};
+
+// The /status page. `now` dates the uptime and ages.
+std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions& options,
+                             absl::Time now);
+
+// The /status/attention page of `model`'s sequence at `first_block_key`
+// (`sequence`, as StatusSource::InspectPrefix returned it): its attention
+// map and blocks, or what went wrong (a sequence no longer cached).
+std::string RenderAttentionPage(const StatusPageOptions& options, const ModelKey& model,
+                                uint64_t first_block_key,
+                                const absl::StatusOr<SequenceInspection>& sequence);
+
+// Serves /status and /status/attention on `server`: 200 with the page; for
+// the attention page 400 for a malformed query and 404 for a model or
+// sequence not cached. REQUIRES: `source` stays callable while `server`
+// serves (it is shared with the handlers).
+void ServeStatusPages(HttpServer& server, std::shared_ptr<const StatusSource> source,
+                      StatusPageOptions options);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_STATUS_STATUS_PAGE_H_
