@@ -5,15 +5,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "ctl_commands.h"
+#include "progress.h"
 #include "table.h"
 
 namespace kvcache::ctl {
 namespace {
 
 int Failed(const Context& ctx, std::string_view cmd, const absl::Status& s) {
-  *ctx.err << "kvcachectl: checkpoint " << cmd << ": " << absl::StatusCodeToString(s.code()) << ": "
-           << s.message() << '\n';
-  return kExitError;
+  return FailCall(ctx, absl::StrCat("checkpoint ", std::string(cmd)), s);
 }
 
 std::string Age(int64_t unix_ms) {
@@ -93,7 +92,9 @@ int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence
     return kExitOk;
   }
   if (action == "verify") {
-    absl::StatusOr<v1::VerifyCheckpointResponse> resp = ctx.client->VerifyCheckpoint(sequence);
+    // Reading a large checkpoint back takes a while: a spinner on a terminal.
+    absl::StatusOr<v1::VerifyCheckpointResponse> resp = absl::UnknownError("not called");
+    RunWithSpinner("checkpoint verify", [&] { resp = ctx.client->VerifyCheckpoint(sequence); });
     if (!resp.ok()) return Failed(ctx, action, resp.status());
     if (ctx.json) {
       out << ToJson(*resp) << '\n';
@@ -106,7 +107,8 @@ int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence
   }
   if (action == "now") {
     const absl::Time start = absl::Now();
-    absl::StatusOr<v1::CheckpointResponse> resp = ctx.client->Checkpoint();
+    absl::StatusOr<v1::CheckpointResponse> resp = absl::UnknownError("not called");
+    RunWithSpinner("checkpoint now", [&] { resp = ctx.client->Checkpoint(); });
     if (!resp.ok()) return Failed(ctx, action, resp.status());
     if (ctx.json) {
       out << ToJson(*resp) << '\n';

@@ -28,6 +28,18 @@ std::string ToJson(const google::protobuf::Message& msg) {
   return json;
 }
 
+int FailCall(const Context& ctx, std::string_view cmd, const absl::Status& s) {
+  *ctx.err << "kvcachectl: " << cmd << ": " << absl::StatusCodeToString(s.code()) << ": "
+           << s.message();
+  if (s.code() == absl::StatusCode::kUnavailable) {
+    *ctx.err << " (is kvcached running and listening at " << ctx.target << "?)";
+  } else if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+    *ctx.err << " (no answer within " << absl::FormatDuration(ctx.timeout) << "; see --timeout)";
+  }
+  *ctx.err << '\n';
+  return kExitError;
+}
+
 namespace {
 
 std::string JsonString(std::string_view s) {
@@ -55,15 +67,7 @@ std::string JsonString(std::string_view s) {
 }
 
 int Fail(const Context& ctx, std::string_view cmd, const absl::Status& s) {
-  *ctx.err << "kvcachectl: " << cmd << ": " << absl::StatusCodeToString(s.code()) << ": "
-           << s.message();
-  if (s.code() == absl::StatusCode::kUnavailable) {
-    *ctx.err << " (is kvcached running and listening at " << ctx.target << "?)";
-  } else if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-    *ctx.err << " (no answer within " << absl::FormatDuration(ctx.timeout) << "; see --timeout)";
-  }
-  *ctx.err << '\n';
-  return kExitError;
+  return FailCall(ctx, cmd, s);
 }
 
 std::string DTypeName(v1::DType d) {

@@ -11,6 +11,7 @@
 #include <google/protobuf/message.h>
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -64,6 +65,25 @@ struct PolicyChangeArgs {
   double target_bytes = 0;     // 0: unchanged
 };
 int RunPolicy(const Context& ctx, std::string_view model, const PolicyChangeArgs& change);
+
+// kvcachectl top: a live view refreshed every `interval_s` (top_view.h says
+// what a frame shows). With standard output a terminal (unless --json) it
+// redraws in place and returns on q or Ctrl-C; otherwise it prints frames
+// one after another, separated by a blank line, or one JSON object per line
+// with --json. Returns after `iterations` frames (0: until stopped). Rates
+// need two polls: the first frame shows totals only (JSON: rates null).
+// Exit 1 when a poll fails, except on a terminal, where the view says so and
+// keeps polling.
+struct TopOptions {
+  double interval_s = 1;
+  int64_t iterations = 0;
+  std::optional<bool> terminal;  // unset: whether standard output is a terminal
+};
+int RunTop(const Context& ctx, const TopOptions& options);
+
+// Prints "kvcachectl: CMD: CODE: message" (with a hint for UNAVAILABLE and
+// DEADLINE_EXCEEDED) to ctx.err and returns kExitError.
+int FailCall(const Context& ctx, std::string_view cmd, const absl::Status& s);
 
 // One JSON line of a proto message (proto3 JSON, proto field names), as --json prints.
 std::string ToJson(const google::protobuf::Message& msg);

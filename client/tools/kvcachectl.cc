@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "completion.h"
 #include "ctl_commands.h"
 #include "kvcache/client.h"
 
@@ -186,11 +187,38 @@ int main(int argc, char** argv) {
   attention->add_option("--top", attention_args.top_spans, "spans listed at each end")
       ->capture_default_str();
 
+  CLI::App* top = app.add_subcommand(
+      "top",
+      "a live view refreshed every --interval: calls/s, errors/s and mean latency per method, hit "
+      "ratio, KV bytes in/out, tier use, migrations and compression (q or Ctrl-C quits; not on a "
+      "terminal, or with --json, it prints frames one after another)");
+  kvcache::ctl::TopOptions top_options;
+  top->add_option("--interval", top_options.interval_s, "seconds between polls")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  top->add_option("--iterations", top_options.iterations,
+                  "frames to show before exiting (0: until q or Ctrl-C)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+
+  CLI::App* completion = app.add_subcommand(
+      "completion", "print a shell completion script: source <(kvcachectl completion bash)");
+  std::string completion_shell;
+  completion->add_option("shell", completion_shell, "bash or zsh")
+      ->required()
+      ->check(CLI::IsMember({"bash", "zsh"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
+  }
+
+  if (completion->parsed()) {
+    std::cout << (completion_shell == "zsh" ? kvcache::ctl::ZshCompletion(app)
+                                            : kvcache::ctl::BashCompletion(app));
+    return 0;
   }
 
   kvcache::ClientOptions options;
@@ -255,6 +283,7 @@ int main(int argc, char** argv) {
     }
     return kvcache::ctl::RunAttention(ctx, attention_args);
   }
+  if (top->parsed()) return kvcache::ctl::RunTop(ctx, top_options);
   if (checkpoint->parsed()) {
     return kvcache::ctl::RunCheckpoint(ctx, checkpoint_action, checkpoint_sequence);
   }
