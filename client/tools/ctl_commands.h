@@ -23,8 +23,8 @@
 namespace kvcache::ctl {
 
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;       // the RPC failed or the input was bad
-inline constexpr int kExitUsage = 2;       // bad command line
+inline constexpr int kExitError = 1;       // a call failed (or no daemon answered)
+inline constexpr int kExitUsage = 2;       // bad command line (options, values, tokens)
 inline constexpr int kExitNotServing = 3;  // status: the health service says NOT_SERVING
 inline constexpr int kExitBadBlocks = 4;   // verify: found blocks that fail their checks
 

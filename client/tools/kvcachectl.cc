@@ -20,9 +20,14 @@ using kvcache::ctl::kExitUsage;
 constexpr const char* kDescription =
     "kvcachectl: inspect and administer a running kvcached (the KV cache daemon).\n"
     "\n"
-    "Exit codes: 0 success; 1 the call failed (the message names the gRPC code);\n"
-    "2 bad command line; 3 `status` found the daemon NOT_SERVING; 4 `verify` found bad\n"
-    "blocks.";
+    "Exit codes (docs/kvcachectl.md):\n"
+    "  0  success (also --help, completion, and top quit with q or Ctrl-C)\n"
+    "  1  a call failed, a daemon that cannot be reached included; standard error says\n"
+    "     \"kvcachectl: CMD: CODE: message\" with the gRPC code\n"
+    "  2  bad command line: unknown command or option, a missing or invalid value, bad tokens\n"
+    "  3  `status` found the daemon NOT_SERVING\n"
+    "  4  `verify` found bad blocks\n"
+    "With --json, standard output holds JSON only and errors go to standard error.";
 
 constexpr const char* kTokensHelp =
     "token ids separated by commas or spaces; A-B is the inclusive range A..B "
@@ -56,8 +61,8 @@ int main(int argc, char** argv) {
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
   app.add_flag("--json", json,
-               "print one line of JSON (proto3 JSON, proto field names) instead "
-               "of tables");
+               "print one line of JSON (proto3 JSON, proto field names) instead of tables; top: "
+               "one object per frame");
 
   CLI::App* status = app.add_subcommand(
       "status", "server version, uptime, addresses, CUDA support and grpc.health.v1 status");

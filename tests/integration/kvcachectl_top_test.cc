@@ -148,6 +148,35 @@ TEST_F(KvcachectlTopTest, JsonFramesCarryRatesOfTheTrafficBetweenThem) {
   }
 }
 
+// On a terminal (a pty from script(1)) top redraws in place and quits on q
+// or Ctrl-C with exit 0, the terminal's modes and cursor put back.
+TEST_F(KvcachectlTopTest, OnATerminalRedrawsInPlaceAndQuitsOnQOrCtrlC) {
+  if (RunShell("command -v script").first != 0) GTEST_SKIP() << "script(1) is not installed";
+  for (const auto& [key, name] :
+       std::vector<std::pair<std::string, std::string>>{{"q", "q"}, {"\\003", "Ctrl-C"}}) {
+    SCOPED_TRACE(name);
+    // The shell ignores SIGINT so that it outlives Ctrl-C (top installs its
+    // own handler). Only the key ends top: without it the session runs until
+    // `timeout 30` kills it (exit 124, no "top-exit"). `stty -a` after top
+    // shows the modes it left behind.
+    const std::string inner =
+        absl::StrCat("trap \"\" INT; ", KVCACHECTL_BINARY, " --target ", daemon_->unix_target(),
+                     " top --interval 0.2; echo top-exit=$?; stty -a");
+    auto [code, out] =
+        RunShell(absl::StrCat("(sleep 1.5; printf '", key, "'; sleep 6) | timeout 30 script -qec '",
+                              inner, "' /dev/null 2>&1"));
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr("top-exit=0")) << out;
+    EXPECT_THAT(out, HasSubstr("\x1b[2J"));  // cleared once
+    EXPECT_THAT(out, HasSubstr("\x1b[H"));   // then redrawn from home
+    EXPECT_THAT(out, HasSubstr("(q: quit)"));
+    EXPECT_THAT(out, HasSubstr("rates over the last"));  // several frames drawn
+    EXPECT_THAT(out, HasSubstr("\x1b[?25h"));            // cursor shown again
+    EXPECT_THAT(out, HasSubstr(" icanon"));              // line editing back
+    EXPECT_THAT(out, HasSubstr(" echo"));
+  }
+}
+
 // One line of valid JSON from each subcommand's --json, exit 0.
 TEST_F(KvcachectlTopTest, EverySubcommandPrintsOneJsonLine) {
   for (const char* args :
