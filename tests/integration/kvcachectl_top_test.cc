@@ -181,8 +181,8 @@ TEST_F(KvcachectlTopTest, OnATerminalRedrawsInPlaceAndQuitsOnQOrCtrlC) {
 TEST_F(KvcachectlTopTest, EverySubcommandPrintsOneJsonLine) {
   for (const char* args :
        {"status", "stats", "tiers", "models", "lookup -m top-model --tokens 0-63",
-        "policy -m top-model", "checkpoint list", "evict -m top-model --prefix-tokens 32-63",
-        "unregister -m top-model"}) {
+        "policy -m top-model", "checkpoint list", "verify", "dump --no-file",
+        "evict -m top-model --prefix-tokens 32-63", "unregister -m top-model"}) {
     SCOPED_TRACE(args);
     auto [code, out] = Ctl(absl::StrCat("--json ", args), /*with_stderr=*/false);
     EXPECT_EQ(code, 0) << out;
@@ -207,6 +207,9 @@ TEST_F(KvcachectlTopTest, ExitCodesScriptsCanTrust) {
            {"unregister -m m", "unregister"},
            {"policy -m m", "policy"},
            {"checkpoint list", "checkpoint list"},
+           {"verify", "verify"},
+           {"dump --no-file", "dump"},
+           {"attention -m m --tokens 0-15", "attention"},
            {"top --iterations 2 --interval 0.1", "top"},
            {"--json top --iterations 1", "top"}}) {
     SCOPED_TRACE(args);
