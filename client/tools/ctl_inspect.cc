@@ -1,8 +1,5 @@
 // kvcachectl verify, dump and attention: the operator's view of what the
 // daemon holds (docs/operations.md).
-#include <unistd.h>
-
-#include <cstdio>
 #include <fstream>
 #include <iostream>
 
@@ -12,67 +9,17 @@
 #include "absl/time/clock.h"
 #include "attention_map.h"
 #include "ctl_commands.h"
+#include "progress.h"
 #include "table.h"
 
 namespace kvcache::ctl {
 namespace {
-
-int Failed(const Context& ctx, std::string_view cmd, const absl::Status& s) {
-  *ctx.err << "kvcachectl: " << cmd << ": " << absl::StatusCodeToString(s.code()) << ": "
-           << s.message();
-  if (s.code() == absl::StatusCode::kUnavailable) {
-    *ctx.err << " (is kvcached running and listening at " << ctx.target << "?)";
-  } else if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-    *ctx.err << " (no answer within " << absl::FormatDuration(ctx.timeout) << "; see --timeout)";
-  }
-  *ctx.err << '\n';
-  return kExitError;
-}
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
 std::string Ms(uint64_t ms) {
   return absl::FormatDuration(absl::Milliseconds(static_cast<int64_t>(ms)));
 }
-
-// A one-line progress report redrawn in place on a terminal; silent otherwise.
-class VerifyProgressLine {
- public:
-  explicit VerifyProgressLine(bool enabled) : enabled_(enabled), start_(absl::Now()) {}
-  ~VerifyProgressLine() {
-    if (drawn_) std::fputs("\n", stderr);
-  }
-  void Draw(const v1::VerifyBlocksProgress& p, uint64_t bad) {
-    if (!enabled_) return;
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
-    const double rate = seconds > 0 ? static_cast<double>(p.bytes_checked()) / seconds : 0;
-    const double left =
-        rate > 0
-            ? static_cast<double>(p.bytes_total() - std::min(p.bytes_total(), p.bytes_checked())) /
-                  rate
-            : 0;
-    const int width = 30;
-    const int filled =
-        p.blocks_total() == 0
-            ? width
-            : static_cast<int>(width *
-                               std::min<double>(1.0, static_cast<double>(p.blocks_checked()) /
-                                                         static_cast<double>(p.blocks_total())));
-    std::fprintf(stderr, "\r[%s%s] %llu/%llu blocks  %s/%s  %s/s  ETA %.0fs  bad %llu ",
-                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                 static_cast<unsigned long long>(p.blocks_checked()),
-                 static_cast<unsigned long long>(p.blocks_total()),
-                 HumanBytes(p.bytes_checked()).c_str(), HumanBytes(p.bytes_total()).c_str(),
-                 HumanBytes(static_cast<uint64_t>(rate)).c_str(), left,
-                 static_cast<unsigned long long>(bad));
-    drawn_ = true;
-  }
-
- private:
-  const bool enabled_;
-  const absl::Time start_;
-  bool drawn_ = false;
-};
 
 }  // namespace
 
@@ -88,14 +35,14 @@ int RunVerify(const Context& ctx, const VerifyArgs& args) {
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::VerifyBlocksProgress> last;
   {
-    VerifyProgressLine line(!ctx.json && ::isatty(STDERR_FILENO) == 1);
+    ProgressBar bar({.label = "verify", .unit = "blocks"});
     last = ctx.client->VerifyBlocks(req, [&](const v1::VerifyBlocksProgress& p) {
       for (const v1::BadBlock& b : p.bad_blocks()) *all.add_bad_blocks() = b;
-      line.Draw(p, all.bad_blocks_size());
+      bar.Update(p.blocks_checked(), p.bytes_checked(), p.blocks_total());
       return true;
     });
   }
-  if (!last.ok()) return Failed(ctx, "verify", last.status());
+  if (!last.ok()) return FailCall(ctx, "verify", last.status());
   all.set_blocks_total(last->blocks_total());
   all.set_blocks_checked(last->blocks_checked());
   all.set_bytes_total(last->bytes_total());
@@ -136,8 +83,9 @@ int RunVerify(const Context& ctx, const VerifyArgs& args) {
 }
 
 int RunDump(const Context& ctx, const DumpArgs& args) {
-  absl::StatusOr<v1::DumpMemoryResponse> dump = ctx.client->DumpMemory();
-  if (!dump.ok()) return Failed(ctx, "dump", dump.status());
+  absl::StatusOr<v1::DumpMemoryResponse> dump = absl::UnknownError("not called");
+  RunWithSpinner("dump", [&] { dump = ctx.client->DumpMemory(); });
+  if (!dump.ok()) return FailCall(ctx, "dump", dump.status());
   std::string path = args.out;
   if (path.empty() && !args.no_file && !ctx.json) {
     path =
@@ -268,7 +216,7 @@ int RunAttention(const Context& ctx, const AttentionArgs& args) {
   req.set_first_block_key(args.first_block_key);
   req.set_include_heads(true);
   absl::StatusOr<v1::InspectSequenceResponse> r = ctx.client->InspectSequence(req);
-  if (!r.ok()) return Failed(ctx, "attention", r.status());
+  if (!r.ok()) return FailCall(ctx, "attention", r.status());
   if (r->matched_tokens() == 0) {
     *ctx.err << "kvcachectl: attention: nothing of that sequence is cached for " << args.model
              << '\n';

@@ -20,7 +20,6 @@
 #include "server/importance/block_codec.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
-#include "tests/integration/run_command.h"
 
 namespace kvcache::testing {
 namespace {

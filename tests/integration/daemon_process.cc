@@ -159,6 +159,12 @@ std::pair<int, std::string> RunShell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
+CommandResult RunCommand(const std::string& command, const std::string& stdin_text) {
+  auto [code, output] = RunShell(
+      stdin_text.empty() ? command : absl::StrCat("printf '%s' '", stdin_text, "' | ", command));
+  return {code, std::move(output)};
+}
+
 bool DaemonProcess::CorruptSsdFile() const {
   const int fd = ::open(ssd_path().c_str(), O_RDWR);
   if (fd < 0) return false;

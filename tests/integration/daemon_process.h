@@ -81,6 +81,14 @@ DataPath TestDataPath();
 // not exit normally), stdout and stderr together}.
 std::pair<int, std::string> RunShell(const std::string& command);
 
+// RunShell's answer with names, and with `stdin_text` (no single quotes) fed
+// to the command's standard input when given.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+CommandResult RunCommand(const std::string& command, const std::string& stdin_text = "");
+
 // A free TCP port on 127.0.0.1 (bound once and released).
 int PickFreePort();
 

@@ -40,7 +40,9 @@ class KvcachectlTopTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0);
+    }
   }
   std::pair<int, std::string> Ctl(const std::string& args, bool with_stderr = true) {
     return RunShell(absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target(), " ", args,
@@ -151,7 +153,8 @@ TEST_F(KvcachectlTopTest, JsonFramesCarryRatesOfTheTrafficBetweenThem) {
 // On a terminal (a pty from script(1)) top redraws in place and quits on q
 // or Ctrl-C with exit 0, the terminal's modes and cursor put back.
 TEST_F(KvcachectlTopTest, OnATerminalRedrawsInPlaceAndQuitsOnQOrCtrlC) {
-  if (RunShell("command -v script").first != 0) GTEST_SKIP() << "script(1) is not installed";
+  // script(1) is util-linux's (Essential on Debian).
+  ASSERT_EQ(RunShell("command -v script").first, 0) << "script(1) is not installed";
   for (const auto& [key, name] :
        std::vector<std::pair<std::string, std::string>>{{"q", "q"}, {"\\003", "Ctrl-C"}}) {
     SCOPED_TRACE(name);

@@ -17,7 +17,6 @@
 #include "absl/time/clock.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
-#include "tests/integration/run_command.h"
 
 namespace kvcache::testing {
 namespace {

@@ -12,7 +12,6 @@
 #include "absl/strings/str_join.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
-#include "tests/integration/run_command.h"
 
 namespace kvcache::testing {
 namespace {
