@@ -541,6 +541,7 @@ int Serve(const v1::ServerConfig& config) {
   // Every call is counted per method for GetStats (kvcachectl top) on its
   // way to the metrics.
   RpcTally rpc_tally(metrics.get());
+  InflightCalls inflight;  // the calls DumpMemory lists; outlives both servers
 
   const v1::ListenConfig& listen = config.listen();
   int64_t socket_gid = -1;
@@ -580,7 +581,8 @@ int Serve(const v1::ServerConfig& config) {
                                                 .max_region_bytes = shm.max_region_bytes(),
                                                 .max_frame_bytes = limits.max_message_bytes()},
                                      .copy_threads = shm.copy_threads(),
-                                     .parallel_copy_min_bytes = shm.parallel_copy_min_bytes()},
+                                     .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
+                                     .inflight = &inflight},
                                     &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
@@ -611,6 +613,7 @@ int Serve(const v1::ServerConfig& config) {
                    .shm_socket = shm_server ? shm_server->socket_path() : ""}};
   server_options.checkpoints = checkpoints.get();
   server_options.rpc_tally = &rpc_tally;
+  server_options.inflight = &inflight;
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
