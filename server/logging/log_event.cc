@@ -1,6 +1,9 @@
 #include "server/logging/log_event.h"
 
+#include <atomic>
 #include <cstdio>
+
+#include "server/logging/log_format.h"
 
 namespace kvcache {
 namespace {
@@ -26,15 +29,37 @@ std::string Encode(std::string_view message, const Fields& fields) {
   return out;
 }
 
+std::atomic<bool> encoded_events{false};
+
+// The event as plain text: the message, then key=value with logfmt quoting.
+template <typename Fields>
+std::string AsText(std::string_view message, const Fields& fields) {
+  std::string out(message);
+  std::string value;
+  for (const LogField& f : fields) {
+    out.push_back(' ');
+    out.append(f.key());
+    out.push_back('=');
+    value.clear();
+    f.AppendValue(&value);
+    AppendLogfmtValue(value, &out);
+  }
+  return out;
+}
+
 template <typename Fields>
 void Log(spdlog::logger& logger, spdlog::level::level_enum level, std::string_view message,
          const Fields& fields) {
   if (!logger.should_log(level)) return;
-  const std::string payload = Encode(message, fields);
+  const std::string payload = encoded_events.load(std::memory_order_relaxed)
+                                  ? Encode(message, fields)
+                                  : AsText(message, fields);
   logger.log(level, spdlog::string_view_t(payload.data(), payload.size()));
 }
 
 }  // namespace
+
+void UseEncodedLogEvents() { encoded_events.store(true, std::memory_order_relaxed); }
 
 bool LogField::AppendValue(std::string* out) const {
   char buf[32];

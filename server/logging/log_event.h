@@ -84,6 +84,12 @@ void LogEvent(spdlog::level::level_enum level, std::string_view message,
 
 // --- The payload encoding, shared with the formatter ---------------------------
 
+// Until some formatter of log_format.h exists in the process (a program that
+// links the RPC layer without setting up the daemon's logging: a benchmark, a
+// test), LogEvent writes its fields as text, `msg key=value ...`, so spdlog's
+// stock formatter shows them readably. NewLogFormatter calls this.
+void UseEncodedLogEvents();
+
 inline constexpr char kFieldMark = '\x1f';    // starts a field: key follows
 inline constexpr char kStringMark = '\x1e';   // between key and a string value
 inline constexpr char kLiteralMark = '\x1d';  // between key and a literal value

@@ -189,6 +189,7 @@ std::string_view LogFormatName(LogFormat format) {
 }
 
 std::unique_ptr<spdlog::formatter> NewLogFormatter(LogFormat format) {
+  UseEncodedLogEvents();
   return std::make_unique<StructuredFormatter>(format);
 }
 
