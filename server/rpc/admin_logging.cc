@@ -20,7 +20,10 @@ grpc::ServerUnaryReactor* AdminService::SetLogLevel(grpc::CallbackServerContext*
     }
     // The change is logged at warn: before it when the new level would hide
     // that line, after it otherwise, so it is always written.
-    const std::string request_id = RequestIdOf(*ctx);
+    // The client's id; one the daemon makes up for a call without one would
+    // differ from the one FinishWith echoes, so such a change names none.
+    const bool has_id = ctx->client_metadata().count(kRequestIdHeader) != 0;
+    const std::string request_id = has_id ? RequestIdOf(*ctx) : "";
     const std::string peer = ctx->peer();
     const std::string before = CurrentLogLevel();
     const auto log_change = [&] {

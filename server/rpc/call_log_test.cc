@@ -69,7 +69,9 @@ TEST_F(CallLogEventsTest, LevelsFollowTheCode) {
   EXPECT_TRUE(ShouldLogCall(absl::StatusCode::kInvalidArgument));
   EXPECT_FALSE(ShouldLogCall(absl::StatusCode::kOk));  // debug
   LogCallDone({.method = "Fetch", .request_id = "a", .status = absl::OkStatus()});
-  LogCallDone({.method = "Append", .request_id = "b", .status = absl::ResourceExhaustedError("x"),
+  LogCallDone({.method = "Append",
+               .request_id = "b",
+               .status = absl::ResourceExhaustedError("x"),
                .bytes = 4096});
   LogCallDone({.method = "Fetch", .request_id = "c", .status = absl::DataLossError("y")});
   const std::string out = stream_.str();
