@@ -124,14 +124,7 @@ class StructuredFormatter final : public spdlog::formatter {
   void FormatText(const spdlog::details::log_msg& msg, std::string_view payload,
                   spdlog::memory_buf_t& dest) {
     if (payload.find(kFieldMark) == std::string_view::npos) return text_->format(msg, dest);
-    const DecodedLogEvent event = DecodeLogEvent(payload);
-    line_.assign(event.message);
-    for (const DecodedField& f : event.fields) {
-      line_.push_back(' ');
-      AppendKey(f.key, &line_);
-      line_.push_back('=');
-      AppendLogfmtValue(f.value, &line_);
-    }
+    line_ = LogPayloadAsText(payload);
     spdlog::details::log_msg rewritten = msg;
     rewritten.payload = spdlog::string_view_t(line_.data(), line_.size());
     text_->format(rewritten, dest);
@@ -186,6 +179,19 @@ std::string_view LogFormatName(LogFormat format) {
       return "json";
   }
   return "text";
+}
+
+std::string LogPayloadAsText(std::string_view payload) {
+  if (payload.find(kFieldMark) == std::string_view::npos) return std::string(payload);
+  const DecodedLogEvent event = DecodeLogEvent(payload);
+  std::string text(event.message);
+  for (const DecodedField& f : event.fields) {
+    text.push_back(' ');
+    AppendKey(f.key, &text);
+    text.push_back('=');
+    AppendLogfmtValue(f.value, &text);
+  }
+  return text;
 }
 
 std::unique_ptr<spdlog::formatter> NewLogFormatter(LogFormat format) {

@@ -37,6 +37,11 @@ std::string_view LogFormatName(LogFormat format);
 // pattern formatter.
 std::unique_ptr<spdlog::formatter> NewLogFormatter(LogFormat format);
 
+// A log_msg payload as the text format writes its message: an event as
+// `msg key=value ...`, a plain message unchanged. For a sink that shows
+// payloads without a formatter (the status page's recent events).
+std::string LogPayloadAsText(std::string_view payload);
+
 // The escaping above, appended to `out` (no surrounding quotes): for json
 // strings, and for logfmt's quoted values.
 void AppendEscaped(std::string_view text, std::string* out);

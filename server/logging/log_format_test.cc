@@ -67,6 +67,13 @@ TEST(LogFormatTest, TextKeepsSpdlogsLineAndAppendsFields) {
                                   "blocks=4"));
 }
 
+TEST(LogFormatTest, PayloadAsTextForSinksWithoutAFormatter) {
+  EXPECT_EQ(LogPayloadAsText("plain message"), "plain message");
+  EXPECT_EQ(LogPayloadAsText(EncodeLogEvent(
+                "call failed", {{"code", "NOT_FOUND"}, {"message", "not \"here\""}, {"bytes", 3}})),
+            "call failed code=NOT_FOUND message=\"not \\\"here\\\"\" bytes=3");
+}
+
 TEST(LogFormatTest, LogfmtWritesTimeLevelMessageAndFields) {
   Capture c(LogFormat::kLogfmt);
   LogEvent(c.logger(), spdlog::level::info, "append refused",
