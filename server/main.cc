@@ -30,6 +30,7 @@
 #include "server/core/eviction_policy.h"
 #include "server/core/slab_pool.h"
 #include "server/http/http_server.h"
+#include "server/logging/logging.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
@@ -65,6 +66,7 @@ struct Flags {
   std::string gpu_tier;
   uint64_t gpu_capacity_bytes = 0;
   std::string log_level;
+  std::string log_format;
   bool print_default_config = false;
 };
 
@@ -83,6 +85,7 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.gpu_tier.empty()) c->mutable_gpu_tier()->set_kind(f.gpu_tier);
   if (f.gpu_capacity_bytes != 0) c->mutable_gpu_tier()->set_capacity_bytes(f.gpu_capacity_bytes);
   if (!f.log_level.empty()) c->mutable_logging()->set_level(f.log_level);
+  if (!f.log_format.empty()) c->mutable_logging()->set_format(f.log_format);
 }
 
 std::string Enabled(const std::string& value) { return value == kDisabled ? "" : value; }
@@ -237,7 +240,7 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
 std::shared_ptr<spdlog::logger> OpenMigrationLog(const v1::LoggingConfig& c) {
   if (c.migration_log().empty()) return nullptr;
   try {
-    auto log = spdlog::rotating_logger_mt("migration", c.migration_log(),
+    auto log = spdlog::rotating_logger_mt(kMigrationLoggerName, c.migration_log(),
                                           c.migration_log_max_bytes(), /*max_files=*/3);
     log->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %v", spdlog::pattern_time_type::utc);
     log->flush_on(spdlog::level::info);
@@ -412,7 +415,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpEndpoint(
 
 int Serve(const v1::ServerConfig& config) {
   sigset_t signals = StopSignals();
-  spdlog::set_level(spdlog::level::from_str(config.logging().level()));
+  if (absl::Status s = SetUpLogging(config.logging()); !s.ok()) {
+    std::fprintf(stderr, "kvcached: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   spdlog::info("kvcached {} starting with config:\n{}", KVCACHE_VERSION, ConfigToJson(config));
 
   // The GPU tier first: the host pool registers its memory with its device.
@@ -535,6 +541,7 @@ int Serve(const v1::ServerConfig& config) {
   // Every call is counted per method for GetStats (kvcachectl top) on its
   // way to the metrics.
   RpcTally rpc_tally(metrics.get());
+  InflightCalls inflight;  // the calls DumpMemory lists; outlives both servers
 
   const v1::ListenConfig& listen = config.listen();
   int64_t socket_gid = -1;
@@ -574,7 +581,8 @@ int Serve(const v1::ServerConfig& config) {
                                                 .max_region_bytes = shm.max_region_bytes(),
                                                 .max_frame_bytes = limits.max_message_bytes()},
                                      .copy_threads = shm.copy_threads(),
-                                     .parallel_copy_min_bytes = shm.parallel_copy_min_bytes()},
+                                     .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
+                                     .inflight = &inflight},
                                     &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
@@ -605,6 +613,7 @@ int Serve(const v1::ServerConfig& config) {
                    .shm_socket = shm_server ? shm_server->socket_path() : ""}};
   server_options.checkpoints = checkpoints.get();
   server_options.rpc_tally = &rpc_tally;
+  server_options.inflight = &inflight;
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -692,6 +701,8 @@ int main(int argc, char** argv) {
                  "Directory of checkpoints: the cache is saved there periodically and at "
                  "shutdown, and reloaded at start-up; unset: no checkpoints");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn or error");
+  app.add_option("--log-format", flags.log_format,
+                 "How log lines are written: text (default), logfmt or json (logging.format)");
   app.add_flag("--print-default-config", flags.print_default_config,
                "Print the embedded default configuration as JSON and exit");
   app.set_version_flag("--version", std::string("kvcached ") + KVCACHE_VERSION);

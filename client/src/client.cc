@@ -1,6 +1,6 @@
 // kvcache::Client over gRPC: one channel, deadlines on every call, retries
 // with backoff for idempotent calls, checksummed Append and verified Fetch,
-// models registered again after a daemon restart.
+// models registered again after a daemon restart, a request id on every call.
 #include "kvcache/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -62,9 +62,31 @@ constexpr absl::Duration kBorrowGrace = absl::Seconds(10);
 // Abseil 20220623 as Debian builds it has its own string_view type.
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-absl::Status ToAbslStatus(const grpc::Status& s) {
+// Every call carries a request id in this metadata; the daemon writes it in
+// the call's log line and echoes it in the trailers (docs/api.md).
+constexpr char kRequestIdHeader[] = "x-request-id";
+
+// A new request id: 16 lowercase hex digits of a random 64-bit number.
+std::string NewRequestId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  constexpr char kHex[] = "0123456789abcdef";
+  uint64_t v = rng();
+  std::string id(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) id[i] = kHex[v & 0xf];
+  return id;
+}
+
+// Tags `ctx`'s call with `request_id`.
+void SetRequestId(grpc::ClientContext* ctx, const std::string& request_id) {
+  ctx->AddMetadata(kRequestIdHeader, request_id);
+}
+
+// A failed call's status names its request id, so an error the caller logs
+// leads to the daemon's line about it: "... (request id 5f3a9c0d12e4b678)".
+absl::Status ToAbslStatus(const grpc::Status& s, std::string_view request_id) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(s.error_message(), " (request id ", AsAbsl(request_id), ")"));
 }
 
 AppendResult ToAppendResult(const v1::AppendResponse& resp);
@@ -438,6 +460,8 @@ class ClientImpl final : public Client {
       std::function<bool(const v1::VerifyBlocksProgress&)> on_progress) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    const std::string request_id = NewRequestId();
+    SetRequestId(&ctx, request_id);
     std::unique_ptr<grpc::ClientReader<v1::VerifyBlocksProgress>> reader =
         admin_->VerifyBlocks(&ctx, req);
     v1::VerifyBlocksProgress last;
@@ -449,7 +473,7 @@ class ClientImpl final : public Client {
       }
       last = std::move(msg);
     }
-    absl::Status s = ToAbslStatus(reader->Finish());
+    absl::Status s = ToAbslStatus(reader->Finish(), request_id);
     if (!s.ok()) return s;
     return last;
   }
@@ -511,8 +535,10 @@ class ClientImpl final : public Client {
     grpc::ClientContext ctx;
     ctx.set_deadline(
         absl::ToChronoTime(absl::Now() + std::min(options_.timeout, kShmProbeTimeout)));
-    const absl::Status probed =
-        ToAbslStatus(admin_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info_response));
+    const std::string request_id = NewRequestId();
+    SetRequestId(&ctx, request_id);
+    const absl::Status probed = ToAbslStatus(
+        admin_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info_response), request_id);
     absl::StatusOr<v1::GetServerInfoResponse> info =
         probed.ok() ? absl::StatusOr<v1::GetServerInfoResponse>(std::move(info_response)) : probed;
     if (!info.ok()) {
@@ -567,29 +593,35 @@ class ClientImpl final : public Client {
     return ShmCall(/*idempotent=*/true, [&] { return shm.Fetch(into, out); });
   }
 
-  // Runs `attempt` once under the call deadline.
+  // Runs `attempt` once under the call deadline, with a new request id.
   template <typename F>
   absl::Status CallOnce(F&& attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
-    return ToAbslStatus(attempt(&ctx));
+    const std::string request_id = NewRequestId();
+    SetRequestId(&ctx, request_id);
+    return ToAbslStatus(attempt(&ctx), request_id);
   }
 
   // Runs `attempt` until it returns anything but UNAVAILABLE, max_attempts
   // times at most, all within one deadline, with jittered exponential backoff.
+  // Every attempt carries the same request id, so the daemon's lines about
+  // them share it.
   template <typename F>
   absl::Status CallWithRetry(F&& attempt) {
     const absl::Time deadline = absl::Now() + options_.timeout;
+    const std::string request_id = NewRequestId();
     absl::Duration backoff = kInitialBackoff;
     for (int i = 1;; ++i) {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
+      SetRequestId(&ctx, request_id);
       grpc::Status s = attempt(&ctx);
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE || i >= options_.max_attempts) {
-        return ToAbslStatus(s);
+        return ToAbslStatus(s, request_id);
       }
       const absl::Duration sleep = Jitter(backoff);
-      if (absl::Now() + sleep >= deadline) return ToAbslStatus(s);
+      if (absl::Now() + sleep >= deadline) return ToAbslStatus(s, request_id);
       absl::SleepFor(sleep);
       backoff = std::min(backoff * 2, kMaxBackoff);
     }
@@ -641,7 +673,8 @@ class ClientImpl final : public Client {
                                                             const FetchOptions& options);
   // One Append call: the header, then `kv` in chunks that borrow its bytes.
   grpc::Status StreamAppend(const v1::AppendRequest& header_msg, std::span<const std::byte> kv,
-                            internal::AppendEncoder* encoder, v1::AppendResponse* resp);
+                            const std::string& request_id, internal::AppendEncoder* encoder,
+                            v1::AppendResponse* resp);
   absl::StatusOr<FetchResult> DoFetch(std::string_view model_id, v1::FetchRequest& req,
                                       std::span<std::byte> out);
   grpc::Status FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequest& req,
@@ -758,7 +791,9 @@ absl::StatusOr<AppendResult> ClientImpl::AppendOnce(std::string_view model_id,
 
   v1::AppendResponse resp;
   internal::AppendEncoder encoder;
-  absl::Status s = ToAbslStatus(StreamAppend(header_msg, kv, &encoder, &resp));
+  const std::string request_id = NewRequestId();
+  absl::Status s =
+      ToAbslStatus(StreamAppend(header_msg, kv, request_id, &encoder, &resp), request_id);
   // gRPC lets go of the chunks (slices over `kv`) as the call ends, or, when
   // a socket write was in flight as it failed, once that write completes.
   // Wait for it, so the caller may reuse `kv` when Append returns; a socket
@@ -784,7 +819,7 @@ AppendResult ToAppendResult(const v1::AppendResponse& resp) {
 }
 
 grpc::Status ClientImpl::StreamAppend(const v1::AppendRequest& header_msg,
-                                      std::span<const std::byte> kv,
+                                      std::span<const std::byte> kv, const std::string& request_id,
                                       internal::AppendEncoder* encoder, v1::AppendResponse* resp) {
   grpc::ByteBuffer header_bytes;
   bool own_buffer;
@@ -793,6 +828,7 @@ grpc::Status ClientImpl::StreamAppend(const v1::AppendRequest& header_msg,
   if (!s.ok()) return s;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  SetRequestId(&ctx, request_id);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), append_method_,
                                                                     &ctx, resp));

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -51,6 +52,7 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
   v1::AppendHeader last_header ABSL_GUARDED_BY(mu);
   std::vector<size_t> chunk_sizes ABSL_GUARDED_BY(mu);
   std::string appended ABSL_GUARDED_BY(mu);
+  std::vector<std::string> lookup_request_ids ABSL_GUARDED_BY(mu);  // x-request-id of each
 
   // A restart of the daemon: every model is unregistered until it is
   // registered again (never, with `registration_is_lost`).
@@ -78,9 +80,15 @@ class FakeServer final : public v1::Cache::Service, public v1::Admin::Service {
     resp->set_block_bytes(kBlockBytes);
     return grpc::Status::OK;
   }
-  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*,
+  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest*,
                       v1::LookupResponse* resp) override {
     ++lookups;
+    {
+      absl::MutexLock lock(&mu);
+      for (auto [it, end] = ctx->client_metadata().equal_range("x-request-id"); it != end; ++it) {
+        lookup_request_ids.emplace_back(it->second.data(), it->second.size());
+      }
+    }
     if (restarted) return NotRegistered();
     if (Unavailable()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "try again");
     resp->set_matched_tokens(blocks.size() * kBlockTokens);
@@ -214,8 +222,31 @@ TEST_F(ClientTest, RetriesIdempotentCallsOnUnavailable) {
   fake_.unavailable = 5;
   auto e = c->EvictModel("m");
   EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(e.status().message(), "try again");
+  EXPECT_THAT(std::string(e.status().message()),
+              ::testing::MatchesRegex("try again \\(request id [0-9a-f]{16}\\)"));
   EXPECT_EQ(fake_.evicts, 3);  // max_attempts
+}
+
+TEST_F(ClientTest, EveryCallCarriesARequestIdThatItsErrorNames) {
+  auto c = Connect();
+  ASSERT_TRUE(c->Lookup("m", Tokens(48)).ok());
+  fake_.unavailable = 2;  // two retries: one call, three attempts
+  ASSERT_TRUE(c->Lookup("m", Tokens(48)).ok());
+  fake_.restarted = true;
+  fake_.registration_is_lost = true;
+  auto failed = c->Lookup("m", Tokens(48));
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kNotFound);
+  absl::MutexLock lock(&fake_.mu);
+  ASSERT_EQ(fake_.lookup_request_ids.size(), 5u);
+  for (const std::string& id : fake_.lookup_request_ids) {
+    EXPECT_THAT(id, ::testing::MatchesRegex("[0-9a-f]{16}"));
+  }
+  EXPECT_NE(fake_.lookup_request_ids[0], fake_.lookup_request_ids[1]);
+  EXPECT_EQ(fake_.lookup_request_ids[1], fake_.lookup_request_ids[2]);  // retries share it
+  EXPECT_EQ(fake_.lookup_request_ids[2], fake_.lookup_request_ids[3]);
+  EXPECT_EQ(std::string(failed.status().message()),
+            absl::StrCat("model \"m\" is not registered in namespace \"default\" (request id ",
+                         fake_.lookup_request_ids[4], ")"));
 }
 
 TEST_F(ClientTest, AfterADaemonRestartDataCallsRegisterTheModelAgainAndRetryOnce) {
@@ -359,7 +390,8 @@ TEST_F(ClientTest, AppendKeepsServerCodeAndMessage) {
   std::string kv = fake_.blocks[0];
   auto r = c->Append("m", Tokens(kBlockTokens), std::as_bytes(std::span(kv.data(), kv.size())));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(r.status().message(), "cache is full");
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::MatchesRegex("cache is full \\(request id [0-9a-f]{16}\\)"));
 }
 
 TEST_F(ClientTest, FetchReassemblesVerifiedBlocks) {

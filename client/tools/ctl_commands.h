@@ -129,6 +129,11 @@ struct AttentionArgs {
 };
 int RunAttention(const Context& ctx, const AttentionArgs& args);
 
+// kvcachectl log-level (ctl_logging.cc): the daemon's log level; with
+// `level` set (trace, debug, info, warn, error, critical, off), sets it first
+// and shows the one it replaced. Not kept across a restart.
+int RunLogLevel(const Context& ctx, std::string_view level);
+
 // Parses token ids separated by commas and/or whitespace; "a-b" is the
 // inclusive range a..b. INVALID_ARGUMENT names the first bad item.
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(std::string_view text);

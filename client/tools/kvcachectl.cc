@@ -213,6 +213,16 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember({"bash", "zsh"}));
 
+  CLI::App* log_level = app.add_subcommand(
+      "log-level",
+      "show the daemon's log level, or set it at runtime (every daemon log but the migration "
+      "log; not kept across a restart)");
+  std::string log_level_value;
+  log_level
+      ->add_option("level", log_level_value,
+                   "trace, debug, info, warn, error, critical or off; omitted: only show it")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -257,6 +267,7 @@ int main(int argc, char** argv) {
   };
 
   if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
+  if (log_level->parsed()) return kvcache::ctl::RunLogLevel(ctx, log_level_value);
   if (verify->parsed()) {
     if (!verify_tokens_text.empty()) {
       absl::StatusOr<std::vector<uint32_t>> prefix = kvcache::ctl::ParseTokens(verify_tokens_text);

@@ -298,6 +298,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!lru_k->has_retained_history()) lru_k->set_retained_history(65536);
 
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
+  if (c->logging().format().empty()) c->mutable_logging()->set_format("text");
   if (c->logging().migration_log_max_bytes() == 0) {
     c->mutable_logging()->set_migration_log_max_bytes(uint64_t{16} << 20);
   }
@@ -488,6 +489,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       level != "error") {
     return absl::InvalidArgumentError(absl::StrCat(
         "logging.level is \"", level, "\"; it must be trace, debug, info, warn or error"));
+  }
+  const std::string& format = c.logging().format();
+  if (format != "text" && format != "logfmt" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logging.format is \"", format, "\"; it must be text, logfmt or json"));
   }
   const v1::ListenConfig& listen = c.listen();
   if (listen.tcp_address() == kDisabled && listen.unix_socket() == kDisabled) {

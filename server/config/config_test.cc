@@ -110,6 +110,21 @@ TEST(ConfigTest, FileIsReadAndErrorsNameTheFile) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr(path));
 }
 
+TEST(ConfigTest, LogFormatDefaultsToTextAndTakesLogfmtAndJson) {
+  EXPECT_EQ(DefaultConfig().logging().format(), "text");
+  for (const std::string format : {"text", "logfmt", "json"}) {
+    v1::ServerConfig c = DefaultConfig();
+    c.mutable_logging()->set_format(format);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << format;
+  }
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_logging()->set_format("JSON");
+  const absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("logging.format is \"JSON\"; it must be text, logfmt or json"));
+}
+
 struct BadValue {
   std::string name;
   std::function<void(v1::ServerConfig&)> edit;
@@ -133,6 +148,8 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
        [](auto& c) { c.mutable_limits()->set_default_lease_ttl_ms(700000); },
        "limits.default_lease_ttl_ms"},
       {"bad log level", [](auto& c) { c.mutable_logging()->set_level("loud"); }, "logging.level"},
+      {"unknown log format", [](auto& c) { c.mutable_logging()->set_format("xml"); },
+       "logging.format"},
       {"no listener",
        [](auto& c) {
          c.mutable_listen()->set_tcp_address("none");

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/rpc/admin_service.h"
+#include "server/rpc/call_log.h"
 #include "server/rpc/status_convert.h"
 
 namespace kvcache {
@@ -80,12 +81,11 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(grpc::CallbackServerContext* 
   }
   // A checkpoint takes seconds to minutes: not on a gRPC callback thread.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, response, start] {
+  std::thread([this, ctx, reactor, response, start] {
     absl::StatusOr<CheckpointRun> run = checkpoints_->CheckpointNow();
     if (run.ok()) ToProto(*run, absl::Now(), response->mutable_checkpoint());
     const absl::Status status = run.ok() ? absl::OkStatus() : run.status();
-    observer_->OnRpcDone("Checkpoint", status.code(), absl::Now() - start, 0);
-    reactor->Finish(ToGrpcStatus(status));
+    FinishUnaryCall(ctx, reactor, observer_, "Checkpoint", start, status);
   }).detach();
   return reactor;
 }
@@ -116,7 +116,7 @@ grpc::ServerUnaryReactor* AdminService::VerifyCheckpoint(grpc::CallbackServerCon
   }
   const uint64_t sequence = request->sequence();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, response, start, sequence] {
+  std::thread([this, ctx, reactor, response, start, sequence] {
     absl::StatusOr<checkpoint::VerifyOutcome> verified = checkpoints_->Verify(sequence);
     absl::Status status = verified.status();
     if (verified.ok()) {
@@ -129,8 +129,7 @@ grpc::ServerUnaryReactor* AdminService::VerifyCheckpoint(grpc::CallbackServerCon
                                                   verified->info.reason));
       }
     }
-    observer_->OnRpcDone("VerifyCheckpoint", status.code(), absl::Now() - start, 0);
-    reactor->Finish(ToGrpcStatus(status));
+    FinishUnaryCall(ctx, reactor, observer_, "VerifyCheckpoint", start, status);
   }).detach();
   return reactor;
 }

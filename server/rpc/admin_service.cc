@@ -1,6 +1,7 @@
 #include "server/rpc/admin_service.h"
 
 #include "absl/time/clock.h"
+#include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -101,9 +102,8 @@ grpc::ServerUnaryReactor* AdminService::Finish(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::FinishWith(grpc::CallbackServerContext* ctx,
                                                    std::string_view method, absl::Time start,
                                                    const absl::Status& status) {
-  observer_->OnRpcDone(method, status.code(), absl::Now() - start, 0);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  FinishUnaryCall(ctx, reactor, observer_, method, start, status);
   return reactor;
 }
 

@@ -13,6 +13,7 @@
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "server/checkpoint/checkpoint_service.h"
 #include "server/core/cache.h"
+#include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/rpc_tally.h"
 
@@ -37,6 +38,7 @@ void FillStats(const CacheStats& stats, v1::GetStatsResponse* out);
 struct AdminSources {
   checkpoint::CheckpointService* checkpoints = nullptr;  // null: checkpoints off
   const RpcTally* rpc_tally = nullptr;                   // GetStats' per-method counts
+  const InflightCalls* inflight = nullptr;               // DumpMemory's calls (FillInflightCalls)
 };
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -47,7 +49,8 @@ class AdminService final : public v1::Admin::CallbackService {
         cache_(cache),
         observer_(observer),
         checkpoints_(sources.checkpoints),
-        rpc_tally_(sources.rpc_tally) {}
+        rpc_tally_(sources.rpc_tally),
+        inflight_(sources.inflight) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::GetServerInfoRequest* request,
@@ -83,6 +86,10 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* InspectSequence(grpc::CallbackServerContext* ctx,
                                             const v1::InspectSequenceRequest* request,
                                             v1::InspectSequenceResponse* response) override;
+  // admin_logging.cc
+  grpc::ServerUnaryReactor* SetLogLevel(grpc::CallbackServerContext* ctx,
+                                        const v1::SetLogLevelRequest* request,
+                                        v1::SetLogLevelResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, std::string_view method,
@@ -96,6 +103,7 @@ class AdminService final : public v1::Admin::CallbackService {
   RpcObserver* const observer_;
   checkpoint::CheckpointService* const checkpoints_;
   const RpcTally* const rpc_tally_;
+  const InflightCalls* const inflight_;
   // Block verifications running now (each on a thread of its own).
   std::atomic<int> verifications_{0};
 };

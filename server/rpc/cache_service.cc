@@ -70,6 +70,8 @@ class StreamLifecycle {
     if (watch_ != 0) service_->watchdog_.Touch(watch_);
   }
   bool timed_out() const { return timed_out_.load(); }
+  // The peer, once Begin() ran.
+  const std::string& peer() const { return peer_; }
   // What a failed read or write means: the idle timeout, or `otherwise`.
   absl::Status BrokeOff(absl::Status otherwise) const {
     return timed_out() ? TimeoutError() : otherwise;
@@ -121,10 +123,10 @@ class StreamLifecycle {
 
 grpc::ServerUnaryReactor* CacheService::FinishUnary(grpc::CallbackServerContext* ctx,
                                                     std::string_view method, absl::Time start,
-                                                    const absl::Status& status) {
-  observer_->OnRpcDone(method, status.code(), absl::Now() - start, 0);
+                                                    const absl::Status& status,
+                                                    const ModelRef& model) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  FinishUnaryCall(ctx, reactor, observer_, method, start, status, model);
   return reactor;
 }
 
@@ -144,7 +146,8 @@ grpc::ServerUnaryReactor* CacheService::RegisterModel(grpc::CallbackServerContex
     response->set_block_bytes(result->layout.BlockBytes());
     return absl::OkStatus();
   }();
-  return FinishUnary(ctx, "RegisterModel", start, status);
+  return FinishUnary(ctx, "RegisterModel", start, status,
+                     {request->namespace_(), request->model_id()});
 }
 
 grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
@@ -153,7 +156,7 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
   const absl::Time start = absl::Now();
   absl::Status status = RunLimited(
       "Lookup", [&]() -> absl::Status { return RunLookup(*cache_, *request, response); });
-  return FinishUnary(ctx, "Lookup", start, status);
+  return FinishUnary(ctx, "Lookup", start, status, {request->namespace_(), request->model_id()});
 }
 
 grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext* ctx,
@@ -180,7 +183,8 @@ grpc::ServerUnaryReactor* CacheService::PlaceOnDevice(grpc::CallbackServerContex
   absl::Status status = RunLimited("PlaceOnDevice", [&]() -> absl::Status {
     return RunPlaceOnDevice(*cache_, *request, response);
   });
-  return FinishUnary(ctx, "PlaceOnDevice", start, status);
+  return FinishUnary(ctx, "PlaceOnDevice", start, status,
+                     {request->namespace_(), request->model_id()});
 }
 
 grpc::ServerUnaryReactor* CacheService::GetDeviceArenas(grpc::CallbackServerContext* ctx,
@@ -225,7 +229,7 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
     response->set_evicted_bytes(result->evicted_bytes);
     return absl::OkStatus();
   });
-  return FinishUnary(ctx, "Evict", start, status);
+  return FinishUnary(ctx, "Evict", start, status, {request->namespace_(), request->model_id()});
 }
 
 // --- Append -------------------------------------------------------------------
@@ -236,10 +240,15 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       : service_(service),
         ctx_(ctx),
         response_(response),
-        lifecycle_(service, ctx, "Append", "no message arrived") {
+        lifecycle_(service, ctx, "Append", "no message arrived"),
+        request_id_(RequestIdOf(*ctx)) {
+    ctx_->AddTrailingMetadata(kRequestIdHeader, request_id_);
     if (absl::Status s = lifecycle_.Begin(); !s.ok()) {
       Done(s);
       return;
+    }
+    if (service_->options_.inflight != nullptr) {
+      inflight_ = service_->options_.inflight->Register("Append", request_id_, lifecycle_.peer());
     }
     StartRead(&request_);
   }
@@ -264,7 +273,16 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     lifecycle_.End();
-    service_->observer_->OnRpcDone("Append", status_.code(), absl::Now() - start_, bytes_);
+    inflight_.Reset();
+    const absl::Duration latency = absl::Now() - start_;
+    service_->observer_->OnRpcDone("Append", status_.code(), latency, bytes_);
+    LogCallDone({.method = "Append",
+                 .request_id = request_id_,
+                 .peer = lifecycle_.peer(),
+                 .model = model_,
+                 .status = status_,
+                 .latency = latency,
+                 .bytes = bytes_});
     delete this;
   }
 
@@ -281,6 +299,7 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             return absl::InvalidArgumentError("the first message of an append must be its header");
           }
           bytes_ += kv.size();
+          inflight_.AddBytes(kv.size());
           return session_->Write(kv);
         },
         &decoded);
@@ -290,6 +309,7 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError("an append carries exactly one header, first, alone");
     }
     const v1::AppendHeader& h = decoded.header;
+    model_ = ModelField({h.namespace_(), h.model_id()});
     auto key = ToModelKey(h.namespace_(), h.model_id());
     if (!key.ok()) return key.status();
     std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
@@ -326,6 +346,9 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer request_;
   std::unique_ptr<AppendSession> session_;
   StreamLifecycle lifecycle_;
+  const std::string request_id_;
+  std::string model_;  // once the header arrived
+  InflightCalls::Handle inflight_;
   uint64_t bytes_ = 0;
   absl::Status status_;
 };
@@ -354,7 +377,8 @@ grpc::ServerUnaryReactor* CacheService::ReportAttention(grpc::CallbackServerCont
     response->set_updated_tokens(result->updated_tokens);
     return absl::OkStatus();
   });
-  return FinishUnary(ctx, "ReportAttention", start, status);
+  return FinishUnary(ctx, "ReportAttention", start, status,
+                     {request->namespace_(), request->model_id()});
 }
 
 // --- Fetch --------------------------------------------------------------------
@@ -434,10 +458,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                const grpc::ByteBuffer* raw_request)
       : service_(service),
         ctx_(ctx),
-        lifecycle_(service, ctx, "Fetch", "a write did not complete") {
+        lifecycle_(service, ctx, "Fetch", "a write did not complete"),
+        request_id_(RequestIdOf(*ctx)) {
+    ctx_->AddTrailingMetadata(kRequestIdHeader, request_id_);
     if (absl::Status s = lifecycle_.Begin([this] { ReleasePlan(); }); !s.ok()) {
       Done(s);
       return;
+    }
+    if (service_->options_.inflight != nullptr) {
+      inflight_ = service_->options_.inflight->Register("Fetch", request_id_, lifecycle_.peer());
     }
     absl::Status status;
     {
@@ -462,7 +491,16 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (finished_with_write_ && ctx_->IsCancelled()) {
       status_ = lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off"));
     }
-    service_->observer_->OnRpcDone("Fetch", status_.code(), absl::Now() - start_, bytes_);
+    inflight_.Reset();
+    const absl::Duration latency = absl::Now() - start_;
+    service_->observer_->OnRpcDone("Fetch", status_.code(), latency, bytes_);
+    LogCallDone({.method = "Fetch",
+                 .request_id = request_id_,
+                 .peer = lifecycle_.peer(),
+                 .model = model_,
+                 .status = status_,
+                 .latency = latency,
+                 .bytes = bytes_});
     delete this;
   }
 
@@ -472,6 +510,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     grpc::ByteBuffer copy(*raw_request);  // shares the slices
     grpc::Status parsed = grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, &request);
     if (!parsed.ok()) return absl::InvalidArgumentError("FetchRequest does not parse");
+    model_ = ModelField({request.namespace_(), request.model_id()});
     auto key = ToModelKey(request.namespace_(), request.model_id());
     if (!key.ok()) return key.status();
     chunk_bytes_ = service_->options_.fetch_chunk_bytes;
@@ -539,6 +578,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                           static_cast<uint32_t>(block_), block, offset_, size,
                           static_cast<v1::BlockEncoding>(current_.encoding), current_.kept_tokens);
     bytes_ += size;
+    inflight_.AddBytes(size);
     offset_ += size;
     if (offset_ == block->size()) {
       // The chunks' slices hold their own references: drop ours, so a slow
@@ -579,6 +619,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer buffer_;
   bool finished_with_write_ = false;  // the last chunk carried the status
   StreamLifecycle lifecycle_;
+  const std::string request_id_;
+  std::string model_;  // once the request parsed
+  InflightCalls::Handle inflight_;
   uint64_t bytes_ = 0;
   absl::Status status_;
 };

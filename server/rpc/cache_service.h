@@ -27,6 +27,8 @@
 #include "server/core/cache.h"
 #include "server/core/clock.h"
 #include "server/rpc/call_limits.h"
+#include "server/rpc/call_log.h"
+#include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/stream_watchdog.h"
 
@@ -39,6 +41,7 @@ struct CacheServiceOptions {
   uint32_t max_concurrent_unary = 64;
   absl::Duration stream_idle_timeout = absl::Seconds(30);
   Clock* clock = SystemClock::Get();  // what the idle timeout reads
+  InflightCalls* inflight = nullptr;  // where Append and Fetch register; null: nowhere
 };
 
 using CacheServiceBase =
@@ -93,7 +96,8 @@ class CacheService final : public CacheServiceBase {
   // Runs `body` in a max_concurrent_unary slot, or refuses it.
   absl::Status RunLimited(std::string_view method, absl::FunctionRef<absl::Status()> body);
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, std::string_view method,
-                                        absl::Time start, const absl::Status& status);
+                                        absl::Time start, const absl::Status& status,
+                                        const ModelRef& model = {});
 
   const CacheServiceOptions options_;
   Cache* const cache_;

@@ -131,10 +131,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
     server->listen_addresses_.push_back(uri);
   }
   options.identity.listen_addresses = server->listen_addresses_;
+  options.cache_service.inflight = options.inflight;
   server->cache_service_ = std::make_unique<CacheService>(options.cache_service, cache, observer);
-  server->admin_service_ = std::make_unique<AdminService>(
-      options.identity, cache, observer,
-      AdminSources{.checkpoints = options.checkpoints, .rpc_tally = options.rpc_tally});
+  server->admin_service_ =
+      std::make_unique<AdminService>(options.identity, cache, observer,
+                                     AdminSources{.checkpoints = options.checkpoints,
+                                                  .rpc_tally = options.rpc_tally,
+                                                  .inflight = options.inflight});
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
   // The socket is created rw for owner and group only (kUnixSocketMode);

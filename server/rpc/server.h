@@ -54,6 +54,9 @@ struct GrpcServerOptions {
   checkpoint::CheckpointService* checkpoints = nullptr;
   // GetStats' per-method counts (pass the same tally as the observer); null: none.
   const RpcTally* rpc_tally = nullptr;
+  // The calls in flight: Append and Fetch register there, DumpMemory lists
+  // them; null: not kept. Outlives the server.
+  InflightCalls* inflight = nullptr;
 };
 
 class GrpcServer {

@@ -173,7 +173,10 @@ void ShmServer::Admit(UniqueFd fd) {
 
 void ShmServer::Serve(Connection* connection) {
   {
-    ShmSession session(options_.limits, cache_, &copier_, observer_);
+    const ucred& peer = connection->peer;
+    ShmSession session(options_.limits, cache_, &copier_, observer_,
+                       {.peer = absl::StrCat("shm:pid=", peer.pid, ",uid=", peer.uid),
+                        .inflight = options_.inflight});
     std::string frame;
     for (;;) {
       std::vector<int> received;

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "server/core/cache.h"
+#include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/unix_socket.h"
 #include "server/shm/copy_engine.h"
@@ -44,6 +45,9 @@ struct ShmServerOptions {
   ShmLimits limits;
   uint32_t copy_threads = 0;
   uint64_t parallel_copy_min_bytes = uint64_t{8} << 20;
+  // Where fetch_into and append_from register while they run; null: nowhere.
+  // Outlives the server.
+  InflightCalls* inflight = nullptr;
 };
 
 class ShmServer {

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "server/core/fetch_block.h"
 #include "server/rpc/cache_calls.h"
+#include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"
 
 namespace kvcache {
@@ -43,16 +44,39 @@ std::string_view MethodName(v1::ShmRequest::OpCase op) {
   return "ShmUnknown";
 }
 
+// The model a request names, for its log line.
+ModelRef ModelOf(const v1::ShmRequest& request) {
+  switch (request.op_case()) {
+    case v1::ShmRequest::kLookup:
+      return {request.lookup().namespace_(), request.lookup().model_id()};
+    case v1::ShmRequest::kFetchInto:
+      return {request.fetch_into().namespace_(), request.fetch_into().model_id()};
+    case v1::ShmRequest::kAppendFrom:
+      return {request.append_from().header().namespace_(),
+              request.append_from().header().model_id()};
+    default:
+      return {};
+  }
+}
+
 }  // namespace
 
 ShmSession::ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier,
-                       RpcObserver* observer)
-    : limits_(limits), cache_(cache), copier_(copier), observer_(observer) {}
+                       RpcObserver* observer, ShmPeer who)
+    : limits_(limits), cache_(cache), copier_(copier), observer_(observer), who_(std::move(who)) {}
 
 ShmSession::~ShmSession() = default;
 
 v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<UniqueFd> fds) {
   const absl::Time start = absl::Now();
+  const std::string_view method = MethodName(request.op_case());
+  const std::string request_id = NewRequestId();
+  InflightCalls::Handle inflight;
+  const bool moves_kv = request.op_case() == v1::ShmRequest::kFetchInto ||
+                        request.op_case() == v1::ShmRequest::kAppendFrom;
+  if (moves_kv && who_.inflight != nullptr) {
+    inflight = who_.inflight->Register(method, request_id, who_.peer);
+  }
   v1::ShmResponse response;
   uint64_t bytes = 0;
   absl::Status status = [&]() -> absl::Status {
@@ -103,11 +127,25 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
     }
     return absl::InvalidArgumentError("the request names no operation this daemon knows");
   }();
+  inflight.Reset();
+  const absl::Duration latency = absl::Now() - start;
+  std::string model;
+  if (ShouldLogCall(status.code())) {
+    model = ModelField(ModelOf(request));
+    LogCallDone({.method = method,
+                 .request_id = request_id,
+                 .peer = who_.peer,
+                 .model = model,
+                 .status = status,
+                 .latency = latency,
+                 .bytes = bytes});
+  }
   if (!status.ok()) {
     response.clear_result();
     SetStatus(status, &response);
+    response.set_message(absl::StrCat(response.message(), " (request id ", request_id, ")"));
   }
-  observer_->OnRpcDone(MethodName(request.op_case()), status.code(), absl::Now() - start, bytes);
+  observer_->OnRpcDone(method, status.code(), latency, bytes);
   return response;
 }
 

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "kvcache/v1/shm.pb.h"
 #include "server/core/cache.h"
+#include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/unix_socket.h"
 #include "server/shm/copy_engine.h"
@@ -45,20 +47,29 @@ struct ShmLimits {
   uint64_t max_frame_bytes = uint64_t{64} << 20;
 };
 
+// Who a session serves, for its calls' log lines and the calls in flight.
+struct ShmPeer {
+  std::string peer;                   // e.g. "shm:pid=123,uid=1000"
+  InflightCalls* inflight = nullptr;  // fetch_into and append_from register here
+};
+
 class ShmSession {
  public:
   // Appends are fed to the cache in pieces of this size: the pool's copy is
   // hashed while it is still in cache.
   static constexpr uint64_t kAppendPieceBytes = uint64_t{256} << 10;
 
-  // `cache`, `copier` and `observer` outlive the session.
-  ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier, RpcObserver* observer);
+  // `cache`, `copier`, `observer` and `who.inflight` outlive the session.
+  ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier, RpcObserver* observer,
+             ShmPeer who = {});
   ~ShmSession();
   ShmSession(const ShmSession&) = delete;
   ShmSession& operator=(const ShmSession&) = delete;
 
   // Answers one request; `fds` are the descriptors that came with it (the
   // session closes them). Never fails as a whole: errors are in the response.
+  // The plane carries no metadata, so each request gets a request id here: its
+  // log line names it, and an error's message ends with "(request id ID)".
   v1::ShmResponse Handle(const v1::ShmRequest& request, std::vector<UniqueFd> fds);
 
   size_t regions() const { return regions_.size(); }
@@ -81,6 +92,7 @@ class ShmSession {
   Cache* const cache_;
   CopyEngine* const copier_;
   RpcObserver* const observer_;
+  const ShmPeer who_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<MappedRegion>> regions_;
   uint64_t mapped_bytes_ = 0;
   absl::BitGen ids_;

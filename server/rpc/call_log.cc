@@ -1,0 +1,107 @@
+#include "server/rpc/call_log.h"
+
+#include <spdlog/spdlog.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/logging/log_event.h"
+#include "server/rpc/status_convert.h"
+
+namespace kvcache {
+namespace {
+
+spdlog::level::level_enum LevelOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return spdlog::level::debug;
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnavailable:
+      return spdlog::level::warn;
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kUnimplemented:
+      return spdlog::level::err;
+    default:
+      return spdlog::level::info;
+  }
+}
+
+}  // namespace
+
+std::string NewRequestId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  constexpr char kHex[] = "0123456789abcdef";
+  uint64_t v = rng();
+  std::string id(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) id[i] = kHex[v & 0xf];
+  return id;
+}
+
+std::string RequestIdOf(const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find(kRequestIdHeader);
+  if (it == metadata.end() || it->second.empty()) return NewRequestId();
+  std::string id(it->second.data(), std::min(it->second.size(), kMaxRequestIdBytes));
+  for (char& c : id) {
+    if (c < 0x21 || c > 0x7e) c = '?';
+  }
+  return id;
+}
+
+std::string ModelField(const ModelRef& model) {
+  if (model.model_id.empty()) return "";
+  return absl::StrCat(model.ns.empty() ? "default" : std::string(model.ns), "/",
+                      std::string(model.model_id));
+}
+
+bool ShouldLogCall(absl::StatusCode code) {
+  return spdlog::default_logger_raw()->should_log(LevelOf(code));
+}
+
+void LogCallDone(const CallOutcome& call) {
+  const spdlog::level::level_enum level = LevelOf(call.status.code());
+  if (!spdlog::default_logger_raw()->should_log(level)) return;
+  const std::string code = absl::StatusCodeToString(call.status.code());
+  const double latency_ms = absl::ToDoubleMilliseconds(call.latency);
+  std::vector<LogField> fields = {{"request_id", call.request_id},
+                                  {"method", call.method},
+                                  {"code", code},
+                                  {"peer", call.peer}};
+  if (!call.model.empty()) fields.emplace_back("model", call.model);
+  fields.emplace_back("latency_ms", latency_ms);
+  if (call.bytes != 0) fields.emplace_back("bytes", call.bytes);
+  if (call.status.ok()) {
+    LogEvent(level, "call done", fields);
+  } else {
+    const std::string message(call.status.message());
+    fields.emplace_back("message", message);
+    LogEvent(level, "call failed", fields);
+  }
+}
+
+void FinishUnaryCall(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
+                     RpcObserver* observer, std::string_view method, absl::Time start,
+                     const absl::Status& status, const ModelRef& model) {
+  const absl::Duration latency = absl::Now() - start;
+  const std::string request_id = RequestIdOf(*ctx);
+  ctx->AddTrailingMetadata(kRequestIdHeader, request_id);
+  observer->OnRpcDone(method, status.code(), latency, 0);
+  if (ShouldLogCall(status.code())) {
+    const std::string peer = ctx->peer();
+    const std::string model_field = ModelField(model);
+    LogCallDone({.method = method,
+                 .request_id = request_id,
+                 .peer = peer,
+                 .model = model_field,
+                 .status = status,
+                 .latency = latency});
+  }
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+}  // namespace kvcache

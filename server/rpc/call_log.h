@@ -1,0 +1,76 @@
+// Request ids and the log line of each finished call.
+//
+// Every call has a request id: the client's `x-request-id` metadata (the C++
+// client sends one on every call), or one the daemon makes up when it sent
+// none. The daemon echoes it in the trailing metadata `x-request-id` and
+// writes it in the call's log line, so a client's error names the line that
+// explains it. The shared-memory data plane carries no metadata: its calls
+// get an id from the daemon, which their error messages name.
+//
+// One event per finished call (LogCallDone): a failed call at info (the
+// caller's mistake: INVALID_ARGUMENT, NOT_FOUND, CANCELLED, ...), warn
+// (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ABORTED, UNAVAILABLE) or error
+// (INTERNAL, DATA_LOSS, UNKNOWN, UNIMPLEMENTED); a call that succeeded at
+// debug. docs/logging.md lists the fields.
+//
+// Thread-safe.
+#ifndef KVCACHE_SERVER_RPC_CALL_LOG_H_
+#define KVCACHE_SERVER_RPC_CALL_LOG_H_
+
+#include <grpcpp/server_context.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/rpc/rpc_observer.h"
+
+namespace kvcache {
+
+// The metadata key, in requests and in trailers.
+inline constexpr char kRequestIdHeader[] = "x-request-id";
+// The longest client id kept; a longer one is cut to this.
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+// A new id: 16 lowercase hex digits of a random 64-bit number.
+std::string NewRequestId();
+// The client's x-request-id (characters outside printable ASCII become '?'),
+// or a new id when it sent none or an empty one.
+std::string RequestIdOf(const grpc::CallbackServerContext& ctx);
+// A model as a request names it.
+struct ModelRef {
+  std::string_view ns;
+  std::string_view model_id;
+};
+// "ns/model_id" as the cache names a model ("default" for an empty
+// namespace); empty when model_id is.
+std::string ModelField(const ModelRef& model);
+
+struct CallOutcome {
+  std::string_view method;  // "Lookup", "Fetch", "ShmFetchInto", ...
+  std::string_view request_id;
+  std::string_view peer;
+  std::string_view model;  // empty: not known (not parsed, or no model)
+  absl::Status status;
+  absl::Duration latency;
+  uint64_t bytes = 0;  // payload bytes moved
+};
+
+// Whether a call ending with `code` is logged at the level in effect: the
+// caller may skip computing the peer when not.
+bool ShouldLogCall(absl::StatusCode code);
+// Logs the call's event (see above).
+void LogCallDone(const CallOutcome& call);
+
+// Finishes a unary call with `status`: echoes its request id in the trailers,
+// reports it to `observer`, logs it and calls reactor->Finish. `model` as in
+// CallOutcome. From any thread, once per call.
+void FinishUnaryCall(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
+                     RpcObserver* observer, std::string_view method, absl::Time start,
+                     const absl::Status& status, const ModelRef& model = {});
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_RPC_CALL_LOG_H_
