@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/rpc/admin_service.h"
+#include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -50,19 +51,31 @@ v1::VerifyBlocksProgress ToProto(const VerifyProgress& p) {
 // progress report.
 class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProgress> {
  public:
-  VerifyReactor(Cache* cache, RpcObserver* observer, std::atomic<int>* running,
-                VerifyOptions options)
+  VerifyReactor(grpc::CallbackServerContext* ctx, Cache* cache, RpcObserver* observer,
+                std::atomic<int>* running, VerifyOptions options)
       : state_(std::make_shared<State>()) {
     state_->reactor = this;
     const absl::Time start = absl::Now();
+    std::string request_id = RequestIdOf(*ctx);
+    ctx->AddTrailingMetadata(kRequestIdHeader, request_id);
+    std::string model = options.model.has_value() ? options.model->ToString() : "";
     options.on_progress = [state = state_](const VerifyProgress& p) {
       return state->Push(ToProto(p));
     };
-    std::thread([state = state_, cache, observer, running, options = std::move(options), start] {
+    std::thread([state = state_, cache, observer, running, options = std::move(options), start,
+                 request_id = std::move(request_id), model = std::move(model), peer = ctx->peer()] {
       absl::StatusOr<VerifyProgress> r = cache->VerifyBlocks(options);
       absl::Status status = r.status();
       if (r.ok() && !r->done) status = absl::CancelledError("the client went away");
-      observer->OnRpcDone("VerifyBlocks", status.code(), absl::Now() - start, 0);
+      const absl::Duration latency = absl::Now() - start;
+      observer->OnRpcDone("VerifyBlocks", status.code(), latency, 0);
+      LogCallDone({.method = "VerifyBlocks",
+                   .request_id = request_id,
+                   .peer = peer,
+                   .model = model,
+                   .status = status,
+                   .latency = latency,
+                   .bytes = r.ok() ? r->bytes_checked : 0});
       running->fetch_sub(1);
       state->WorkDone(status);
     }).detach();
@@ -134,10 +147,14 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
   std::shared_ptr<State> state_;
 };
 
-// Refuses a call at once.
+// Refuses a call at once (logged and reported by the caller).
 class RefusedWrite final : public grpc::ServerWriteReactor<v1::VerifyBlocksProgress> {
  public:
-  explicit RefusedWrite(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  RefusedWrite(grpc::CallbackServerContext* ctx, const std::string& request_id,
+               const absl::Status& status) {
+    ctx->AddTrailingMetadata(kRequestIdHeader, request_id);
+    Finish(ToGrpcStatus(status));
+  }
   void OnDone() override { delete this; }
 };
 
@@ -207,11 +224,19 @@ void ToProto(const SequenceInspection& in, v1::InspectSequenceResponse* out) {
 }  // namespace
 
 grpc::ServerWriteReactor<v1::VerifyBlocksProgress>* AdminService::VerifyBlocks(
-    grpc::CallbackServerContext*, const v1::VerifyBlocksRequest* request) {
+    grpc::CallbackServerContext* ctx, const v1::VerifyBlocksRequest* request) {
   const absl::Time start = absl::Now();
   auto refuse = [&](const absl::Status& status) {
-    observer_->OnRpcDone("VerifyBlocks", status.code(), absl::Now() - start, 0);
-    return new RefusedWrite(status);
+    const std::string request_id = RequestIdOf(*ctx);
+    const absl::Duration latency = absl::Now() - start;
+    observer_->OnRpcDone("VerifyBlocks", status.code(), latency, 0);
+    LogCallDone({.method = "VerifyBlocks",
+                 .request_id = request_id,
+                 .peer = ctx->peer(),
+                 .model = ModelField({request->namespace_(), request->model_id()}),
+                 .status = status,
+                 .latency = latency});
+    return new RefusedWrite(ctx, request_id, status);
   };
   VerifyOptions options;
   if (!request->model_id().empty()) {
@@ -235,7 +260,7 @@ grpc::ServerWriteReactor<v1::VerifyBlocksProgress>* AdminService::VerifyBlocks(
     return refuse(absl::ResourceExhaustedError(
         absl::StrCat(kMaxVerifications, " block verifications are running; retry when one ends")));
   }
-  return new VerifyReactor(cache_, observer_, &verifications_, std::move(options));
+  return new VerifyReactor(ctx, cache_, observer_, &verifications_, std::move(options));
 }
 
 grpc::ServerUnaryReactor* AdminService::DumpMemory(grpc::CallbackServerContext* ctx,
@@ -297,6 +322,7 @@ grpc::ServerUnaryReactor* AdminService::DumpMemory(grpc::CallbackServerContext* 
   }
   response->set_leases_total(s.leases_total);
   response->set_process_rss_bytes(ProcessRssBytes());
+  if (inflight_ != nullptr) FillInflightCalls(*inflight_, s.taken, response->mutable_calls());
   return Finish(ctx, "DumpMemory", start);
 }
 

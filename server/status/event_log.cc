@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "server/logging/log_format.h"
 
 namespace kvcache {
 namespace {
@@ -22,7 +23,7 @@ class EventLogSink final : public spdlog::sinks::base_sink<std::mutex> {
     const auto level = spdlog::level::to_string_view(msg.level);
     log_->AddMessage({.when = absl::FromChrono(msg.time),
                       .level = std::string(level.data(), level.size()),
-                      .text = std::string(msg.payload.data(), msg.payload.size())});
+                      .text = LogPayloadAsText({msg.payload.data(), msg.payload.size()})});
   }
   void flush_() override {}
 

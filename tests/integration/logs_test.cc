@@ -14,7 +14,6 @@
 #include "absl/time/clock.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
-#include "tests/integration/run_command.h"
 
 namespace kvcache::testing {
 namespace {
@@ -38,7 +37,9 @@ class LogsTest : public ::testing::Test {
     daemon_ = *std::move(d);
   }
   void TearDown() override {
-    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0);
+    if (daemon_ != nullptr) {
+      EXPECT_EQ(daemon_->Stop(), 0);
+    }
   }
 
   // Every line of the daemon's log, each parsed (a line that is not JSON fails the test).
