@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "progress.h"
 #include "table.h"
 
 namespace kvcache::ctl {
@@ -462,8 +463,11 @@ int RunLookup(const Context& ctx, std::string_view model, const std::vector<uint
 
 int RunEvict(const Context& ctx, std::string_view model, const std::vector<uint32_t>& tokens,
              bool all) {
-  absl::StatusOr<EvictResult> r =
-      all ? ctx.client->EvictModel(model) : ctx.client->EvictPrefix(model, tokens);
+  // Evicting a large model takes a while: a spinner on a terminal meanwhile.
+  absl::StatusOr<EvictResult> r = absl::UnknownError("not called");
+  RunWithSpinner("evict", [&] {
+    r = all ? ctx.client->EvictModel(model) : ctx.client->EvictPrefix(model, tokens);
+  });
   if (!r.ok()) return Fail(ctx, "evict", r.status());
   if (ctx.json) {
     v1::EvictResponse resp;
@@ -478,7 +482,8 @@ int RunEvict(const Context& ctx, std::string_view model, const std::vector<uint3
 }
 
 int RunUnregister(const Context& ctx, std::string_view model) {
-  absl::StatusOr<v1::UnregisterModelResponse> r = ctx.client->UnregisterModel(model);
+  absl::StatusOr<v1::UnregisterModelResponse> r = absl::UnknownError("not called");
+  RunWithSpinner("unregister", [&] { r = ctx.client->UnregisterModel(model); });
   if (!r.ok()) return Fail(ctx, "unregister", r.status());
   if (ctx.json) {
     *ctx.out << ToJson(*r) << '\n';

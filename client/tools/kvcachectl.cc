@@ -7,6 +7,8 @@
 #include <iostream>
 #include <optional>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "completion.h"
 #include "ctl_commands.h"
@@ -179,10 +181,11 @@ int main(int argc, char** argv) {
   auto* at = attention->add_option("--tokens", attention_tokens_text, kTokensHelp);
   auto* af = attention->add_option("--tokens-file", attention_tokens_file,
                                    "file of token ids (- for stdin)");
+  std::string attention_key;
   auto* ak = attention->add_option(
-      "--key", attention_args.first_block_key,
-      "instead of tokens: the most used sequence that begins with the block of this chain key "
-      "(the status page's top prefixes list them)");
+      "--key", attention_key,
+      "instead of tokens: the most used sequence that begins with the block of this chain key, "
+      "in hex as kvcachectl lookup and the status page print keys (0x optional)");
   at->excludes(af)->excludes(ak);
   af->excludes(ak);
   attention->add_option("--svg", attention_args.svg, "write the heatmap to this SVG file");
@@ -288,7 +291,17 @@ int main(int argc, char** argv) {
                    "--key\n";
       return kExitUsage;
     }
-    if (ak->count() == 0) {
+    if (ak->count() != 0) {
+      absl::string_view hex = attention_key;  // Debian's Abseil has its own string_view
+      if (absl::StartsWith(hex, "0x") || absl::StartsWith(hex, "0X")) hex.remove_prefix(2);
+      if (hex.empty() || hex.size() > 16 ||
+          !absl::SimpleHexAtoi(hex, &attention_args.first_block_key) ||
+          attention_args.first_block_key == 0) {
+        std::cerr << "kvcachectl: attention: --key " << attention_key
+                  << " is not a block key (1 to 16 hex digits, not 0)\n";
+        return kExitUsage;
+      }
+    } else {
       absl::StatusOr<std::vector<uint32_t>> tokens =
           tokens_of(attention_tokens_text, attention_tokens_file);
       if (!tokens.ok()) {

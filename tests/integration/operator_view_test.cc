@@ -330,7 +330,7 @@ TEST_F(AttentionTest, TheMapShowsImportanceProtectionAndPrecision) {
   ASSERT_TRUE(lookup.ok());
   ASSERT_FALSE(lookup->blocks.empty());
   CommandResult by_key =
-      Ctl(absl::StrCat("--json attention --model q --key ", lookup->blocks[0].key()));
+      Ctl(absl::StrCat("--json attention --model q --key ", absl::Hex(lookup->blocks[0].key())));
   ASSERT_EQ(by_key.exit_code, 0) << by_key.output;
   v1::InspectSequenceResponse parsed;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(by_key.output, &parsed).ok());
@@ -344,6 +344,9 @@ TEST_F(AttentionTest, TheMapShowsImportanceProtectionAndPrecision) {
   EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND"));
   CommandResult usage = Ctl("attention --model q");
   EXPECT_EQ(usage.exit_code, 2) << usage.output;
+  CommandResult bad_key = Ctl("attention --model q --key 0xnothex");
+  EXPECT_EQ(bad_key.exit_code, 2) << bad_key.output;
+  EXPECT_THAT(bad_key.output, HasSubstr("not a block key"));
 }
 
 }  // namespace
