@@ -15,41 +15,13 @@
 #     verify` where systemd-analyze works.
 # Usage: deploy_assets_test.sh KVCACHED_BINARY REPO_ROOT
 set -euo pipefail
-
-if (($# != 2)); then
-  echo "usage: $0 KVCACHED_BINARY REPO_ROOT" >&2
-  exit 2
-fi
-kvcached=$(realpath "$1")
-root=$(realpath "$2")
-deploy=$root/deploy
-py=/usr/bin/python3  # Debian's interpreter: python3-grpcio, python3-protobuf
-
-work=$(mktemp -d)
-daemon_pid=""
-cleanup() {
-  if [[ -n $daemon_pid ]] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -KILL "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  if [[ -f $work/kvcached.log ]]; then
-    echo "--- kvcached log (last 40 lines) ---" >&2
-    tail -n 40 "$work/kvcached.log" >&2
-  fi
-  exit 1
-}
-check() { echo "check: $*"; }
-need() { command -v "$1" >/dev/null || fail "$1 not found (deploy/setup-debian.sh installs it)"; }
+# shellcheck source-path=SCRIPTDIR source=shell_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/shell_lib.sh"
+setup_test "$@"
 
 need promtool
 need curl
-[[ -x $py ]] || fail "$py not found"
-[[ -x $kvcached ]] || fail "$kvcached is not an executable"
+need_python
 for f in kvcached.json kvcached.service prometheus.yml alerts.yml alerts_test.yml \
   grafana-dashboard.json README.md; do
   [[ -f $deploy/$f ]] || fail "deploy/$f is missing"
@@ -210,62 +182,29 @@ check "kvcached.service, kvcached.json and prometheus.yml agree"
 "$py" "$work/cross.py" "$deploy" || fail "the assets disagree"
 
 # --- The real daemon with the example config ---------------------------------
-read -r tcp_port metrics_port < <("$py" -c '
-import socket
-a, b = socket.socket(), socket.socket()
-a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
-print(a.getsockname()[1], b.getsockname()[1])') || fail "cannot pick free ports"
-"$py" - "$deploy/kvcached.json" "$work/kvcached.json" "$tcp_port" "$metrics_port" "$work" <<'EOF'
-import json, sys
-src, dst, tcp, metrics, work = sys.argv[1:6]
-c = json.load(open(src))
-c["listen"]["tcp_address"] = f"127.0.0.1:{tcp}"
-c["listen"]["unix_socket"] = f"{work}/kvcached.sock"
-c["listen"]["metrics_address"] = f"127.0.0.1:{metrics}"
-c["host_tier"]["capacity_bytes"] = 64 << 20
-# An SSD tier too, so that the tier metrics the alerts use are exported.
-c["ssd_tier"] = {"path": f"{work}/ssd.bin", "capacity_bytes": str(64 << 20)}
-# Checkpoints in the temp dir too (the real one is in the unit's StateDirectory).
-c["checkpoint"]["dir"] = f"{work}/checkpoints"
-json.dump(c, open(dst, "w"), indent=2)
-EOF
+free_ports 2
+tcp_port=${ports[0]} metrics_port=${ports[1]}
+write_deploy_config "$work/kvcached.json" "$tcp_port" "$metrics_port"
 check "kvcached accepts a copy of deploy/kvcached.json (TCP :$tcp_port, metrics :$metrics_port," \
   "socket in a temp dir, 64 MiB host and SSD tiers)"
-"$kvcached" --config "$work/kvcached.json" >"$work/kvcached.log" 2>&1 &
-daemon_pid=$!
 metrics_url=http://127.0.0.1:$metrics_port/metrics
-for ((i = 0; ; i++)); do
-  kill -0 "$daemon_pid" 2>/dev/null || fail "kvcached exited at start-up"
-  if [[ -S $work/kvcached.sock ]] && curl -fsS -o /dev/null "$metrics_url" 2>/dev/null; then break; fi
-  ((i < 100)) || fail "kvcached did not serve its socket and $metrics_url within 10 s"
-  sleep 0.1
-done
+start_kvcached "$work/kvcached.json" "$metrics_url" "$work/kvcached.sock"
 
 # A small workload through the unix socket, so that every family has samples:
 # register a model, append two blocks twice (stored, then deduplicated), look
 # up 48 tokens (32 hit, 16 miss), fetch, and look up an unknown model.
 exercised=0
-if command -v protoc >/dev/null && "$py" -c 'import grpc, google.protobuf' 2>/dev/null; then
-  mkdir "$work/gen"
-  protoc -I "$root/proto" --python_out="$work/gen" kvcache/v1/kvcache.proto
+if command -v protoc >/dev/null && has_python_grpc; then
+  gen_stubs
   check "a workload over unix:$work/kvcached.sock (RegisterModel, Append x2, Lookup, Fetch, NOT_FOUND)"
   "$py" - "$work/gen" "unix:$work/kvcached.sock" <<'EOF' || fail "the workload failed"
 import sys
 sys.path.insert(0, sys.argv[1])
-import grpc
-from kvcache.v1 import kvcache_pb2 as pb
+from cache_rpc import grpc, pb, connect, register_model
 
-channel = grpc.insecure_channel(sys.argv[2])
-grpc.channel_ready_future(channel).result(timeout=10)
-ser = lambda m: m.SerializeToString()
-def call(kind, name, resp):
-    return getattr(channel, kind)(f"/kvcache.v1.Cache/{name}", request_serializer=ser,
-                                  response_deserializer=resp.FromString)
+call = connect(sys.argv[2])
 ns, model = "deploy-test", "tiny"
-layout = pb.ModelLayout(num_layers=1, num_kv_heads=1, head_dim=8, dtype=pb.DTYPE_FP16,
-                        block_tokens=16)
-reg = call("unary_unary", "RegisterModel", pb.RegisterModelResponse)(
-    pb.RegisterModelRequest(namespace=ns, model_id=model, layout=layout), timeout=10)
+reg = register_model(call, ns, model, num_layers=1, num_kv_heads=1, head_dim=8)
 assert reg.block_bytes == 512, reg
 tokens = list(range(32))
 def append():
@@ -386,16 +325,7 @@ check "every kvcached_* metric (and matched label) in the dashboard and alerts i
   "$exercised" || fail "metric names"
 
 check "SIGTERM stops kvcached with exit status 0"
-kill -TERM "$daemon_pid"
-for ((i = 0; ; i++)); do
-  kill -0 "$daemon_pid" 2>/dev/null || break
-  ((i < 150)) || fail "kvcached still running 15 s after SIGTERM"
-  sleep 0.1
-done
-status=0
-wait "$daemon_pid" || status=$?
-daemon_pid=""
-((status == 0)) || fail "kvcached exited $status after SIGTERM"
+stop_kvcached
 
 # --- systemd unit ----------------------------------------------------------------
 if ! command -v systemd-analyze >/dev/null; then

@@ -17,90 +17,26 @@
 # Every wait is bounded; everything started is killed on exit.
 # Usage: prometheus_scrape_test.sh KVCACHED_BINARY REPO_ROOT
 set -euo pipefail
-
-if (($# != 2)); then
-  echo "usage: $0 KVCACHED_BINARY REPO_ROOT" >&2
-  exit 2
-fi
-kvcached=$(realpath "$1")
-root=$(realpath "$2")
-deploy=$root/deploy
-py=/usr/bin/python3  # Debian's interpreter: python3-grpcio, python3-protobuf
-
-work=$(mktemp -d)
-daemon_pid="" prometheus_pid="" workload_pid=""
-stop() {  # stop PID: SIGTERM, then SIGKILL after 5 s
-  local pid=$1 i
-  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 50; i++)); do
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.1
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-cleanup() {
-  touch "$work/stop-workload" 2>/dev/null || true
-  stop "$workload_pid"
-  stop "$prometheus_pid"
-  stop "$daemon_pid"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  for log in kvcached.log prometheus.log workload.log; do
-    if [[ -s $work/$log ]]; then
-      echo "--- $log (last 30 lines) ---" >&2
-      tail -n 30 "$work/$log" >&2
-    fi
-  done
-  exit 1
-}
-check() { echo "check: $*"; }
-need() { command -v "$1" >/dev/null || fail "$1 not found (deploy/setup-debian.sh installs it)"; }
+# shellcheck source-path=SCRIPTDIR source=shell_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/shell_lib.sh"
+setup_test "$@"
+fail_logs+=(prometheus.log workload.log)
 
 need prometheus
 need curl
 need protoc
-[[ -x $py ]] || fail "$py not found"
-"$py" -c 'import grpc, google.protobuf' 2>/dev/null || fail "$py lacks grpc or protobuf"
-[[ -x $kvcached ]] || fail "$kvcached is not an executable"
+need_python_grpc
 
-read -r tcp_port metrics_port prometheus_port < <("$py" -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))') || fail "cannot pick free ports"
+free_ports 3
+tcp_port=${ports[0]} metrics_port=${ports[1]} prometheus_port=${ports[2]}
 instance=127.0.0.1:$metrics_port
 ns=prom-test
 model=tiny
 
 # --- kvcached -------------------------------------------------------------------
-"$py" - "$deploy/kvcached.json" "$work/kvcached.json" "$tcp_port" "$metrics_port" "$work" <<'PY'
-import json, sys
-src, dst, tcp, metrics, work = sys.argv[1:6]
-c = json.load(open(src))
-c["listen"]["tcp_address"] = f"127.0.0.1:{tcp}"
-c["listen"]["unix_socket"] = f"{work}/kvcached.sock"
-c["listen"]["metrics_address"] = f"127.0.0.1:{metrics}"
-c["host_tier"]["capacity_bytes"] = 64 << 20
-# An SSD tier, so that the tier panels have an ssd series too.
-c["ssd_tier"] = {"path": f"{work}/ssd.bin", "capacity_bytes": str(64 << 20)}
-c["checkpoint"]["dir"] = f"{work}/checkpoints"
-c.get("importance", {}).pop("calibration_file", None)
-json.dump(c, open(dst, "w"), indent=2)
-PY
+write_deploy_config "$work/kvcached.json" "$tcp_port" "$metrics_port" --no-calibration
 check "kvcached (TCP :$tcp_port, metrics $instance, 64 MiB host and SSD tiers)"
-"$kvcached" --config "$work/kvcached.json" >"$work/kvcached.log" 2>&1 &
-daemon_pid=$!
-for ((i = 0; ; i++)); do
-  kill -0 "$daemon_pid" 2>/dev/null || fail "kvcached exited at start-up"
-  if curl -fsS -o /dev/null "http://$instance/metrics" 2>/dev/null; then break; fi
-  ((i < 100)) || fail "kvcached did not serve http://$instance/metrics within 10 s"
-  sleep 0.1
-done
+start_kvcached "$work/kvcached.json" "http://$instance/metrics"
 
 # --- Prometheus -------------------------------------------------------------------
 mkdir "$work/prometheus"
@@ -121,42 +57,30 @@ scrape_configs:
 YAML
 prometheus_url=http://127.0.0.1:$prometheus_port
 check "prometheus at $prometheus_url scraping $instance every 1 s"
-prometheus --config.file="$work/prometheus/prometheus.yml" \
+spawn "$work/prometheus.log" prometheus --config.file="$work/prometheus/prometheus.yml" \
   --storage.tsdb.path="$work/tsdb" --web.listen-address="127.0.0.1:$prometheus_port" \
-  --log.level=warn >"$work/prometheus.log" 2>&1 &
+  --log.level=warn
 prometheus_pid=$!
-for ((i = 0; ; i++)); do
-  kill -0 "$prometheus_pid" 2>/dev/null || fail "prometheus exited at start-up"
-  if curl -fsS -o /dev/null "$prometheus_url/-/ready" 2>/dev/null; then break; fi
-  ((i < 300)) || fail "prometheus was not ready within 30 s"
-  sleep 0.1
-done
+prometheus_ready() {
+  running "$prometheus_pid" "prometheus exited at start-up" &&
+    curl -fsS -o /dev/null "$prometheus_url/-/ready" 2>/dev/null
+}
+poll 30 "prometheus was not ready within 30 s" prometheus_ready
 
 # --- Workload -----------------------------------------------------------------------
-mkdir "$work/gen"
-protoc -I "$root/proto" --python_out="$work/gen" kvcache/v1/kvcache.proto ||
-  fail "protoc kvcache.proto"
+gen_stubs
 cat >"$work/workload.py" <<'PY'
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-import grpc
-from kvcache.v1 import kvcache_pb2 as pb
+from cache_rpc import grpc, pb, connect, register_model
 
 target, ns, model, stop_file = sys.argv[2:6]
-channel = grpc.insecure_channel(target)
-grpc.channel_ready_future(channel).result(timeout=10)
-ser = lambda m: m.SerializeToString()
-def call(kind, name, resp):
-    return getattr(channel, kind)(f"/kvcache.v1.Cache/{name}", request_serializer=ser,
-                                  response_deserializer=resp.FromString)
-register = call("unary_unary", "RegisterModel", pb.RegisterModelResponse)
+call = connect(target)
 append = call("stream_unary", "Append", pb.AppendResponse)
 lookup = call("unary_unary", "Lookup", pb.LookupResponse)
 fetch = call("unary_stream", "Fetch", pb.FetchResponse)
-layout = pb.ModelLayout(num_layers=1, num_kv_heads=1, head_dim=8, dtype=pb.DTYPE_FP16,
-                        block_tokens=16)
-assert register(pb.RegisterModelRequest(namespace=ns, model_id=model, layout=layout),
-                timeout=10).block_bytes == 512
+assert register_model(call, ns, model, num_layers=1, num_kv_heads=1,
+                      head_dim=8).block_bytes == 512
 deadline = time.monotonic() + 120  # bounded even if nobody stops it
 round = 0
 while not os.path.exists(stop_file) and time.monotonic() < deadline:
@@ -182,21 +106,20 @@ while not os.path.exists(stop_file) and time.monotonic() < deadline:
 print(f"{round} rounds", flush=True)
 PY
 check "a workload over TCP 127.0.0.1:$tcp_port (RegisterModel, Append x2, Lookup, Fetch, NOT_FOUND) in a loop"
-"$py" "$work/workload.py" "$work/gen" "127.0.0.1:$tcp_port" "$ns" "$model" "$work/stop-workload" \
-  >"$work/workload.log" 2>&1 &
+spawn "$work/workload.log" \
+  "$py" "$work/workload.py" "$work/gen" "127.0.0.1:$tcp_port" "$ns" "$model" "$work/stop-workload"
 workload_pid=$!
-for ((i = 0; ; i++)); do
-  kill -0 "$workload_pid" 2>/dev/null || fail "the workload exited early"
-  grep -qs "first round done" "$work/workload.log" && break
-  ((i < 150)) || fail "the workload's first round did not finish within 15 s"
-  sleep 0.1
-done
+first_round_done() {
+  running "$workload_pid" "the workload exited early" &&
+    grep -qs "first round done" "$work/workload.log"
+}
+poll 15 "the workload's first round did not finish within 15 s" first_round_done
 
 # Query EXPR: the JSON answer of an instant query.
 query() { curl -fsS --max-time 10 "$prometheus_url/api/v1/query" --data-urlencode "query=$1"; }
 check "prometheus holds at least 6 scrapes of the workload (waits at most 40 s)"
 for ((i = 0; ; i++)); do
-  kill -0 "$workload_pid" 2>/dev/null || fail "the workload exited early"
+  running "$workload_pid" "the workload exited early"
   n=$(query "count_over_time(kvcached_lookup_hit_tokens_total{namespace=\"$ns\",model=\"$model\"}[20s])" |
     "$py" -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)') ||
     n=0
@@ -312,12 +235,8 @@ sleep 2
   fail "the dashboard against Prometheus"
 
 touch "$work/stop-workload"
-for ((i = 0; ; i++)); do
-  kill -0 "$workload_pid" 2>/dev/null || break
-  ((i < 100)) || fail "the workload did not stop within 10 s"
-  sleep 0.1
-done
+poll 10 "the workload did not stop within 10 s" exited "$workload_pid"
 wait "$workload_pid" || fail "the workload failed"
-workload_pid=""
+forget "$workload_pid"
 echo "  workload: $(tail -n 1 "$work/workload.log")"
 echo "PASS: prometheus scrape"

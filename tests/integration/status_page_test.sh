@@ -21,49 +21,19 @@
 # Usage: status_page_test.sh KVCACHED_BINARY REPO_ROOT
 # With KVCACHE_TEST_ARTIFACTS set, the screenshot is copied into that directory.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=shell_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/shell_lib.sh"
+setup_test "$@"
+fail_logs+=(chromium.log)
 
-if (($# != 2)); then
-  echo "usage: $0 KVCACHED_BINARY REPO_ROOT" >&2
-  exit 2
-fi
-kvcached=$(realpath "$1")
-root=$(realpath "$2")
-py=/usr/bin/python3 # Debian's interpreter: python3-grpcio, python3-protobuf
-
-work=$(mktemp -d)
-daemon_pid=""
-cleanup() {
-  if [[ -n $daemon_pid ]] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -KILL "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  if [[ -f $work/kvcached.log ]]; then
-    echo "--- kvcached log (last 40 lines) ---" >&2
-    tail -n 40 "$work/kvcached.log" >&2
-  fi
-  exit 1
-}
-check() { echo "check: $*"; }
-
-command -v chromium >/dev/null ||
-  fail "chromium not found: this test loads the status page in headless Chromium;" \
-    "install it with \`apt-get install chromium\` (deploy/setup-debian.sh does)"
+need chromium "chromium not found: this test loads the status page in headless Chromium;" \
+  "install it with \`apt-get install chromium\` (deploy/setup-debian.sh does)"
 for tool in curl protoc timeout; do
-  command -v "$tool" >/dev/null || fail "$tool not found (deploy/setup-debian.sh installs it)"
+  need "$tool"
 done
-[[ -x $py ]] || fail "$py not found"
-"$py" -c 'import grpc, google.protobuf' 2>/dev/null ||
-  fail "$py lacks grpc or protobuf (apt-get install python3-grpcio python3-protobuf)"
-[[ -x $kvcached ]] || fail "$kvcached is not an executable"
+need_python_grpc
 
-mkdir "$work/gen"
-protoc -I "$root/proto" --python_out="$work/gen" kvcache/v1/kvcache.proto ||
-  fail "protoc kvcache.proto"
+gen_stubs
 
 # Chromium as root needs --no-sandbox; its profile goes to the temp dir.
 browse() {
@@ -75,12 +45,9 @@ browse() {
 # --- The daemon ------------------------------------------------------------------
 metrics_port=""
 start_daemon() { # $1: show_tokens (true/false)
-  local tcp_port
-  read -r tcp_port metrics_port < <("$py" -c '
-import socket
-a, b = socket.socket(), socket.socket()
-a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
-print(a.getsockname()[1], b.getsockname()[1])') || fail "cannot pick free ports"
+  free_ports 2
+  local tcp_port=${ports[0]}
+  metrics_port=${ports[1]}
   rm -rf "$work/ssd.bin" "$work/kvcached.sock"
   : >"$work/not-a-dir" # the migration log's "directory" is a file: opening it fails
   cat >"$work/kvcached.json" <<EOF
@@ -96,30 +63,8 @@ print(a.getsockname()[1], b.getsockname()[1])') || fail "cannot pick free ports"
   "status_page": {"show_tokens": $1, "recent_events": 20}
 }
 EOF
-  "$kvcached" --config "$work/kvcached.json" >"$work/kvcached.log" 2>&1 &
-  daemon_pid=$!
-  for ((i = 0; ; i++)); do
-    kill -0 "$daemon_pid" 2>/dev/null || fail "kvcached exited at start-up"
-    if [[ -S $work/kvcached.sock ]] &&
-      curl -fsS -o /dev/null "http://127.0.0.1:$metrics_port/status" 2>/dev/null; then
-      break
-    fi
-    ((i < 100)) || fail "kvcached did not serve its socket and /status within 10 s"
-    sleep 0.1
-  done
-}
-
-stop_daemon() {
-  kill -TERM "$daemon_pid"
-  for ((i = 0; ; i++)); do
-    kill -0 "$daemon_pid" 2>/dev/null || break
-    ((i < 150)) || fail "kvcached still running 15 s after SIGTERM"
-    sleep 0.1
-  done
-  local status=0
-  wait "$daemon_pid" || status=$?
-  daemon_pid=""
-  ((status == 0)) || fail "kvcached exited $status after SIGTERM"
+  start_kvcached "$work/kvcached.json" "http://127.0.0.1:$metrics_port/status" \
+    "$work/kvcached.sock"
 }
 
 # Registers status-test/tiny (2 layers, 2 KV heads, head dim 64, fp16, 16-token
@@ -130,21 +75,12 @@ stop_daemon() {
 cat >"$work/workload.py" <<'EOF'
 import sys
 sys.path.insert(0, sys.argv[1])
-import grpc
-from kvcache.v1 import kvcache_pb2 as pb
+from cache_rpc import pb, connect, register_model
 
 target, sequences = sys.argv[2], int(sys.argv[3])
-channel = grpc.insecure_channel(target)
-grpc.channel_ready_future(channel).result(timeout=10)
-ser = lambda m: m.SerializeToString()
-def call(kind, name, resp):
-    return getattr(channel, kind)(f"/kvcache.v1.Cache/{name}", request_serializer=ser,
-                                  response_deserializer=resp.FromString)
+call = connect(target)
 ns, model = "status-test", "tiny"
-layout = pb.ModelLayout(num_layers=2, num_kv_heads=2, head_dim=64, dtype=pb.DTYPE_FP16,
-                        block_tokens=16)
-reg = call("unary_unary", "RegisterModel", pb.RegisterModelResponse)(
-    pb.RegisterModelRequest(namespace=ns, model_id=model, layout=layout), timeout=10)
+reg = register_model(call, ns, model, num_layers=2, num_kv_heads=2, head_dim=64)
 assert reg.block_bytes == 16384, reg
 tokens_of = lambda s: [7770000 + 1000 * s + i for i in range(256)]
 for s in range(sequences):
@@ -329,15 +265,12 @@ code=$(curl -sS -o /dev/null -w '%{http_code}' "$base/nothing")
 [[ $code == 404 ]] || fail "GET /nothing answered $code"
 
 check "the tier moves and the migration log's error reach /status (waiting up to 15 s)"
-for ((i = 0; ; i++)); do
+status_shows_move_and_error() {
   curl -fsS "$base/status" >"$work/status.html" || fail "curl /status"
-  if grep -q 'class="move"' "$work/status.html" &&
-    grep -q 'class="event level-error"' "$work/status.html"; then
-    break
-  fi
-  ((i < 150)) || fail "/status lists no tier move or no error after 15 s"
-  sleep 0.1
-done
+  grep -q 'class="move"' "$work/status.html" &&
+    grep -q 'class="event level-error"' "$work/status.html"
+}
+poll 15 "/status lists no tier move or no error after 15 s" status_shows_move_and_error
 
 check "curl $base/status: every section, the model, no script, no token id"
 "$py" "$work/page.py" "$work/status.html" "/status (curl)" "${sections[@]}" \
@@ -371,7 +304,7 @@ code=$(curl -sS -o /dev/null -w '%{http_code}' "$base/status/attention?ns=status
 [[ $code == 404 ]] || fail "the attention page of an unknown key answered $code"
 
 check "SIGTERM stops kvcached with exit status 0"
-stop_daemon
+stop_kvcached
 
 # --- status_page.show_tokens -----------------------------------------------------
 check "restarted with status_page.show_tokens: the token ids are on both pages"
@@ -385,6 +318,6 @@ link=$("$py" "$work/page.py" "$work/status_tokens.dom" "/status" link) || fail "
 browse --dump-dom "$base$link" >"$work/attention_tokens.dom" || fail "chromium --dump-dom $link"
 "$py" "$work/page.py" "$work/attention_tokens.dom" "attention page (show_tokens)" \
   count=cell:256 has='token 7770000' has='token 7770255' || fail "attention page with show_tokens"
-stop_daemon
+stop_kvcached
 
 echo "PASS: status page"
