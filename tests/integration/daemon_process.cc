@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,6 +68,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
   d->pid_ = ::fork();
   if (d->pid_ < 0) return absl::InternalError("fork failed");
   if (d->pid_ == 0) {
+    // The daemon dies with the test, also when the test crashes before its
+    // TearDown (the forking thread is the test's main thread).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() == 1) ::_exit(127);  // the test died before prctl
     std::FILE* log = std::fopen(d->log_path_.c_str(), "w");
     if (log != nullptr) {
       ::dup2(::fileno(log), STDOUT_FILENO);
