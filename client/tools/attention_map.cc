@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "png_writer.h"
 
 namespace kvcache::ctl {
 namespace {
@@ -38,35 +39,42 @@ std::string Escape(std::string_view s) {
   return out;
 }
 
-// A perceptually ordered ramp (dark blue -> teal -> yellow) for x in [0, 1].
-std::string Ramp(double x) {
+// A perceptually ordered ramp (dark blue -> teal -> yellow) for x in [0, 1], as 0xRRGGBB.
+uint32_t RampRgb(double x) {
   x = std::clamp(std::isfinite(x) ? x : 0.0, 0.0, 1.0);
   static constexpr double kStops[][3] = {
       {68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
   const double at = x * 4;
   const int i = std::min(3, static_cast<int>(at));
   const double f = at - i;
-  int rgb[3];
+  uint32_t rgb = 0;
   for (int c = 0; c < 3; ++c) {
-    rgb[c] = static_cast<int>(std::lround(kStops[i][c] + f * (kStops[i + 1][c] - kStops[i][c])));
+    rgb = rgb << 8 |
+          static_cast<uint32_t>(std::lround(kStops[i][c] + f * (kStops[i + 1][c] - kStops[i][c])));
   }
-  return absl::StrFormat("#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
+  return rgb;
 }
 
-const char* PrecisionColour(v1::StoredPrecision p) {
+std::string Css(uint32_t rgb) { return absl::StrFormat("#%06x", rgb); }
+std::string Ramp(double x) { return Css(RampRgb(x)); }
+
+uint32_t PrecisionRgb(v1::StoredPrecision p) {
   switch (p) {
     case v1::STORED_PRECISION_INT8:
-      return "#f4a261";
+      return 0xf4a261;
     case v1::STORED_PRECISION_INT4:
-      return "#e76f51";
+      return 0xe76f51;
     case v1::STORED_PRECISION_PRUNED:
-      return "#6c757d";
+      return 0x6c757d;
     case v1::STORED_PRECISION_MIXED:
-      return "#9b5de5";
+      return 0x9b5de5;
     default:
-      return "#2a9d8f";  // full
+      return 0x2a9d8f;  // full
   }
 }
+std::string PrecisionColour(v1::StoredPrecision p) { return Css(PrecisionRgb(p)); }
+
+constexpr uint32_t kProtectedRgb = 0xd62828;
 
 const char* PrecisionName(v1::StoredPrecision p) {
   switch (p) {
@@ -112,7 +120,8 @@ std::string AttentionSvg(const v1::InspectSequenceResponse& r, const AttentionSv
   const std::vector<std::vector<float>> layers = LayerActivity(r);
   const int activity_rows = layers.empty() ? 1 : static_cast<int>(layers.size());
   const int row_height = kCell + kStripe + 2;
-  const int width = std::max(kMargin * 2 + kLabelWidth + per_row * kCell, 760);  // room for the captions
+  const int width =
+      std::max(kMargin * 2 + kLabelWidth + per_row * kCell, 760);  // room for the captions
   const int heat_top = kMargin + 44;
   const int activity_top = heat_top + rows * row_height + 40;
   const int legend_top = activity_top + activity_rows * kCell + 24;
@@ -149,7 +158,8 @@ std::string AttentionSvg(const v1::InspectSequenceResponse& r, const AttentionSv
     absl::StrAppend(&svg, "<rect class=\"token\" x=\"", x, "\" y=\"", y, "\" width=\"", kCell - 1,
                     "\" height=\"", kCell - 1, "\" fill=\"", Ramp(r.importance(t) / max_importance),
                     "\"");
-    if (is_protected) absl::StrAppend(&svg, " stroke=\"#d62828\" stroke-width=\"1.5\"");
+    if (is_protected)
+      absl::StrAppend(&svg, " stroke=\"", Css(kProtectedRgb), "\" stroke-width=\"1.5\"");
     if (pinned) absl::StrAppend(&svg, " stroke-dasharray=\"2,1\"");
     absl::StrAppend(
         &svg, "><title>",
@@ -212,6 +222,45 @@ std::string AttentionSvg(const v1::InspectSequenceResponse& r, const AttentionSv
   absl::StrAppend(&svg, "<text x=\"", x + 116, "\" y=\"", legend_top + 8,
                   "\">low .. high</text>\n</g>\n</svg>\n");
   return svg;
+}
+
+std::string AttentionPng(const v1::InspectSequenceResponse& r, const AttentionSvgOptions& options) {
+  constexpr int kPixel = 8;  // px per token
+  constexpr int kBand = 3;   // the precision band under a token
+  constexpr int kGap = 12;   // between the heatmap and the activity rows
+  const int n = r.importance_size();
+  const int per_row = static_cast<int>(std::max<uint32_t>(options.tokens_per_row, 1));
+  const int rows = std::max(1, (n + per_row - 1) / per_row);
+  const std::vector<std::vector<float>> layers = LayerActivity(r);
+  const int activity_rows = layers.empty() ? 1 : static_cast<int>(layers.size());
+  const int shown = std::min(n, per_row);  // activity of the first row's tokens
+  const int row_height = kPixel + kBand + 1;
+  RgbImage image(static_cast<uint32_t>(per_row * kPixel + 2),
+                 static_cast<uint32_t>(rows * row_height + kGap + activity_rows * kPixel + 2));
+  float max_importance = 0;
+  for (float v : r.importance()) max_importance = std::max(max_importance, v);
+  if (max_importance <= 0) max_importance = 1;
+  for (int t = 0; t < n; ++t) {
+    const int x = 1 + (t % per_row) * kPixel;
+    const int y = 1 + (t / per_row) * row_height;
+    const bool is_protected = t < r.is_protected_size() && r.is_protected(t);
+    const bool pinned = t < r.pinned_size() && r.pinned(t);
+    if (is_protected) image.Fill(x, y, kPixel - 1, kPixel - 1, kProtectedRgb);
+    const int inset = is_protected ? 1 : 0;
+    image.Fill(x + inset, y + inset, kPixel - 1 - 2 * inset, kPixel - 1 - 2 * inset,
+               RampRgb(r.importance(t) / max_importance));
+    if (pinned) image.Fill(x + kPixel / 2 - 1, y + kPixel / 2 - 1, 2, 2, kProtectedRgb);
+    image.Fill(x, y + kPixel, kPixel - 1, kBand - 1, PrecisionRgb(PrecisionAt(r, t)));
+  }
+  const int top = 1 + rows * row_height + kGap;
+  for (int row = 0; row < activity_rows; ++row) {
+    for (int t = 0; t < shown; ++t) {
+      const float a =
+          layers.empty() ? (t < r.activity_size() ? r.activity(t) : 0.0f) : layers[row][t];
+      image.Fill(1 + t * kPixel, top + row * kPixel, kPixel - 1, kPixel - 1, RampRgb(a));
+    }
+  }
+  return EncodePng(image);
 }
 
 SpanRanking ImportantSpans(const v1::InspectSequenceResponse& r, uint32_t span_tokens,

@@ -8,6 +8,7 @@
 //                     has per-(layer, KV head) activity, one row per layer of
 //                     the attention reports averaged over its heads (else one
 //                     row of the averaged reports)
+//   AttentionPng      the same map as a PNG, without text
 //   ImportantSpans    the most and least important spans of `span_tokens`
 //                     consecutive tokens, by mean importance
 //
@@ -30,6 +31,12 @@ struct AttentionSvgOptions {
 };
 
 std::string AttentionSvg(const v1::InspectSequenceResponse& r, const AttentionSvgOptions& options);
+
+// The same heatmap as a PNG (no text: a token per 8 px cell, a red frame for
+// protected tokens and a red dot for pinned ones, the precision band under
+// each cell in the SVG's colours, then the activity rows of the first
+// tokens_per_row tokens). For viewers and pipelines without SVG.
+std::string AttentionPng(const v1::InspectSequenceResponse& r, const AttentionSvgOptions& options);
 
 struct TokenSpan {
   uint64_t begin = 0;  // positions [begin, end) in the sequence

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "png_writer.h"
+
 namespace kvcache::ctl {
 namespace {
 
@@ -96,6 +98,82 @@ TEST(AttentionMapTest, SpansRankByMeanImportance) {
   uint64_t covered = 0;
   for (const TokenSpan& s : odd.most) covered += s.end - s.begin;
   EXPECT_EQ(covered, 48u);
+}
+
+// The PNG's chunks, checked with their CRCs, and its pixels, read back from
+// the stored deflate blocks.
+struct DecodedPng {
+  uint32_t width = 0;
+  uint32_t height = 0;
+  std::string pixels;  // filter byte + RGB per row
+};
+
+uint32_t U32(const std::string& s, size_t at) {
+  return uint32_t{static_cast<uint8_t>(s[at])} << 24 |
+         uint32_t{static_cast<uint8_t>(s[at + 1])} << 16 |
+         uint32_t{static_cast<uint8_t>(s[at + 2])} << 8 | static_cast<uint8_t>(s[at + 3]);
+}
+
+::testing::AssertionResult Decode(const std::string& png, DecodedPng* out) {
+  if (png.rfind("\x89PNG\r\n\x1a\n", 0) != 0) return ::testing::AssertionFailure() << "signature";
+  std::string idat;
+  for (size_t at = 8; at + 12 <= png.size();) {
+    const uint32_t n = U32(png, at);
+    const std::string typed = png.substr(at + 4, 4 + n);
+    if (Crc32(typed) != U32(png, at + 8 + n)) {
+      return ::testing::AssertionFailure() << "bad CRC in " << typed.substr(0, 4);
+    }
+    if (typed.substr(0, 4) == "IHDR") {
+      out->width = U32(typed, 4);
+      out->height = U32(typed, 8);
+    }
+    if (typed.substr(0, 4) == "IDAT") idat += typed.substr(4);
+    at += 12 + n;
+  }
+  // zlib header, then stored blocks: BFINAL/BTYPE byte, LEN, NLEN, bytes.
+  for (size_t at = 2; at + 5 <= idat.size();) {
+    const size_t len = static_cast<uint8_t>(idat[at + 1]) | static_cast<uint8_t>(idat[at + 2]) << 8;
+    const size_t nlen = static_cast<uint8_t>(idat[at + 3]) | static_cast<uint8_t>(idat[at + 4])
+                                                                 << 8;
+    if ((len ^ 0xffff) != nlen) return ::testing::AssertionFailure() << "LEN/NLEN";
+    out->pixels += idat.substr(at + 5, len);
+    const bool last = idat[at] & 1;
+    at += 5 + len;
+    if (last) break;
+  }
+  if (out->pixels.size() != size_t{out->height} * (out->width * 3 + 1)) {
+    return ::testing::AssertionFailure() << "pixel bytes " << out->pixels.size();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(AttentionMapTest, PngHasOneCellPerTokenInTheSameColours) {
+  const std::string png = AttentionPng(Response(false), {.tokens_per_row = 16});
+  DecodedPng d;
+  ASSERT_TRUE(Decode(png, &d));
+  EXPECT_EQ(d.width, 16u * 8 + 2);
+  auto pixel = [&](int x, int y) {
+    const size_t at = size_t(y) * (d.width * 3 + 1) + 1 + size_t(x) * 3;
+    return uint32_t{static_cast<uint8_t>(d.pixels[at])} << 16 |
+           uint32_t{static_cast<uint8_t>(d.pixels[at + 1])} << 8 |
+           static_cast<uint8_t>(d.pixels[at + 2]);
+  };
+  // Token 0 is protected (a red frame); token 16 starts the brightest row;
+  // its precision band is INT8's colour.
+  EXPECT_EQ(pixel(1, 1), 0xd62828u);
+  const uint32_t bright = pixel(1 + 3, 1 + 12 + 3);
+  EXPECT_EQ(bright, 0xfde725u);                    // the ramp's top: importance 0.9 of max 0.9
+  EXPECT_EQ(pixel(1 + 3, 1 + 12 + 8), 0xf4a261u);  // the INT8 band
+  EXPECT_NE(pixel(1 + 3, 1 + 24 + 3), bright);     // the third row is dimmer
+  // Large maps span several stored blocks.
+  v1::InspectSequenceResponse big = Response(false);
+  for (int t = 48; t < 4096; ++t) {
+    big.add_importance(0.5f);
+    big.add_precision(v1::STORED_PRECISION_FULL);
+  }
+  DecodedPng large;
+  EXPECT_TRUE(Decode(AttentionPng(big, {}), &large));
+  EXPECT_GT(large.pixels.size(), 65535u);
 }
 
 }  // namespace

@@ -123,6 +123,7 @@ struct AttentionArgs {
   std::vector<uint32_t> tokens;  // the sequence, or empty with first_block_key
   uint64_t first_block_key = 0;  // the most used sequence below this first block
   std::string svg;               // empty: no file
+  std::string png;               // empty: no file
   uint32_t tokens_per_row = 64;
   uint32_t span_tokens = 16;
   size_t top_spans = 5;

@@ -222,17 +222,22 @@ int RunAttention(const Context& ctx, const AttentionArgs& args) {
              << '\n';
     return kExitError;
   }
-  if (!args.svg.empty()) {
-    std::ofstream file(args.svg);
-    file << AttentionSvg(
-        *r, {.title = absl::StrCat(ctx.ns.empty() ? "default" : ctx.ns, "/", args.model, ": ",
-                                   r->matched_tokens(), " cached tokens"),
-             .tokens_per_row = args.tokens_per_row,
-             .label_tokens = true});
-    if (!file.good()) {
-      *ctx.err << "kvcachectl: attention: cannot write " << args.svg << '\n';
-      return kExitError;
-    }
+  const AttentionSvgOptions map{
+      .title = absl::StrCat(ctx.ns.empty() ? "default" : ctx.ns, "/", args.model, ": ",
+                            r->matched_tokens(), " cached tokens"),
+      .tokens_per_row = args.tokens_per_row,
+      .label_tokens = true};
+  auto write = [&](const std::string& path, const std::string& bytes) {
+    if (path.empty()) return true;
+    std::ofstream file(path, std::ios::binary);
+    file << bytes;
+    if (file.good()) return true;
+    *ctx.err << "kvcachectl: attention: cannot write " << path << '\n';
+    return false;
+  };
+  if (!write(args.svg, args.svg.empty() ? "" : AttentionSvg(*r, map)) ||
+      !write(args.png, args.png.empty() ? "" : AttentionPng(*r, map))) {
+    return kExitError;
   }
   if (ctx.json) {
     *ctx.out << ToJson(*r) << '\n';
@@ -292,6 +297,7 @@ int RunAttention(const Context& ctx, const AttentionArgs& args) {
   print_spans("most important spans:", spans.most);
   print_spans("least important spans:", spans.least);
   if (!args.svg.empty()) out << "\nattention map written to " << args.svg << '\n';
+  if (!args.png.empty()) out << "attention map (PNG) written to " << args.png << '\n';
   return kExitOk;
 }
 

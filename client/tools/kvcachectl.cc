@@ -189,6 +189,8 @@ int main(int argc, char** argv) {
   at->excludes(af)->excludes(ak);
   af->excludes(ak);
   attention->add_option("--svg", attention_args.svg, "write the heatmap to this SVG file");
+  attention->add_option("--png", attention_args.png,
+                        "write the heatmap to this PNG file (cells only, no text)");
   attention->add_option("--span", attention_args.span_tokens, "tokens per span in the summary")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

@@ -305,11 +305,13 @@ TEST_F(AttentionTest, TheMapShowsImportanceProtectionAndPrecision) {
   EXPECT_GT(r->activity(kBlockTokens), r->activity(2 * kBlockTokens));
 
   const std::string svg = absl::StrCat(daemon_->dir(), "/map.svg");
-  CommandResult text = Ctl(absl::StrCat("attention --model q --tokens-file - --svg ", svg), [&] {
-    std::string ids;
-    for (uint32_t t : tokens_) absl::StrAppend(&ids, t, " ");
-    return ids;
-  }());
+  const std::string png = absl::StrCat(daemon_->dir(), "/map.png");
+  CommandResult text =
+      Ctl(absl::StrCat("attention --model q --tokens-file - --svg ", svg, " --png ", png), [&] {
+        std::string ids;
+        for (uint32_t t : tokens_) absl::StrAppend(&ids, t, " ");
+        return ids;
+      }());
   ASSERT_EQ(text.exit_code, 0) << text.output;
   for (const char* expected : {"64 cached tokens in 4 blocks", "most important spans",
                                "least important spans", "v2", "protected (kept exact)"}) {
@@ -324,6 +326,19 @@ TEST_F(AttentionTest, TheMapShowsImportanceProtectionAndPrecision) {
   EXPECT_EQ(Count(map, "class=\"precision\""), static_cast<int>(tokens_.size()));
   EXPECT_THAT(map, HasSubstr(">L1<"));  // one activity row per layer
   EXPECT_THAT(map, HasSubstr("protected"));
+  // The PNG, read by Python's zlib: its size, and more colours than the ramp's ends.
+  CommandResult read_png = RunCommand(
+      absl::StrCat("/usr/bin/python3 -c \"import struct,sys,zlib; d=open(sys.argv[1],'rb').read(); "
+                   "assert d[:8]==b'\\x89PNG\\r\\n\\x1a\\n'; w,h=struct.unpack('>II',d[16:24]); "
+                   "i=d.index(b'IDAT'); n=struct.unpack('>I',d[i-4:i])[0]; "
+                   "p=zlib.decompress(d[i+4:i+4+n]); assert len(p)==h*(3*w+1); "
+                   "c={p[j:j+3] for r in range(h) for j in range(r*(3*w+1)+1,(r+1)*(3*w+1),3)}; "
+                   "print(w,h,len(c))\" ",
+                   png));
+  ASSERT_EQ(read_png.exit_code, 0) << read_png.output;
+  EXPECT_THAT(read_png.output, HasSubstr("514 "));  // 64 tokens a row, 8 px each, and a border
+  EXPECT_GE(std::stoi(read_png.output.substr(read_png.output.rfind(' ') + 1)), 6)
+      << read_png.output;
 
   // By the first block's key, as the status page links it.
   auto lookup = client_->Lookup("q", tokens_, {.accept_lossy = true});
