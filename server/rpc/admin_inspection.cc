@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "server/core/mutex.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"
@@ -91,7 +91,7 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
     bool Push(v1::VerifyBlocksProgress msg) {
       const v1::VerifyBlocksProgress* write = nullptr;
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         if (cancelled || finished) return false;
         queue.push_back(std::move(msg));
         if (!writing) {
@@ -106,7 +106,7 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
       const v1::VerifyBlocksProgress* write = nullptr;
       bool finish = false;
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         queue.pop_front();
         writing = false;
         if (!ok) cancelled = true;
@@ -123,7 +123,7 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
     void WorkDone(absl::Status s) {
       bool finish = false;
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         status = std::move(s);
         work_done = true;
         if (!writing && !finished) finished = finish = true;
@@ -131,11 +131,11 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
       if (finish) reactor->Finish(ToGrpcStatus(status));
     }
     void Cancel() {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       cancelled = true;
     }
 
-    absl::Mutex mu;
+    Mutex mu;
     VerifyReactor* reactor = nullptr;  // alive until Finish() has been called and done
     std::deque<v1::VerifyBlocksProgress> queue ABSL_GUARDED_BY(mu);  // front: being written
     bool writing ABSL_GUARDED_BY(mu) = false;

@@ -5,7 +5,7 @@ namespace kvcache {
 void RpcTally::OnRpcDone(std::string_view method, absl::StatusCode code, absl::Duration latency,
                          uint64_t bytes) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = counts_.find(method);
     if (it == counts_.end()) {
       it = counts_.emplace(std::string(method), RpcCount{.method = std::string(method)}).first;
@@ -29,7 +29,7 @@ void RpcTally::OnLimitReached(std::string_view method, std::string_view limit) {
 }
 
 std::vector<RpcCount> RpcTally::Counts() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<RpcCount> out;
   out.reserve(counts_.size());
   for (const auto& [name, c] : counts_) out.push_back(c);
