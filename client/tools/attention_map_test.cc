@@ -63,6 +63,8 @@ TEST(AttentionMapTest, OneCellAndOneStripePerTokenWithMarks) {
   EXPECT_THAT(svg, HasSubstr("averaged over layers"));
   if (const char* dir = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR")) {
     std::ofstream(std::string(dir) + "/attention_map.svg") << svg;
+    std::ofstream(std::string(dir) + "/attention_map.png", std::ios::binary)
+        << AttentionPng(Response(true), {.tokens_per_row = 16});
   }
 }
 
