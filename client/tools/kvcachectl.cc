@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
   CLI::App* policy = app.add_subcommand(
       "policy",
       "show a model's importance policy, or change it at runtime: compression mode (off, "
-      "quantize, prune), weights, target mass. Switching to off removes compressed blocks, so "
+      "quantize, prune, budget), weights, target mass. Switching to off removes compressed blocks, "
+      "so "
       "the model serves only lossless KV (the first check when outputs look wrong)");
   std::string policy_model;
   kvcache::ctl::PolicyChangeArgs policy_change;
@@ -174,7 +175,8 @@ int main(int argc, char** argv) {
       "attention",
       "why the daemon kept what it kept: per-token importance, attention reports (per layer "
       "when the model reports per head), protected tokens and stored precision of a cached "
-      "sequence, as an SVG heatmap and a text summary of the most and least important spans");
+      "sequence, as an SVG (or PNG) heatmap and a text summary of the most and least important "
+      "spans");
   kvcache::ctl::AttentionArgs attention_args;
   std::string attention_tokens_text, attention_tokens_file;
   attention->add_option("-m,--model", attention_args.model, "model id")->required();
