@@ -523,12 +523,15 @@ class Cache {
                                                      bool include_heads) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same for the most used cached sequence that begins with the block of
-  // chain key `first_block_key` (at each block, the child used most).
+  // chain key `first_block_key` (at each block, the child used most; a block's
+  // uses count every use of the sequences below it).
   absl::StatusOr<SequenceInspection> InspectHottestPath(const ModelKey& model,
                                                         uint64_t first_block_key,
                                                         bool include_heads) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The `limit` prefixes whose subtrees were used most (ties: more bytes first).
+  // The `limit` first blocks used most, each with the totals of the cached
+  // sequences below it (ties: the lower key first). Holds the lock for the
+  // number of first blocks plus the subtrees it returns.
   std::vector<PrefixSummary> TopPrefixes(size_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checkpoints and restart (block_image.h, server/checkpoint). A checkpoint

@@ -330,28 +330,19 @@ absl::StatusOr<SequenceInspection> Cache::InspectHottestPath(const ModelKey& mod
                                                              uint64_t first_block_key,
                                                              bool include_heads) const {
   return InspectPath(model, include_heads, [&](const ModelState& m, std::vector<IndexNode*>* path) {
-    // The most used child at each level: children report their subtree's
-    // uses to their parent (post-order visits children first).
-    absl::flat_hash_map<const IndexNode*, std::pair<uint64_t, IndexNode*>> best;
-    absl::flat_hash_map<const IndexNode*, uint64_t> uses;  // of the subtree
-    IndexNode* first = nullptr;
-    m.index.VisitPostOrder([&](IndexNode* n) {
-      const uint64_t mine = uses[n] + n->references;
-      if (n->parent == nullptr) {
-        if (n->key == first_block_key) first = n;
-        return;
-      }
-      uses[n->parent] += mine;
-      auto& [top, child] = best[n->parent];
-      if (child == nullptr || mine > top) {
-        top = mine;
-        child = n;
-      }
+    // Every use of a cached sequence uses each of its blocks, so a child's
+    // own count is the uses of everything below it: follow the largest.
+    IndexNode* next = nullptr;
+    m.index.VisitChildren(nullptr, [&](IndexNode* n) {
+      if (n->key == first_block_key) next = n;
     });
-    for (IndexNode* n = first; n != nullptr;) {
-      path->push_back(n);
-      auto it = best.find(n);
-      n = it == best.end() ? nullptr : it->second.second;
+    while (next != nullptr) {
+      path->push_back(next);
+      IndexNode* best = nullptr;
+      m.index.VisitChildren(next, [&](IndexNode* c) {
+        if (best == nullptr || c->references > best->references) best = c;
+      });
+      next = best;
     }
   });
 }
@@ -378,17 +369,9 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
     if (path.empty()) return out;
     // The sequence a block belongs to ends at the deepest block cached below
     // it, as compaction sees it.
-    absl::flat_hash_map<const IndexNode*, uint32_t> deepest;
-    m.index.VisitPostOrder([&](IndexNode* n) {
-      // Children come first; copy out before inserting the parent.
-      const uint32_t d = std::max(deepest[n], n->depth);
-      deepest[n] = d;
-      if (n->parent != nullptr) {
-        uint32_t& pd = deepest[n->parent];
-        pd = std::max(pd, d);
-      }
-    });
-    sequence_tokens = (int64_t{deepest[path.back()]} + 1) * m.layout.block_tokens;
+    uint32_t deepest = 0;
+    m.index.VisitSubtree(path.back(), [&](IndexNode* n) { deepest = std::max(deepest, n->depth); });
+    sequence_tokens = (int64_t{deepest} + 1) * m.layout.block_tokens;
     blocks.reserve(path.size());
     for (const IndexNode* n : path) {
       PathBlock& b = blocks.emplace_back();
@@ -510,50 +493,49 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
 // --- TopPrefixes --------------------------------------------------------------
 
 std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
-  std::vector<PrefixSummary> all;
+  // Ranked by the first block's own uses: every use of a cached sequence uses
+  // its first block, so that counts the whole subtree's. Only the subtrees of
+  // the `limit` first blocks kept are walked for their totals, so the lock is
+  // held for the number of first blocks plus those subtrees, not the cache.
+  struct First {
+    const PrefixIndex* index;
+    const ModelKey* model;
+    IndexNode* node;
+  };
+  std::vector<First> firsts;
+  std::vector<PrefixSummary> out;
   MutexLock lock(&mu_);
   for (const auto& [key, mp] : models_) {
-    const ModelState& m = *mp;
-    // Post-order: a node's subtree totals are complete when it is visited.
-    absl::flat_hash_map<const IndexNode*, PrefixSummary> sums;
-    m.index.VisitPostOrder([&](IndexNode* n) {
-      // Moved out: inserting the parent's entry may move the map's values.
-      PrefixSummary s;
-      if (auto it = sums.find(n); it != sums.end()) {
-        s = std::move(it->second);
-        sums.erase(it);
-      }
+    mp->index.VisitChildren(nullptr, [&](IndexNode* n) {
+      firsts.push_back({&mp->index, &key, n});
+    });
+  }
+  const size_t keep = std::min(limit, firsts.size());
+  std::partial_sort(firsts.begin(), firsts.begin() + static_cast<ptrdiff_t>(keep), firsts.end(),
+                    [](const First& a, const First& b) {
+                      if (a.node->references != b.node->references) {
+                        return a.node->references > b.node->references;
+                      }
+                      return a.node->key < b.node->key;
+                    });
+  out.reserve(keep);
+  for (size_t i = 0; i < keep; ++i) {
+    const First& f = firsts[i];
+    PrefixSummary& s = out.emplace_back();
+    s.model = *f.model;
+    s.key = f.node->key;
+    s.references = f.node->references;
+    const std::span<const Token> t = f.node->tokens();
+    s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));
+    f.index->VisitSubtree(f.node, [&](IndexNode* n) {
       ++s.blocks;
       s.bytes += (n->payload != nullptr ? n->payload->size() : 0) +
                  (n->lower != nullptr ? n->lower->seal().size : 0);
-      s.references += n->references;
       s.depth = std::max(s.depth, n->depth + 1);
       s.last_access = std::max(s.last_access, n->last_access);
-      if (n->parent != nullptr) {
-        PrefixSummary& p = sums[n->parent];
-        p.blocks += s.blocks;
-        p.bytes += s.bytes;
-        p.references += s.references;
-        p.depth = std::max(p.depth, s.depth);
-        p.last_access = std::max(p.last_access, s.last_access);
-        return;
-      }
-      s.model = key;
-      s.key = n->key;
-      const std::span<const Token> t = n->tokens();
-      s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));
-      all.push_back(std::move(s));
     });
   }
-  const size_t keep = std::min(limit, all.size());
-  std::partial_sort(all.begin(), all.begin() + static_cast<ptrdiff_t>(keep), all.end(),
-                    [](const PrefixSummary& a, const PrefixSummary& b) {
-                      if (a.references != b.references) return a.references > b.references;
-                      if (a.bytes != b.bytes) return a.bytes > b.bytes;
-                      return a.key < b.key;
-                    });
-  all.resize(keep);
-  return all;
+  return out;
 }
 
 }  // namespace kvcache

@@ -206,10 +206,28 @@ void PrefixIndex::Clear(absl::FunctionRef<void(IndexNode*)> on_remove) {
 }
 
 void PrefixIndex::VisitPostOrder(absl::FunctionRef<void(IndexNode*)> visit) const {
-  // Iterative: parents are pushed to `order` before their children.
   std::vector<IndexNode*> order;
   order.reserve(nodes_.size());
   for (IndexNode* c = root_.first_child_; c != nullptr; c = c->next_sibling_) order.push_back(c);
+  VisitBelow(std::move(order), visit);
+}
+
+void PrefixIndex::VisitSubtree(const IndexNode* node,
+                               absl::FunctionRef<void(IndexNode*)> visit) const {
+  VisitBelow({const_cast<IndexNode*>(node)}, visit);
+}
+
+void PrefixIndex::VisitChildren(const IndexNode* parent,
+                                absl::FunctionRef<void(IndexNode*)> visit) const {
+  for (IndexNode* c = (parent != nullptr ? parent : &root_)->first_child_; c != nullptr;
+       c = c->next_sibling_) {
+    visit(c);
+  }
+}
+
+void PrefixIndex::VisitBelow(std::vector<IndexNode*> order,
+                             absl::FunctionRef<void(IndexNode*)> visit) {
+  // Iterative: parents are pushed to `order` before their children.
   for (size_t i = 0; i < order.size(); ++i) {
     for (IndexNode* c = order[i]->first_child_; c != nullptr; c = c->next_sibling_) {
       order.push_back(c);

@@ -196,6 +196,11 @@ class PrefixIndex {
   // Calls `visit` for every node, children before their parent. `visit` must
   // not add or remove nodes.
   void VisitPostOrder(absl::FunctionRef<void(IndexNode*)> visit) const;
+  // The same for `node` and the nodes below it only.
+  void VisitSubtree(const IndexNode* node, absl::FunctionRef<void(IndexNode*)> visit) const;
+  // Calls `visit` for each child of `parent` (nullptr: each first block).
+  // `visit` must not add or remove nodes.
+  void VisitChildren(const IndexNode* parent, absl::FunctionRef<void(IndexNode*)> visit) const;
 
   // Chained key of a block given its parent's key (0 for the first block).
   static uint64_t ChainKey(uint64_t parent_key, std::span<const Token> block);
@@ -207,6 +212,8 @@ class PrefixIndex {
   static void DeleteNode(IndexNode* node);
   // Takes `node` out of its parent's child list.
   void Unlink(IndexNode* node);
+  // Visits the nodes of `order` and every node below them, children first.
+  static void VisitBelow(std::vector<IndexNode*> order, absl::FunctionRef<void(IndexNode*)> visit);
 
   const uint32_t block_tokens_;
   // Holds the first blocks as its children; no block of its own.

@@ -212,6 +212,37 @@ TEST_F(PrefixIndexTest, RemoveSubtreeReportsChildrenBeforeParents) {
   EXPECT_EQ(MatchLength(Seq({1})), 0u);
 }
 
+TEST_F(PrefixIndexTest, VisitsOneSubtreeOrOneLevel) {
+  Insert({1, 2, 3});
+  Insert({1, 2, 4});
+  Insert({1, 5});
+  Insert({6, 7});
+  IndexNode* two = index_.FindChild(index_.FindChild(nullptr, Block(1)), Block(2));
+  ASSERT_NE(two, nullptr);
+  std::vector<std::vector<uint32_t>> below;
+  absl::flat_hash_set<const IndexNode*> seen;
+  index_.VisitSubtree(two, [&](IndexNode* n) {
+    for (const IndexNode* c : seen) EXPECT_NE(c, n->parent) << "a parent came before its child";
+    seen.insert(n);
+    below.push_back(PathOf(n));
+  });
+  EXPECT_THAT(below, ::testing::UnorderedElementsAre(std::vector<uint32_t>{1, 2},
+                                                     std::vector<uint32_t>{1, 2, 3},
+                                                     std::vector<uint32_t>{1, 2, 4}));
+  EXPECT_EQ(below.back(), (std::vector<uint32_t>{1, 2}));  // the node itself last
+
+  std::vector<uint32_t> firsts;
+  index_.VisitChildren(nullptr, [&](IndexNode* n) { firsts.push_back(IdOf(*n)); });
+  EXPECT_THAT(firsts, ::testing::UnorderedElementsAre(1u, 6u));
+  std::vector<uint32_t> children;
+  index_.VisitChildren(index_.FindChild(nullptr, Block(1)),
+                       [&](IndexNode* n) { children.push_back(IdOf(*n)); });
+  EXPECT_THAT(children, ::testing::UnorderedElementsAre(2u, 5u));
+  size_t none = 0;
+  index_.VisitChildren(index_.FindChild(two, Block(3)), [&](IndexNode*) { ++none; });
+  EXPECT_EQ(none, 0u);
+}
+
 TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
   IndexNode* a = Insert({1, 3});
   IndexNode* b = Insert({2, 3});
