@@ -34,6 +34,9 @@ struct DaemonOptions {
 class DaemonProcess {
  public:
   // Starts the daemon and waits (up to 20 s) until it answers GetServerInfo.
+  // The daemon is killed when the calling thread exits (PR_SET_PDEATHSIG, so
+  // a crashed test leaves none behind): start it from a thread that outlives
+  // it, such as the test's own.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const DaemonOptions& options = {});
   ~DaemonProcess();  // SIGKILLs a daemon that is still running
 
