@@ -68,14 +68,13 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
       absl::Status status = r.status();
       if (r.ok() && !r->done) status = absl::CancelledError("the client went away");
       const absl::Duration latency = absl::Now() - start;
-      observer->OnRpcDone("VerifyBlocks", status.code(), latency, 0);
-      LogCallDone({.method = "VerifyBlocks",
-                   .request_id = request_id,
-                   .peer = peer,
-                   .model = model,
-                   .status = status,
-                   .latency = latency,
-                   .bytes = r.ok() ? r->bytes_checked : 0});
+      ReportCallDone(observer, {.method = "VerifyBlocks",
+                                .request_id = request_id,
+                                .peer = peer,
+                                .model = model,
+                                .status = status,
+                                .latency = latency,
+                                .bytes = r.ok() ? r->bytes_checked : 0});
       running->fetch_sub(1);
       state->WorkDone(status);
     }).detach();
@@ -229,13 +228,12 @@ grpc::ServerWriteReactor<v1::VerifyBlocksProgress>* AdminService::VerifyBlocks(
   auto refuse = [&](const absl::Status& status) {
     const std::string request_id = RequestIdOf(*ctx);
     const absl::Duration latency = absl::Now() - start;
-    observer_->OnRpcDone("VerifyBlocks", status.code(), latency, 0);
-    LogCallDone({.method = "VerifyBlocks",
-                 .request_id = request_id,
-                 .peer = ctx->peer(),
-                 .model = ModelField({request->namespace_(), request->model_id()}),
-                 .status = status,
-                 .latency = latency});
+    ReportCallDone(observer_, {.method = "VerifyBlocks",
+                               .request_id = request_id,
+                               .peer = ctx->peer(),
+                               .model = ModelField({request->namespace_(), request->model_id()}),
+                               .status = status,
+                               .latency = latency});
     return new RefusedWrite(ctx, request_id, status);
   };
   VerifyOptions options;

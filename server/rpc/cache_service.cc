@@ -274,15 +274,13 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnDone() override {
     lifecycle_.End();
     inflight_.Reset();
-    const absl::Duration latency = absl::Now() - start_;
-    service_->observer_->OnRpcDone("Append", status_.code(), latency, bytes_);
-    LogCallDone({.method = "Append",
-                 .request_id = request_id_,
-                 .peer = lifecycle_.peer(),
-                 .model = model_,
-                 .status = status_,
-                 .latency = latency,
-                 .bytes = bytes_});
+    ReportCallDone(service_->observer_, {.method = "Append",
+                                         .request_id = request_id_,
+                                         .peer = lifecycle_.peer(),
+                                         .model = model_,
+                                         .status = status_,
+                                         .latency = absl::Now() - start_,
+                                         .bytes = bytes_});
     delete this;
   }
 
@@ -492,15 +490,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       status_ = lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off"));
     }
     inflight_.Reset();
-    const absl::Duration latency = absl::Now() - start_;
-    service_->observer_->OnRpcDone("Fetch", status_.code(), latency, bytes_);
-    LogCallDone({.method = "Fetch",
-                 .request_id = request_id_,
-                 .peer = lifecycle_.peer(),
-                 .model = model_,
-                 .status = status_,
-                 .latency = latency,
-                 .bytes = bytes_});
+    ReportCallDone(service_->observer_, {.method = "Fetch",
+                                         .request_id = request_id_,
+                                         .peer = lifecycle_.peer(),
+                                         .model = model_,
+                                         .status = status_,
+                                         .latency = absl::Now() - start_,
+                                         .bytes = bytes_});
     delete this;
   }
 

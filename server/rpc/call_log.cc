@@ -84,6 +84,11 @@ void LogCallDone(const CallOutcome& call) {
   }
 }
 
+void ReportCallDone(RpcObserver* observer, const CallOutcome& call) {
+  observer->OnRpcDone(call.method, call.status.code(), call.latency, call.bytes);
+  LogCallDone(call);
+}
+
 void FinishUnaryCall(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
                      RpcObserver* observer, std::string_view method, absl::Time start,
                      const absl::Status& status, const ModelRef& model) {

@@ -63,6 +63,9 @@ struct CallOutcome {
 bool ShouldLogCall(absl::StatusCode code);
 // Logs the call's event (see above).
 void LogCallDone(const CallOutcome& call);
+// Reports the call to `observer` (metrics, per-method counts) and logs it: how
+// a streaming call ends.
+void ReportCallDone(RpcObserver* observer, const CallOutcome& call);
 
 // Finishes a unary call with `status`: echoes its request id in the trailers,
 // reports it to `observer`, logs it and calls reactor->Finish. `model` as in
