@@ -314,7 +314,17 @@ TEST(LifecycleTest, SigtermDrainsAnAppendInFlight) {
   msg.set_kv_chunk(std::string(reinterpret_cast<const char*>(kv.data()), kv.size() / 2));
   ASSERT_TRUE(writer->Write(msg));
 
-  // The daemon is told to stop while the append is half sent.
+  // The daemon is told to stop while the append is half sent: once it is
+  // serving the call (a written message may still sit in the client's
+  // buffers; a call the daemon never started is refused by the shutdown).
+  bool serving = false;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(10); !serving && absl::Now() < deadline;) {
+    auto dump = client->DumpMemory();
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    for (const v1::InflightCall& c : dump->calls()) serving = serving || c.method() == "Append";
+    if (!serving) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(serving) << "the daemon never started serving the append";
   std::thread stopper([&] { EXPECT_EQ((*daemon)->Stop(), 0); });
   absl::SleepFor(absl::Milliseconds(300));
   msg.set_kv_chunk(
