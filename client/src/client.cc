@@ -25,6 +25,7 @@
 #include "append_encoder.h"
 #include "fetch_assembler.h"
 #include "fetch_decoder.h"
+#include "kvcache/request_id.h"
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "shm_transport.h"
@@ -61,20 +62,6 @@ constexpr absl::Duration kBorrowGrace = absl::Seconds(10);
 
 // Abseil 20220623 as Debian builds it has its own string_view type.
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-// Every call carries a request id in this metadata; the daemon writes it in
-// the call's log line and echoes it in the trailers (docs/api.md).
-constexpr char kRequestIdHeader[] = "x-request-id";
-
-// A new request id: 16 lowercase hex digits of a random 64-bit number.
-std::string NewRequestId() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  constexpr char kHex[] = "0123456789abcdef";
-  uint64_t v = rng();
-  std::string id(16, '0');
-  for (int i = 15; i >= 0; --i, v >>= 4) id[i] = kHex[v & 0xf];
-  return id;
-}
 
 // Tags `ctx`'s call with `request_id`.
 void SetRequestId(grpc::ClientContext* ctx, const std::string& request_id) {

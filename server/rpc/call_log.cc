@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -32,15 +31,6 @@ spdlog::level::level_enum LevelOf(absl::StatusCode code) {
 }
 
 }  // namespace
-
-std::string NewRequestId() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  constexpr char kHex[] = "0123456789abcdef";
-  uint64_t v = rng();
-  std::string id(16, '0');
-  for (int i = 15; i >= 0; --i, v >>= 4) id[i] = kHex[v & 0xf];
-  return id;
-}
 
 std::string RequestIdOf(const grpc::CallbackServerContext& ctx) {
   const auto& metadata = ctx.client_metadata();

@@ -25,17 +25,14 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "kvcache/request_id.h"  // kRequestIdHeader, NewRequestId
 #include "server/rpc/rpc_observer.h"
 
 namespace kvcache {
 
-// The metadata key, in requests and in trailers.
-inline constexpr char kRequestIdHeader[] = "x-request-id";
 // The longest client id kept; a longer one is cut to this.
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
-// A new id: 16 lowercase hex digits of a random 64-bit number.
-std::string NewRequestId();
 // The client's x-request-id (characters outside printable ASCII become '?'),
 // or a new id when it sent none or an empty one.
 std::string RequestIdOf(const grpc::CallbackServerContext& ctx);
