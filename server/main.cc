@@ -486,6 +486,7 @@ int Serve(const v1::ServerConfig& config) {
           static_cast<uint64_t>(config.host_tier().metadata_fraction() *
                                 static_cast<double>(config.host_tier().capacity_bytes())),
       .max_protected_ranges = limits.max_protected_ranges(),
+      .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
       .importance = ImportanceFromConfig(config.importance())};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
@@ -582,6 +583,15 @@ int Serve(const v1::ServerConfig& config) {
   if ((*access)->enabled()) {
     spdlog::info("authentication on: {} principals from {} (re-read on SIGHUP)",
                  (*access)->principals(), security.principals_file());
+    const uint64_t quota = security.tenant_limits().max_cached_bytes();
+    const uint64_t capacity = config.host_tier().capacity_bytes();
+    if (quota != 0 && (*access)->tenants() * quota > capacity) {
+      spdlog::warn(
+          "{} tenants x security.tenant_limits.max_cached_bytes {} exceed "
+          "host_tier.capacity_bytes {}: a tenant under its quota can still lose blocks "
+          "to the host tier's own eviction (docs/security.md)",
+          (*access)->tenants(), quota, capacity);
+    }
   } else {
     spdlog::info(
         "authentication off: every caller is an admin of every namespace "

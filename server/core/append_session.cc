@@ -229,6 +229,10 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
     if (offset == 0) {
       XXH3_64bits_reset(hash_->state);
       if (store) {
+        if (absl::Status s = cache_->MakeRoomInNamespace(model_.ns, staged_bytes_ + block_bytes_);
+            !s.ok()) {
+          return Fail(s);
+        }
         absl::StatusOr<BlockRef> payload = cache_->AllocatePayload(block_bytes_);
         if (!payload.ok()) return Fail(payload.status());
         staged_bytes_ += (*payload)->footprint();

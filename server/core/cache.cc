@@ -524,6 +524,43 @@ bool Cache::MakeRoomForSpace() {
   return true;
 }
 
+uint64_t Cache::NamespaceBytesLocked(const std::string& ns) const {
+  uint64_t bytes = 0;
+  for (const auto& [key, m] : models_) {
+    if (key.ns == ns) bytes += m->bytes;
+  }
+  return bytes;
+}
+
+absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming) {
+  const uint64_t quota = options_.max_namespace_bytes;
+  if (quota == 0) return absl::OkStatus();
+  std::vector<BlockRef> dropped;  // freed after the lock is released
+  MutexLock lock(&mu_);
+  uint64_t used = NamespaceBytesLocked(ns);
+  while (used + incoming > quota) {
+    IndexNode* victim = policy_->PickVictim([&](const IndexNode& n) {
+      if (!n.is_leaf() || n.payload.use_count() != 1) return false;
+      const ModelState* owner = models_.OfIndex(n.index);
+      return owner != nullptr && owner->key.ns == ns;
+    });
+    if (victim == nullptr) {
+      ++rejected_appends_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "namespace \"", ns, "\" is at its quota: ", used, " bytes cached + ", incoming,
+          " incoming > max_namespace_bytes ", quota,
+          " (security.tenant_limits.max_cached_bytes), and none of its blocks can be evicted "
+          "(leased, being fetched, or not in host memory)"));
+    }
+    LogMoveLocked(*victim, "host", "none", "quota", victim->payload->size());
+    ModelState& state = *models_.OfIndex(victim->index);
+    RemoveSubtreeLocked(state, victim, &dropped);
+    ++quota_evictions_;
+    used = NamespaceBytesLocked(ns);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
   while (true) {
     absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
@@ -581,6 +618,7 @@ CacheStats Cache::GetStats() const {
   stats.payload_bytes = payload_bytes_;
   stats.active_leases = leases_.size();
   stats.capacity_evictions = capacity_evictions_;
+  stats.quota_evictions = quota_evictions_;
   stats.rejected_appends = rejected_appends_;
   stats.scores = score_histogram_;
   stats.compaction_passes = compaction_passes_;

@@ -158,6 +158,13 @@ struct CacheOptions {
   uint64_t max_metadata_bytes = 0;
   // hints.protected_ranges of one append, after merging overlaps.
   uint32_t max_protected_ranges = 1024;
+  // Bytes one namespace (a tenant) may have cached, whichever tier holds them.
+  // An append past it evicts that namespace's own coldest blocks first and is
+  // RESOURCE_EXHAUSTED when none can go; it never evicts another namespace's
+  // blocks to stay under it. Appends in flight count only their own staged
+  // bytes, so concurrent appends of one namespace may pass it by what they
+  // carry. 0: no limit.
+  uint64_t max_namespace_bytes = 0;
   ImportanceOptions importance;
   TierOptions tiers;
   // Test seam: called by Compact() after it encoded a pass's blocks, outside
@@ -694,6 +701,11 @@ class Cache {
   // Allocates a payload of `bytes` for an append (counted as staged),
   // evicting until it fits. RESOURCE_EXHAUSTED when nothing is evictable.
   absl::StatusOr<BlockRef> AllocatePayload(uint64_t bytes);
+  // Keeps `ns` under max_namespace_bytes with `incoming` more bytes (an
+  // append's staged bytes and its next block): evicts the namespace's own
+  // coldest evictable leaves, or RESOURCE_EXHAUSTED when that is not enough.
+  absl::Status MakeRoomInNamespace(const std::string& ns, uint64_t incoming);
+  uint64_t NamespaceBytesLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `node->metadata_bytes` and the cache's total in step with its size.
   void RecountMetadataLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct CompactionJob;
@@ -748,6 +760,7 @@ class Cache {
   ModelRegistry models_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t quota_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes in the indexes
   uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // index nodes (leases: leases_)

@@ -313,6 +313,11 @@ void CacheStats::VisitCounters(absl::Time now, CounterVisitor& visitor) const {
   visitor.Visit({"kvcached_capacity_evictions_total", "Blocks evicted to make room for new ones",
                  CounterType::kCounter},
                 capacity_evictions);
+  visitor.Visit({"kvcached_quota_evictions_total",
+                 "Blocks a namespace evicted of its own to stay under its quota "
+                 "(security.tenant_limits.max_cached_bytes)",
+                 CounterType::kCounter},
+                quota_evictions);
   visitor.Visit({"kvcached_rejected_appends_total",
                  "Appends refused because nothing could be evicted", CounterType::kCounter},
                 rejected_appends);

@@ -172,6 +172,7 @@ struct CacheStats {
   uint64_t payload_bytes = 0;
   uint64_t active_leases = 0;
   uint64_t capacity_evictions = 0;
+  uint64_t quota_evictions = 0;  // a namespace's own blocks, to stay under its quota
   uint64_t rejected_appends = 0;
   ScoreHistogram scores;
   uint64_t compaction_passes = 0;

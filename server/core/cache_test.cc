@@ -330,6 +330,52 @@ TEST_F(CapacityTest, ALeaseIsReleasedOnlyWhereItsModelIsAllowed) {
   EXPECT_FALSE(cache_->ReleaseLease(id));
 }
 
+// Two tenants' namespaces, each with room for 4 of Big()'s 8 KiB blocks; the
+// pool holds 16, so only the quota makes a tenant evict.
+class NamespaceQuotaTest : public CacheTest {
+ protected:
+  void SetUp() override {
+    MakeCache(2, {.max_namespace_bytes = 4 * Big().layout.BlockBytes()});
+    for (const TestModel& m : {a_, b_}) Register(m);
+  }
+  TestModel a_{{"tenant-a", "big"}, Big().layout, 33};
+  TestModel b_{{"tenant-b", "big"}, Big().layout, 44};
+};
+
+TEST_F(NamespaceQuotaTest, ANamespaceAtItsQuotaEvictsOnlyItsOwnColdestBlocks) {
+  const std::vector<Token> b_seq = Seq({1, 2, 3, 4});
+  ASSERT_TRUE(Append(*cache_, b_, b_seq).ok());
+  const std::vector<Token> a_old = Seq({11, 12}), a_new = Seq({21, 22});
+  ASSERT_TRUE(Append(*cache_, a_, a_old).ok());
+  ASSERT_TRUE(Append(*cache_, a_, a_new).ok());
+  Matched(b_, b_seq);  // b's blocks are now the most recently used
+  ASSERT_TRUE(Append(*cache_, a_, Seq({31, 32, 33})).ok());
+  // a stayed at 4 blocks by evicting its own coldest, a_old, then a_new's leaf.
+  EXPECT_EQ(StatsOf(a_).blocks, 4u);
+  EXPECT_EQ(Matched(a_, a_old), 0u);
+  EXPECT_EQ(Matched(a_, a_new), kBt);
+  EXPECT_EQ(cache_->GetStats().quota_evictions, 3u);
+  EXPECT_EQ(cache_->GetStats().capacity_evictions, 0u);
+  EXPECT_EQ(Fetched(b_, b_seq), 4 * kBt);  // untouched, though it was the coldest
+}
+
+TEST_F(NamespaceQuotaTest, AnAppendPastAQuotaOfLeasedBlocksIsRefusedAndChangesNothing) {
+  const std::vector<Token> a_seq = Seq({11, 12, 13, 14});
+  ASSERT_TRUE(Append(*cache_, a_, a_seq).ok());
+  auto lease = cache_->Lookup(a_.key, a_seq, {.acquire = true});
+  ASSERT_TRUE(lease.ok() && lease->lease_id != 0);
+  auto refused = Append(*cache_, a_, Seq({21}));
+  EXPECT_EQ(refused.status().code(), kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("namespace \"tenant-a\" is at its quota"));
+  EXPECT_EQ(Fetched(a_, a_seq), 4 * kBt);
+  // Another namespace is not held back by a's quota.
+  EXPECT_TRUE(Append(*cache_, b_, Seq({31, 32, 33, 34})).ok());
+  // Once the lease is gone, a makes room of its own again.
+  ASSERT_TRUE(cache_->ReleaseLease(lease->lease_id));
+  EXPECT_TRUE(Append(*cache_, a_, Seq({21})).ok());
+  EXPECT_EQ(StatsOf(a_).blocks, 4u);
+}
+
 TEST_F(CapacityTest, AppendFailsWhenEverythingIsLeased) {
   std::vector<uint64_t> leases;
   for (const auto& s : seqs_) leases.push_back(Lease(s));

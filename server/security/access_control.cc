@@ -41,6 +41,11 @@ size_t AccessControl::principals() const {
   return table_ == nullptr ? 0 : table_->size();
 }
 
+size_t AccessControl::tenants() const {
+  MutexLock lock(&table_mu_);
+  return table_ == nullptr ? 0 : table_->tenants().size();
+}
+
 absl::Status AccessControl::Reload() {
   if (!enabled()) return absl::OkStatus();
   absl::StatusOr<PrincipalTable> table = LoadPrincipalsFile(options_.principals_file);
@@ -92,9 +97,9 @@ absl::StatusOr<Caller> AccessControl::Admit(const Credentials& credentials,
   if (!principal.ok()) return principal.status();
   const std::optional<Access> access = AccessOf(method);
   if (!RoleAllows(principal->role, access.value_or(Access::kAdmin))) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        principal->name, " (role ", std::string(RoleName(principal->role)), ") may not call ",
-        std::string(method)));
+    return absl::PermissionDeniedError(absl::StrCat(principal->name, " (role ",
+                                                    std::string(RoleName(principal->role)),
+                                                    ") may not call ", std::string(method)));
   }
   if (access == Access::kData && principal->role != Role::kAdmin) {
     if (absl::Status s = ChargeRequest(principal->tenant); !s.ok()) return s;

@@ -80,6 +80,8 @@ class AccessControl {
 
   bool enabled() const { return !options_.principals_file.empty(); }
   size_t principals() const;
+  // Distinct tenants among the principals (admins of every namespace aside).
+  size_t tenants() const;
 
   // Who is calling `method` (its logged name, access_policy.h) and whether it
   // may. Credentials are tried in this order: bearer token, certificate,

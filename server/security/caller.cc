@@ -32,9 +32,9 @@ absl::StatusOr<std::string> Caller::NamespaceOf(std::string_view requested) cons
     absl::StrAppend(&allowed, " and the shared namespaces \"", absl::StrJoin(*shared_, "\", \""),
                     "\"");
   }
-  return absl::PermissionDeniedError(absl::StrCat("namespace \"", std::string(requested), "\" is not open to ",
-                                                  principal_.name, " (tenant \"", principal_.tenant,
-                                                  "\"): it may use ", allowed));
+  return absl::PermissionDeniedError(
+      absl::StrCat("namespace \"", std::string(requested), "\" is not open to ", principal_.name,
+                   " (tenant \"", principal_.tenant, "\"): it may use ", allowed));
 }
 
 }  // namespace kvcache

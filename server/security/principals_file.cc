@@ -28,7 +28,8 @@ bool IsLowerHex(std::string_view s) {
 }
 
 absl::Status Bad(std::string_view who, std::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("principals file: ", std::string(who), ": ", std::string(what)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("principals file: ", std::string(who), ": ", std::string(what)));
 }
 
 }  // namespace
@@ -155,6 +156,7 @@ absl::StatusOr<PrincipalTable> ParsePrincipals(std::string_view json) {
       fresh = table.by_uid_.emplace(static_cast<uid_t>(uid), p).second;
     }
     if (!fresh) return Bad(who, "its credential is already another principal's");
+    if (p.tenant != kAllNamespaces) table.tenants_.insert(p.tenant);
     ++table.size_;
   }
   return table;

@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "server/security/principal.h"
 
@@ -45,6 +46,7 @@ class PrincipalTable {
   const Principal* FindUid(uid_t uid) const;
 
   size_t size() const { return size_; }
+  const absl::flat_hash_set<std::string>& tenants() const { return tenants_; }
 
  private:
   friend absl::StatusOr<PrincipalTable> ParsePrincipals(std::string_view json);
@@ -52,6 +54,7 @@ class PrincipalTable {
   absl::flat_hash_map<std::string, Principal> by_token_digest_;
   absl::flat_hash_map<std::string, Principal> by_certificate_;
   absl::flat_hash_map<uid_t, Principal> by_uid_;
+  absl::flat_hash_set<std::string> tenants_;  // of workers and readers
   size_t size_ = 0;
 };
 

@@ -54,7 +54,9 @@ class TenancyTest : public ::testing::Test {
     principals_ = dir_ + "/principals.json";
     std::ofstream(principals_) << Principals(true);
     const std::string config = dir_ + "/config.json";
-    std::ofstream(config) << R"({"security": {"shared_namespaces": ["shared"]}})";
+    // Each namespace may cache 16 of the tests' 4 KiB blocks.
+    std::ofstream(config) << R"({"security": {"shared_namespaces": ["shared"],
+                                              "tenant_limits": {"max_cached_bytes": 65536}}})";
     auto d = DaemonProcess::Start(
         {.extra_flags = {"--config", config, "--principals-file", principals_}, .token = kAdmin});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -219,6 +221,29 @@ TEST_F(TenancyTest, TheSharedMemoryPlaneActsAsTheHelloTokenOrThePeersUid) {
   auto impostor = Client::Connect(wrong);
   ASSERT_TRUE(impostor.ok()) << impostor.status();
   EXPECT_EQ((*impostor)->Lookup("m", prompt).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(TenancyTest, ATenantPastItsQuotaEvictsItsOwnBlocksOnly) {
+  auto acme = As(kAcme);
+  auto globex = As(kGlobex);
+  const std::vector<uint32_t> theirs = MakeTokens(31, 12 * kBlockTokens);
+  const uint64_t block_bytes = Store(*globex, theirs);
+  ASSERT_EQ(block_bytes, 4096u);
+  ASSERT_TRUE(acme->RegisterModel("m", layout_).ok());
+  for (uint64_t seed = 40; seed < 44; ++seed) {  // 32 blocks into a quota of 16
+    const std::vector<uint32_t> ours = MakeTokens(seed, 8 * kBlockTokens);
+    auto kv = MakeKv(ours, kBlockTokens, block_bytes, 0, 8);
+    auto appended = acme->Append("m", ours, kv);
+    ASSERT_TRUE(appended.ok()) << appended.status();
+  }
+  auto stats = As(kAdmin)->GetStats();
+  ASSERT_TRUE(stats.ok());
+  for (const v1::ModelStats& m : stats->models()) {
+    EXPECT_LE(m.bytes(), 65536u) << m.namespace_();
+  }
+  EXPECT_EQ(FetchVerified(*globex, "m", theirs, kBlockTokens, block_bytes, 12, "globex"), 12u);
+  const std::vector<uint32_t> newest = MakeTokens(43, 8 * kBlockTokens);
+  EXPECT_EQ(FetchVerified(*acme, "m", newest, kBlockTokens, block_bytes, 8, "acme"), 8u);
 }
 
 TEST_F(TenancyTest, SighupReloadsThePrincipalsAndABrokenFileKeepsThem) {
