@@ -282,5 +282,99 @@ TEST_F(TenancyTest, KvcachectlSendsItsToken) {
   EXPECT_THAT(by_file.output, HasSubstr("\"role\":\"reader\""));
 }
 
+// TLS and mutual TLS through the C++ client and kvcachectl, with certificates
+// from make_test_certs.sh (tests/python/security_test.py covers the server's
+// side of TLS more fully, with an independent client).
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "tls-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir_);
+    CommandResult certs =
+        RunCommand(absl::StrCat("bash ", MAKE_TEST_CERTS, " ", dir_, "/certs"));
+    ASSERT_EQ(certs.exit_code, 0) << certs.output;
+    std::ofstream(dir_ + "/principals.json") << absl::StrCat(R"({"principals": [
+      {"name": "ops", "role": "admin", "certificate": "ops.kvcache.test"},
+      {"name": "acme-worker", "tenant": "acme", "role": "worker", "token": ")",
+                                                             kAcme, R"("}]})");
+  }
+
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> StartTls(const std::string& key) {
+    return DaemonProcess::Start(
+        {.tcp = true,
+         .extra_flags = {"--principals-file", dir_ + "/principals.json", "--tls-cert",
+                         Cert("server.pem"), "--tls-key", Cert(key), "--tls-client-ca",
+                         Cert("ca.pem")},
+         .token = kAcme});
+  }
+
+  std::string Cert(const std::string& name) const { return dir_ + "/certs/" + name; }
+
+  std::unique_ptr<Client> Over(const DaemonProcess& d, const std::string& client_cert,
+                               const std::string& token = "") {
+    ClientOptions o{.target = d.tcp_target(),
+                    .timeout = absl::Seconds(5),
+                    .max_attempts = 1,
+                    .data_path = DataPath::kGrpc,
+                    .token = token,
+                    .tls_ca_file = Cert("ca.pem")};
+    if (!client_cert.empty()) {
+      o.tls_cert_file = Cert(client_cert + ".pem");
+      o.tls_key_file = Cert(client_cert + ".key");
+    }
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(TlsTest, AClientCertificateNamesItsPrincipalAndOnlyTheCaItTrustsIsAccepted) {
+  auto d = StartTls("server.key");
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto who = Over(**d, "ops")->WhoAmI();
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->principal(), "ops");
+  EXPECT_EQ(who->authenticated_by(), "certificate");
+  // A token over mutual TLS: the token names the principal.
+  who = Over(**d, "acme-worker", kAcme)->WhoAmI();
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->principal(), "acme-worker");
+  // A certificate the CA signed that names no principal, an expired one, one
+  // from another CA, none at all.
+  EXPECT_EQ(Over(**d, "stranger")->WhoAmI().status().code(), absl::StatusCode::kUnauthenticated);
+  for (const std::string& refused : {"expired", "rogue", ""}) {
+    EXPECT_EQ(Over(**d, refused)->WhoAmI().status().code(), absl::StatusCode::kUnavailable)
+        << refused;
+  }
+  // Plaintext to the TLS port does not get through either.
+  ClientOptions plain{.target = (*d)->tcp_target(),
+                      .timeout = absl::Seconds(5),
+                      .max_attempts = 1,
+                      .data_path = DataPath::kGrpc,
+                      .token = kAcme};
+  auto plaintext = Client::Connect(plain);
+  ASSERT_TRUE(plaintext.ok());
+  EXPECT_EQ((*plaintext)->WhoAmI().status().code(), absl::StatusCode::kUnavailable);
+
+  const std::string ctl = absl::StrCat(KVCACHECTL_BINARY, " --target ", (*d)->tcp_target(),
+                                       " --tls-ca ", Cert("ca.pem"));
+  CommandResult ops = RunCommand(
+      absl::StrCat(ctl, " --tls-cert ", Cert("ops.pem"), " --tls-key ", Cert("ops.key"), " whoami"));
+  EXPECT_EQ(ops.exit_code, 0) << ops.output;
+  EXPECT_THAT(ops.output, HasSubstr("authenticated by: certificate"));
+}
+
+TEST_F(TlsTest, AKeyThatIsNotTheCertificatesStopsTheStart) {
+  auto d = StartTls("ops.key");
+  ASSERT_FALSE(d.ok());
+  const std::string message(d.status().message());
+  ASSERT_THAT(message, HasSubstr("exited early; log: "));
+  std::ifstream log(message.substr(message.find("log: ") + 5));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("is not the key of the certificate in"));
+}
+
 }  // namespace
 }  // namespace kvcache::testing
