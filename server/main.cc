@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/checkpoint/checkpoint_service.h"
@@ -34,6 +35,8 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
+#include "server/security/access_control.h"
+#include "server/security/tls_files.h"
 #include "server/shm/shm_server.h"
 #include "server/status/cache_status_source.h"
 #include "server/status/event_log.h"
@@ -58,6 +61,10 @@ struct Flags {
   std::string shm_socket;
   std::string metrics_address;
   bool allow_insecure_remote = false;
+  std::string principals_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
   uint64_t capacity_bytes = 0;
   uint64_t slab_bytes = 0;
   std::string ssd_path;
@@ -76,6 +83,11 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.unix_socket.empty()) c->mutable_listen()->set_unix_socket(f.unix_socket);
   if (!f.shm_socket.empty()) c->mutable_listen()->set_shm_socket(f.shm_socket);
   if (f.allow_insecure_remote) c->mutable_listen()->set_allow_insecure_remote(true);
+  v1::SecurityConfig* security = c->mutable_security();
+  if (!f.principals_file.empty()) security->set_principals_file(f.principals_file);
+  if (!f.tls_cert.empty()) security->mutable_tls()->set_cert_file(f.tls_cert);
+  if (!f.tls_key.empty()) security->mutable_tls()->set_key_file(f.tls_key);
+  if (!f.tls_client_ca.empty()) security->mutable_tls()->set_client_ca_file(f.tls_client_ca);
   if (!f.metrics_address.empty()) c->mutable_listen()->set_metrics_address(f.metrics_address);
   if (f.capacity_bytes != 0) c->mutable_host_tier()->set_capacity_bytes(f.capacity_bytes);
   if (f.slab_bytes != 0) c->mutable_host_tier()->set_slab_bytes(f.slab_bytes);
@@ -98,12 +110,14 @@ std::string ShmSocketPath(const v1::ListenConfig& listen) {
   return grpc_socket.empty() ? "" : grpc_socket + ".shm";
 }
 
-// The signals that stop the daemon, handled by sigwait() on the main thread.
-sigset_t StopSignals() {
+// The signals the daemon handles by sigwait() on the main thread: SIGTERM and
+// SIGINT stop it, SIGHUP reloads the principals file.
+sigset_t HandledSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);  // reloads the principals file
   return signals;
 }
 
@@ -414,7 +428,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpEndpoint(
 }
 
 int Serve(const v1::ServerConfig& config) {
-  sigset_t signals = StopSignals();
+  sigset_t signals = HandledSignals();
   if (absl::Status s = SetUpLogging(config.logging()); !s.ok()) {
     std::fprintf(stderr, "kvcached: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -554,6 +568,29 @@ int Serve(const v1::ServerConfig& config) {
     }
     socket_gid = g->gr_gid;
   }
+  const v1::SecurityConfig& security = config.security();
+  absl::StatusOr<std::unique_ptr<AccessControl>> access = AccessControl::Create(
+      {.principals_file = security.principals_file(),
+       .shared_namespaces = {security.shared_namespaces().begin(),
+                             security.shared_namespaces().end()},
+       .max_requests_per_second = security.tenant_limits().max_requests_per_second(),
+       .max_concurrent_streams = security.tenant_limits().max_concurrent_streams()});
+  if (!access.ok()) {
+    spdlog::error("{}", access.status().ToString());
+    return 2;
+  }
+  if ((*access)->enabled()) {
+    spdlog::info("authentication on: {} principals from {} (re-read on SIGHUP)",
+                 (*access)->principals(), security.principals_file());
+  } else {
+    spdlog::info(
+        "authentication off: every caller is an admin of every namespace "
+        "(security.principals_file turns it on)");
+  }
+  const TlsFiles tls{.cert_file = security.tls().cert_file(),
+                     .key_file = security.tls().key_file(),
+                     .client_ca_file = security.tls().client_ca_file(),
+                     .reload_interval = absl::Seconds(security.tls().reload_interval_seconds())};
   if (listen.allow_insecure_remote() && Enabled(listen.tcp_address()) != "" &&
       !IsLoopbackAddress(listen.tcp_address())) {
     spdlog::warn(
@@ -582,7 +619,8 @@ int Serve(const v1::ServerConfig& config) {
                                                 .max_frame_bytes = limits.max_message_bytes()},
                                      .copy_threads = shm.copy_threads(),
                                      .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
-                                     .inflight = &inflight},
+                                     .inflight = &inflight,
+                                     .access = access->get()},
                                     &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
@@ -614,13 +652,19 @@ int Serve(const v1::ServerConfig& config) {
   server_options.checkpoints = checkpoints.get();
   server_options.rpc_tally = &rpc_tally;
   server_options.inflight = &inflight;
+  server_options.tls = tls;
+  server_options.access = access->get();
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 2;
   }
   for (const std::string& address : (*server)->listen_addresses()) {
-    spdlog::info("serving kvcache.v1 on {}", address);
+    const bool tcp = !absl::StartsWith(address, "unix:");
+    spdlog::info("serving kvcache.v1 on {}{}", address,
+                 !tcp || !tls.enabled() ? ""
+                 : tls.mutual()         ? " (mutual TLS)"
+                                        : " (TLS)");
   }
 
   if (checkpoints != nullptr) checkpoints->Start();
@@ -637,7 +681,21 @@ int Serve(const v1::ServerConfig& config) {
   }
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  for (;;) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    if (!(*access)->enabled()) {
+      spdlog::info("received SIGHUP: nothing to reload (security.principals_file is not set)");
+    } else if (absl::Status s = (*access)->Reload(); s.ok()) {
+      spdlog::info("received SIGHUP: {} principals reloaded from {}", (*access)->principals(),
+                   security.principals_file());
+    } else {
+      spdlog::error(
+          "received SIGHUP: the principals file did not load, the previous {} "
+          "principals stay in force: {}",
+          (*access)->principals(), s.ToString());
+    }
+  }
   spdlog::info("received {}, draining for up to {} s", strsignal(signal_number),
                config.drain_timeout_seconds());
   (*server)->Shutdown(absl::Seconds(config.drain_timeout_seconds()));
@@ -660,7 +718,7 @@ int Serve(const v1::ServerConfig& config) {
 int main(int argc, char** argv) {
   // Block the stop signals before any thread exists, so every thread inherits
   // the mask and only the main thread's sigwait() sees them.
-  sigset_t signals = kvcache::StopSignals();
+  sigset_t signals = kvcache::HandledSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // The distribution's Abseil checks every absl::Mutex (gRPC's included) for
   // lock-order cycles; that costs about 3% of the daemon's CPU under load.
@@ -683,6 +741,16 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-insecure-remote", flags.allow_insecure_remote,
                "Allow a --listen address other hosts can reach, with no TLS or authentication "
                "(listen.allow_insecure_remote)");
+  app.add_option("--principals-file", flags.principals_file,
+                 "JSON file of who may call and what they may do; turns authentication on, "
+                 "re-read on SIGHUP (security.principals_file; docs/security.md)");
+  app.add_option("--tls-cert", flags.tls_cert,
+                 "PEM certificate chain for TLS on --listen (security.tls.cert_file)");
+  app.add_option("--tls-key", flags.tls_key,
+                 "PEM private key of --tls-cert (security.tls.key_file)");
+  app.add_option("--tls-client-ca", flags.tls_client_ca,
+                 "PEM CA that client certificates must chain to: mutual TLS "
+                 "(security.tls.client_ca_file)");
   app.add_option("--metrics-address", flags.metrics_address,
                  "Prometheus endpoint HOST:PORT, or 'none' (default 127.0.0.1:9464)");
   app.add_option("--capacity-bytes", flags.capacity_bytes,

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/core/layout.h"
 
 namespace kvcache {
 namespace {
@@ -178,6 +179,27 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateSecurity(const v1::SecurityConfig& s) {
+  const v1::TlsConfig& tls = s.tls();
+  if (tls.cert_file().empty() != tls.key_file().empty()) {
+    return absl::InvalidArgumentError(
+        "security.tls.cert_file and security.tls.key_file go together: set both or neither");
+  }
+  if (!tls.client_ca_file().empty() && tls.cert_file().empty()) {
+    return absl::InvalidArgumentError(
+        "security.tls.client_ca_file (mutual TLS) needs security.tls.cert_file and key_file");
+  }
+  if (auto st = CheckRange("security.tls.reload_interval_seconds", tls.reload_interval_seconds(), 1,
+                           86400);
+      !st.ok()) {
+    return st;
+  }
+  for (const std::string& ns : s.shared_namespaces()) {
+    if (absl::Status st = ValidateIdentifier("security.shared_namespaces", ns); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCache(const v1::CacheConfig& c) {
   if (c.eviction_policy() != "lru" && c.eviction_policy() != "lru_k") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -283,6 +305,8 @@ void ApplyDefaults(v1::ServerConfig* c) {
 
   v1::StatusPageConfig* status_page = c->mutable_status_page();
   if (!status_page->has_enabled()) status_page->set_enabled(true);
+  v1::TlsConfig* tls = c->mutable_security()->mutable_tls();
+  if (tls->reload_interval_seconds() == 0) tls->set_reload_interval_seconds(10);
   if (status_page->recent_events() == 0) status_page->set_recent_events(50);
 
   v1::ShmConfig* shm = c->mutable_shm();
@@ -514,15 +538,18 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64); !s.ok()) return s;
-  if (listen.tcp_address() != kDisabled && !IsLoopbackAddress(listen.tcp_address()) &&
+  if (auto s = ValidateSecurity(c.security()); !s.ok()) return s;
+  const v1::SecurityConfig& security = c.security();
+  const bool secured = !security.tls().cert_file().empty() && !security.principals_file().empty();
+  if (listen.tcp_address() != kDisabled && !IsLoopbackAddress(listen.tcp_address()) && !secured &&
       !listen.allow_insecure_remote()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "listen.tcp_address \"", listen.tcp_address(),
-        "\" can be reached from other hosts, and kvcached does not yet authenticate callers or "
-        "encrypt traffic: anyone reaching it could read, evict and reconfigure every model's KV. "
-        "Listen on 127.0.0.1 (workers on this host can also use the Unix socket), or set "
-        "listen.allow_insecure_remote to true (flag --allow-insecure-remote) on a network you "
-        "trust"));
+        "\" can be reached from other hosts without TLS (security.tls) and authentication "
+        "(security.principals_file): anyone reaching it could read, evict and reconfigure every "
+        "model's KV. Set both (docs/security.md), listen on 127.0.0.1 (workers on this host can "
+        "also use the Unix socket), or set listen.allow_insecure_remote to true (flag "
+        "--allow-insecure-remote) on a network you trust"));
   }
   if (auto s = CheckRange("drain_timeout_seconds", c.drain_timeout_seconds(), 1, 3600); !s.ok()) {
     return s;

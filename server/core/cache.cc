@@ -353,9 +353,15 @@ absl::StatusOr<std::pair<uint64_t, absl::Time>> Cache::CreateLeaseLocked(
 }
 
 bool Cache::ReleaseLease(uint64_t lease_id) {
+  return ReleaseLease(lease_id, [](const ModelKey&) { return true; });
+}
+
+bool Cache::ReleaseLease(uint64_t lease_id, absl::FunctionRef<bool(const ModelKey&)> may_release) {
   Lease released;  // its references drop after the lock
   MutexLock lock(&mu_);
   ExpireLeasesLocked(clock_->Now());
+  const Lease* lease = leases_.Find(lease_id);
+  if (lease == nullptr || !may_release(lease->model)) return false;
   return leases_.Remove(lease_id, &released);
 }
 

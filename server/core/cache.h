@@ -385,6 +385,9 @@ class Cache {
                                       const LeaseRequest& lease = {}, bool accept_lossy = false);
   // False when the lease is unknown (expired or released already).
   bool ReleaseLease(uint64_t lease_id);
+  // As above, and false (the lease kept) when `may_release` refuses the
+  // lease's model: a caller may release only its own namespaces' leases.
+  bool ReleaseLease(uint64_t lease_id, absl::FunctionRef<bool(const ModelKey&)> may_release);
 
   // Starts an append of the KV of tokens[start_token:]'s whole blocks.
   // NOT_FOUND: unknown model. INVALID_ARGUMENT: too many tokens, start_token

@@ -317,6 +317,19 @@ TEST_F(CapacityTest, LeasedBlocksAreNeverEvicted) {
   EXPECT_EQ(Fetched(Big(), seqs_[1]), 4 * kBt);
 }
 
+TEST_F(CapacityTest, ALeaseIsReleasedOnlyWhereItsModelIsAllowed) {
+  const uint64_t id = Lease(seqs_[0]);
+  ModelKey seen;
+  EXPECT_FALSE(cache_->ReleaseLease(id, [&](const ModelKey& m) {
+    seen = m;
+    return false;
+  }));
+  EXPECT_EQ(seen, Big().key);
+  EXPECT_FALSE(cache_->ReleaseLease(id + 1, [](const ModelKey&) { return true; }));
+  EXPECT_TRUE(cache_->ReleaseLease(id, [](const ModelKey& m) { return m == Big().key; }));
+  EXPECT_FALSE(cache_->ReleaseLease(id));
+}
+
 TEST_F(CapacityTest, AppendFailsWhenEverythingIsLeased) {
   std::vector<uint64_t> leases;
   for (const auto& s : seqs_) leases.push_back(Lease(s));

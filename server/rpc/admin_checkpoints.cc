@@ -74,6 +74,8 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(grpc::CallbackServerContext* 
                                                    const v1::CheckpointRequest*,
                                                    v1::CheckpointResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "Checkpoint");
+  if (!caller.ok()) return FinishWith(ctx, "Checkpoint", start, caller.status());
   if (checkpoints_ == nullptr) {
     return FinishWith(ctx, "Checkpoint", start,
                       absl::FailedPreconditionError(
@@ -94,6 +96,8 @@ grpc::ServerUnaryReactor* AdminService::ListCheckpoints(grpc::CallbackServerCont
                                                         const v1::ListCheckpointsRequest*,
                                                         v1::ListCheckpointsResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "ListCheckpoints");
+  if (!caller.ok()) return FinishWith(ctx, "ListCheckpoints", start, caller.status());
   if (checkpoints_ == nullptr) {
     response->mutable_status()->set_enabled(false);
     return Finish(ctx, "ListCheckpoints", start);
@@ -109,6 +113,8 @@ grpc::ServerUnaryReactor* AdminService::VerifyCheckpoint(grpc::CallbackServerCon
                                                          const v1::VerifyCheckpointRequest* request,
                                                          v1::VerifyCheckpointResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "VerifyCheckpoint");
+  if (!caller.ok()) return FinishWith(ctx, "VerifyCheckpoint", start, caller.status());
   if (checkpoints_ == nullptr) {
     return FinishWith(ctx, "VerifyCheckpoint", start,
                       absl::FailedPreconditionError(

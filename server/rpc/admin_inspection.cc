@@ -236,6 +236,9 @@ grpc::ServerWriteReactor<v1::VerifyBlocksProgress>* AdminService::VerifyBlocks(
                                .latency = latency});
     return new RefusedWrite(ctx, request_id, status);
   };
+  if (absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "VerifyBlocks"); !caller.ok()) {
+    return refuse(caller.status());
+  }
   VerifyOptions options;
   if (!request->model_id().empty()) {
     absl::StatusOr<ModelKey> key = ToModelKey(request->namespace_(), request->model_id());
@@ -265,6 +268,8 @@ grpc::ServerUnaryReactor* AdminService::DumpMemory(grpc::CallbackServerContext* 
                                                    const v1::DumpMemoryRequest*,
                                                    v1::DumpMemoryResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "DumpMemory");
+  if (!caller.ok()) return FinishWith(ctx, "DumpMemory", start, caller.status());
   const MemorySnapshot s = cache_->SnapshotMemory();
   response->set_taken_unix_ms(absl::ToUnixMillis(s.taken));
   FillStats(s.stats, response->mutable_stats());
@@ -328,6 +333,8 @@ grpc::ServerUnaryReactor* AdminService::InspectSequence(grpc::CallbackServerCont
                                                         const v1::InspectSequenceRequest* request,
                                                         v1::InspectSequenceResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "InspectSequence");
+  if (!caller.ok()) return FinishWith(ctx, "InspectSequence", start, caller.status());
   absl::Status status = [&]() -> absl::Status {
     absl::StatusOr<ModelKey> key = ToModelKey(request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();

@@ -12,6 +12,8 @@ grpc::ServerUnaryReactor* AdminService::SetLogLevel(grpc::CallbackServerContext*
                                                     const v1::SetLogLevelRequest* request,
                                                     v1::SetLogLevelResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "SetLogLevel");
+  if (!caller.ok()) return FinishWith(ctx, "SetLogLevel", start, caller.status());
   const std::string& wanted = request->level();
   absl::Status status = [&]() -> absl::Status {
     if (!wanted.empty() && !ParseLogLevel(wanted).has_value()) {

@@ -1,5 +1,7 @@
 #include "server/rpc/admin_service.h"
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"
@@ -107,10 +109,27 @@ grpc::ServerUnaryReactor* AdminService::FinishWith(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::WhoAmI(grpc::CallbackServerContext* ctx,
+                                               const v1::WhoAmIRequest*,
+                                               v1::WhoAmIResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "WhoAmI");
+  if (!caller.ok()) return FinishWith(ctx, "WhoAmI", start, caller.status());
+  const Principal& p = caller->principal();
+  response->set_principal(p.name);
+  response->set_tenant(p.tenant);
+  response->set_role(std::string(RoleName(p.role)));
+  response->set_authenticated_by(std::string(AuthMethodName(p.authenticated_by)));
+  for (const std::string& ns : caller->shared_namespaces()) response->add_shared_namespaces(ns);
+  return Finish(ctx, "WhoAmI", start);
+}
+
 grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContext* ctx,
                                                       const v1::GetServerInfoRequest*,
                                                       v1::GetServerInfoResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "GetServerInfo");
+  if (!caller.ok()) return FinishWith(ctx, "GetServerInfo", start, caller.status());
   response->set_version(identity_.version);
   response->set_git_revision(identity_.git_revision);
   response->set_start_time_unix_ms(absl::ToUnixMillis(identity_.start_time));
@@ -126,8 +145,11 @@ grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* 
                                                    const v1::ListModelsRequest* request,
                                                    v1::ListModelsResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "ListModels");
+  if (!caller.ok()) return FinishWith(ctx, "ListModels", start, caller.status());
   for (const auto& [key, layout] : cache_->ListModels()) {
     if (!request->namespace_().empty() && request->namespace_() != key.ns) continue;
+    if (!caller->MaySee(key.ns)) continue;
     v1::ModelInfo* info = response->add_models();
     info->set_namespace_(key.ns);
     info->set_model_id(key.model_id);
@@ -144,7 +166,16 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
                                                  const v1::GetStatsRequest*,
                                                  v1::GetStatsResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "GetStats");
+  if (!caller.ok()) return FinishWith(ctx, "GetStats", start, caller.status());
   FillStats(cache_->GetStats(), response);
+  // A tenant sees its own and the shared namespaces' models; the totals
+  // (tiers, counters) describe the daemon, not any one tenant's KV.
+  auto* models = response->mutable_models();
+  models->erase(
+      std::remove_if(models->begin(), models->end(),
+                     [&](const v1::ModelStats& m) { return !caller->MaySee(m.namespace_()); }),
+      models->end());
   if (rpc_tally_ != nullptr) {
     for (const RpcCount& c : rpc_tally_->Counts()) {
       v1::RpcCounters* out = response->add_rpcs();
@@ -162,6 +193,8 @@ grpc::ServerUnaryReactor* AdminService::UpdateModelPolicy(
     grpc::CallbackServerContext* ctx, const v1::UpdateModelPolicyRequest* request,
     v1::UpdateModelPolicyResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "UpdateModelPolicy");
+  if (!caller.ok()) return FinishWith(ctx, "UpdateModelPolicy", start, caller.status());
   absl::Status status = [&]() -> absl::Status {
     auto key = ToModelKey(request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
@@ -190,6 +223,8 @@ grpc::ServerUnaryReactor* AdminService::UnregisterModel(grpc::CallbackServerCont
                                                         const v1::UnregisterModelRequest* request,
                                                         v1::UnregisterModelResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "UnregisterModel");
+  if (!caller.ok()) return FinishWith(ctx, "UnregisterModel", start, caller.status());
   absl::Status status = [&]() -> absl::Status {
     auto key = ToModelKey(request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();

@@ -13,6 +13,7 @@
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "server/checkpoint/checkpoint_service.h"
 #include "server/core/cache.h"
+#include "server/rpc/call_auth.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/rpc_tally.h"
@@ -39,6 +40,7 @@ struct AdminSources {
   checkpoint::CheckpointService* checkpoints = nullptr;  // null: checkpoints off
   const RpcTally* rpc_tally = nullptr;                   // GetStats' per-method counts
   const InflightCalls* inflight = nullptr;               // DumpMemory's calls (FillInflightCalls)
+  AccessControl* access = nullptr;  // who may call what; null: everyone, everywhere
 };
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -50,7 +52,12 @@ class AdminService final : public v1::Admin::CallbackService {
         observer_(observer),
         checkpoints_(sources.checkpoints),
         rpc_tally_(sources.rpc_tally),
-        inflight_(sources.inflight) {}
+        inflight_(sources.inflight),
+        access_(sources.access) {}
+
+  grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx,
+                                   const v1::WhoAmIRequest* request,
+                                   v1::WhoAmIResponse* response) override;
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::GetServerInfoRequest* request,
@@ -104,6 +111,7 @@ class AdminService final : public v1::Admin::CallbackService {
   checkpoint::CheckpointService* const checkpoints_;
   const RpcTally* const rpc_tally_;
   const InflightCalls* const inflight_;
+  AccessControl* const access_;
   // Block verifications running now (each on a thread of its own).
   std::atomic<int> verifications_{0};
 };

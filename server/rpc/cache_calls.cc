@@ -4,13 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/rpc/call_auth.h"
 #include "server/rpc/proto_convert.h"
 
 namespace kvcache {
 
-absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
+absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupRequest& request,
                        v1::LookupResponse* response) {
-  auto key = ToModelKey(request.namespace_(), request.model_id());
+  auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
   LeaseRequest lease{.acquire = request.acquire_lease(),
                      .ttl = absl::Milliseconds(request.lease_ttl_ms())};
@@ -53,7 +54,8 @@ absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
+absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
+                            const v1::BatchLookupRequest& request,
                             v1::BatchLookupResponse* response) {
   if (request.lookups_size() > kMaxBatchLookups) {
     return absl::InvalidArgumentError(absl::StrCat("a batch holds ", request.lookups_size(),
@@ -61,7 +63,7 @@ absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
   }
   for (const v1::LookupRequest& lookup : request.lookups()) {
     v1::LookupOutcome* outcome = response->add_outcomes();
-    absl::Status status = RunLookup(cache, lookup, outcome->mutable_response());
+    absl::Status status = RunLookup(cache, caller, lookup, outcome->mutable_response());
     if (!status.ok()) {
       outcome->clear_response();
       outcome->set_code(static_cast<int>(status.code()));
@@ -71,9 +73,10 @@ absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status RunPlaceOnDevice(Cache& cache, const v1::PlaceOnDeviceRequest& request,
+absl::Status RunPlaceOnDevice(Cache& cache, const Caller& caller,
+                              const v1::PlaceOnDeviceRequest& request,
                               v1::PlaceOnDeviceResponse* response) {
-  auto key = ToModelKey(request.namespace_(), request.model_id());
+  auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
   auto placed = cache.PlaceOnDevice(*key, TokensOf(request.tokens()),
                                     absl::Milliseconds(request.lease_ttl_ms()));

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "kvcache/v1/kvcache.pb.h"
 #include "server/core/cache.h"
+#include "server/security/caller.h"
 
 namespace kvcache {
 
@@ -15,17 +16,22 @@ inline constexpr int kMaxBatchLookups = 4096;
 // Longest LookupRequest.prefetch_timeout_ms.
 inline constexpr uint32_t kMaxPrefetchTimeoutMs = 60000;
 
+// Each call acts for `caller`, in the namespace its request names as the
+// caller may use it (Caller::NamespaceOf): PERMISSION_DENIED otherwise.
+
 // Answers `request` as Lookup does.
-absl::Status RunLookup(Cache& cache, const v1::LookupRequest& request,
+absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupRequest& request,
                        v1::LookupResponse* response);
 
 // Answers every lookup of `request`, each with its own outcome.
 // INVALID_ARGUMENT (and nothing looked up) past kMaxBatchLookups.
-absl::Status RunBatchLookup(Cache& cache, const v1::BatchLookupRequest& request,
+absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
+                            const v1::BatchLookupRequest& request,
                             v1::BatchLookupResponse* response);
 
 // Answers `request` as PlaceOnDevice does.
-absl::Status RunPlaceOnDevice(Cache& cache, const v1::PlaceOnDeviceRequest& request,
+absl::Status RunPlaceOnDevice(Cache& cache, const Caller& caller,
+                              const v1::PlaceOnDeviceRequest& request,
                               v1::PlaceOnDeviceResponse* response);
 
 v1::AppendResponse ToProto(const AppendResult& result);

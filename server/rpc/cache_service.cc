@@ -16,6 +16,7 @@
 #include "server/core/fetch_block.h"
 #include "server/rpc/append_decoder.h"
 #include "server/rpc/cache_calls.h"
+#include "server/rpc/call_auth.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -56,6 +57,17 @@ class StreamLifecycle {
   absl::Status Begin(std::function<void()> release = nullptr) {
     release_ = std::move(release);
     peer_ = ctx_->peer();
+    absl::StatusOr<Caller> caller = AdmitCall(service_->options_.access, *ctx_, method_);
+    if (!caller.ok()) return caller.status();
+    caller_ = *std::move(caller);
+    if (service_->options_.access != nullptr) {
+      absl::StatusOr<TenantStreamSlot> slot = service_->options_.access->OpenStream(caller_);
+      if (!slot.ok()) {
+        service_->observer_->OnLimitReached(method_, "tenant max_concurrent_streams");
+        return slot.status();
+      }
+      tenant_slot_ = *std::move(slot);
+    }
     std::string_view limit;
     if (absl::Status s = service_->streams_.Acquire(peer_, &limit); !s.ok()) {
       service_->observer_->OnLimitReached(method_, limit);
@@ -72,6 +84,8 @@ class StreamLifecycle {
   bool timed_out() const { return timed_out_.load(); }
   // The peer, once Begin() ran.
   const std::string& peer() const { return peer_; }
+  // Who is calling, once Begin() succeeded.
+  const Caller& caller() const { return caller_; }
   // What a failed read or write means: the idle timeout, or `otherwise`.
   absl::Status BrokeOff(absl::Status otherwise) const {
     return timed_out() ? TimeoutError() : otherwise;
@@ -79,6 +93,7 @@ class StreamLifecycle {
   // Gives the slot back; called as the reactor finishes, so a client that
   // has seen the status finds the slot free. Idempotent.
   void ReleaseSlot() {
+    tenant_slot_ = TenantStreamSlot();
     if (!holds_slot_) return;
     holds_slot_ = false;
     service_->streams_.Release(peer_);
@@ -115,6 +130,8 @@ class StreamLifecycle {
   const std::string_view method_;
   const std::string_view stalled_;  // what "no progress" means for this stream
   std::string peer_;
+  Caller caller_ = Caller::Anonymous();
+  TenantStreamSlot tenant_slot_;
   std::function<void()> release_;
   bool holds_slot_ = false;
   StreamWatchdog::Id watch_ = 0;
@@ -135,7 +152,9 @@ grpc::ServerUnaryReactor* CacheService::RegisterModel(grpc::CallbackServerContex
                                                       v1::RegisterModelResponse* response) {
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
-    auto key = ToModelKey(request->namespace_(), request->model_id());
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "RegisterModel");
+    if (!caller.ok()) return caller.status();
+    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     auto layout = FromProto(request->layout());
     if (!layout.ok()) return layout.status();
@@ -154,8 +173,11 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                const v1::LookupRequest* request,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited(
-      "Lookup", [&]() -> absl::Status { return RunLookup(*cache_, *request, response); });
+  absl::Status status = RunLimited("Lookup", [&]() -> absl::Status {
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "Lookup");
+    if (!caller.ok()) return caller.status();
+    return RunLookup(*cache_, *caller, *request, response);
+  });
   return FinishUnary(ctx, "Lookup", start, status, {request->namespace_(), request->model_id()});
 }
 
@@ -163,8 +185,11 @@ grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext*
                                                     const v1::BatchLookupRequest* request,
                                                     v1::BatchLookupResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited(
-      "BatchLookup", [&]() -> absl::Status { return RunBatchLookup(*cache_, *request, response); });
+  absl::Status status = RunLimited("BatchLookup", [&]() -> absl::Status {
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "BatchLookup");
+    if (!caller.ok()) return caller.status();
+    return RunBatchLookup(*cache_, *caller, *request, response);
+  });
   return FinishUnary(ctx, "BatchLookup", start, status);
 }
 
@@ -172,7 +197,12 @@ grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext
                                                      const v1::ReleaseLeaseRequest* request,
                                                      v1::ReleaseLeaseResponse* response) {
   const absl::Time start = absl::Now();
-  response->set_released(cache_->ReleaseLease(request->lease_id()));
+  absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "ReleaseLease");
+  if (!caller.ok()) return FinishUnary(ctx, "ReleaseLease", start, caller.status());
+  // Another tenant's lease reads as unknown: it is neither released nor
+  // confirmed to exist.
+  response->set_released(cache_->ReleaseLease(
+      request->lease_id(), [&](const ModelKey& model) { return caller->MaySee(model.ns); }));
   return FinishUnary(ctx, "ReleaseLease", start, absl::OkStatus());
 }
 
@@ -181,7 +211,9 @@ grpc::ServerUnaryReactor* CacheService::PlaceOnDevice(grpc::CallbackServerContex
                                                       v1::PlaceOnDeviceResponse* response) {
   const absl::Time start = absl::Now();
   absl::Status status = RunLimited("PlaceOnDevice", [&]() -> absl::Status {
-    return RunPlaceOnDevice(*cache_, *request, response);
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "PlaceOnDevice");
+    if (!caller.ok()) return caller.status();
+    return RunPlaceOnDevice(*cache_, *caller, *request, response);
   });
   return FinishUnary(ctx, "PlaceOnDevice", start, status,
                      {request->namespace_(), request->model_id()});
@@ -191,6 +223,8 @@ grpc::ServerUnaryReactor* CacheService::GetDeviceArenas(grpc::CallbackServerCont
                                                         const v1::GetDeviceArenasRequest*,
                                                         v1::GetDeviceArenasResponse* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "GetDeviceArenas");
+  if (!caller.ok()) return FinishUnary(ctx, "GetDeviceArenas", start, caller.status());
   if (const std::shared_ptr<DeviceTier>& device = cache_->device_tier(); device != nullptr) {
     response->set_device_kind(std::string(device->device_kind()));
     for (const DeviceArena& a : device->Arenas()) {
@@ -208,7 +242,9 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
                                               v1::EvictResponse* response) {
   const absl::Time start = absl::Now();
   absl::Status status = RunLimited("Evict", [&]() -> absl::Status {
-    auto key = ToModelKey(request->namespace_(), request->model_id());
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "Evict");
+    if (!caller.ok()) return caller.status();
+    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     absl::StatusOr<EvictResult> result;
     switch (request->target_case()) {
@@ -308,7 +344,7 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     const v1::AppendHeader& h = decoded.header;
     model_ = ModelField({h.namespace_(), h.model_id()});
-    auto key = ToModelKey(h.namespace_(), h.model_id());
+    auto key = ScopedModelKey(lifecycle_.caller(), h.namespace_(), h.model_id());
     if (!key.ok()) return key.status();
     std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
     std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
@@ -361,7 +397,9 @@ grpc::ServerUnaryReactor* CacheService::ReportAttention(grpc::CallbackServerCont
                                                         v1::ReportAttentionResponse* response) {
   const absl::Time start = absl::Now();
   absl::Status status = RunLimited("ReportAttention", [&]() -> absl::Status {
-    auto key = ToModelKey(request->namespace_(), request->model_id());
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "ReportAttention");
+    if (!caller.ok()) return caller.status();
+    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     if (request->lease_id() != 0 && !request->tokens().empty()) {
       return absl::InvalidArgumentError("set either tokens or lease_id, not both");
@@ -507,7 +545,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     grpc::Status parsed = grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, &request);
     if (!parsed.ok()) return absl::InvalidArgumentError("FetchRequest does not parse");
     model_ = ModelField({request.namespace_(), request.model_id()});
-    auto key = ToModelKey(request.namespace_(), request.model_id());
+    auto key = ScopedModelKey(lifecycle_.caller(), request.namespace_(), request.model_id());
     if (!key.ok()) return key.status();
     chunk_bytes_ = service_->options_.fetch_chunk_bytes;
     if (request.max_chunk_bytes() != 0) {

@@ -31,6 +31,7 @@
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/stream_watchdog.h"
+#include "server/security/access_control.h"
 
 namespace kvcache {
 
@@ -42,6 +43,8 @@ struct CacheServiceOptions {
   absl::Duration stream_idle_timeout = absl::Seconds(30);
   Clock* clock = SystemClock::Get();  // what the idle timeout reads
   InflightCalls* inflight = nullptr;  // where Append and Fetch register; null: nowhere
+  // Who may call what, in which namespaces; null: everyone, everywhere.
+  AccessControl* access = nullptr;
 };
 
 using CacheServiceBase =

@@ -4,6 +4,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/server_builder.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -28,6 +30,31 @@ namespace {
 // same for fetches): a few of the largest usual values (KV blocks of 0.5 to
 // 4 MiB).
 constexpr int kStreamWindowBytes = 8 << 20;
+
+// The TCP listener's credentials: TLS (mutual with a client CA) from files
+// gRPC re-reads every reload_interval, or plaintext.
+std::shared_ptr<grpc::ServerCredentials> TcpCredentials(const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  const auto interval =
+      static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(tls.reload_interval)));
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (tls.mutual()) {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls.key_file, tls.cert_file, tls.client_ca_file, interval);
+  } else {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls.key_file, tls.cert_file, interval);
+  }
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls.mutual()) {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
 
 }  // namespace
 
@@ -81,6 +108,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   // The TCP port first: a start that cannot have it must not touch the socket.
   if (!options.tcp_address.empty()) {
     if (absl::Status s = CheckTcpAddressFree(options.tcp_address); !s.ok()) return s;
+    if (absl::Status s = CheckTlsFiles(options.tls); !s.ok()) return s;
   }
   if (!options.unix_socket.empty()) {
     if (absl::Status s = ClaimUnixSocketPath(options.unix_socket, "listen.unix_socket"); !s.ok())
@@ -121,8 +149,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   // gRPC binds ports in the order they are added: TCP before the socket.
   if (!options.tcp_address.empty()) {
-    builder.AddListeningPort(options.tcp_address, grpc::InsecureServerCredentials(),
-                             &server->tcp_port_);
+    builder.AddListeningPort(options.tcp_address, TcpCredentials(options.tls), &server->tcp_port_);
     server->listen_addresses_.push_back(options.tcp_address);
   }
   if (!options.unix_socket.empty()) {
@@ -132,12 +159,14 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   }
   options.identity.listen_addresses = server->listen_addresses_;
   options.cache_service.inflight = options.inflight;
+  options.cache_service.access = options.access;
   server->cache_service_ = std::make_unique<CacheService>(options.cache_service, cache, observer);
   server->admin_service_ =
       std::make_unique<AdminService>(options.identity, cache, observer,
                                      AdminSources{.checkpoints = options.checkpoints,
                                                   .rpc_tally = options.rpc_tally,
-                                                  .inflight = options.inflight});
+                                                  .inflight = options.inflight,
+                                                  .access = options.access});
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
   // The socket is created rw for owner and group only (kUnixSocketMode);

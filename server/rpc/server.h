@@ -28,6 +28,8 @@
 #include "server/rpc/admin_service.h"
 #include "server/rpc/cache_service.h"
 #include "server/rpc/rpc_observer.h"
+#include "server/security/access_control.h"
+#include "server/security/tls_files.h"
 
 namespace kvcache {
 
@@ -57,6 +59,11 @@ struct GrpcServerOptions {
   // The calls in flight: Append and Fetch register there, DumpMemory lists
   // them; null: not kept. Outlives the server.
   InflightCalls* inflight = nullptr;
+  // TLS on the TCP listener (the Unix socket stays local and plaintext).
+  TlsFiles tls;
+  // Who may call what, in which namespaces; null: everyone, everywhere.
+  // Outlives the server.
+  AccessControl* access = nullptr;
 };
 
 class GrpcServer {

@@ -176,7 +176,9 @@ void ShmServer::Serve(Connection* connection) {
     const ucred& peer = connection->peer;
     ShmSession session(options_.limits, cache_, &copier_, observer_,
                        {.peer = absl::StrCat("shm:pid=", peer.pid, ",uid=", peer.uid),
-                        .inflight = options_.inflight});
+                        .inflight = options_.inflight,
+                        .uid = peer.uid,
+                        .access = options_.access});
     std::string frame;
     for (;;) {
       std::vector<int> received;

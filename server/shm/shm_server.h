@@ -48,6 +48,8 @@ struct ShmServerOptions {
   // Where fetch_into and append_from register while they run; null: nowhere.
   // Outlives the server.
   InflightCalls* inflight = nullptr;
+  // Who may call what, by the peer's uid; null: everyone, everywhere.
+  AccessControl* access = nullptr;
 };
 
 class ShmServer {

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "server/core/fetch_block.h"
 #include "server/rpc/cache_calls.h"
+#include "server/rpc/call_auth.h"
 #include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"
 
@@ -80,6 +81,11 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
   v1::ShmResponse response;
   uint64_t bytes = 0;
   absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<Caller> caller = Caller::Anonymous();
+    if (who_.access != nullptr && who_.access->enabled()) {
+      caller = who_.access->Admit({.unix_uid = who_.uid}, method);
+    }
+    if (!caller.ok()) return caller.status();
     if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {
       return absl::InvalidArgumentError(
           "file descriptors came with a request that is not attach_region; they were closed");
@@ -103,21 +109,23 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
         response.mutable_detach_region();
         return Detach(request.detach_region());
       case v1::ShmRequest::kLookup:
-        return RunLookup(*cache_, request.lookup(), response.mutable_lookup());
+        return RunLookup(*cache_, *caller, request.lookup(), response.mutable_lookup());
       case v1::ShmRequest::kBatchLookup:
-        return RunBatchLookup(*cache_, request.batch_lookup(), response.mutable_batch_lookup());
+        return RunBatchLookup(*cache_, *caller, request.batch_lookup(),
+                              response.mutable_batch_lookup());
       case v1::ShmRequest::kReleaseLease:
         response.mutable_release_lease()->set_released(
-            cache_->ReleaseLease(request.release_lease().lease_id()));
+            cache_->ReleaseLease(request.release_lease().lease_id(),
+                                 [&](const ModelKey& model) { return caller->MaySee(model.ns); }));
         return absl::OkStatus();
       case v1::ShmRequest::kFetchInto: {
-        auto fetched = FetchInto(request.fetch_into(), &bytes);
+        auto fetched = FetchInto(*caller, request.fetch_into(), &bytes);
         if (!fetched.ok()) return fetched.status();
         *response.mutable_fetch_into() = *std::move(fetched);
         return absl::OkStatus();
       }
       case v1::ShmRequest::kAppendFrom: {
-        auto appended = AppendFrom(request.append_from(), &bytes);
+        auto appended = AppendFrom(*caller, request.append_from(), &bytes);
         if (!appended.ok()) return appended.status();
         *response.mutable_append_from() = *std::move(appended);
         return absl::OkStatus();
@@ -195,12 +203,13 @@ absl::StatusOr<std::span<std::byte>> ShmSession::Resolve(
   return it->second->Range(range.offset(), range.length());
 }
 
-absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const v1::FetchIntoRequest& request,
+absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller,
+                                                            const v1::FetchIntoRequest& request,
                                                             uint64_t* bytes) {
   std::shared_ptr<MappedRegion> region;
   auto destination = Resolve(request.destination(), &region);
   if (!destination.ok()) return destination.status();
-  auto key = ToModelKey(request.namespace_(), request.model_id());
+  auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
   absl::StatusOr<FetchPlan> plan;
   if (request.lease_id() != 0) {
@@ -263,13 +272,14 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const v1::FetchIntoR
   return response;
 }
 
-absl::StatusOr<v1::AppendResponse> ShmSession::AppendFrom(const v1::AppendFromRequest& request,
+absl::StatusOr<v1::AppendResponse> ShmSession::AppendFrom(const Caller& caller,
+                                                          const v1::AppendFromRequest& request,
                                                           uint64_t* bytes) {
   std::shared_ptr<MappedRegion> region;
   auto source = Resolve(request.source(), &region);
   if (!source.ok()) return source.status();
   const v1::AppendHeader& h = request.header();
-  auto key = ToModelKey(h.namespace_(), h.model_id());
+  auto key = ScopedModelKey(caller, h.namespace_(), h.model_id());
   if (!key.ok()) return key.status();
   std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
   std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());

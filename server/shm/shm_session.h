@@ -36,6 +36,7 @@
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/unix_socket.h"
+#include "server/security/access_control.h"
 #include "server/shm/copy_engine.h"
 #include "server/shm/mapped_region.h"
 
@@ -51,6 +52,10 @@ struct ShmLimits {
 struct ShmPeer {
   std::string peer;                   // e.g. "shm:pid=123,uid=1000"
   InflightCalls* inflight = nullptr;  // fetch_into and append_from register here
+  uid_t uid = 0;                      // the peer's uid (SO_PEERCRED): who it is
+  // Admits each request as the principal `uid` names; null: everyone,
+  // everywhere. Outlives the session.
+  AccessControl* access = nullptr;
 };
 
 class ShmSession {
@@ -83,9 +88,11 @@ class ShmSession {
   // OUT_OF_RANGE for bytes outside it. `region` keeps the mapping alive.
   absl::StatusOr<std::span<std::byte>> Resolve(const v1::RegionRange& range,
                                                std::shared_ptr<MappedRegion>* region) const;
-  absl::StatusOr<v1::FetchIntoResponse> FetchInto(const v1::FetchIntoRequest& request,
+  absl::StatusOr<v1::FetchIntoResponse> FetchInto(const Caller& caller,
+                                                  const v1::FetchIntoRequest& request,
                                                   uint64_t* bytes);
-  absl::StatusOr<v1::AppendResponse> AppendFrom(const v1::AppendFromRequest& request,
+  absl::StatusOr<v1::AppendResponse> AppendFrom(const Caller& caller,
+                                                const v1::AppendFromRequest& request,
                                                 uint64_t* bytes);
 
   const ShmLimits limits_;

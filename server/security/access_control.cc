@@ -1,0 +1,146 @@
+#include "server/security/access_control.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/security/access_policy.h"
+
+namespace kvcache {
+
+TenantStreamSlot::TenantStreamSlot(TenantStreamSlot&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)), tenant_(std::move(other.tenant_)) {}
+
+TenantStreamSlot& TenantStreamSlot::operator=(TenantStreamSlot&& other) noexcept {
+  if (this != &other) {
+    if (owner_ != nullptr) owner_->CloseStream(tenant_);
+    owner_ = std::exchange(other.owner_, nullptr);
+    tenant_ = std::move(other.tenant_);
+  }
+  return *this;
+}
+
+TenantStreamSlot::~TenantStreamSlot() {
+  if (owner_ != nullptr) owner_->CloseStream(tenant_);
+}
+
+AccessControl::AccessControl(AccessControlOptions options)
+    : options_(std::move(options)),
+      shared_(std::make_shared<const std::vector<std::string>>(options_.shared_namespaces)) {}
+
+absl::StatusOr<std::unique_ptr<AccessControl>> AccessControl::Create(AccessControlOptions options) {
+  std::unique_ptr<AccessControl> access(new AccessControl(std::move(options)));
+  if (access->enabled()) {
+    if (absl::Status s = access->Reload(); !s.ok()) return s;
+  }
+  return access;
+}
+
+size_t AccessControl::principals() const {
+  MutexLock lock(&table_mu_);
+  return table_ == nullptr ? 0 : table_->size();
+}
+
+absl::Status AccessControl::Reload() {
+  if (!enabled()) return absl::OkStatus();
+  absl::StatusOr<PrincipalTable> table = LoadPrincipalsFile(options_.principals_file);
+  if (!table.ok()) return table.status();
+  auto fresh = std::make_shared<const PrincipalTable>(*std::move(table));
+  MutexLock lock(&table_mu_);
+  table_ = std::move(fresh);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Principal> AccessControl::Authenticate(const Credentials& credentials) const {
+  std::shared_ptr<const PrincipalTable> table;
+  {
+    MutexLock lock(&table_mu_);
+    table = table_;
+  }
+  if (credentials.malformed_authorization) {
+    return absl::UnauthenticatedError(
+        "the authorization header must be \"Bearer <token>\" (docs/security.md)");
+  }
+  if (credentials.bearer_token.has_value()) {
+    if (const Principal* p = table->FindToken(*credentials.bearer_token); p != nullptr) return *p;
+    return absl::UnauthenticatedError("the bearer token is not known to this daemon");
+  }
+  for (const std::string& identity : credentials.certificate_identities) {
+    if (const Principal* p = table->FindCertificate(identity); p != nullptr) return *p;
+  }
+  if (credentials.unix_uid.has_value()) {
+    if (const Principal* p = table->FindUid(*credentials.unix_uid); p != nullptr) return *p;
+  }
+  if (!credentials.certificate_identities.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("the client certificate (",
+                                                   credentials.certificate_identities.front(),
+                                                   ") names no principal of this daemon"));
+  }
+  if (credentials.unix_uid.has_value()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("uid ", *credentials.unix_uid, " names no principal of this daemon"));
+  }
+  return absl::UnauthenticatedError(
+      "authentication required: send \"authorization: Bearer <token>\" (kvcachectl --token-file, "
+      "KVCACHE_TOKEN) or a client certificate");
+}
+
+absl::StatusOr<Caller> AccessControl::Admit(const Credentials& credentials,
+                                            std::string_view method) {
+  if (!enabled()) return Caller::Anonymous();
+  absl::StatusOr<Principal> principal = Authenticate(credentials);
+  if (!principal.ok()) return principal.status();
+  const std::optional<Access> access = AccessOf(method);
+  if (!RoleAllows(principal->role, access.value_or(Access::kAdmin))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        principal->name, " (role ", std::string(RoleName(principal->role)), ") may not call ",
+        std::string(method)));
+  }
+  if (access == Access::kData && principal->role != Role::kAdmin) {
+    if (absl::Status s = ChargeRequest(principal->tenant); !s.ok()) return s;
+  }
+  return Caller(*std::move(principal), shared_);
+}
+
+absl::Status AccessControl::ChargeRequest(const std::string& tenant) {
+  const uint32_t rate = options_.max_requests_per_second;
+  if (rate == 0) return absl::OkStatus();
+  const absl::Time now = options_.clock->Now();
+  MutexLock lock(&limits_mu_);
+  auto [it, fresh] = buckets_.try_emplace(tenant, Bucket{.tokens = double(rate), .refilled = now});
+  Bucket& b = it->second;
+  if (!fresh) {
+    b.tokens = std::min<double>(rate, b.tokens + absl::ToDoubleSeconds(now - b.refilled) * rate);
+    b.refilled = now;
+  }
+  if (b.tokens < 1) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant \"", tenant, "\" is past its ", rate,
+                     " requests per second (security.tenant_limits.max_requests_per_second)"));
+  }
+  b.tokens -= 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TenantStreamSlot> AccessControl::OpenStream(const Caller& caller) {
+  const uint32_t limit = options_.max_concurrent_streams;
+  if (limit == 0 || caller.principal().role == Role::kAdmin) return TenantStreamSlot();
+  const std::string& tenant = caller.principal().tenant;
+  MutexLock lock(&limits_mu_);
+  uint32_t& open = streams_[tenant];
+  if (open >= limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant \"", tenant, "\" has ", open, " streams open, its limit ",
+                     "(security.tenant_limits.max_concurrent_streams)"));
+  }
+  ++open;
+  return TenantStreamSlot(this, tenant);
+}
+
+void AccessControl::CloseStream(const std::string& tenant) {
+  MutexLock lock(&limits_mu_);
+  auto it = streams_.find(tenant);
+  if (it != streams_.end() && --it->second == 0) streams_.erase(it);
+}
+
+}  // namespace kvcache

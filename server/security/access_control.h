@@ -1,0 +1,119 @@
+// AccessControl: the one place that decides who a caller is and whether it
+// may make a call (docs/security.md).
+//
+// Every front door (the gRPC services, the shared-memory data plane) turns
+// what it knows about a call into Credentials and asks Admit() before it
+// does anything else; the Caller it gets back scopes every namespace the
+// call touches. With no principals file authentication is off and every
+// caller is an anonymous admin of every namespace.
+//
+// Statuses: UNAUTHENTICATED when no credential maps to a principal (none
+// given, an unknown token, an unmapped certificate or uid); PERMISSION_DENIED
+// when the principal's role may not make the call; RESOURCE_EXHAUSTED past a
+// tenant's requests per second or concurrent streams. Admins are not limited.
+//
+// Thread-safe. Reload() swaps the principals in whole; calls admitted before
+// keep the principal they were admitted as.
+#ifndef KVCACHE_SERVER_SECURITY_ACCESS_CONTROL_H_
+#define KVCACHE_SERVER_SECURITY_ACCESS_CONTROL_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "server/core/clock.h"
+#include "server/core/mutex.h"
+#include "server/security/caller.h"
+#include "server/security/principals_file.h"
+
+namespace kvcache {
+
+struct AccessControlOptions {
+  std::string principals_file;  // empty: authentication off
+  std::vector<std::string> shared_namespaces;
+  uint32_t max_requests_per_second = 0;  // per tenant, data calls; 0: no limit
+  uint32_t max_concurrent_streams = 0;   // per tenant, Append/Fetch; 0: no limit
+  Clock* clock = SystemClock::Get();
+};
+
+// What a front door knows about who is calling.
+struct Credentials {
+  // The token of an "authorization: Bearer <token>" header, when one came.
+  std::optional<std::string> bearer_token;
+  // An authorization header that is not "Bearer <token>".
+  bool malformed_authorization = false;
+  // The verified identities (SANs, else the CN) of a TLS client certificate.
+  std::vector<std::string> certificate_identities;
+  // The peer's uid on a Unix socket, when the front door could read it.
+  std::optional<uid_t> unix_uid;
+};
+
+class AccessControl;
+
+// A tenant's slot for one open stream; gives it back when destroyed.
+class TenantStreamSlot {
+ public:
+  TenantStreamSlot() = default;
+  TenantStreamSlot(TenantStreamSlot&& other) noexcept;
+  TenantStreamSlot& operator=(TenantStreamSlot&& other) noexcept;
+  ~TenantStreamSlot();
+
+ private:
+  friend class AccessControl;
+  TenantStreamSlot(AccessControl* owner, std::string tenant)
+      : owner_(owner), tenant_(std::move(tenant)) {}
+  AccessControl* owner_ = nullptr;
+  std::string tenant_;
+};
+
+class AccessControl {
+ public:
+  // Loads the principals file, if any. The file's errors come back as they are.
+  static absl::StatusOr<std::unique_ptr<AccessControl>> Create(AccessControlOptions options);
+
+  bool enabled() const { return !options_.principals_file.empty(); }
+  size_t principals() const;
+
+  // Who is calling `method` (its logged name, access_policy.h) and whether it
+  // may. Credentials are tried in this order: bearer token, certificate,
+  // unix uid; a token that is given must be right (a wrong token is not
+  // excused by a good certificate).
+  absl::StatusOr<Caller> Admit(const Credentials& credentials, std::string_view method);
+
+  // A slot for one Append or Fetch stream of `caller`'s tenant.
+  absl::StatusOr<TenantStreamSlot> OpenStream(const Caller& caller);
+
+  // Re-reads the principals file; on error the principals in force stay.
+  absl::Status Reload();
+
+ private:
+  friend class TenantStreamSlot;
+  struct Bucket {
+    double tokens = 0;
+    absl::Time refilled;
+  };
+
+  explicit AccessControl(AccessControlOptions options);
+  absl::StatusOr<Principal> Authenticate(const Credentials& credentials) const;
+  absl::Status ChargeRequest(const std::string& tenant);
+  void CloseStream(const std::string& tenant);
+
+  const AccessControlOptions options_;
+  const std::shared_ptr<const std::vector<std::string>> shared_;
+  mutable Mutex table_mu_;
+  std::shared_ptr<const PrincipalTable> table_ ABSL_GUARDED_BY(table_mu_);
+  Mutex limits_mu_;
+  absl::flat_hash_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(limits_mu_);
+  absl::flat_hash_map<std::string, uint32_t> streams_ ABSL_GUARDED_BY(limits_mu_);
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_SECURITY_ACCESS_CONTROL_H_
