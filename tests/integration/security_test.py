@@ -59,10 +59,14 @@ LAYOUT = dict(num_layers=1, num_kv_heads=2, head_dim=16, block_tokens=16)
 BLOCK_TOKENS = 16
 BLOCK_BYTES = 1 * 2 * 2 * 16 * 16 * 2  # layers * K,V * heads * tokens * head_dim * fp16
 
-ACME_TOKEN = "s3cret-acme"
-GLOBEX_TOKEN = "s3cret-globex"  # the file holds only its SHA-256
-ADMIN_TOKEN = "s3cret-admin"
-MONITOR_TOKEN = "s3cret-monitor"
+ACME_TOKEN = "s3cret-acme-token-0001"
+GLOBEX_TOKEN = "s3cret-globex-token-0002"  # the file holds only its SHA-256
+ADMIN_TOKEN = "s3cret-admin-token-0003"
+MONITOR_TOKEN = "s3cret-monitor-token-0004"
+WRONG_TOKEN = "s3cret-wrong-token-0005"  # in no principals file
+TEMP_TOKEN = "s3cret-temp-token-0006"
+BROKEN_TOKEN = "s3cret-broken-token-0007"
+MARKER_TOKEN = "s3cret-marker-token-0008"
 SHARED = "shared"
 
 BASE_PRINCIPALS = [
@@ -70,7 +74,7 @@ BASE_PRINCIPALS = [
     {"name": "globex-worker", "tenant": "globex", "role": "worker",
      "token_sha256": hashlib.sha256(GLOBEX_TOKEN.encode()).hexdigest()},
     {"name": "root", "role": "admin", "token": ADMIN_TOKEN},
-    {"name": "monitor", "role": "reader", "token": MONITOR_TOKEN},
+    {"name": "monitor", "tenant": "globex", "role": "reader", "token": MONITOR_TOKEN},
     {"name": "ops", "role": "admin", "certificate": "ops.kvcache.test"},
     {"name": "acme-cert", "tenant": "acme", "role": "worker",
      "certificate": "acme-worker.kvcache.test"},
@@ -417,12 +421,12 @@ class SecurityTest(unittest.TestCase):
         before = self.snapshot()
         callers = [
             self.unix(None, "unix, no credentials"),
-            self.unix("s3cret-wrong", "unix, unknown token"),
+            self.unix(WRONG_TOKEN, "unix, unknown token"),
             self.unix(ACME_TOKEN + "x", "unix, token with a suffix"),
             # The file stores globex's SHA-256; presenting the hash itself is no credential.
             self.unix(BASE_PRINCIPALS[1]["token_sha256"], "unix, the stored SHA-256 as token"),
             self.tcp("stranger", None, name="tcp, a certificate no principal names"),
-            self.tcp("stranger", "s3cret-wrong", name="tcp, unmapped certificate, unknown token"),
+            self.tcp("stranger", WRONG_TOKEN, name="tcp, unmapped certificate, unknown token"),
         ]
         for caller in callers:
             for ns in ("acme", ""):
@@ -448,16 +452,13 @@ class SecurityTest(unittest.TestCase):
             (self.tcp("ops"), ("ops", "*", "admin", "certificate")),
             (self.tcp("acme-worker"), ("acme-cert", "acme", "worker", "certificate")),
             (self.tcp("cn-only"), ("cn-only", "acme", "reader", "certificate")),
+            (self.monitor, ("monitor", "globex", "reader", "token")),
         ]
         for client, want in cases:
             with self.subTest(client=client.name):
                 w = client.whoami()
                 self.assertEqual((w.principal, w.tenant, w.role, w.authenticated_by), want)
                 self.assertEqual(list(w.shared_namespaces), [SHARED])
-        # The monitor has no tenant: a reader of no namespace but the shared ones.
-        w = self.monitor.whoami()
-        self.assertEqual((w.principal, w.role, w.authenticated_by), ("monitor", "reader", "token"))
-        self.assertNotEqual(w.tenant, "*", "a reader without a tenant must not read every namespace")
 
     # --- TLS -------------------------------------------------------------------------
 
@@ -621,7 +622,7 @@ class SecurityTest(unittest.TestCase):
         self.assertTrue({("acme", "llama"), ("globex", "llama"), (SHARED, "system-prompt")}
                         <= everything, everything)
         for client, tenant in ((self.acme, "acme"), (self.globex, "globex"),
-                               (self.tcp("acme-worker"), "acme"), (self.monitor, None)):
+                               (self.tcp("acme-worker"), "acme"), (self.monitor, "globex")):
             allowed = {tenant, SHARED}
             with self.subTest(client=client.name):
                 models = client.call("Admin.ListModels", v1.admin.ListModelsRequest()).models
@@ -646,13 +647,16 @@ class SecurityTest(unittest.TestCase):
     def works(self, client):
         return client.code("Admin.WhoAmI", v1.admin.WhoAmIRequest(), timeout=5)[0] == C.OK
 
+    def hup(self):
+        os.kill(self.daemon.proc.pid, signal.SIGHUP)
+
     def test_sighup_reloads_principals(self):
-        temp = self.unix("s3cret-temp", "temp")
-        anonymous = self.unix(None, "anonymous")
-        hup = lambda: os.kill(self.daemon.proc.pid, signal.SIGHUP)  # noqa: E731
+        temp = self.unix(TEMP_TOKEN, "temp")
+        marker = self.unix(MARKER_TOKEN, "marker")
+        hup = self.hup
         try:
             self.write_principals(BASE_PRINCIPALS + [
-                {"name": "temp", "tenant": "acme", "role": "reader", "token": "s3cret-temp"}])
+                {"name": "temp", "tenant": "acme", "role": "reader", "token": TEMP_TOKEN}])
             hup()
             self.wait_for("the added token authenticates", lambda: self.works(temp))
             self.assertEqual(temp.whoami().principal, "temp")
@@ -664,7 +668,7 @@ class SecurityTest(unittest.TestCase):
             # Files that do not load leave the previous principals in force. Each drops acme's
             # worker and adds a token: neither may take effect, even for a moment.
             broken_principal = {"name": "broken", "tenant": "acme", "role": "worker",
-                                "token": "s3cret-broken"}
+                                "token": BROKEN_TOKEN}
             rest = [p for p in BASE_PRINCIPALS if p["name"] != "acme-worker"]
             broken_files = {
                 "not JSON": json.dumps({"principals": rest + [broken_principal]})[:-7],
@@ -679,7 +683,7 @@ class SecurityTest(unittest.TestCase):
                     dict(broken_principal, name="broken2")]}),
                 "missing": None,
             }
-            broken = self.unix("s3cret-broken", "broken")
+            broken = self.unix(BROKEN_TOKEN, "broken")
             for name, text in broken_files.items():
                 with self.subTest(broken_file=name):
                     if text is None:
@@ -695,18 +699,25 @@ class SecurityTest(unittest.TestCase):
                     self.daemon.check_alive()
             # A good file now: once it is in force every SIGHUP above has been handled.
             self.write_principals(BASE_PRINCIPALS + [
-                {"name": "marker", "role": "reader", "token": "s3cret-marker"}])
+                {"name": "marker", "tenant": "acme", "role": "reader", "token": MARKER_TOKEN}])
             hup()
-            self.wait_for("a good file after the broken ones",
-                          lambda: self.works(self.unix("s3cret-marker")))
+            self.wait_for("a good file after the broken ones", lambda: self.works(marker))
             self.assertTrue(self.works(self.acme))
             self.assertFalse(self.works(broken))
+        finally:
+            self.write_principals(BASE_PRINCIPALS)
+            self.hup()
+        self.wait_for("the base principals again", lambda: not self.works(marker))
+        self.assertTrue(self.works(self.acme))
 
-            # A Unix-socket peer's uid identifies it there, and only there.
-            self.assertCode(C.UNAUTHENTICATED, anonymous, "Admin.WhoAmI", v1.admin.WhoAmIRequest())
+    def test_unix_uid_identifies_socket_peers(self):
+        """A Unix-socket peer's uid (SO_PEERCRED) identifies it there, and only there."""
+        anonymous = self.unix(None, "anonymous")
+        self.assertCode(C.UNAUTHENTICATED, anonymous, "Admin.WhoAmI", v1.admin.WhoAmIRequest())
+        try:
             self.write_principals(BASE_PRINCIPALS + [
                 {"name": "me", "tenant": "acme", "role": "reader", "unix_uid": os.getuid()}])
-            hup()
+            self.hup()
             self.wait_for("the uid principal", lambda: self.works(anonymous))
             w = anonymous.whoami()
             self.assertEqual((w.principal, w.tenant, w.role, w.authenticated_by),
@@ -717,9 +728,8 @@ class SecurityTest(unittest.TestCase):
                             v1.admin.WhoAmIRequest())
         finally:
             self.write_principals(BASE_PRINCIPALS)
-            hup()
+            self.hup()
         self.wait_for("the base principals again", lambda: not self.works(anonymous))
-        self.assertTrue(self.works(self.acme))
 
     def served_certificate(self):
         """The DER certificate the daemon's TLS listener presents now (a new connection)."""
@@ -881,9 +891,10 @@ def main():
     ok = prog.result.wasSuccessful()
     if not ok:
         for d in DAEMONS:
-            print(f"\n--- {os.path.basename(d.log_path)} (last lines) ---\n{d.log_tail()}")
-    for t in TMPDIRS:
-        shutil.rmtree(t, ignore_errors=True)
+            print(f"\n--- {d.log_path} (kept; its last lines) ---\n{d.log_tail()}")
+    else:
+        for t in TMPDIRS:
+            shutil.rmtree(t, ignore_errors=True)
     sys.exit(0 if ok else 1)
 
 
