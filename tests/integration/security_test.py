@@ -663,13 +663,19 @@ class SecurityTest(unittest.TestCase):
             hup()
             self.wait_for("the added token authenticates", lambda: self.works(temp))
             self.assertEqual(temp.whoami().principal, "temp")
-            self.write_principals(BASE_PRINCIPALS)
+            # Removing principals applies to connections already open: a token's and a
+            # certificate's (its TLS connection stays up, its calls are refused).
+            acme_cert = self.tcp("acme-worker")
+            self.assertTrue(self.works(acme_cert))
+            self.write_principals([p for p in BASE_PRINCIPALS if p["name"] != "acme-cert"])
             hup()
             self.wait_for("the removed token is refused", lambda: not self.works(temp))
             self.assertCode(C.UNAUTHENTICATED, temp, "Admin.WhoAmI", v1.admin.WhoAmIRequest())
+            self.assertCode(C.UNAUTHENTICATED, acme_cert, "Cache.Lookup",
+                            v1.pb.LookupRequest(model_id="llama", tokens=self.prompt))
 
             # Files that do not load leave the previous principals in force. Each drops acme's
-            # worker and adds a token: neither may take effect, even for a moment.
+            # worker, adds a token and has acme-cert back: none may take effect, even briefly.
             broken_principal = {"name": "broken", "tenant": "acme", "role": "worker",
                                 "token": BROKEN_TOKEN}
             rest = [p for p in BASE_PRINCIPALS if p["name"] != "acme-worker"]
@@ -698,6 +704,7 @@ class SecurityTest(unittest.TestCase):
                     while time.monotonic() < deadline:
                         self.assertTrue(self.works(self.acme), f"{name}: acme's token refused")
                         self.assertFalse(self.works(broken), f"{name}: its new token accepted")
+                        self.assertFalse(self.works(acme_cert), f"{name}: acme-cert came back")
                         time.sleep(0.05)
                     self.daemon.check_alive()
             # A good file now: once it is in force every SIGHUP above has been handled.
@@ -706,6 +713,7 @@ class SecurityTest(unittest.TestCase):
             hup()
             self.wait_for("a good file after the broken ones", lambda: self.works(marker))
             self.assertTrue(self.works(self.acme))
+            self.assertTrue(self.works(acme_cert))
             self.assertFalse(self.works(broken))
         finally:
             self.write_principals(BASE_PRINCIPALS)
