@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """kvcached's authentication, roles, tenancy and TLS, end to end.
 
-Written from the .proto files and docs/security.md's rules alone: starts the
+Written from the .proto files and the security rules alone (docs/security.md
+describes them), not from the daemon's code: starts the
 real daemon with a principals file and mutual TLS on its TCP listener, and
 talks to it through Python stubs generated from proto/ (no code shared with
 the daemon or the C++ client). It checks that callers without credentials are
@@ -10,7 +11,9 @@ untrusted client certificates); each role's permissions; that one tenant can
 neither read, change, evict nor release another's KV, nor learn from a
 lookup's latency whether another tenant cached a prompt; shared namespaces;
 SIGHUP reloading the principals (a broken file keeping the old ones); and
-server certificate rotation without dropping connections.
+server certificate rotation without dropping connections. gRPC logs each
+refused TLS handshake on stderr ("Handshake failed"): those are the refusals
+the test asks for.
 
 Run with Debian's interpreter, which has python3-grpcio:
   /usr/bin/python3 tests/integration/security_test.py --kvcached build/server/kvcached \
