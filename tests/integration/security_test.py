@@ -2,10 +2,10 @@
 """kvcached's authentication, roles, tenancy and TLS, end to end.
 
 Written from the .proto files and the security rules alone (docs/security.md
-describes them), not from the daemon's code: starts the
-real daemon with a principals file and mutual TLS on its TCP listener, and
-talks to it through Python stubs generated from proto/ (no code shared with
-the daemon or the C++ client). It checks that callers without credentials are
+describes them), not from the daemon's code: starts the real daemon with a
+principals file and mutual TLS on its TCP listener, and talks to it through
+Python stubs generated from proto/ (no code shared with the daemon or the C++
+client). It checks that callers without credentials are
 refused on every RPC and change nothing; the TLS handshake (no, expired and
 untrusted client certificates); each role's permissions; that one tenant can
 neither read, change, evict nor release another's KV, nor learn from a
