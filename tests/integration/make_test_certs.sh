@@ -6,6 +6,7 @@
 #   server.pem, server.key     the daemon's certificate: SANs localhost, 127.0.0.1
 #   server-next.pem            a second server certificate from the same CA and
 #                              key (another serial), for certificate rotation
+#   server-rekeyed.pem/.key    a third one with a new key
 #   ops.pem, ops.key           client: ops.kvcache.test (SAN)
 #   acme-worker.pem/.key       client: acme-worker.kvcache.test (SAN)
 #   cn-only.pem/.key           client: CN cn-only.kvcache.test, no SAN
@@ -126,6 +127,7 @@ make_ca ca "kvcached test CA"
 make_ca rogue-ca "kvcached rogue test CA"
 issue test_ca ca server localhost server_ext server.key
 issue test_ca ca server-next localhost server_ext server.key
+issue test_ca ca server-rekeyed localhost server_ext server-rekeyed.key
 issue test_ca ca ops ops.kvcache.test client_ext ops.key
 issue test_ca ca acme-worker acme-worker.kvcache.test client_ext acme-worker.key
 issue test_ca ca cn-only cn-only.kvcache.test client_cn_only_ext cn-only.key
@@ -135,7 +137,7 @@ issue test_ca ca expired ops.kvcache.test client_ext expired.key \
 issue rogue_ca rogue-ca rogue ops.kvcache.test client_ext rogue.key
 
 # What the test relies on, checked here so a wrong certificate fails loudly.
-openssl verify -CAfile ca.pem server.pem server-next.pem ops.pem acme-worker.pem cn-only.pem \
+openssl verify -CAfile ca.pem server.pem server-next.pem server-rekeyed.pem ops.pem acme-worker.pem cn-only.pem \
   stranger.pem >/dev/null
 if openssl verify -CAfile ca.pem expired.pem >/dev/null 2>&1; then
   echo "make_test_certs.sh: expired.pem verifies; it must not" >&2

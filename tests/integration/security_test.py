@@ -789,13 +789,36 @@ class SecurityTest(unittest.TestCase):
                 return tls.getpeercert(binary_form=True)
 
     def test_server_certificate_rotation(self):
+        """Renewed certificates (the same key, then a new one) reach new connections while
+        the connections already open stay up, and no handshake fails meanwhile."""
+
         def der(name):
             with open(os.path.join(self.certs, name)) as f:
                 return ssl.PEM_cert_to_DER_cert(f.read())
 
-        old, new = der("server.pem"), der("server-next.pem")
-        self.assertNotEqual(old, new)
-        self.assertEqual(self.served_certificate(), old)
+        def install(name, target):
+            tmp = os.path.join(self.tls_dir, target + ".tmp")
+            shutil.copy(os.path.join(self.certs, name), tmp)
+            os.replace(tmp, os.path.join(self.tls_dir, target))
+
+        def await_certificate(want, before):
+            """Polls new connections until they get `want`; each must get `before` or it."""
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                self.daemon.check_alive()
+                try:
+                    got = self.served_certificate()
+                except (OSError, ssl.SSLError) as e:
+                    self.fail(f"a handshake failed during the renewal: {e!r}")
+                self.assertIn(got, (before, want), "a certificate that is neither old nor new")
+                if got == want:
+                    return
+                time.sleep(0.05)
+            self.fail("the renewed certificate did not reach a new connection in 15 s")
+
+        first, renewed, rekeyed = der("server.pem"), der("server-next.pem"), der("server-rekeyed.pem")
+        self.assertEqual(len({first, renewed, rekeyed}), 3)
+        self.assertEqual(self.served_certificate(), first)
         channel = self.tcp("ops")
         self.assertEqual(channel.whoami().principal, "ops")
         states, lock = [], threading.Lock()
@@ -810,11 +833,21 @@ class SecurityTest(unittest.TestCase):
             with lock:
                 self.assertEqual(states[-1:], [grpc.ChannelConnectivity.READY])
                 del states[:]
-            tmp = os.path.join(self.tls_dir, "server.pem.tmp")
-            shutil.copy(os.path.join(self.certs, "server-next.pem"), tmp)
-            os.replace(tmp, os.path.join(self.tls_dir, "server.pem"))
-            self.wait_for("the renewed certificate on a new connection",
-                          lambda: self.served_certificate() == new, timeout=15)
+            install("server-next.pem", "server.pem")
+            await_certificate(renewed, first)
+            self.assertEqual(channel.whoami().principal, "ops")
+            # A new key: the key file first, then, past a reload, the certificate. Meanwhile
+            # the files do not match: the daemon must keep serving the pair it has.
+            install("server-rekeyed.key", "server.key")
+            deadline = time.monotonic() + 2.5  # 2.5 reload intervals
+            while time.monotonic() < deadline:
+                try:
+                    self.assertEqual(self.served_certificate(), renewed)
+                except (OSError, ssl.SSLError) as e:
+                    self.fail(f"a handshake failed with the key renewed, not the certificate: {e!r}")
+                time.sleep(0.1)
+            install("server-rekeyed.pem", "server.pem")
+            await_certificate(rekeyed, renewed)
             self.assertEqual(self.tcp("ops").whoami().principal, "ops")
             self.assertEqual(channel.whoami().principal, "ops")
             with lock:
