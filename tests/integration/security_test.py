@@ -856,6 +856,35 @@ class SecurityTest(unittest.TestCase):
         finally:
             channel.channel.unsubscribe(on_state)
 
+    def test_client_ca_reload(self):
+        """The client CA file is re-read too: trusting another CA takes effect for new
+        connections, and going back restores the first."""
+
+        def fresh_call(cert):
+            client = self.tcp(cert)
+            try:
+                return client.code("Admin.WhoAmI", v1.admin.WhoAmIRequest(), timeout=5)[0]
+            finally:
+                client.close()
+
+        def trust(name):
+            tmp = os.path.join(self.tls_dir, "ca.pem.tmp")
+            shutil.copy(os.path.join(self.certs, name), tmp)
+            os.replace(tmp, os.path.join(self.tls_dir, "ca.pem"))
+
+        old = self.tcp("ops")
+        self.assertEqual(old.whoami().principal, "ops")
+        self.assertEqual(fresh_call("rogue"), C.UNAVAILABLE)
+        try:
+            trust("rogue-ca.pem")
+            self.wait_for("the new client CA", lambda: fresh_call("rogue") == C.OK)
+            self.assertEqual(fresh_call("ops"), C.UNAVAILABLE)
+            self.assertEqual(old.whoami().principal, "ops")  # open connections stay
+        finally:
+            trust("ca.pem")
+        self.wait_for("the first client CA again", lambda: fresh_call("ops") == C.OK)
+        self.assertEqual(fresh_call("rogue"), C.UNAVAILABLE)
+
     # --- timing ----------------------------------------------------------------------
 
     def test_lookup_latency_does_not_reveal_other_tenants_prompts(self):
