@@ -10,6 +10,8 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <string>
@@ -63,9 +65,51 @@ constexpr absl::Duration kBorrowGrace = absl::Seconds(10);
 // Abseil 20220623 as Debian builds it has its own string_view type.
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// Tags `ctx`'s call with `request_id`.
-void SetRequestId(grpc::ClientContext* ctx, const std::string& request_id) {
+// Tags `ctx`'s call with `request_id`, and with the caller's bearer token.
+void TagCall(grpc::ClientContext* ctx, const std::string& request_id, const std::string& token) {
   ctx->AddMetadata(kRequestIdHeader, request_id);
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+}
+
+// The bytes of a PEM file named by ClientOptions.`field`.
+absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) in.setstate(std::ios::failbit);
+  if (text.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.", std::string(field), " ", path,
+                                                   " cannot be read or is empty"));
+  }
+  return text;
+}
+
+// Plaintext, or TLS (mutual with a client certificate) when a CA is given.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsOf(
+    const ClientOptions& options) {
+  if (options.tls_ca_file.empty()) {
+    if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.tls_cert_file/tls_key_file need tls_ca_file (the daemon's CA)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_cert_file and tls_key_file go together: set both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> ca = ReadPem(options.tls_ca_file, "tls_ca_file");
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *std::move(ca);
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem(options.tls_cert_file, "tls_cert_file");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem(options.tls_key_file, "tls_key_file");
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  return grpc::SslCredentials(ssl);
 }
 
 // A failed call's status names its request id, so an error the caller logs
@@ -448,7 +492,7 @@ class ClientImpl final : public Client {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
     const std::string request_id = NewRequestId();
-    SetRequestId(&ctx, request_id);
+    TagCall(&ctx, request_id, options_.token);
     std::unique_ptr<grpc::ClientReader<v1::VerifyBlocksProgress>> reader =
         admin_->VerifyBlocks(&ctx, req);
     v1::VerifyBlocksProgress last;
@@ -494,6 +538,15 @@ class ClientImpl final : public Client {
     return resp;
   }
 
+  absl::StatusOr<v1::WhoAmIResponse> WhoAmI() override {
+    v1::WhoAmIRequest req;
+    v1::WhoAmIResponse resp;
+    absl::Status s =
+        CallWithRetry([&](grpc::ClientContext* ctx) { return admin_->WhoAmI(ctx, req, &resp); });
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   absl::StatusOr<v1::GetStatsResponse> GetStats() override {
     v1::GetStatsRequest req;
     v1::GetStatsResponse resp;
@@ -504,6 +557,26 @@ class ClientImpl final : public Client {
   }
 
  private:
+  // The daemon's answer naming its shared-memory socket: ClientOptions'
+  // shm_socket, or one short GetServerInfo (a daemon that does not answer now
+  // is served, and retried, by the gRPC path, which would otherwise wait twice).
+  absl::StatusOr<v1::GetServerInfoResponse> ProbeShmSocket() {
+    v1::GetServerInfoResponse info;
+    if (!options_.shm_socket.empty()) {
+      info.set_shm_socket(options_.shm_socket);
+      return info;
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + std::min(options_.timeout, kShmProbeTimeout)));
+    const std::string request_id = NewRequestId();
+    TagCall(&ctx, request_id, options_.token);
+    const absl::Status probed =
+        ToAbslStatus(admin_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info), request_id);
+    if (!probed.ok()) return probed;
+    return info;
+  }
+
   // The shared-memory transport data calls use, or nullptr for gRPC. Opened
   // on first use (one GetServerInfo names the socket). Under kAuto a daemon
   // that does not offer it (or cannot be reached) means gRPC, probed again
@@ -516,18 +589,7 @@ class ClientImpl final : public Client {
     if (shm_ != nullptr) return shm_.get();
     if (!required && absl::Now() < shm_next_probe_) return nullptr;
     absl::Status why;
-    // One short attempt: a daemon that does not answer now is served (and
-    // retried) by the gRPC path, which would otherwise wait twice.
-    v1::GetServerInfoResponse info_response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(
-        absl::ToChronoTime(absl::Now() + std::min(options_.timeout, kShmProbeTimeout)));
-    const std::string request_id = NewRequestId();
-    SetRequestId(&ctx, request_id);
-    const absl::Status probed = ToAbslStatus(
-        admin_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info_response), request_id);
-    absl::StatusOr<v1::GetServerInfoResponse> info =
-        probed.ok() ? absl::StatusOr<v1::GetServerInfoResponse>(std::move(info_response)) : probed;
+    absl::StatusOr<v1::GetServerInfoResponse> info = ProbeShmSocket();
     if (!info.ok()) {
       why = info.status();
     } else if (info->shm_socket().empty()) {
@@ -538,7 +600,8 @@ class ClientImpl final : public Client {
       auto opened = internal::ShmTransport::Open({.socket_path = info->shm_socket(),
                                                   .max_connections = options_.max_shm_connections,
                                                   .staging_bytes = options_.shm_staging_bytes,
-                                                  .timeout = options_.timeout});
+                                                  .timeout = options_.timeout,
+                                                  .token = options_.token});
       if (opened.ok()) {
         shm_ = *std::move(opened);
         return shm_.get();
@@ -586,7 +649,7 @@ class ClientImpl final : public Client {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
     const std::string request_id = NewRequestId();
-    SetRequestId(&ctx, request_id);
+    TagCall(&ctx, request_id, options_.token);
     return ToAbslStatus(attempt(&ctx), request_id);
   }
 
@@ -602,7 +665,7 @@ class ClientImpl final : public Client {
     for (int i = 1;; ++i) {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
-      SetRequestId(&ctx, request_id);
+      TagCall(&ctx, request_id, options_.token);
       grpc::Status s = attempt(&ctx);
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE || i >= options_.max_attempts) {
         return ToAbslStatus(s, request_id);
@@ -671,6 +734,10 @@ class ClientImpl final : public Client {
   // The layout of `model_id` in this client's namespace: cached, or asked of
   // the server (ListModels) on first use or when `refresh`.
   absl::StatusOr<LayoutInfo> GetLayout(std::string_view model_id, bool refresh);
+  // The namespace calls act in: ClientOptions::ns, or with none the caller's
+  // tenant on a daemon with authentication on (WhoAmI, asked once), else
+  // "default".
+  absl::StatusOr<std::string> EffectiveNamespace();
   void ForgetLayout(std::string_view model_id) {
     absl::MutexLock lock(&mu_);
     layouts_.erase(AsAbsl(model_id));
@@ -692,10 +759,32 @@ class ClientImpl final : public Client {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, LayoutInfo> layouts_ ABSL_GUARDED_BY(mu_);
+  std::string default_ns_ ABSL_GUARDED_BY(mu_);  // EffectiveNamespace() with ns_ empty
   // The layouts this client registered, to register again after a restart.
   absl::flat_hash_map<std::string, v1::ModelLayout> registered_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
+
+absl::StatusOr<std::string> ClientImpl::EffectiveNamespace() {
+  if (!ns_.empty()) return ns_;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!default_ns_.empty()) return default_ns_;
+  }
+  // A daemon with authentication on gives a worker its tenant's namespace.
+  absl::StatusOr<v1::WhoAmIResponse> who = WhoAmI();
+  std::string ns;
+  if (who.ok()) {
+    ns = who->tenant() == "*" ? std::string(kDefaultNamespace) : who->tenant();
+  } else if (who.status().code() == absl::StatusCode::kUnimplemented) {
+    ns = std::string(kDefaultNamespace);  // a daemon older than WhoAmI
+  } else {
+    return who.status();
+  }
+  absl::MutexLock lock(&mu_);
+  default_ns_ = ns;
+  return ns;
+}
 
 absl::StatusOr<LayoutInfo> ClientImpl::GetLayout(std::string_view model_id, bool refresh) {
   if (!refresh) {
@@ -703,7 +792,9 @@ absl::StatusOr<LayoutInfo> ClientImpl::GetLayout(std::string_view model_id, bool
     auto it = layouts_.find(AsAbsl(model_id));
     if (it != layouts_.end()) return it->second;
   }
-  const std::string_view ns = ns_.empty() ? kDefaultNamespace : std::string_view(ns_);
+  absl::StatusOr<std::string> effective = EffectiveNamespace();
+  if (!effective.ok()) return effective.status();
+  const std::string_view ns = *effective;
   absl::StatusOr<v1::ListModelsResponse> models = ListModels(ns);
   if (!models.ok()) return models.status();
   for (const v1::ModelInfo& m : models->models()) {
@@ -815,7 +906,7 @@ grpc::Status ClientImpl::StreamAppend(const v1::AppendRequest& header_msg,
   if (!s.ok()) return s;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
-  SetRequestId(&ctx, request_id);
+  TagCall(&ctx, request_id, options_.token);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), append_method_,
                                                                     &ctx, resp));
@@ -1033,8 +1124,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // A fetch stream may receive a whole large value before it waits for a
   // window update (HTTP/2's default is 64 KiB; the daemon uses the same).
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentialsOf(options);
+  if (!credentials.ok()) return credentials.status();
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options.target, *credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot create a channel to '", options.target, "'"));

@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<ShmTransport::Connection>> ShmTransport::Connect(
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   v1::ShmRequest hello;
   hello.mutable_hello()->set_version(v1::SHM_VERSION_1);
+  if (!options_.token.empty()) hello.mutable_hello()->set_token(options_.token);
   auto answer = Call(*connection, hello);
   if (!answer.ok()) return answer.status();
   if (answer->hello().version() != v1::SHM_VERSION_1) {

@@ -41,6 +41,7 @@ struct ShmTransportOptions {
   int max_connections = 16;
   uint64_t staging_bytes = uint64_t{64} << 20;
   absl::Duration timeout = absl::Seconds(30);  // per call, on the socket
+  std::string token;  // sent in each connection's hello; empty: the daemon goes by our uid
 };
 
 class ShmTransport : public std::enable_shared_from_this<ShmTransport> {

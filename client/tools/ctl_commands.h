@@ -135,6 +135,15 @@ int RunAttention(const Context& ctx, const AttentionArgs& args);
 // and shows the one it replaced. Not kept across a restart.
 int RunLogLevel(const Context& ctx, std::string_view level);
 
+// The bearer token in `path` (surrounding whitespace dropped), or, with no
+// path, in the KVCACHE_TOKEN environment variable; empty when neither is set.
+// INVALID_ARGUMENT for an unreadable or empty file.
+absl::StatusOr<std::string> ReadToken(const std::string& path);
+
+// Who the daemon takes the caller to be: principal, tenant, role, and how it
+// was authenticated.
+int RunWhoAmI(const Context& ctx);
+
 // Parses token ids separated by commas and/or whitespace; "a-b" is the
 // inclusive range a..b. INVALID_ARGUMENT names the first bad item.
 absl::StatusOr<std::vector<uint32_t>> ParseTokens(std::string_view text);

@@ -50,6 +50,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-n,--namespace", ns,
                  "namespace to act in; empty means \"default\" (for `models`: every namespace)");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file holding the bearer token for a daemon with authentication on (default: "
+                 "the KVCACHE_TOKEN environment variable)")
+      ->check(CLI::ExistingFile);
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
+  app.add_option("--tls-ca", tls_ca, "PEM CA of the daemon's certificate: speak TLS to --target")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-cert", tls_cert, "PEM client certificate for mutual TLS")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", tls_key, "PEM key of --tls-cert")->check(CLI::ExistingFile);
+  app.add_option("--tls-server-name", tls_server_name,
+                 "name the daemon's certificate must carry (default: --target's host)");
   std::string data_path = "auto";
   app.add_option("--data-path", data_path,
                  "how lookups reach the daemon: auto (shared memory for unix:// targets), grpc "
@@ -220,6 +236,9 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember({"bash", "zsh"}));
 
+  CLI::App* whoami = app.add_subcommand(
+      "whoami", "who the daemon takes this caller to be: principal, tenant and role");
+
   CLI::App* log_level = app.add_subcommand(
       "log-level",
       "show the daemon's log level, or set it at runtime (every daemon log but the migration "
@@ -252,6 +271,16 @@ int main(int argc, char** argv) {
     timeout_s = verify->parsed() ? 3600 : 600;
   }
   options.timeout = absl::Seconds(timeout_s);
+  absl::StatusOr<std::string> token = kvcache::ctl::ReadToken(token_file);
+  if (!token.ok()) {
+    std::cerr << "kvcachectl: " << token.status().message() << '\n';
+    return kExitUsage;
+  }
+  options.token = *std::move(token);
+  options.tls_ca_file = tls_ca;
+  options.tls_cert_file = tls_cert;
+  options.tls_key_file = tls_key;
+  options.tls_server_name = tls_server_name;
   if (data_path == "grpc") options.data_path = kvcache::DataPath::kGrpc;
   if (data_path == "shm") options.data_path = kvcache::DataPath::kSharedMemory;
   absl::StatusOr<std::unique_ptr<kvcache::Client>> client = kvcache::Client::Connect(options);
@@ -275,6 +304,7 @@ int main(int argc, char** argv) {
 
   if (status->parsed()) return kvcache::ctl::RunStatus(ctx);
   if (log_level->parsed()) return kvcache::ctl::RunLogLevel(ctx, log_level_value);
+  if (whoami->parsed()) return kvcache::ctl::RunWhoAmI(ctx);
   if (verify->parsed()) {
     if (!verify_tokens_text.empty()) {
       absl::StatusOr<std::vector<uint32_t>> prefix = kvcache::ctl::ParseTokens(verify_tokens_text);

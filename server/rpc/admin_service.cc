@@ -147,6 +147,12 @@ grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* 
   const absl::Time start = absl::Now();
   absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "ListModels");
   if (!caller.ok()) return FinishWith(ctx, "ListModels", start, caller.status());
+  if (!request->namespace_().empty()) {
+    // Naming a namespace the caller may not use is refused, as in data calls.
+    if (absl::StatusOr<std::string> ns = caller->NamespaceOf(request->namespace_()); !ns.ok()) {
+      return FinishWith(ctx, "ListModels", start, ns.status());
+    }
+  }
   for (const auto& [key, layout] : cache_->ListModels()) {
     if (!request->namespace_().empty() && request->namespace_() != key.ns) continue;
     if (!caller->MaySee(key.ns)) continue;

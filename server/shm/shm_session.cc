@@ -81,9 +81,16 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
   v1::ShmResponse response;
   uint64_t bytes = 0;
   absl::Status status = [&]() -> absl::Status {
+    // A hello's token stands for the rest of the session; every request is
+    // admitted on its own (a reload or a rate limit applies at once).
+    if (request.op_case() == v1::ShmRequest::kHello && !request.hello().token().empty()) {
+      token_ = request.hello().token();
+    }
     absl::StatusOr<Caller> caller = Caller::Anonymous();
     if (who_.access != nullptr && who_.access->enabled()) {
-      caller = who_.access->Admit({.unix_uid = who_.uid}, method);
+      Credentials credentials{.unix_uid = who_.uid};
+      if (!token_.empty()) credentials.bearer_token = token_;
+      caller = who_.access->Admit(credentials, method);
     }
     if (!caller.ok()) return caller.status();
     if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {

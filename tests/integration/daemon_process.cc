@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
   d->dir_ = dir_template;
   d->socket_path_ = options.unix_socket.empty() ? d->dir_ + "/kvcached.sock" : options.unix_socket;
   d->log_path_ = d->dir_ + "/kvcached.log";
+  d->token_ = options.token;
 
   std::vector<std::string> args = {KvcachedPath(), "--unix-socket", d->socket_path_,
                                    "--capacity-bytes", std::to_string(options.capacity_bytes)};
@@ -144,7 +145,13 @@ std::unique_ptr<Client> DaemonProcess::NewClient(const std::string& ns) const {
 }
 
 std::unique_ptr<Client> DaemonProcess::NewClient(const std::string& ns, DataPath path) const {
+  return NewClient(ns, path, token_);
+}
+
+std::unique_ptr<Client> DaemonProcess::NewClient(const std::string& ns, DataPath path,
+                                                 const std::string& token) const {
   ClientOptions options;
+  options.token = token;
   options.target = unix_target();
   options.ns = ns;
   options.timeout = absl::Seconds(30);

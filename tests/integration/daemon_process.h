@@ -29,6 +29,9 @@ struct DaemonOptions {
   // An SSD tier of this many bytes in the daemon's directory (ssd_path()); 0: none.
   uint64_t ssd_bytes = 0;
   std::vector<std::string> extra_flags;
+  // The bearer token the start-up probe and NewClient() send (for a daemon
+  // started with --principals-file); empty: none.
+  std::string token;
 };
 
 class DaemonProcess {
@@ -60,9 +63,11 @@ class DaemonProcess {
   bool CorruptSsdFile() const;
 
   // A client in `ns` (empty: default) over the Unix socket, on the data path
-  // TestDataPath() names.
+  // TestDataPath() names, sending DaemonOptions::token (or `token`).
   std::unique_ptr<Client> NewClient(const std::string& ns = "") const;
   std::unique_ptr<Client> NewClient(const std::string& ns, DataPath path) const;
+  std::unique_ptr<Client> NewClient(const std::string& ns, DataPath path,
+                                    const std::string& token) const;
   pid_t pid() const { return pid_; }
 
  private:
@@ -73,6 +78,7 @@ class DaemonProcess {
   std::string log_path_;
   int tcp_port_ = 0;
   int metrics_port_ = 0;
+  std::string token_;
 };
 
 // The data path test clients use: $KVCACHE_TEST_DATA_PATH ("grpc", "shm";

@@ -78,6 +78,23 @@ struct ClientOptions {
   // SharedRegion (it grows to fit a larger call).
   int max_shm_connections = 16;
   uint64_t shm_staging_bytes = uint64_t{64} << 20;
+  // The shared-memory socket's path; empty: asked of the daemon (one
+  // GetServerInfo). A worker that authenticates by its uid on that socket
+  // alone, with no token for gRPC, names it here.
+  std::string shm_socket;
+  // A bearer token sent with every call ("authorization: Bearer <token>", and
+  // in the shared-memory hello) to a daemon with authentication on
+  // (docs/security.md); empty: none.
+  std::string token;
+  // TLS to a TCP target. tls_ca_file: the PEM CA bundle the daemon's
+  // certificate must chain to; set, the channel speaks TLS. tls_cert_file and
+  // tls_key_file: this client's certificate and key for mutual TLS.
+  // tls_server_name: the name the daemon's certificate must carry, when it is
+  // not the target's host.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 // Memory this client shares with a daemon on the same host (a sealed memfd,
@@ -242,6 +259,8 @@ class Client {
   virtual absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() = 0;
   virtual absl::StatusOr<v1::ListModelsResponse> ListModels(std::string_view ns = "") = 0;
   virtual absl::StatusOr<v1::GetStatsResponse> GetStats() = 0;
+  // Who the daemon takes this client to be (principal, tenant, role).
+  virtual absl::StatusOr<v1::WhoAmIResponse> WhoAmI() = 0;
 
   // Reports the attention mass each token of `tokens` received (num_layers
   // rows of tokens.size() values, or one row when num_layers is 0). Not

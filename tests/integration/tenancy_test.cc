@@ -1,0 +1,261 @@
+// Authentication and tenancy against the real daemon, through the C++
+// client and kvcachectl: bearer tokens on gRPC and in the shared-memory
+// hello, the peer's uid on the shared-memory socket, tenants that cannot see
+// or touch each other's KV, shared namespaces, roles, and SIGHUP reloading
+// the principals. (tests/python/security_test.py checks the same contract
+// with an independent client, plus TLS.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/kv_pattern.h"
+
+namespace kvcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kAcme[] = "acme-token-0123456789abcdef";
+constexpr char kGlobex[] = "globex-token-0123456789abcdef";
+constexpr char kReader[] = "reader-token-0123456789abcdef";
+constexpr char kAdmin[] = "admin-token-0123456789abcdef";
+constexpr uint32_t kBlockTokens = 16;
+
+std::string Principals(bool with_globex) {
+  std::string p = absl::StrCat(R"({"principals": [
+    {"name": "acme-worker", "tenant": "acme", "role": "worker", "token": ")",
+                               kAcme, R"("},
+    {"name": "monitor", "tenant": "acme", "role": "reader", "token": ")",
+                               kReader, R"("},
+    {"name": "root", "role": "admin", "token": ")",
+                               kAdmin, R"("},
+    {"name": "local", "tenant": "acme", "role": "worker", "unix_uid": )",
+                               ::getuid(), "}");
+  if (with_globex) {
+    absl::StrAppend(&p, R"(, {"name": "globex-worker", "tenant": "globex", "role": "worker",
+      "token": ")",
+                    kGlobex, R"("})");
+  }
+  return p + "]}";
+}
+
+class TenancyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "tenancy-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir_);
+    principals_ = dir_ + "/principals.json";
+    std::ofstream(principals_) << Principals(true);
+    const std::string config = dir_ + "/config.json";
+    std::ofstream(config) << R"({"security": {"shared_namespaces": ["shared"]}})";
+    auto d = DaemonProcess::Start(
+        {.extra_flags = {"--config", config, "--principals-file", principals_}, .token = kAdmin});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    layout_ = MakeLayout(2, 2, 16, v1::DTYPE_FP16, kBlockTokens);
+  }
+
+  std::unique_ptr<Client> As(const std::string& token, const std::string& ns = "",
+                             DataPath path = DataPath::kGrpc) {
+    auto c = daemon_->NewClient(ns, path, token);
+    EXPECT_NE(c, nullptr);
+    return c;
+  }
+
+  // Registers "m" and appends `blocks` blocks of `tokens` as `client`.
+  uint64_t Store(Client& client, std::span<const uint32_t> tokens) {
+    auto reg = client.RegisterModel("m", layout_);
+    EXPECT_TRUE(reg.ok()) << reg.status();
+    if (!reg.ok()) return 0;
+    const size_t blocks = tokens.size() / kBlockTokens;
+    auto kv = MakeKv(tokens, kBlockTokens, reg->block_bytes(), 0, blocks);
+    auto appended = client.Append("m", tokens, kv);
+    EXPECT_TRUE(appended.ok()) << appended.status();
+    return reg->block_bytes();
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::string dir_;
+  std::string principals_;
+  v1::ModelLayout layout_;
+};
+
+TEST_F(TenancyTest, EveryCredentialNamesItsPrincipal) {
+  auto who = As(kAcme)->WhoAmI();
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->principal(), "acme-worker");
+  EXPECT_EQ(who->tenant(), "acme");
+  EXPECT_EQ(who->role(), "worker");
+  EXPECT_EQ(who->authenticated_by(), "token");
+  EXPECT_THAT(who->shared_namespaces(), ::testing::ElementsAre("shared"));
+  who = As(kAdmin)->WhoAmI();
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->tenant(), "*");
+
+  for (const std::string& token : {std::string(), std::string("wrong-token-0123456789")}) {
+    auto anonymous = As(token);
+    EXPECT_EQ(anonymous->WhoAmI().status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(anonymous->GetServerInfo().status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(anonymous->RegisterModel("m", layout_).status().code(),
+              absl::StatusCode::kUnauthenticated);
+  }
+  auto list = As(kAdmin)->ListModels();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->models_size(), 0) << "a refused RegisterModel registered a model";
+}
+
+TEST_F(TenancyTest, TenantsNeitherSeeNorTouchEachOthersKv) {
+  auto acme = As(kAcme);
+  auto globex = As(kGlobex);
+  const std::vector<uint32_t> prompt = MakeTokens(7, 8 * kBlockTokens);
+  const uint64_t block_bytes = Store(*acme, prompt);
+  ASSERT_GT(block_bytes, 0u);
+  auto lease = acme->Lookup("m", prompt, {.acquire_lease = true});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_EQ(lease->matched_tokens, prompt.size());
+
+  // globex's own "m" is another model in another namespace: a miss.
+  ASSERT_TRUE(globex->RegisterModel("m", layout_).ok());
+  auto miss = globex->Lookup("m", prompt);
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  EXPECT_EQ(miss->matched_tokens, 0u);
+  // Naming acme's namespace is refused, whatever the call.
+  auto intruder = As(kGlobex, "acme");
+  EXPECT_EQ(intruder->Lookup("m", prompt).status().code(), absl::StatusCode::kPermissionDenied);
+  std::vector<std::byte> out(8 * block_bytes);
+  EXPECT_EQ(intruder->Fetch("m", prompt, out).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(intruder->EvictModel("m").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(intruder->RegisterModel("m2", layout_).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // Another tenant's lease reads as unknown and stays the owner's.
+  auto released = globex->ReleaseLease(lease->lease_id);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_FALSE(*released);
+  auto fetched = acme->FetchLease("m", lease->lease_id, out);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->matched_tokens, prompt.size());
+
+  // acme's KV is intact, byte for byte; listings show each tenant its own.
+  EXPECT_EQ(FetchVerified(*acme, "m", prompt, kBlockTokens, block_bytes, 8, "acme"), 8u);
+  auto listed = globex->ListModels();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->models_size(), 1);
+  EXPECT_EQ(listed->models(0).namespace_(), "globex");
+  auto stats = globex->GetStats();
+  ASSERT_TRUE(stats.ok());
+  for (const v1::ModelStats& m : stats->models()) EXPECT_EQ(m.namespace_(), "globex");
+  auto all = As(kAdmin)->ListModels();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->models_size(), 2);
+}
+
+TEST_F(TenancyTest, ASharedNamespaceServesEveryTenant) {
+  auto acme = As(kAcme, "shared");
+  auto globex = As(kGlobex, "shared");
+  const std::vector<uint32_t> system_prompt = MakeTokens(11, 4 * kBlockTokens);
+  const uint64_t block_bytes = Store(*acme, system_prompt);
+  ASSERT_GT(block_bytes, 0u);
+  ASSERT_TRUE(globex->RegisterModel("m", layout_).ok());
+  EXPECT_EQ(FetchVerified(*globex, "m", system_prompt, kBlockTokens, block_bytes, 4, "shared"), 4u);
+}
+
+TEST_F(TenancyTest, RolesLimitWhatACallerMayCall) {
+  auto reader = As(kReader);
+  EXPECT_TRUE(reader->GetStats().ok());
+  EXPECT_EQ(reader->RegisterModel("m", layout_).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reader->Lookup("m", MakeTokens(1, kBlockTokens)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto worker = As(kAcme);
+  auto dump = worker->DumpMemory();
+  EXPECT_EQ(dump.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(dump.status().message(), HasSubstr("acme-worker (role worker) may not call"));
+  EXPECT_EQ(worker->SetLogLevel("debug").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(As(kAdmin)->DumpMemory().ok());
+}
+
+TEST_F(TenancyTest, TheSharedMemoryPlaneActsAsTheHelloTokenOrThePeersUid) {
+  const std::vector<uint32_t> prompt = MakeTokens(21, 4 * kBlockTokens);
+  const uint64_t block_bytes = Store(*As(kAcme), prompt);
+  ASSERT_GT(block_bytes, 0u);
+  const std::string shm_socket = daemon_->socket_path() + ".shm";
+
+  // No token: the session is the principal of this test's uid ("local", of
+  // acme). gRPC refuses it, so it names the socket itself.
+  ClientOptions by_uid{.target = daemon_->unix_target(),
+                       .data_path = DataPath::kSharedMemory,
+                       .shm_socket = shm_socket};
+  auto local = Client::Connect(by_uid);
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_TRUE((*local)->UsesSharedMemory());
+  auto hit = (*local)->Lookup("m", prompt);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_tokens, prompt.size());
+  EXPECT_EQ((*local)->WhoAmI().status().code(), absl::StatusCode::kUnauthenticated);
+
+  // A hello token stands for the session instead.
+  auto acme = As(kAcme, "", DataPath::kSharedMemory);
+  ASSERT_TRUE(acme->UsesSharedMemory());
+  EXPECT_EQ(FetchVerified(*acme, "m", prompt, kBlockTokens, block_bytes, 4, "shm"), 4u);
+  auto globex = As(kGlobex, "", DataPath::kSharedMemory);
+  ASSERT_TRUE(globex->UsesSharedMemory());
+  ASSERT_TRUE(globex->RegisterModel("m", layout_).ok());
+  auto miss = globex->Lookup("m", prompt);
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  EXPECT_EQ(miss->matched_tokens, 0u);
+  auto intruder = As(kGlobex, "acme", DataPath::kSharedMemory);
+  EXPECT_EQ(intruder->Lookup("m", prompt).status().code(), absl::StatusCode::kPermissionDenied);
+
+  // A wrong token is not excused by a known uid.
+  ClientOptions wrong = by_uid;
+  wrong.token = "wrong-token-0123456789";
+  auto impostor = Client::Connect(wrong);
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  EXPECT_EQ((*impostor)->Lookup("m", prompt).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(TenancyTest, SighupReloadsThePrincipalsAndABrokenFileKeepsThem) {
+  ASSERT_TRUE(As(kGlobex)->WhoAmI().ok());
+  std::ofstream(principals_, std::ios::trunc) << Principals(false);
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  absl::StatusCode code = absl::StatusCode::kOk;
+  for (int i = 0; i < 100 && code == absl::StatusCode::kOk; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    code = As(kGlobex)->WhoAmI().status().code();
+  }
+  EXPECT_EQ(code, absl::StatusCode::kUnauthenticated);
+
+  std::ofstream(principals_, std::ios::trunc) << "{\"principals\": [";
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_TRUE(daemon_->Running());
+  EXPECT_TRUE(As(kAcme)->WhoAmI().ok());
+  std::ifstream log(daemon_->log_path());
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("the principals file did not load"));
+}
+
+TEST_F(TenancyTest, KvcachectlSendsItsToken) {
+  const std::string ctl = absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target());
+  CommandResult anonymous = RunCommand(ctl + " whoami");
+  EXPECT_NE(anonymous.exit_code, 0);
+  EXPECT_THAT(anonymous.output, HasSubstr("UNAUTHENTICATED"));
+  CommandResult by_env = RunCommand(absl::StrCat("KVCACHE_TOKEN=", kAcme, " ", ctl, " whoami"));
+  EXPECT_EQ(by_env.exit_code, 0) << by_env.output;
+  EXPECT_THAT(by_env.output, HasSubstr("principal: acme-worker"));
+  const std::string token_file = dir_ + "/token";
+  std::ofstream(token_file) << kReader << "\n";
+  CommandResult by_file = RunCommand(ctl + " --token-file " + token_file + " whoami --json");
+  EXPECT_EQ(by_file.exit_code, 0) << by_file.output;
+  EXPECT_THAT(by_file.output, HasSubstr("\"role\":\"reader\""));
+}
+
+}  // namespace
+}  // namespace kvcache::testing
