@@ -596,7 +596,7 @@ class SecurityTest(unittest.TestCase):
         self.assertCode(C.PERMISSION_DENIED, self.tcp("acme-worker"), "Cache.Lookup",
                         v1.pb.LookupRequest(namespace="globex", model_id="llama",
                                             tokens=self.prompt))
-        # ... and so is naming it in a ListModels.
+        # Naming it in a ListModels is refused too.
         self.assertCode(C.PERMISSION_DENIED, g, "Admin.ListModels",
                         v1.admin.ListModelsRequest(namespace="acme"))
 
