@@ -12,6 +12,8 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # peers the tests and benchmarks talk to
   python3 python3-grpcio python3-protobuf prometheus redis-server redis-tools memcached
+  # the test certificates of tests/integration/security_test.py
+  openssl
   # the status page's browser test (tests/integration/status_page_test.sh)
   chromium
   # the real-model evaluation's Python environment (numpy, gguf and the model come from PyPI)
