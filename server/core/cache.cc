@@ -439,7 +439,8 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
     if (!state.ok()) return state.status();
     ExpireLeasesLocked(clock_->Now());
     const Lease* lease = leases_.Find(lease_id);
-    if (lease == nullptr) {
+    // Another namespace's (tenant's) lease reads exactly as no lease.
+    if (lease == nullptr || lease->model.ns != model.ns) {
       return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
     }
     if (lease->model != model) {

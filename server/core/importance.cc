@@ -118,7 +118,8 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   if (lease_id != 0) {
     ExpireLeasesLocked(now);
     const Lease* lease = leases_.Find(lease_id);
-    if (lease == nullptr) {
+    // Another namespace's (tenant's) lease reads exactly as no lease.
+    if (lease == nullptr || lease->model.ns != model.ns) {
       return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
     }
     if (lease->model != model) {

@@ -236,16 +236,19 @@ grpc::ServerWriteReactor<v1::VerifyBlocksProgress>* AdminService::VerifyBlocks(
                                .latency = latency});
     return new RefusedWrite(ctx, request_id, status);
   };
-  if (absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "VerifyBlocks"); !caller.ok()) {
-    return refuse(caller.status());
-  }
+  absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "VerifyBlocks");
+  if (!caller.ok()) return refuse(caller.status());
   VerifyOptions options;
   if (!request->model_id().empty()) {
-    absl::StatusOr<ModelKey> key = ToModelKey(request->namespace_(), request->model_id());
+    absl::StatusOr<ModelKey> key =
+        ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return refuse(key.status());
     options.model = *std::move(key);
   } else {
-    options.ns = request->namespace_();
+    // An admin of one tenant verifies that namespace (its own, when none is named).
+    absl::StatusOr<std::string> ns = caller->NamespaceOf(request->namespace_());
+    if (!ns.ok()) return refuse(ns.status());
+    options.ns = *std::move(ns);
   }
   options.prefix.assign(request->prefix_tokens().begin(), request->prefix_tokens().end());
   if (!options.prefix.empty() && !options.model.has_value()) {
@@ -336,7 +339,8 @@ grpc::ServerUnaryReactor* AdminService::InspectSequence(grpc::CallbackServerCont
   absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "InspectSequence");
   if (!caller.ok()) return FinishWith(ctx, "InspectSequence", start, caller.status());
   absl::Status status = [&]() -> absl::Status {
-    absl::StatusOr<ModelKey> key = ToModelKey(request->namespace_(), request->model_id());
+    absl::StatusOr<ModelKey> key =
+        ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     const bool by_tokens = !request->tokens().empty();
     const bool by_key = request->first_block_key() != 0;

@@ -202,7 +202,7 @@ grpc::ServerUnaryReactor* AdminService::UpdateModelPolicy(
   absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "UpdateModelPolicy");
   if (!caller.ok()) return FinishWith(ctx, "UpdateModelPolicy", start, caller.status());
   absl::Status status = [&]() -> absl::Status {
-    auto key = ToModelKey(request->namespace_(), request->model_id());
+    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     PolicyUpdate update;
     auto mode = FromProto(request->mode());
@@ -232,7 +232,7 @@ grpc::ServerUnaryReactor* AdminService::UnregisterModel(grpc::CallbackServerCont
   absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "UnregisterModel");
   if (!caller.ok()) return FinishWith(ctx, "UnregisterModel", start, caller.status());
   absl::Status status = [&]() -> absl::Status {
-    auto key = ToModelKey(request->namespace_(), request->model_id());
+    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     absl::StatusOr<UnregisterResult> r = cache_->UnregisterModel(*key);
     if (!r.ok()) return r.status();

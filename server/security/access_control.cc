@@ -96,10 +96,15 @@ absl::StatusOr<Caller> AccessControl::Admit(const Credentials& credentials,
   absl::StatusOr<Principal> principal = Authenticate(credentials);
   if (!principal.ok()) return principal.status();
   const std::optional<Access> access = AccessOf(method);
-  if (!RoleAllows(principal->role, access.value_or(Access::kAdmin))) {
+  if (!RoleAllows(principal->role, access.value_or(Access::kDaemon))) {
     return absl::PermissionDeniedError(absl::StrCat(principal->name, " (role ",
                                                     std::string(RoleName(principal->role)),
                                                     ") may not call ", std::string(method)));
+  }
+  if (access.value_or(Access::kDaemon) == Access::kDaemon && principal->tenant != kAllNamespaces) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        principal->name, " (admin of tenant \"", principal->tenant, "\") may not call ",
+        std::string(method), ": it acts on the whole daemon, for admins of every namespace"));
   }
   if (access == Access::kData && principal->role != Role::kAdmin) {
     if (absl::Status s = ChargeRequest(principal->tenant); !s.ok()) return s;

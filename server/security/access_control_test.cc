@@ -36,7 +36,8 @@ constexpr char kPrincipals[] = R"({"principals": [
   {"name": "monitor", "tenant": "acme", "role": "reader", "token": "reader-token-0123456789"},
   {"name": "root", "role": "admin", "token": "admin-token-0123456789"},
   {"name": "ops", "role": "admin", "certificate": "ops.example.com"},
-  {"name": "local", "tenant": "acme", "role": "worker", "unix_uid": 4242}
+  {"name": "local", "tenant": "acme", "role": "worker", "unix_uid": 4242},
+  {"name": "acme-admin", "tenant": "acme", "role": "admin", "token": "acme-admin-0123456789"}
 ]})";
 
 Credentials Token(std::string token) { return {.bearer_token = std::move(token)}; }
@@ -87,7 +88,7 @@ TEST_F(AccessControlTest, ABrokenFileStopsTheStart) {
 
 TEST_F(AccessControlTest, NoOrWrongCredentialsAreUnauthenticated) {
   auto access = Make();
-  EXPECT_EQ(access->principals(), 6u);
+  EXPECT_EQ(access->principals(), 7u);
   const Credentials refused[] = {
       {},
       Token("acme-token-012345678"),
@@ -141,6 +142,26 @@ TEST_F(AccessControlTest, RolesDecideWhichMethodsACallerMayCall) {
     EXPECT_EQ(access->Admit(Token(kAcmeToken), method).status().code(),
               absl::StatusCode::kPermissionDenied)
         << method;
+    EXPECT_TRUE(access->Admit(Token(kAdminToken), method).ok()) << method;
+  }
+}
+
+TEST_F(AccessControlTest, AnAdminOfOneTenantAdministersItsNamespacesButNotTheDaemon) {
+  auto access = Make();
+  const Credentials acme_admin = Token("acme-admin-0123456789");
+  for (std::string_view method : {"UpdateModelPolicy", "UnregisterModel", "InspectSequence",
+                                  "VerifyBlocks", "Lookup", "GetStats"}) {
+    absl::StatusOr<Caller> caller = access->Admit(acme_admin, method);
+    ASSERT_TRUE(caller.ok()) << method << ": " << caller.status();
+    EXPECT_EQ(caller->NamespaceOf("").value(), "acme");
+    EXPECT_EQ(caller->NamespaceOf("globex").status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  for (std::string_view method :
+       {"DumpMemory", "SetLogLevel", "Checkpoint", "ListCheckpoints", "VerifyCheckpoint",
+        "GetDeviceArenas", "PlaceOnDevice", "NoSuchMethod"}) {
+    absl::StatusOr<Caller> caller = access->Admit(acme_admin, method);
+    EXPECT_EQ(caller.status().code(), absl::StatusCode::kPermissionDenied) << method;
+    EXPECT_THAT(caller.status().message(), HasSubstr("acts on the whole daemon")) << method;
     EXPECT_TRUE(access->Admit(Token(kAdminToken), method).ok()) << method;
   }
 }

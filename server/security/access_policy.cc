@@ -18,8 +18,8 @@ constexpr auto kPolicy = std::to_array<std::pair<std::string_view, Access>>({
     {"Evict", Access::kData},
     {"ReportAttention", Access::kData},
     // Device IPC handles map a whole arena, every tenant's blocks in it.
-    {"PlaceOnDevice", Access::kAdmin},
-    {"GetDeviceArenas", Access::kAdmin},
+    {"PlaceOnDevice", Access::kDaemon},
+    {"GetDeviceArenas", Access::kDaemon},
     // kvcache.v1.Admin
     {"WhoAmI", Access::kAnyRole},
     {"GetServerInfo", Access::kAnyRole},
@@ -27,13 +27,13 @@ constexpr auto kPolicy = std::to_array<std::pair<std::string_view, Access>>({
     {"GetStats", Access::kAnyRole},
     {"UpdateModelPolicy", Access::kAdmin},
     {"UnregisterModel", Access::kAdmin},
-    {"Checkpoint", Access::kAdmin},
-    {"ListCheckpoints", Access::kAdmin},
-    {"VerifyCheckpoint", Access::kAdmin},
+    {"Checkpoint", Access::kDaemon},
+    {"ListCheckpoints", Access::kDaemon},
+    {"VerifyCheckpoint", Access::kDaemon},
     {"VerifyBlocks", Access::kAdmin},
-    {"DumpMemory", Access::kAdmin},
+    {"DumpMemory", Access::kDaemon},
     {"InspectSequence", Access::kAdmin},
-    {"SetLogLevel", Access::kAdmin},
+    {"SetLogLevel", Access::kDaemon},
     // The shared-memory data plane (kvcache.v1.ShmRequest ops)
     {"ShmHello", Access::kData},
     {"ShmAttachRegion", Access::kData},
@@ -61,6 +61,7 @@ bool RoleAllows(Role role, Access access) {
     case Access::kData:
       return role == Role::kWorker || role == Role::kAdmin;
     case Access::kAdmin:
+    case Access::kDaemon:
       return role == Role::kAdmin;
   }
   return false;

@@ -17,7 +17,9 @@ namespace kvcache {
 enum class Access {
   kAnyRole,  // describes the server or the caller; reads no KV
   kData,     // reads or writes KV or leases in the caller's namespaces
-  kAdmin,    // operates the daemon, or reaches past namespaces (device memory)
+  kAdmin,    // operates on models, in the caller's namespaces
+  kDaemon,   // operates the whole daemon, or reaches past namespaces (device memory):
+             // an admin of every namespace only
 };
 
 // The access `method` (its name as logged: "Lookup", "GetStats",
