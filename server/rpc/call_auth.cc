@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/unix_acceptor.h"
 
 namespace kvcache {
 
@@ -22,6 +23,7 @@ Credentials CredentialsOf(const grpc::ServerContextBase& ctx) {
       credentials.malformed_authorization = true;
     }
   }
+  credentials.unix_uid = PeerUidOf(ctx.peer());
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
     for (const grpc::string_ref& identity : auth->GetPeerIdentity()) {

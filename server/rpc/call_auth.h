@@ -19,8 +19,8 @@ namespace kvcache {
 // The metadata key a bearer token comes in: "authorization: Bearer <token>".
 inline constexpr std::string_view kAuthorizationHeader = "authorization";
 
-// What the call carries: its bearer token and its TLS client certificate's
-// verified identities.
+// What the call carries: its bearer token, its TLS client certificate's
+// verified identities, and on the Unix socket its peer's uid.
 Credentials CredentialsOf(const grpc::ServerContextBase& ctx);
 
 // Who is making the call `method` on `ctx`, or why it is refused. A null

@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/logging/log_event.h"

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "server/rpc/unix_acceptor.h"
 #include "server/rpc/unix_socket.h"
 
 namespace kvcache {
@@ -110,14 +111,16 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
     if (absl::Status s = CheckTcpAddressFree(options.tcp_address); !s.ok()) return s;
     if (absl::Status s = CheckTlsFiles(options.tls); !s.ok()) return s;
   }
+  std::unique_ptr<GrpcServer> server(new GrpcServer());
   if (!options.unix_socket.empty()) {
-    if (absl::Status s = ClaimUnixSocketPath(options.unix_socket, "listen.unix_socket"); !s.ok())
-      return s;
+    absl::StatusOr<std::unique_ptr<UnixAcceptor>> acceptor =
+        UnixAcceptor::Listen(options.unix_socket, options.socket_gid);
+    if (!acceptor.ok()) return acceptor.status();
+    server->unix_acceptor_ = *std::move(acceptor);
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  std::unique_ptr<GrpcServer> server(new GrpcServer());
   grpc::ServerBuilder builder;
   const int max_message = static_cast<int>(
       std::min<uint64_t>(options.max_message_bytes, std::numeric_limits<int>::max()));
@@ -147,15 +150,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   // server's WINDOW_UPDATE about 30 times. What this lets clients buffer in
   // the daemon stays under the memory quota above.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
-  // gRPC binds ports in the order they are added: TCP before the socket.
   if (!options.tcp_address.empty()) {
     builder.AddListeningPort(options.tcp_address, TcpCredentials(options.tls), &server->tcp_port_);
     server->listen_addresses_.push_back(options.tcp_address);
   }
   if (!options.unix_socket.empty()) {
-    std::string uri = absl::StrCat("unix:", options.unix_socket);
-    builder.AddListeningPort(uri, grpc::InsecureServerCredentials());
-    server->listen_addresses_.push_back(uri);
+    // Accepted by the UnixAcceptor, which tells calls their peer's uid.
+    server->listen_addresses_.push_back(absl::StrCat("unix:", options.unix_socket));
   }
   options.identity.listen_addresses = server->listen_addresses_;
   options.cache_service.inflight = options.inflight;
@@ -169,11 +170,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
                                                   .access = options.access});
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
-  // The socket is created rw for owner and group only (kUnixSocketMode);
-  // the umask closes the window before the chmod below.
-  const mode_t old_umask = ::umask(0777 & ~kUnixSocketMode);
   server->server_ = builder.BuildAndStart();
-  ::umask(old_umask);
   if (server->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ",
                                                absl::StrJoin(server->listen_addresses_, " and "),
@@ -182,17 +179,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   if (!options.tcp_address.empty() && server->tcp_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot bind ", options.tcp_address));
   }
-  if (!options.unix_socket.empty() && options.socket_gid >= 0 &&
-      ::chown(options.unix_socket.c_str(), static_cast<uid_t>(-1),
-              static_cast<gid_t>(options.socket_gid)) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot give the unix socket ",
-                                                    options.unix_socket, " to group ",
-                                                    options.socket_gid, ": ", ErrnoText(errno)));
-  }
-  if (!options.unix_socket.empty() && ::chmod(options.unix_socket.c_str(), kUnixSocketMode) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot chmod the unix socket ", options.unix_socket, ": ", ErrnoText(errno)));
-  }
+  if (server->unix_acceptor_ != nullptr) server->unix_acceptor_->Start(server->server_.get());
   return server;
 }
 
@@ -203,6 +190,7 @@ GrpcServer::~GrpcServer() {
 void GrpcServer::Shutdown(absl::Duration drain) {
   if (shut_down_) return;
   shut_down_ = true;
+  if (unix_acceptor_ != nullptr) unix_acceptor_->Stop();
   server_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
 }

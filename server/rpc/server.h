@@ -28,13 +28,11 @@
 #include "server/rpc/admin_service.h"
 #include "server/rpc/cache_service.h"
 #include "server/rpc/rpc_observer.h"
+#include "server/rpc/unix_acceptor.h"
 #include "server/security/access_control.h"
 #include "server/security/tls_files.h"
 
 namespace kvcache {
-
-// Permissions of the Unix socket: read/write for owner and group.
-inline constexpr mode_t kUnixSocketMode = 0660;
 
 // Binds (and at once releases) every address `tcp_address` resolves to, the
 // way gRPC will (SO_REUSEADDR, no SO_REUSEPORT), so a port another process
@@ -88,6 +86,7 @@ class GrpcServer {
   std::unique_ptr<CacheService> cache_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<UnixAcceptor> unix_acceptor_;  // the Unix socket's; null: none
   std::vector<std::string> listen_addresses_;
   int tcp_port_ = 0;
   bool shut_down_ = false;

@@ -71,4 +71,34 @@ absl::Status ClaimUnixSocketPath(const std::string& path, const char* setting) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path, int64_t gid,
+                                            const char* setting) {
+  if (absl::Status s = ClaimUnixSocketPath(path, setting); !s.ok()) return s;
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener.valid()) {
+    return absl::InternalError(absl::StrCat(setting, ": socket(): ", ErrnoText(errno)));
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  // Created rw for owner and group only; the umask closes the window before
+  // the chmod below.
+  const mode_t old_umask = ::umask(0777 & ~kUnixSocketMode);
+  const int bound = ::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int bind_errno = errno;
+  ::umask(old_umask);
+  if (bound != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", setting, " ", path, ": ", ErrnoText(bind_errno)));
+  }
+  if ((gid >= 0 && ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) ||
+      ::chmod(path.c_str(), kUnixSocketMode) != 0 || ::listen(listener.get(), 128) != 0) {
+    const int err = errno;
+    ::unlink(path.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", setting, " ", path, ": ", ErrnoText(err)));
+  }
+  return listener;
+}
+
 }  // namespace kvcache

@@ -3,13 +3,20 @@
 #ifndef KVCACHE_SERVER_RPC_UNIX_SOCKET_H_
 #define KVCACHE_SERVER_RPC_UNIX_SOCKET_H_
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace kvcache {
+
+// Permissions of the daemon's Unix sockets: read/write for owner and group.
+inline constexpr mode_t kUnixSocketMode = 0660;
 
 // strerror(err) as a string.
 std::string ErrnoText(int err);
@@ -45,6 +52,11 @@ class UniqueFd {
 // a path that is not a socket (FAILED_PRECONDITION), a path too long
 // (INVALID_ARGUMENT). `setting` names the config field in messages.
 absl::Status ClaimUnixSocketPath(const std::string& path, const char* setting);
+
+// Claims `path` (above) and listens on it: a socket of mode 0660 owned by group
+// `gid` (-1: the daemon's). UNAVAILABLE naming `setting` when it cannot.
+absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path, int64_t gid,
+                                            const char* setting);
 
 }  // namespace kvcache
 

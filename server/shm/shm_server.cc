@@ -29,35 +29,10 @@ struct ShmServer::Connection {
 
 absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Start(const ShmServerOptions& options,
                                                             Cache* cache, RpcObserver* observer) {
-  if (absl::Status s = ClaimUnixSocketPath(options.socket_path, "listen.shm_socket"); !s.ok()) {
-    return s;
-  }
-  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!listener.valid()) {
-    return absl::InternalError(absl::StrCat("shm socket: socket(): ", ErrnoText(errno)));
-  }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, options.socket_path.data(), options.socket_path.size());
-  // Created rw for owner and group only, as the gRPC socket.
-  const mode_t old_umask = ::umask(0777 & ~kUnixSocketMode);
-  const int bound = ::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
-  const int bind_errno = errno;
-  ::umask(old_umask);
-  if (bound != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on shm socket ", options.socket_path,
-                                               ": ", ErrnoText(bind_errno)));
-  }
-  if ((options.socket_gid >= 0 && ::chown(options.socket_path.c_str(), static_cast<uid_t>(-1),
-                                          static_cast<gid_t>(options.socket_gid)) != 0) ||
-      ::chmod(options.socket_path.c_str(), kUnixSocketMode) != 0 ||
-      ::listen(listener.get(), 128) != 0) {
-    const int err = errno;
-    ::unlink(options.socket_path.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on shm socket ", options.socket_path, ": ", ErrnoText(err)));
-  }
-  return std::unique_ptr<ShmServer>(new ShmServer(options, cache, observer, std::move(listener)));
+  absl::StatusOr<UniqueFd> listener =
+      ListenOnUnixSocket(options.socket_path, options.socket_gid, "listen.shm_socket");
+  if (!listener.ok()) return listener.status();
+  return std::unique_ptr<ShmServer>(new ShmServer(options, cache, observer, *std::move(listener)));
 }
 
 ShmServer::ShmServer(const ShmServerOptions& options, Cache* cache, RpcObserver* observer,

@@ -57,8 +57,10 @@ class TenancyTest : public ::testing::Test {
     // Each namespace may cache 16 of the tests' 4 KiB blocks.
     std::ofstream(config) << R"({"security": {"shared_namespaces": ["shared"],
                                               "tenant_limits": {"max_cached_bytes": 65536}}})";
-    auto d = DaemonProcess::Start(
-        {.extra_flags = {"--config", config, "--principals-file", principals_}, .token = kAdmin});
+    auto d =
+        DaemonProcess::Start({.tcp = true,
+                              .extra_flags = {"--config", config, "--principals-file", principals_},
+                              .token = kAdmin});
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
     layout_ = MakeLayout(2, 2, 16, v1::DTYPE_FP16, kBlockTokens);
@@ -101,8 +103,20 @@ TEST_F(TenancyTest, EveryCredentialNamesItsPrincipal) {
   ASSERT_TRUE(who.ok()) << who.status();
   EXPECT_EQ(who->tenant(), "*");
 
-  for (const std::string& token : {std::string(), std::string("wrong-token-0123456789")}) {
-    auto anonymous = As(token);
+  // No token on the Unix socket: the peer's uid names the principal.
+  who = As("")->WhoAmI();
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->principal(), "local");
+  EXPECT_EQ(who->authenticated_by(), "unix_uid");
+
+  // No token over TCP, or a wrong token anywhere (a known uid does not excuse it).
+  ClientOptions tcp{.target = daemon_->tcp_target(), .data_path = DataPath::kGrpc};
+  auto over_tcp = Client::Connect(tcp);
+  ASSERT_TRUE(over_tcp.ok());
+  std::vector<std::unique_ptr<Client>> refused;
+  refused.push_back(*std::move(over_tcp));
+  refused.push_back(As("wrong-token-0123456789"));
+  for (const std::unique_ptr<Client>& anonymous : refused) {
     EXPECT_EQ(anonymous->WhoAmI().status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(anonymous->GetServerInfo().status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(anonymous->RegisterModel("m", layout_).status().code(),
@@ -190,7 +204,8 @@ TEST_F(TenancyTest, TheSharedMemoryPlaneActsAsTheHelloTokenOrThePeersUid) {
   const std::string shm_socket = daemon_->socket_path() + ".shm";
 
   // No token: the session is the principal of this test's uid ("local", of
-  // acme). gRPC refuses it, so it names the socket itself.
+  // acme), read on the shared-memory socket (named here, so the gRPC socket is
+  // not asked for it).
   ClientOptions by_uid{.target = daemon_->unix_target(),
                        .data_path = DataPath::kSharedMemory,
                        .shm_socket = shm_socket};
@@ -200,7 +215,6 @@ TEST_F(TenancyTest, TheSharedMemoryPlaneActsAsTheHelloTokenOrThePeersUid) {
   auto hit = (*local)->Lookup("m", prompt);
   ASSERT_TRUE(hit.ok()) << hit.status();
   EXPECT_EQ(hit->matched_tokens, prompt.size());
-  EXPECT_EQ((*local)->WhoAmI().status().code(), absl::StatusCode::kUnauthenticated);
 
   // A hello token stands for the session instead.
   auto acme = As(kAcme, "", DataPath::kSharedMemory);
@@ -269,9 +283,13 @@ TEST_F(TenancyTest, SighupReloadsThePrincipalsAndABrokenFileKeepsThem) {
 
 TEST_F(TenancyTest, KvcachectlSendsItsToken) {
   const std::string ctl = absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->unix_target());
-  CommandResult anonymous = RunCommand(ctl + " whoami");
+  CommandResult anonymous =
+      RunCommand(absl::StrCat(KVCACHECTL_BINARY, " --target ", daemon_->tcp_target(), " whoami"));
   EXPECT_NE(anonymous.exit_code, 0);
   EXPECT_THAT(anonymous.output, HasSubstr("UNAUTHENTICATED"));
+  CommandResult by_uid = RunCommand(ctl + " whoami");
+  EXPECT_EQ(by_uid.exit_code, 0) << by_uid.output;
+  EXPECT_THAT(by_uid.output, HasSubstr("authenticated by: unix_uid"));
   CommandResult by_env = RunCommand(absl::StrCat("KVCACHE_TOKEN=", kAcme, " ", ctl, " whoami"));
   EXPECT_EQ(by_env.exit_code, 0) << by_env.output;
   EXPECT_THAT(by_env.output, HasSubstr("principal: acme-worker"));
