@@ -12,10 +12,12 @@
 #include <signal.h>
 #include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +39,7 @@
 #include "server/rpc/server.h"
 #include "server/security/access_control.h"
 #include "server/security/tls_files.h"
+#include "server/security/tls_mirror.h"
 #include "server/shm/shm_server.h"
 #include "server/status/cache_status_source.h"
 #include "server/status/event_log.h"
@@ -101,6 +104,18 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
 }
 
 std::string Enabled(const std::string& value) { return value == kDisabled ? "" : value; }
+
+// Where the daemon keeps private runtime files (the TLS mirror): a tmpfs when
+// there is one, so a key copy never reaches a disk.
+std::string RuntimeDirectory() {
+  auto usable = [](const char* dir) {
+    return dir != nullptr && *dir != '\0' && ::access(dir, W_OK) == 0;
+  };
+  if (const char* run = std::getenv("XDG_RUNTIME_DIR"); usable(run)) return run;
+  if (usable("/dev/shm")) return "/dev/shm";
+  if (const char* tmp = std::getenv("TMPDIR"); usable(tmp)) return tmp;
+  return "/tmp";
+}
 
 // listen.shm_socket, or the gRPC socket's path + ".shm" when it is unset;
 // empty when disabled.
@@ -601,6 +616,17 @@ int Serve(const v1::ServerConfig& config) {
                      .key_file = security.tls().key_file(),
                      .client_ca_file = security.tls().client_ca_file(),
                      .reload_interval = absl::Seconds(security.tls().reload_interval_seconds())};
+  // gRPC reads the TLS files through a mirror that installs only matching
+  // sets, so a key renewed before its certificate fails no handshake.
+  std::unique_ptr<TlsMirror> tls_mirror;
+  if (tls.enabled()) {
+    auto mirror = TlsMirror::Start(tls, RuntimeDirectory());
+    if (!mirror.ok()) {
+      spdlog::error("{}", mirror.status().ToString());
+      return 2;
+    }
+    tls_mirror = *std::move(mirror);
+  }
   if (listen.allow_insecure_remote() && Enabled(listen.tcp_address()) != "" &&
       !IsLoopbackAddress(listen.tcp_address())) {
     spdlog::warn(
@@ -662,7 +688,7 @@ int Serve(const v1::ServerConfig& config) {
   server_options.checkpoints = checkpoints.get();
   server_options.rpc_tally = &rpc_tally;
   server_options.inflight = &inflight;
-  server_options.tls = tls;
+  if (tls_mirror != nullptr) server_options.tls = tls_mirror->mirrored();
   server_options.access = access->get();
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
@@ -694,6 +720,9 @@ int Serve(const v1::ServerConfig& config) {
   for (;;) {
     sigwait(&signals, &signal_number);
     if (signal_number != SIGHUP) break;
+    if (tls_mirror != nullptr && tls_mirror->Refresh()) {
+      spdlog::info("received SIGHUP: TLS files re-read (set {} in use)", tls_mirror->installed());
+    }
     if (!(*access)->enabled()) {
       spdlog::info("received SIGHUP: nothing to reload (security.principals_file is not set)");
     } else if (absl::Status s = (*access)->Reload(); s.ok()) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace kvcache {
@@ -25,6 +26,21 @@ struct TlsFiles {
   bool enabled() const { return !cert_file.empty(); }
   bool mutual() const { return !client_ca_file.empty(); }
 };
+
+// The bytes of one certificate set.
+struct TlsMaterial {
+  std::string cert_chain;
+  std::string private_key;
+  std::string client_ca;  // empty: no mutual TLS
+
+  friend bool operator==(const TlsMaterial&, const TlsMaterial&) = default;
+};
+
+// Reads `files` and checks them (CheckTlsMaterial). Errors name the file.
+absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files);
+// OK when the chain and key parse and match, and the CA bundle (if any)
+// holds a certificate.
+absl::Status CheckTlsMaterial(const TlsMaterial& material);
 
 // OK when the certificate chain and key load and match, and the CA bundle (if
 // any) holds at least one certificate; otherwise INVALID_ARGUMENT (or

@@ -1,0 +1,126 @@
+#include "server/security/tls_mirror.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+
+namespace {
+
+absl::Status WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  if (::chmod(path.c_str(), 0600) != 0) {
+    return absl::InternalError(absl::StrCat("cannot chmod ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TlsMirror>> TlsMirror::Start(const TlsFiles& files,
+                                                            const std::string& runtime_dir) {
+  absl::StatusOr<TlsMaterial> material = ReadTlsMaterial(files);
+  if (!material.ok()) return material.status();
+  std::string dir_template = runtime_dir + "/kvcached-tls-XXXXXX";
+  if (::mkdtemp(dir_template.data()) == nullptr) {  // mode 0700
+    return absl::InternalError(absl::StrCat("cannot create a directory in ", runtime_dir,
+                                            " for the TLS files: ", std::strerror(errno)));
+  }
+  std::unique_ptr<TlsMirror> mirror(new TlsMirror(files, dir_template));
+  if (absl::Status s = mirror->Install(*material); !s.ok()) return s;
+  mirror->thread_ = std::thread([m = mirror.get()] { m->Loop(); });
+  return mirror;
+}
+
+TlsMirror::TlsMirror(TlsFiles files, std::string dir)
+    : files_(std::move(files)), dir_(std::move(dir)) {
+  mirrored_ = files_;
+  mirrored_.cert_file = dir_ + "/current/cert.pem";
+  mirrored_.key_file = dir_ + "/current/key.pem";
+  if (files_.mutual()) mirrored_.client_ca_file = dir_ + "/current/ca.pem";
+}
+
+TlsMirror::~TlsMirror() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+uint64_t TlsMirror::installed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+absl::Status TlsMirror::Install(const TlsMaterial& material) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation_ != 0 && material == current_) return absl::OkStatus();
+  const uint64_t next = generation_ + 1;
+  const std::string gen_dir = absl::StrCat(dir_, "/gen-", next);
+  std::error_code ec;
+  std::filesystem::create_directory(gen_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", gen_dir, ": ", ec.message()));
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, const std::string*>{"cert.pem", &material.cert_chain},
+        {"key.pem", &material.private_key},
+        {"ca.pem", &material.client_ca}}) {
+    if (absl::Status s = WriteFile(absl::StrCat(gen_dir, "/", name), *bytes); !s.ok()) return s;
+  }
+  // The swap: a new link renamed over `current`, so gRPC sees either set whole.
+  const std::string link = dir_ + "/current";
+  const std::string staged = absl::StrCat(dir_, "/current-", next);
+  if (::symlink(absl::StrCat("gen-", next).c_str(), staged.c_str()) != 0 ||
+      ::rename(staged.c_str(), link.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot switch ", link, ": ", std::strerror(errno)));
+  }
+  // The set before the last stays until now: gRPC may have been reading it.
+  if (next > 2) std::filesystem::remove_all(absl::StrCat(dir_, "/gen-", next - 2), ec);
+  current_ = material;
+  generation_ = next;
+  last_error_.clear();
+  return absl::OkStatus();
+}
+
+bool TlsMirror::Refresh() {
+  absl::StatusOr<TlsMaterial> material = ReadTlsMaterial(files_);
+  absl::Status status = material.ok() ? Install(*material) : material.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status.ok()) return true;
+  // Logged once per distinct problem: a renewal in progress shows it once.
+  if (last_error_ != status.message()) {
+    last_error_ = std::string(status.message());
+    spdlog::warn("TLS files not reloaded, the last good ones stay in use: {}", last_error_);
+  }
+  return false;
+}
+
+void TlsMirror::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!wake_.wait_for(lock, absl::ToChronoSeconds(files_.reload_interval),
+                         [this] { return stopping_; })) {
+    lock.unlock();
+    const uint64_t before = installed();
+    if (Refresh() && installed() != before) {
+      spdlog::info("TLS files reloaded (set {})", installed());
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace kvcache
