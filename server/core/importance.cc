@@ -94,9 +94,11 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
           absl::StrCat("attention[", i, "] is ", attention[i], "; values must be finite and >= 0"));
     }
   }
-  // Average the rows (their sum scales the same) before taking the lock.
+  // Average the rows (their sum scales the same) before taking the lock. An
+  // empty report is refused below; averaging its `rows` empty rows first would
+  // spin through num_layers (up to 2^32-1) iterations for a message of no bytes.
   std::vector<float> mass;
-  if (attention.size() % rows == 0) {
+  if (!attention.empty() && attention.size() % rows == 0) {
     const size_t per_row = attention.size() / rows;
     mass.assign(per_row, 0.0f);
     for (uint32_t r = 0; r < rows; ++r) {
