@@ -14,7 +14,10 @@ Credentials CredentialsOf(const grpc::ServerContextBase& ctx) {
   Credentials credentials;
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find(std::string(kAuthorizationHeader));
-  if (it != metadata.end()) {
+  if (metadata.count(std::string(kAuthorizationHeader)) > 1) {
+    // Two tokens: which one decides would be a guess. Neither does.
+    credentials.malformed_authorization = true;
+  } else if (it != metadata.end()) {
     const absl::string_view value(it->second.data(), it->second.size());
     constexpr absl::string_view kBearer = "Bearer ";
     if (value.size() > kBearer.size() && absl::StartsWithIgnoreCase(value, kBearer)) {

@@ -64,7 +64,7 @@ absl::StatusOr<Principal> AccessControl::Authenticate(const Credentials& credent
   }
   if (credentials.malformed_authorization) {
     return absl::UnauthenticatedError(
-        "the authorization header must be \"Bearer <token>\" (docs/security.md)");
+        "send one authorization header, \"Bearer <token>\" (docs/security.md)");
   }
   if (credentials.bearer_token.has_value()) {
     if (const Principal* p = table->FindToken(*credentials.bearer_token); p != nullptr) return *p;

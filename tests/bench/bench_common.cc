@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectClient(const BenchOptions& opts) 
   ClientOptions o;
   o.target = opts.target;
   o.ns = opts.ns;
+  o.token = opts.token;
   o.timeout = absl::Seconds(opts.timeout_s);
   if (opts.transport == "grpc") o.data_path = DataPath::kGrpc;
   if (opts.transport == "shm") o.data_path = DataPath::kSharedMemory;

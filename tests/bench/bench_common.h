@@ -26,6 +26,7 @@ struct BenchOptions {
   std::string mode;
   std::string target = "localhost:50051";
   std::string ns;
+  std::string token;  // bearer token for a daemon with authentication on
   std::string model = "bench-model";
   int clients = 4;
   bool shared_client = false;

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("--target", o.target, "daemon address, HOST:PORT or unix:///path")
       ->capture_default_str();
   app.add_option("--namespace", o.ns, "namespace (empty: default)");
+  app.add_option("--token", o.token,
+                 "bearer token, for a daemon with authentication on (docs/security.md)");
   auto* model_opt = app.add_option("--model", o.model,
                                    "model id to register and use (trace default: trace-model)")
                         ->capture_default_str();

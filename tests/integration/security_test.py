@@ -443,6 +443,10 @@ class SecurityTest(unittest.TestCase):
         other = Client(self.acme.channel, None, "Basic scheme")
         other.md = [("authorization", f"Basic {ACME_TOKEN}")]
         self.assertCode(C.UNAUTHENTICATED, other, "Admin.WhoAmI", v1.admin.WhoAmIRequest())
+        # Nor do two bearer tokens, even two good ones: which would decide is a guess.
+        other.md = [("authorization", f"Bearer {ACME_TOKEN}"),
+                    ("authorization", f"Bearer {ACME_TOKEN}")]
+        self.assertCode(C.UNAUTHENTICATED, other, "Admin.WhoAmI", v1.admin.WhoAmIRequest())
 
     def test_health_is_open_to_everyone(self):
         self.assertEqual(health_state(self.unix(None).channel), 1)
