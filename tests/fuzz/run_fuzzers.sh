@@ -61,7 +61,7 @@ run_one() {
   start=$(date +%s)
   # New inputs go to the first folder ($work/new); the saved corpus is only read.
   "$build/tests/fuzz/${t}_fuzzer" "${limit[@]}" -max_len="$max_len" -timeout=10 \
-    -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/new" "$corpus" \
+    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/new" "$corpus" \
     >"$work/log" 2>&1 || rc=$?
   local elapsed=$(($(date +%s) - start))
   local execs
