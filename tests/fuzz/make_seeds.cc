@@ -199,7 +199,9 @@ void CheckpointSeeds() {
       (std::filesystem::temp_directory_path() / ("kvcached-fuzz-seeds." + std::to_string(getpid())))
           .string();
   FileSystem* fs = DefaultFileSystem();
-  auto writer = CheckpointWriter::Create(fs, dir, 7);
+  WriterOptions options;
+  options.now_unix_ms = [] { return int64_t{1'700'000'000'000}; };  // the same seeds every time
+  auto writer = CheckpointWriter::Create(fs, dir, 7, options);
   if (!writer.ok()) std::exit(1);
   std::vector<std::byte> small(40, std::byte{0x11});
   std::vector<std::byte> compressible(3000, std::byte{0x22});

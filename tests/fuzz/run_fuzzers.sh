@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds kvcached's libFuzzer targets (clang-14, ASan+UBSan) in their own
 # folder and runs each one: for a set time or a set number of runs, starting
-# from the saved corpus. New inputs that reach new code are merged into
-# tests/fuzz/corpus/<target> (-merge=1, capped by --max-len), crashes are
-# copied to tests/fuzz/reproducers/<target>, and a table of executions per
-# target is printed. Exits 1 when any target crashed. See tests/fuzz/README.md.
+# from the saved corpus. New inputs that reach new code (new edges) are
+# merged into tests/fuzz/corpus/<target> (-merge=1 -use_counters=0, capped by
+# --max-len), crashes are copied to tests/fuzz/reproducers/<target>, and a
+# table of executions per target is printed. Exits 1 when any target crashed. See tests/fuzz/README.md.
 #
 #   tests/fuzz/run_fuzzers.sh [--seconds N | --runs N] [--max-len BYTES]
 #                             [--parallel P] [--no-merge] [TARGET...]
@@ -72,7 +72,9 @@ run_one() {
     cp "$f" "$repro/" && crashes=$((crashes + 1))
   done
   if ((merge)) && ((crashes == 0)); then
-    "$build/tests/fuzz/${t}_fuzzer" -merge=1 -max_len="$max_len" "$corpus" "$work/new" \
+    # Only inputs that reach new code (edges, not hit counts): the corpus stays small.
+    "$build/tests/fuzz/${t}_fuzzer" -merge=1 -use_counters=0 -max_len="$max_len" \
+      -rss_limit_mb=4096 "$corpus" "$work/new" \
       >"$work/merge.log" 2>&1 || true
   fi
   local after
