@@ -4,7 +4,8 @@
 # from the saved corpus. New inputs that reach new code (new edges) are
 # merged into tests/fuzz/corpus/<target> (-merge=1 -use_counters=0, capped by
 # --max-len), crashes are copied to tests/fuzz/reproducers/<target>, and a
-# table of executions per target is printed. Exits 1 when any target crashed. See tests/fuzz/README.md.
+# table of executions per target is printed. Exits 1 when any target
+# crashed. See tests/fuzz/README.md.
 #
 #   tests/fuzz/run_fuzzers.sh [--seconds N | --runs N] [--max-len BYTES]
 #                             [--parallel P] [--no-merge] [TARGET...]
@@ -16,6 +17,7 @@
 #     TARGET        append_decoder block_codec config calibration safetensors
 #                   checkpoint checkpoint_records (default: all)
 #   KVCACHE_FUZZ_BUILD_DIR  build folder (default: build-fuzz)
+#   KVCACHE_FUZZ_JOBS       build jobs (default 2)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -34,7 +36,7 @@ while (($#)); do
     --max-len) max_len=$2; shift 2 ;;
     --parallel) parallel=$2; shift 2 ;;
     --no-merge) merge=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "run_fuzzers: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
