@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build pkg-config git curl
+  # the thread-safety pass (tests/thread_safety_check.sh)
+  clang-14
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev prometheus-cpp-dev libcivetweb-dev civetweb libcli11-dev libzstd-dev nlohmann-json3-dev libxxhash-dev liburing-dev

@@ -505,9 +505,12 @@ std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
   std::vector<First> firsts;
   std::vector<PrefixSummary> out;
   MutexLock lock(&mu_);
-  for (const auto& [key, mp] : models_) {
-    mp->index.VisitChildren(nullptr, [&](IndexNode* n) {
-      firsts.push_back({&mp->index, &key, n});
+  for (const auto& entry : models_) {
+    // Named, not a structured binding: clang 14 cannot capture those in a lambda.
+    const PrefixIndex* index = &entry.second->index;
+    const ModelKey* model = &entry.first;
+    entry.second->index.VisitChildren(nullptr, [&](IndexNode* n) {
+      firsts.push_back({index, model, n});
     });
   }
   const size_t keep = std::min(limit, firsts.size());

@@ -104,6 +104,7 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
     void WriteDone(bool ok) {
       const v1::VerifyBlocksProgress* write = nullptr;
       bool finish = false;
+      absl::Status final_status;  // status, read under the lock
       {
         MutexLock lock(&mu);
         queue.pop_front();
@@ -114,20 +115,21 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
           write = &queue.front();
         } else if (work_done && !finished) {
           finished = finish = true;
+          final_status = status;
         }
       }
       if (write != nullptr) reactor->StartWrite(write);
-      if (finish) reactor->Finish(ToGrpcStatus(status));
+      if (finish) reactor->Finish(ToGrpcStatus(final_status));
     }
     void WorkDone(absl::Status s) {
       bool finish = false;
       {
         MutexLock lock(&mu);
-        status = std::move(s);
+        status = s;
         work_done = true;
         if (!writing && !finished) finished = finish = true;
       }
-      if (finish) reactor->Finish(ToGrpcStatus(status));
+      if (finish) reactor->Finish(ToGrpcStatus(s));
     }
     void Cancel() {
       MutexLock lock(&mu);

@@ -85,7 +85,7 @@ class Parser {
       ++pos_;
       JsonValue member;
       if (auto s = Value(&member, depth + 1); !s.ok()) return s;
-      out->object.emplace_back(std::move(key), std::move(member));
+      out->object.push_back({std::move(key), std::move(member)});
       SkipSpace();
       if (pos_ < text_.size() && text_[pos_] == ',') {
         ++pos_;

@@ -32,10 +32,18 @@ struct JsonValue {
   uint64_t uint_value = 0;
   std::string string;
   std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;
+  // An object's members. A struct rather than std::pair: libstdc++ refuses a
+  // pair of an incomplete type under clang.
+  struct Member;
+  std::vector<Member> object;
 
   // The member named `key` of an object; nullptr when absent or not an object.
   const JsonValue* Find(std::string_view key) const;
+};
+
+struct JsonValue::Member {
+  std::string key;
+  JsonValue value;
 };
 
 // "null", "bool", "number", "string", "array", "object".
