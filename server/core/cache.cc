@@ -541,6 +541,7 @@ absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming
   uint64_t used = NamespaceBytesLocked(ns);
   while (used + incoming > quota) {
     IndexNode* victim = policy_->PickVictim([&](const IndexNode& n) {
+      mu_.AssertHeld();  // the policy calls this under the lock
       if (!n.is_leaf() || n.payload.use_count() != 1) return false;
       const ModelState* owner = models_.OfIndex(n.index);
       return owner != nullptr && owner->key.ns == ns;
