@@ -770,8 +770,9 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", flags.config_path, "JSON config file (kvcache.v1.ServerConfig)")
       ->check(CLI::ExistingFile);
   app.add_option("--listen", flags.listen,
-                 "TCP address HOST:PORT, or 'none' (default 127.0.0.1:50051; other hosts "
-                 "need --allow-insecure-remote)");
+                 "TCP address HOST:PORT, or 'none' (default 127.0.0.1:50051; an address other "
+                 "hosts can reach needs --tls-cert/--tls-key and --principals-file, or "
+                 "--allow-insecure-remote)");
   app.add_option("--unix-socket", flags.unix_socket,
                  "Unix socket path, or 'none' (default /tmp/kvcached.sock)");
   app.add_option("--shm-socket", flags.shm_socket,

@@ -26,20 +26,13 @@ import unittest
 
 ARGS = None
 v1 = None  # the generated modules, imported once --stubs is known
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvcache_stubs  # noqa: E402
 
 
 def _import_stubs(path):
     global v1
-    sys.path.insert(0, path)
-    from kvcache.v1 import admin_pb2, admin_pb2_grpc, kvcache_pb2, kvcache_pb2_grpc
-
-    class Stubs:
-        pb = kvcache_pb2
-        admin = admin_pb2
-        cache_grpc = kvcache_pb2_grpc
-        admin_grpc = admin_pb2_grpc
-
-    v1 = Stubs
+    v1 = kvcache_stubs.load(path)
 
 
 def _load_xxh3():
