@@ -53,6 +53,7 @@ absl::Status AccessControl::Reload() {
   auto fresh = std::make_shared<const PrincipalTable>(*std::move(table));
   MutexLock lock(&table_mu_);
   table_ = std::move(fresh);
+  generation_.fetch_add(1, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -95,21 +96,43 @@ absl::StatusOr<Caller> AccessControl::Admit(const Credentials& credentials,
   if (!enabled()) return Caller::Anonymous();
   absl::StatusOr<Principal> principal = Authenticate(credentials);
   if (!principal.ok()) return principal.status();
+  return Authorize(*std::move(principal), method);
+}
+
+absl::StatusOr<Caller> AccessControl::AdmitSession(const Credentials& credentials,
+                                                   std::string_view method,
+                                                   SessionPrincipal* session) {
+  if (!enabled()) return Caller::Anonymous();
+  // Read before authenticating: a reload in between is seen at the next call.
+  const uint64_t generation = generation_.load(std::memory_order_acquire);
+  if (!session->principal.has_value() || session->generation != generation) {
+    absl::StatusOr<Principal> principal = Authenticate(credentials);
+    if (!principal.ok()) {
+      session->principal.reset();
+      return principal.status();
+    }
+    session->principal = *std::move(principal);
+    session->generation = generation;
+  }
+  return Authorize(*session->principal, method);
+}
+
+absl::StatusOr<Caller> AccessControl::Authorize(Principal principal, std::string_view method) {
   const std::optional<Access> access = AccessOf(method);
-  if (!RoleAllows(principal->role, access.value_or(Access::kDaemon))) {
-    return absl::PermissionDeniedError(absl::StrCat(principal->name, " (role ",
-                                                    std::string(RoleName(principal->role)),
+  if (!RoleAllows(principal.role, access.value_or(Access::kDaemon))) {
+    return absl::PermissionDeniedError(absl::StrCat(principal.name, " (role ",
+                                                    std::string(RoleName(principal.role)),
                                                     ") may not call ", std::string(method)));
   }
-  if (access.value_or(Access::kDaemon) == Access::kDaemon && principal->tenant != kAllNamespaces) {
+  if (access.value_or(Access::kDaemon) == Access::kDaemon && principal.tenant != kAllNamespaces) {
     return absl::PermissionDeniedError(absl::StrCat(
-        principal->name, " (admin of tenant \"", principal->tenant, "\") may not call ",
+        principal.name, " (admin of tenant \"", principal.tenant, "\") may not call ",
         std::string(method), ": it acts on the whole daemon, for admins of every namespace"));
   }
-  if (access == Access::kData && principal->role != Role::kAdmin) {
-    if (absl::Status s = ChargeRequest(principal->tenant); !s.ok()) return s;
+  if (access == Access::kData && principal.role != Role::kAdmin) {
+    if (absl::Status s = ChargeRequest(principal.tenant); !s.ok()) return s;
   }
-  return Caller(*std::move(principal), shared_);
+  return Caller(std::move(principal), shared_);
 }
 
 absl::Status AccessControl::ChargeRequest(const std::string& tenant) {

@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -57,6 +58,13 @@ struct Credentials {
 
 class AccessControl;
 
+// What AdmitSession remembers of a caller whose credentials stay the same from
+// call to call (a shared-memory session): its principal, until a reload.
+struct SessionPrincipal {
+  uint64_t generation = 0;
+  std::optional<Principal> principal;
+};
+
 // A tenant's slot for one open stream; gives it back when destroyed.
 class TenantStreamSlot {
  public:
@@ -88,6 +96,11 @@ class AccessControl {
   // unix uid; a token that is given must be right (a wrong token is not
   // excused by a good certificate).
   absl::StatusOr<Caller> Admit(const Credentials& credentials, std::string_view method);
+  // As Admit, for a session whose credentials never change: the principal is
+  // looked up (a SHA-256 of the token) once per session and principals file,
+  // not per call. Roles, tenants and limits are checked on every call.
+  absl::StatusOr<Caller> AdmitSession(const Credentials& credentials, std::string_view method,
+                                      SessionPrincipal* session);
 
   // A slot for one Append or Fetch stream of `caller`'s tenant.
   absl::StatusOr<TenantStreamSlot> OpenStream(const Caller& caller);
@@ -104,6 +117,8 @@ class AccessControl {
 
   explicit AccessControl(AccessControlOptions options);
   absl::StatusOr<Principal> Authenticate(const Credentials& credentials) const;
+  // Whether `principal` may call `method`, and its tenant's rate.
+  absl::StatusOr<Caller> Authorize(Principal principal, std::string_view method);
   absl::Status ChargeRequest(const std::string& tenant);
   void CloseStream(const std::string& tenant);
 
@@ -111,6 +126,7 @@ class AccessControl {
   const std::shared_ptr<const std::vector<std::string>> shared_;
   mutable Mutex table_mu_;
   std::shared_ptr<const PrincipalTable> table_ ABSL_GUARDED_BY(table_mu_);
+  std::atomic<uint64_t> generation_{1};  // bumped by each successful reload
   Mutex limits_mu_;
   absl::flat_hash_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(limits_mu_);
   absl::flat_hash_map<std::string, uint32_t> streams_ ABSL_GUARDED_BY(limits_mu_);

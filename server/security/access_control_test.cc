@@ -203,6 +203,31 @@ TEST_F(AccessControlTest, ReloadSwapsThePrincipalsAndABadFileKeepsTheOld) {
   EXPECT_EQ(access->principals(), 1u);
 }
 
+TEST_F(AccessControlTest, ASessionKeepsItsPrincipalUntilAReload) {
+  auto access = Make();
+  SessionPrincipal session;
+  absl::StatusOr<Caller> caller = access->AdmitSession(Token(kGlobexToken), "ShmLookup", &session);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  EXPECT_EQ(caller->principal().name, "globex-worker");
+  ASSERT_TRUE(session.principal.has_value());
+  // Roles are still checked per call.
+  EXPECT_EQ(access->AdmitSession(Token(kGlobexToken), "DumpMemory", &session).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A reload that drops the principal refuses the session's next call.
+  Write(R"({"principals": [{"name": "new", "tenant": "n", "role": "worker",
+                            "token": "new-token-0123456789"}]})");
+  ASSERT_TRUE(access->Reload().ok());
+  EXPECT_EQ(access->AdmitSession(Token(kGlobexToken), "ShmLookup", &session).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_FALSE(session.principal.has_value());
+  // A reload that fails keeps what the session had.
+  SessionPrincipal fresh;
+  ASSERT_TRUE(access->AdmitSession(Token("new-token-0123456789"), "ShmLookup", &fresh).ok());
+  Write("{");
+  EXPECT_FALSE(access->Reload().ok());
+  EXPECT_TRUE(access->AdmitSession(Token("new-token-0123456789"), "ShmLookup", &fresh).ok());
+}
+
 TEST_F(AccessControlTest, ATenantPastItsRequestRateIsRefusedAndOthersAreNot) {
   auto access = Make({.max_requests_per_second = 5});
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(access->Admit(Token(kAcmeToken), "Lookup").ok()) << i;

@@ -85,12 +85,13 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
     // admitted on its own (a reload or a rate limit applies at once).
     if (request.op_case() == v1::ShmRequest::kHello && !request.hello().token().empty()) {
       token_ = request.hello().token();
+      principal_ = SessionPrincipal();
     }
     absl::StatusOr<Caller> caller = Caller::Anonymous();
     if (who_.access != nullptr && who_.access->enabled()) {
       Credentials credentials{.unix_uid = who_.uid};
       if (!token_.empty()) credentials.bearer_token = token_;
-      caller = who_.access->Admit(credentials, method);
+      caller = who_.access->AdmitSession(credentials, method, &principal_);
     }
     if (!caller.ok()) return caller.status();
     if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {

@@ -100,7 +100,8 @@ class ShmSession {
   CopyEngine* const copier_;
   RpcObserver* const observer_;
   const ShmPeer who_;
-  std::string token_;  // the hello's bearer token; empty: the uid's principal
+  std::string token_;           // the hello's bearer token; empty: the uid's principal
+  SessionPrincipal principal_;  // who token_ (or the uid) names, until a reload
   absl::flat_hash_map<uint64_t, std::shared_ptr<MappedRegion>> regions_;
   uint64_t mapped_bytes_ = 0;
   absl::BitGen ids_;
