@@ -20,7 +20,8 @@ DURATION=${DURATION:-4}
 CLIENTS=${CLIENTS:-2}
 BASELINE=${BASELINE_BUILD:-}
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+# A daemon left running by an interrupted run is found by its socket path.
+trap 'pkill -f -- "--unix-socket $WORK/s.sock" 2>/dev/null; rm -rf "$WORK"' EXIT
 TOKEN=bench-token-0123456789abcdef
 cat >"$WORK/principals.json" <<JSON
 {"principals": [{"name": "bench", "tenant": "bench", "role": "worker", "token": "$TOKEN"}]}
