@@ -12,12 +12,10 @@
 #include <signal.h>
 #include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,14 +30,12 @@
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/slab_pool.h"
+#include "server/daemon_security.h"
 #include "server/http/http_server.h"
 #include "server/logging/logging.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
-#include "server/security/access_control.h"
-#include "server/security/tls_files.h"
-#include "server/security/tls_mirror.h"
 #include "server/shm/shm_server.h"
 #include "server/status/cache_status_source.h"
 #include "server/status/event_log.h"
@@ -104,18 +100,6 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
 }
 
 std::string Enabled(const std::string& value) { return value == kDisabled ? "" : value; }
-
-// Where the daemon keeps private runtime files (the TLS mirror): a tmpfs when
-// there is one, so a key copy never reaches a disk.
-std::string RuntimeDirectory() {
-  auto usable = [](const char* dir) {
-    return dir != nullptr && *dir != '\0' && ::access(dir, W_OK) == 0;
-  };
-  if (const char* run = std::getenv("XDG_RUNTIME_DIR"); usable(run)) return run;
-  if (usable("/dev/shm")) return "/dev/shm";
-  if (const char* tmp = std::getenv("TMPDIR"); usable(tmp)) return tmp;
-  return "/tmp";
-}
 
 // listen.shm_socket, or the gRPC socket's path + ".shm" when it is unset;
 // empty when disabled.
@@ -584,48 +568,10 @@ int Serve(const v1::ServerConfig& config) {
     }
     socket_gid = g->gr_gid;
   }
-  const v1::SecurityConfig& security = config.security();
-  absl::StatusOr<std::unique_ptr<AccessControl>> access = AccessControl::Create(
-      {.principals_file = security.principals_file(),
-       .shared_namespaces = {security.shared_namespaces().begin(),
-                             security.shared_namespaces().end()},
-       .max_requests_per_second = security.tenant_limits().max_requests_per_second(),
-       .max_concurrent_streams = security.tenant_limits().max_concurrent_streams()});
-  if (!access.ok()) {
-    spdlog::error("{}", access.status().ToString());
+  absl::StatusOr<DaemonSecurity> security = DaemonSecurity::Start(config);
+  if (!security.ok()) {
+    spdlog::error("{}", security.status().ToString());
     return 2;
-  }
-  if ((*access)->enabled()) {
-    spdlog::info("authentication on: {} principals from {} (re-read on SIGHUP)",
-                 (*access)->principals(), security.principals_file());
-    const uint64_t quota = security.tenant_limits().max_cached_bytes();
-    const uint64_t capacity = config.host_tier().capacity_bytes();
-    if (quota != 0 && (*access)->tenants() * quota > capacity) {
-      spdlog::warn(
-          "{} tenants x security.tenant_limits.max_cached_bytes {} exceed "
-          "host_tier.capacity_bytes {}: a tenant under its quota can still lose blocks "
-          "to the host tier's own eviction (docs/security.md)",
-          (*access)->tenants(), quota, capacity);
-    }
-  } else {
-    spdlog::info(
-        "authentication off: every caller is an admin of every namespace "
-        "(security.principals_file turns it on)");
-  }
-  const TlsFiles tls{.cert_file = security.tls().cert_file(),
-                     .key_file = security.tls().key_file(),
-                     .client_ca_file = security.tls().client_ca_file(),
-                     .reload_interval = absl::Seconds(security.tls().reload_interval_seconds())};
-  // gRPC reads the TLS files through a mirror that installs only matching
-  // sets, so a key renewed before its certificate fails no handshake.
-  std::unique_ptr<TlsMirror> tls_mirror;
-  if (tls.enabled()) {
-    auto mirror = TlsMirror::Start(tls, RuntimeDirectory());
-    if (!mirror.ok()) {
-      spdlog::error("{}", mirror.status().ToString());
-      return 2;
-    }
-    tls_mirror = *std::move(mirror);
   }
   if (listen.allow_insecure_remote() && Enabled(listen.tcp_address()) != "" &&
       !IsLoopbackAddress(listen.tcp_address())) {
@@ -656,7 +602,7 @@ int Serve(const v1::ServerConfig& config) {
                                      .copy_threads = shm.copy_threads(),
                                      .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
                                      .inflight = &inflight,
-                                     .access = access->get()},
+                                     .access = security->access.get()},
                                     &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
@@ -688,8 +634,8 @@ int Serve(const v1::ServerConfig& config) {
   server_options.checkpoints = checkpoints.get();
   server_options.rpc_tally = &rpc_tally;
   server_options.inflight = &inflight;
-  if (tls_mirror != nullptr) server_options.tls = tls_mirror->mirrored();
-  server_options.access = access->get();
+  server_options.tls = security->ServedTls();
+  server_options.access = security->access.get();
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -698,9 +644,9 @@ int Serve(const v1::ServerConfig& config) {
   for (const std::string& address : (*server)->listen_addresses()) {
     const bool tcp = !absl::StartsWith(address, "unix:");
     spdlog::info("serving kvcache.v1 on {}{}", address,
-                 !tcp || !tls.enabled() ? ""
-                 : tls.mutual()         ? " (mutual TLS)"
-                                        : " (TLS)");
+                 !tcp || !security->tls.enabled() ? ""
+                 : security->tls.mutual()         ? " (mutual TLS)"
+                                                  : " (TLS)");
   }
 
   if (checkpoints != nullptr) checkpoints->Start();
@@ -720,20 +666,7 @@ int Serve(const v1::ServerConfig& config) {
   for (;;) {
     sigwait(&signals, &signal_number);
     if (signal_number != SIGHUP) break;
-    if (tls_mirror != nullptr && tls_mirror->Refresh()) {
-      spdlog::info("received SIGHUP: TLS files re-read (set {} in use)", tls_mirror->installed());
-    }
-    if (!(*access)->enabled()) {
-      spdlog::info("received SIGHUP: nothing to reload (security.principals_file is not set)");
-    } else if (absl::Status s = (*access)->Reload(); s.ok()) {
-      spdlog::info("received SIGHUP: {} principals reloaded from {}", (*access)->principals(),
-                   security.principals_file());
-    } else {
-      spdlog::error(
-          "received SIGHUP: the principals file did not load, the previous {} "
-          "principals stay in force: {}",
-          (*access)->principals(), s.ToString());
-    }
+    security->Reload();
   }
   spdlog::info("received {}, draining for up to {} s", strsignal(signal_number),
                config.drain_timeout_seconds());
