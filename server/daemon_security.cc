@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "server/config/config.h"
+
 namespace kvcache {
 
 namespace {
@@ -24,6 +26,18 @@ std::string RuntimeDirectory() {
 }
 
 }  // namespace
+
+absl::StatusOr<DaemonSecret> LoadDaemonSecret(const v1::ServerConfig& config) {
+  const std::string path = SecretFilePath(config);
+  if (path.empty()) {
+    spdlog::info("daemon secret: random for this process (no checkpoints, no "
+                 "security.secret_file)");
+    return DaemonSecret::Random();
+  }
+  absl::StatusOr<DaemonSecret> secret = DaemonSecret::LoadOrCreate(path);
+  if (secret.ok()) spdlog::info("daemon secret: {}", path);
+  return secret;
+}
 
 absl::StatusOr<DaemonSecurity> DaemonSecurity::Start(const v1::ServerConfig& config) {
   const v1::SecurityConfig& security = config.security();

@@ -9,10 +9,16 @@
 #include "absl/status/statusor.h"
 #include "kvcache/v1/config.pb.h"
 #include "server/security/access_control.h"
+#include "server/security/daemon_secret.h"
 #include "server/security/tls_files.h"
 #include "server/security/tls_mirror.h"
 
 namespace kvcache {
+
+// The daemon's secret as the config places it (config.h SecretFilePath):
+// loaded or created, or random when there is no file. Its errors stop the
+// start. Logs where it came from.
+absl::StatusOr<DaemonSecret> LoadDaemonSecret(const v1::ServerConfig& config);
 
 struct DaemonSecurity {
   std::unique_ptr<AccessControl> access;

@@ -61,6 +61,7 @@ struct Flags {
   std::string metrics_address;
   bool allow_insecure_remote = false;
   std::string principals_file;
+  std::string secret_file;
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
@@ -84,6 +85,7 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (f.allow_insecure_remote) c->mutable_listen()->set_allow_insecure_remote(true);
   v1::SecurityConfig* security = c->mutable_security();
   if (!f.principals_file.empty()) security->set_principals_file(f.principals_file);
+  if (!f.secret_file.empty()) security->set_secret_file(f.secret_file);
   if (!f.tls_cert.empty()) security->mutable_tls()->set_cert_file(f.tls_cert);
   if (!f.tls_key.empty()) security->mutable_tls()->set_key_file(f.tls_key);
   if (!f.tls_client_ca.empty()) security->mutable_tls()->set_client_ca_file(f.tls_client_ca);
@@ -470,6 +472,11 @@ int Serve(const v1::ServerConfig& config) {
           path, std::string(loaded.status().message()));
     }
   }
+  absl::StatusOr<DaemonSecret> secret = LoadDaemonSecret(config);
+  if (!secret.ok()) {
+    spdlog::error("{}", secret.status().ToString());
+    return 2;
+  }
   const v1::LimitsConfig& limits = config.limits();
   CacheOptions cache_options{
       .max_tokens_per_request = limits.max_tokens_per_request(),
@@ -717,6 +724,9 @@ int main(int argc, char** argv) {
   app.add_option("--principals-file", flags.principals_file,
                  "JSON file of who may call and what they may do; turns authentication on, "
                  "re-read on SIGHUP (security.principals_file; docs/security.md)");
+  app.add_option("--secret-file", flags.secret_file,
+                 "The daemon's own secret (created 0600 if missing), outside the checkpoint "
+                 "folder (security.secret_file; default: <checkpoint-dir>.secret)");
   app.add_option("--tls-cert", flags.tls_cert,
                  "PEM certificate chain for TLS on --listen (security.tls.cert_file)");
   app.add_option("--tls-key", flags.tls_key,

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/core/layout.h"
@@ -539,6 +540,15 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   }
   if (auto s = CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64); !s.ok()) return s;
   if (auto s = ValidateSecurity(c.security()); !s.ok()) return s;
+  if (const std::string& secret = c.security().secret_file(); !secret.empty()) {
+    std::string dir = c.checkpoint().dir();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    if (!dir.empty() && absl::StartsWith(secret, dir + "/")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "security.secret_file \"", secret, "\" is inside checkpoint.dir \"", dir,
+          "\": the secret authenticates the checkpoints, so it must live outside their folder"));
+    }
+  }
   const v1::SecurityConfig& security = c.security();
   const bool secured = !security.tls().cert_file().empty() && !security.principals_file().empty();
   if (listen.tcp_address() != kDisabled && !IsLoopbackAddress(listen.tcp_address()) && !secured &&
@@ -556,6 +566,14 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   }
   if (auto s = ValidateCache(c.cache()); !s.ok()) return s;
   return ValidateImportance(c.importance());
+}
+
+std::string SecretFilePath(const v1::ServerConfig& config) {
+  if (!config.security().secret_file().empty()) return config.security().secret_file();
+  std::string dir = config.checkpoint().dir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) return "";
+  return dir + ".secret";
 }
 
 std::string ConfigToJson(const v1::ServerConfig& config) {

@@ -56,6 +56,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& config);
 // reachable from other hosts.
 bool IsLoopbackAddress(std::string_view address);
 
+// Where the daemon's secret lives (security.secret_file, else
+// "<checkpoint.dir>.secret" with trailing slashes dropped), or empty for a
+// secret random per process (no checkpoints, no file).
+std::string SecretFilePath(const v1::ServerConfig& config);
+
 // Multi-line JSON with every field, for logs and --print-default-config.
 std::string ConfigToJson(const v1::ServerConfig& config);
 
