@@ -247,6 +247,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (limits->max_models() == 0) limits->set_max_models(1024);
   if (limits->max_leases() == 0) limits->set_max_leases(65536);
   if (limits->max_lease_tokens() == 0) limits->set_max_lease_tokens(uint64_t{64} << 20);
+  if (limits->max_fetch_heap_bytes() == 0) limits->set_max_fetch_heap_bytes(uint64_t{256} << 20);
   if (limits->max_protected_ranges() == 0) limits->set_max_protected_ranges(1024);
   if (limits->stream_idle_timeout_ms() == 0) limits->set_stream_idle_timeout_ms(30000);
   if (limits->max_streams_per_client() == 0) {
@@ -417,6 +418,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = CheckRange("limits.max_leases", l.max_leases(), 1, 1 << 24); !s.ok()) return s;
   if (auto s = CheckRange("limits.max_lease_tokens", l.max_lease_tokens(),
                           l.max_tokens_per_request(), uint64_t{1} << 34);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.max_fetch_heap_bytes", l.max_fetch_heap_bytes(), 4096,
+                          uint64_t{1} << 40);
       !s.ok()) {
     return s;
   }

@@ -377,7 +377,13 @@ void Cache::ExpireLeases() {
 }
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
-                                              bool accept_lossy) {
+                                              bool accept_lossy, size_t max_blocks) {
+  return PlanFetch(model, tokens, accept_lossy, max_blocks, LoadFor::kFetch);
+}
+
+absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<const Token> tokens,
+                                           bool accept_lossy, size_t max_blocks,
+                                           LoadFor load_for) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
@@ -393,14 +399,14 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<c
     MatchLocked(m, tokens, *hashes, &path);
     blocks.reserve(path.size());
     for (IndexNode* n : path) blocks.push_back(TakeBlock(*n));
-    plan = MakePlan(m, &blocks, accept_lossy);
+    plan = MakePlan(m, &blocks, accept_lossy, max_blocks);
     index = &m.index;
   }
-  return FinishPlan(std::move(plan), index, std::move(blocks));
+  return FinishPlan(std::move(plan), index, std::move(blocks), load_for);
 }
 
 FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
-                          bool accept_lossy) {
+                          bool accept_lossy, size_t max_blocks) {
   const size_t readable = accept_lossy ? blocks->size() : ExactBlocks(*blocks);
   const uint32_t bt = m.layout.block_tokens;
   FetchPlan plan{.layout = m.layout,
@@ -409,15 +415,20 @@ FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
                  .lossless_epoch = m.lossless_epoch,
                  .epoch = m.lossless_epoch->load()};
   blocks->resize(readable);
+  // Blocks past max_blocks are neither read back nor counted as matched.
+  if (max_blocks != 0 && blocks->size() > max_blocks) {
+    blocks->resize(max_blocks);
+    plan.matched_tokens = max_blocks * bt;
+  }
   return plan;
 }
 
 FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
-                            std::vector<TieredBlock> blocks) {
+                            std::vector<TieredBlock> blocks, LoadFor load_for) {
   const bool all_host = std::all_of(blocks.begin(), blocks.end(),
                                     [](const TieredBlock& b) { return b.host != nullptr; });
   if (!all_host) {
-    const size_t readable = LoadLowerBlocks(index, blocks);
+    const size_t readable = LoadLowerBlocks(index, blocks, load_for);
     if (readable < blocks.size()) {
       blocks.resize(readable);
       plan.matched_tokens = readable * plan.layout.block_tokens;
@@ -429,7 +440,7 @@ FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
 }
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
-                                                   bool accept_lossy) {
+                                                   bool accept_lossy, size_t max_blocks) {
   FetchPlan plan;
   std::vector<TieredBlock> blocks;
   const PrefixIndex* index;
@@ -449,7 +460,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
                                                      model.model_id, "\""));
     }
     blocks = lease->blocks;
-    plan = MakePlan(**state, &blocks, accept_lossy);
+    plan = MakePlan(**state, &blocks, accept_lossy, max_blocks);
     index = lease->index;
   }
   return FinishPlan(std::move(plan), index, std::move(blocks));

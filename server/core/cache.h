@@ -165,6 +165,11 @@ struct CacheOptions {
   // bytes, so concurrent appends of one namespace may pass it by what they
   // carry. 0: no limit.
   uint64_t max_namespace_bytes = 0;
+  // Heap bytes one fetch (or placement) may hold for blocks read back from
+  // the lower tier that the pool had no room to promote: the plan ends
+  // before the block that would pass it (at least one block is always
+  // read). Bounds what a single request of a long, demoted prefix costs.
+  uint64_t max_fetch_heap_bytes = uint64_t{256} << 20;
   ImportanceOptions importance;
   TierOptions tiers;
   // Test seam: called by Compact() after it encoded a pass's blocks, outside
@@ -407,14 +412,18 @@ class Cache {
                                                              std::vector<uint64_t> block_checksums);
 
   // The longest cached prefix of `tokens` (which may be empty); unless
-  // `accept_lossy`, it ends before the first block stored lossy.
+  // `accept_lossy`, it ends before the first block stored lossy. At most
+  // `max_blocks` blocks when not 0 (blocks past it are not read back). Blocks
+  // read back from the lower tier into the heap stop at
+  // options.max_fetch_heap_bytes: the plan may then be shorter than the
+  // cached prefix (a caller fetches the rest with a later call).
   absl::StatusOr<FetchPlan> PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
-                                         bool accept_lossy = false);
+                                         bool accept_lossy = false, size_t max_blocks = 0);
   // The blocks of a live lease of `model` (up to the first lossy one unless
   // `accept_lossy`). NOT_FOUND when the lease is unknown or expired,
   // INVALID_ARGUMENT when it belongs to another model.
   absl::StatusOr<FetchPlan> PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
-                                              bool accept_lossy = false);
+                                              bool accept_lossy = false, size_t max_blocks = 0);
 
   // INVALID_ARGUMENT unless tokens is a non-empty whole number of blocks.
   // Evicting what is not cached evicts nothing and is OK.
@@ -587,6 +596,12 @@ class Cache {
       absl::FunctionRef<void(const ModelState&, std::vector<IndexNode*>*)> find_path) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // What LoadLowerBlocks reads back, and into what.
+  enum class LoadFor : uint8_t {
+    kFetch,     // every block without a host copy: the caller serves host bytes
+    kDevice,    // only blocks with neither a host nor a device copy
+    kPromotion  // into pool memory only: stops at the first block with no room
+  };
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckTokenCount(size_t n) const;
@@ -639,17 +654,22 @@ class Cache {
   // else up to the first lossy one (`blocks` is cut there); stamped with the
   // model's lossless epoch. FinishPlan fills in the blocks.
   static FetchPlan MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
-                            bool accept_lossy);
+                            bool accept_lossy, size_t max_blocks = 0);
+  // PrepareFetch, reading lower-tier blocks back as `load_for` says.
+  absl::StatusOr<FetchPlan> PlanFetch(const ModelKey& model, std::span<const Token> tokens,
+                                      bool accept_lossy, size_t max_blocks, LoadFor load_for)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Puts `blocks` (of `index`) into `plan`, reading lower-only blocks back
   // first; the plan ends before a block that could not be read.
-  FetchPlan FinishPlan(FetchPlan plan, const PrefixIndex* index, std::vector<TieredBlock> blocks)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Reads the lower-only blocks of `blocks` into host payloads (pool memory
-  // when the host is below its high watermark, else the heap); returns how
-  // many blocks from the first are readable. Promotes what it read into pool
-  // memory; drops a block whose copy fails its checksum. Called without mu_.
-  size_t LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  FetchPlan FinishPlan(FetchPlan plan, const PrefixIndex* index, std::vector<TieredBlock> blocks,
+                       LoadFor load_for = LoadFor::kFetch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads the blocks of `blocks` that `load_for` needs into host payloads
+  // (pool memory while the pool has room, else the heap up to
+  // options_.max_fetch_heap_bytes); returns how many blocks from the first
+  // are readable. Promotes what it read into pool memory; drops a block
+  // whose copy fails its checksum. Called without mu_.
+  size_t LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks,
+                         LoadFor load_for) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The policy that ranks `node`: the host's while it has a host copy.
   EvictionPolicy* PolicyFor(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -171,6 +171,11 @@ void TierCounters::VisitLowerCounters(std::string_view tier, CounterVisitor& vis
   visitor.Visit({"kvcached_tier_read_bytes_total", "Bytes read back from a tier for fetches",
                  CounterType::kCounter},
                 l, lower_read_bytes);
+  visitor.Visit({"kvcached_tier_heap_bounded_fetches_total",
+                 "Fetches cut short because their read-back into the heap reached "
+                 "limits.max_fetch_heap_bytes",
+                 CounterType::kCounter},
+                l, heap_bounded_fetches);
   visitor.Visit(kEvictions, {{"tier", tier}, {"reason", "capacity"}}, lower_evictions);
   visitor.Visit({"kvcached_tier_admissions_refused_total",
                  "Demotions the admission gate or the write budget refused", CounterType::kCounter},

@@ -104,6 +104,9 @@ struct TierCounters {
   uint64_t promoted_bytes = 0;
   uint64_t lower_reads = 0;  // blocks a fetch read back
   uint64_t lower_read_bytes = 0;
+  // Fetches whose plan ended early because the blocks read back into the heap
+  // (the pool was full) reached max_fetch_heap_bytes.
+  uint64_t heap_bounded_fetches = 0;
   uint64_t lower_evictions = 0;         // evicted from the lower tier for room
   uint64_t admissions_refused = 0;      // by the frequency gate or the write budget
   uint64_t not_admitted_evictions = 0;  // host blocks evicted instead of demoted

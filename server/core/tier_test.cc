@@ -78,6 +78,31 @@ TEST_P(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
   EXPECT_GT(Tiers().lower_reads, 0u);
 }
 
+TEST_P(TierTest, AFetchHoldsAtMostMaxFetchHeapBytesOfReadBackBlocks) {
+  // Nothing is promoted, so every block read back goes to the heap; a fetch
+  // may hold two 8 KiB blocks of it.
+  CacheOptions options;
+  options.tiers.promote_on_fetch = false;
+  options.max_fetch_heap_bytes = 2 * 8192;
+  MakeTiered(4, 4 << 20, options);
+  Register(Big());
+  AppendSequences(12, 4);  // the first sequences live in the lower tier only
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  ASSERT_EQ(Matched(Big(), tokens), 4 * kBt);
+  const uint64_t reads_before = Tiers().lower_reads;
+  // The plan ends where the heap bound is reached: a shorter prefix, every
+  // byte of it the byte appended, and no block past it read.
+  EXPECT_EQ(Fetched(Big(), tokens), 2 * kBt);
+  EXPECT_EQ(Tiers().lower_reads - reads_before, 2u);
+  EXPECT_EQ(Tiers().heap_bounded_fetches, 1u);
+  // max_blocks cuts the plan before anything is read back.
+  auto one = cache_->PrepareFetch(Big().key, tokens, false, /*max_blocks=*/1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->matched_tokens, kBt);
+  EXPECT_TRUE(PlanHolds(*one, Big(), tokens));
+  EXPECT_EQ(Tiers().lower_reads - reads_before, 3u);
+}
+
 TEST_P(TierTest, LookupSaysWhichTierHoldsEachBlock) {
   MakeTiered(4, 4 << 20);
   Register(Big());

@@ -236,7 +236,9 @@ bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool 
   auto job = [this, model, tokens = std::vector<Token>(tokens.begin(), tokens.end()),
               accept_lossy] {
     // The plan is dropped at once: what matters is the promotion on the way.
-    (void)PrepareFetch(model, tokens, accept_lossy);
+    // Into pool memory only: a prefetch that cannot promote has nothing to
+    // keep, so it reads nothing into the heap.
+    (void)PlanFetch(model, tokens, accept_lossy, /*max_blocks=*/0, LoadFor::kPromotion);
   };
   std::shared_ptr<PrefetchTicket> ticket = prefetcher_->Submit(std::move(job));
   if (ticket == nullptr || mode == PrefetchMode::kBestEffort) return false;
@@ -247,28 +249,45 @@ bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool 
   return false;
 }
 
-size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks) {
+size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks,
+                              LoadFor load_for) {
   // Read into pool memory (to promote) while the pool has room; else into
-  // the heap, for this fetch only. A promotion may pass the high watermark:
-  // the block was just asked for, and the migrator demotes colder ones.
-  const bool promote = options_.tiers.promote_on_fetch;
+  // the heap, for this request only, up to max_fetch_heap_bytes (the plan
+  // ends before the block that would pass it). A promotion may pass the high
+  // watermark: the block was just asked for, and the migrator demotes colder
+  // ones.
+  const bool promote = options_.tiers.promote_on_fetch || load_for == LoadFor::kPromotion;
   std::vector<StoredRead> reads;
   std::vector<size_t> which;
   std::vector<bool> pooled;
   std::vector<BlockMove> moves;  // lower -> host, committed below
-  for (size_t i = 0; i < blocks.size(); ++i) {
+  uint64_t heap_bytes = 0;
+  size_t limit = blocks.size();  // blocks past it are not read
+  for (size_t i = 0; i < limit; ++i) {
     TieredBlock& b = blocks[i];
-    // A block a placement holds on the device needs no read-back.
-    if (b.host != nullptr || b.device != nullptr) continue;
-    moves.push_back(BlockMove::Claim(index, b));
+    if (b.host != nullptr) continue;
+    // A block a placement holds on the device needs no read-back to be
+    // placed; a fetch serves host bytes, so it reads it all the same.
+    if (load_for == LoadFor::kDevice && b.device != nullptr) continue;
     const uint64_t size = b.lower->seal().size;
     BlockRef into;
     if (promote) {
       absl::StatusOr<Allocation> a = pool_->Allocate(size);
       if (a.ok()) into = std::make_shared<BlockPayload>(pool_.get(), *a, size);
     }
-    pooled.push_back(into != nullptr);
-    if (into == nullptr) into = BlockPayload::FromHeap(size);
+    if (into == nullptr) {
+      const bool over = heap_bytes + size > options_.max_fetch_heap_bytes && !reads.empty();
+      if (load_for == LoadFor::kPromotion || over) {
+        limit = i;
+        break;
+      }
+      heap_bytes += size;
+      into = BlockPayload::FromHeap(size);
+      pooled.push_back(false);
+    } else {
+      pooled.push_back(true);
+    }
+    moves.push_back(BlockMove::Claim(index, b));
     reads.push_back({.copy = b.lower.get(), .out = into->mutable_data()});
     which.push_back(i);
     b.host = std::move(into);
@@ -277,9 +296,10 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
   lower_->ReadBatch(std::span<StoredRead>(reads));
   const absl::Duration took = absl::Now() - start;
 
-  size_t readable = blocks.size();
+  size_t readable = limit;
   std::vector<BlockRef> dropped;  // freed after the lock
   MutexLock lock(&mu_);
+  if (limit < blocks.size() && load_for != LoadFor::kPromotion) ++tier_.heap_bounded_fetches;
   for (size_t k = 0; k < reads.size(); ++k) {
     TieredBlock& b = blocks[which[k]];
     IndexNode* node = moves[k].Refind(models_);

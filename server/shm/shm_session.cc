@@ -15,6 +15,13 @@
 namespace kvcache {
 namespace {
 
+// What the response says of one fetched block once its bytes were copied.
+struct FetchedMeta {
+  uint64_t checksum = 0;
+  FetchEncoding encoding = FetchEncoding::kRaw;
+  std::vector<uint32_t> kept_tokens;
+};
+
 void SetStatus(const absl::Status& status, v1::ShmResponse* response) {
   response->set_code(static_cast<int>(status.code()));
   response->set_message(std::string(status.message()));
@@ -224,9 +231,11 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
     if (!request.tokens().empty()) {
       return absl::InvalidArgumentError("set either tokens or lease_id, not both");
     }
-    plan = cache_->PrepareFetchLease(*key, request.lease_id(), request.accept_lossy());
+    plan = cache_->PrepareFetchLease(*key, request.lease_id(), request.accept_lossy(),
+                                     request.max_blocks());
   } else {
-    plan = cache_->PrepareFetch(*key, TokensOf(request.tokens()), request.accept_lossy());
+    plan = cache_->PrepareFetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
+                                request.max_blocks());
   }
   if (!plan.ok()) return plan.status();
   const uint64_t block_bytes = plan->layout.BlockBytes();
@@ -243,11 +252,21 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
                      " each): give a range of at least that, or set max_blocks"));
   }
   // What each block goes out as: stored bytes, or decoded ones (lossy blocks
-  // only when the plan accepted them).
-  std::vector<FetchBlock> sent;
+  // only when the plan accepted them). Decoded copies live only for the
+  // window being copied, so a plan of lossy blocks holds at most
+  // kDecodeWindowBytes of them at once besides its stored bytes.
+  constexpr uint64_t kDecodeWindowBytes = uint64_t{64} << 20;
+  std::vector<FetchedMeta> sent;
   sent.reserve(plan->blocks.size());
+  std::vector<FetchBlock> window;
   std::vector<CopyRange> copies;
-  copies.reserve(plan->blocks.size());
+  uint64_t window_bytes = 0;
+  auto flush = [&] {
+    copier_->Copy(copies);
+    copies.clear();
+    window.clear();
+    window_bytes = 0;
+  };
   bool lossy = false;
   for (size_t i = 0; i < plan->blocks.size(); ++i) {
     lossy |= plan->blocks[i]->compressed();
@@ -255,9 +274,14 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
     if (!block.ok()) return block.status();
     copies.push_back(
         {destination->data() + i * block_bytes, block->bytes->data().data(), block_bytes});
-    sent.push_back(*std::move(block));
+    sent.push_back({.checksum = block->bytes->checksum(),
+                    .encoding = block->encoding,
+                    .kept_tokens = block->kept_tokens});
+    if (block->bytes != plan->blocks[i]) window_bytes += block_bytes;
+    window.push_back(*std::move(block));
+    if (window_bytes >= kDecodeWindowBytes) flush();
   }
-  copier_->Copy(copies);
+  flush();
   // Compression switched off while copying: lossy KV of a model that is off
   // is not handed out, even if its bytes already landed.
   if (lossy && !plan->MaySendLossy()) {
@@ -272,7 +296,7 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
   for (size_t i = 0; i < sent.size(); ++i) {
     v1::FetchedBlock* b = response.add_blocks();
     b->set_index(static_cast<uint32_t>(i));
-    b->set_checksum(sent[i].bytes->checksum());
+    b->set_checksum(sent[i].checksum);
     b->set_encoding(static_cast<v1::BlockEncoding>(sent[i].encoding));
     b->mutable_kept_tokens()->Add(sent[i].kept_tokens.begin(), sent[i].kept_tokens.end());
   }

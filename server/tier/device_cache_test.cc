@@ -287,6 +287,42 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
   ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
 }
 
+TEST_F(DeviceCacheTest, FetchByAPlacementLeaseReadsBlocksOnlyTheSsdAndTheDeviceHold) {
+  // A placement leases blocks whose host copies were demoted: the lease
+  // holds device and SSD copies only. A fetch by that lease serves host
+  // bytes, so it reads the SSD copies back (verified), never a null block.
+  options_.tiers.device_high_watermark = 0.9;
+  options_.tiers.device_low_watermark = 0.9;
+  MakeCache(2, uint64_t{1} << 20, /*lower=*/true);  // a 16-block host tier
+  Append(1, 8);
+  auto first = cache_->PlaceOnDevice(kModel, Sequence(1, 8));  // device copies of sequence 1
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->matched_tokens, 8 * kBt);
+  ASSERT_TRUE(cache_->ReleaseLease(first->lease_id));
+  // Newer sequences push sequence 1's host copies down to the lower tier;
+  // its device copies stay.
+  for (uint32_t id = 2; id <= 4; ++id) Append(id, 8);
+  (void)cache_->Migrate();
+  // Placed again: every block is on the device already, some only there
+  // and in the lower tier.
+  auto placed = cache_->PlaceOnDevice(kModel, Sequence(1, 8));
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  ASSERT_EQ(placed->matched_tokens, 8 * kBt);
+  ASSERT_EQ(placed->copied_blocks, 0u);
+  ASSERT_GT(cache_->GetStats().tiers.lower_only_blocks, 0u);  // the state this test is about
+  auto plan = cache_->PrepareFetchLease(kModel, placed->lease_id, /*accept_lossy=*/false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->matched_tokens, 8 * kBt);
+  ASSERT_EQ(plan->blocks.size(), 8u);
+  for (uint32_t b = 0; b < plan->blocks.size(); ++b) {
+    ASSERT_NE(plan->blocks[b], nullptr) << "block " << b;
+    const std::vector<std::byte> want = BlockBytes(1, b);
+    ASSERT_EQ(plan->blocks[b]->size(), want.size());
+    EXPECT_EQ(std::memcmp(plan->blocks[b]->data().data(), want.data(), want.size()), 0) << b;
+  }
+  ASSERT_TRUE(cache_->ReleaseLease(placed->lease_id));
+}
+
 TEST_F(DeviceCacheTest, ConcurrentPlacementsAppendsAndMigrationServeOnlyAppendedBytes) {
   options_.tiers.device_high_watermark = 0.6;
   options_.tiers.device_low_watermark = 0.3;
