@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     if (i < path.size()) {
       plan[j] = path[i]->seal().compressed ? Plan::kRestore : Plan::kCached;
     } else {
-      plan[j] = claims_.contains({&m.index, keys[j]}) ? Plan::kPending : Plan::kStore;
+      plan[j] = claims_.contains({m.incarnation, keys[j]}) ? Plan::kPending : Plan::kStore;
     }
   }
   auto session = std::unique_ptr<AppendSession>(new AppendSession(
@@ -149,10 +149,10 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
       m.policy.mode == CompressionMode::kOff
           ? std::vector<uint32_t>{}
           : NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
-  session->index_ = &m.index;
+  session->incarnation_ = m.incarnation;
   for (uint64_t j = 0; j < num_blocks; ++j) {
     if (session->plan_[j] == Plan::kStore)
-      claims_.emplace(std::pair{&m.index, session->keys_[j]}, session.get());
+      claims_.emplace(std::pair{m.incarnation, session->keys_[j]}, session.get());
   }
   session->holds_claims_ = true;
   return session;
@@ -198,7 +198,7 @@ void Cache::ReleaseClaimsLocked(AppendSession& session) {
   if (session.holds_claims_) {
     for (uint64_t j = 0; j < session.num_blocks_; ++j) {
       if (session.plan_[j] != AppendSession::BlockPlan::kStore) continue;
-      auto it = claims_.find({session.index_, session.keys_[j]});
+      auto it = claims_.find({session.incarnation_, session.keys_[j]});
       if (it != claims_.end() && it->second == &session) claims_.erase(it);
     }
     session.holds_claims_ = false;
@@ -316,7 +316,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   auto state = cache_->FindModelLocked(model_);
   if (!state.ok()) return fail(state.status());
   ModelState& m = **state;
-  if (m.layout != layout_ || &m.index != index_) {
+  if (m.layout != layout_ || m.incarnation != incarnation_) {
     return fail(absl::AbortedError(absl::StrCat(
         "model \"", model_.model_id, "\" was registered anew",
         m.layout != layout_ ? absl::StrCat(" with another layout (", m.layout.ToString(), ")") : "",

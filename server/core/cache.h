@@ -786,9 +786,9 @@ class Cache {
   uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // index nodes (leases: leases_)
   // Pool memory held by appends in flight (uncommitted blocks).
   uint64_t staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Blocks an append in flight is writing, by (index, chain key): a second
+  // Blocks an append in flight is writing, by (model incarnation, chain key): a second
   // append of the same tokens does not store another copy.
-  absl::flat_hash_map<std::pair<const PrefixIndex*, uint64_t>, const AppendSession*> claims_
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, const AppendSession*> claims_
       ABSL_GUARDED_BY(mu_);
   uint64_t conflicting_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // for max_metadata_bytes
@@ -865,10 +865,10 @@ class AppendSession {
   const uint64_t expected_bytes_;
   const std::vector<uint64_t> keys_;  // chain key of each new block (claims)
   const BlockHashes hashes_;          // lookup hashes of every whole block (the re-walk)
-  // The model's index when the session began: claims are keyed by it (never
-  // dereferenced), and a commit into another index (the model registered
-  // anew) aborts.
-  const PrefixIndex* index_ = nullptr;
+  // The model's incarnation when the session began: claims are keyed by it,
+  // and a commit into another incarnation (the model registered anew, whose
+  // state may even sit at the old one's address) aborts.
+  uint64_t incarnation_ = 0;
   // References to the blocks that were cached when the session began (the
   // prefix and blocks to deduplicate): they cannot be evicted for space.
   std::vector<TieredBlock> pinned_;

@@ -118,6 +118,25 @@ TEST_F(CacheTest, AppendLookupFetchRoundTripIsByteExact) {
   }
 }
 
+TEST_F(CacheTest, AnAppendBegunBeforeTheModelWasRegisteredAnewDoesNotCommit) {
+  // Unregister then Register with the same layout: a new incarnation whose
+  // state may sit at the old one's address. An append the old one began
+  // must not land in it.
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE(round);
+    Register(Small());
+    const std::vector<Token> tokens = Seq({1, 2, 3}, round);
+    auto session = cache_->BeginAppend(Small().key, tokens, 0, {}, {});
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE(cache_->UnregisterModel(Small().key).ok());
+    Register(Small());
+    ASSERT_TRUE(WriteInChunks(**session, Kv(Small(), tokens, 0, 3)).ok());
+    EXPECT_EQ(CodeOf((*session)->Commit()), absl::StatusCode::kAborted);
+    EXPECT_EQ(Matched(Small(), tokens), 0u);
+    ASSERT_TRUE(cache_->UnregisterModel(Small().key).ok());
+  }
+}
+
 TEST_F(CacheTest, AppendsExtendAndOverlapACachedPrefix) {
   Register(Small());
   ASSERT_TRUE(Append(*cache_, Small(), Seq({1, 2})).ok());

@@ -12,6 +12,7 @@ absl::StatusOr<ModelState*> ModelRegistry::Add(std::unique_ptr<ModelState> state
         absl::StrCat("max_models (", max_models_, ") models are registered already"));
   }
   ModelState* added = state.get();
+  added->incarnation = next_incarnation_++;
   by_index_.emplace(&added->index, added);
   models_.emplace(added->key, std::move(state));
   return added;

@@ -31,6 +31,9 @@ struct ModelState {
       : key(k), layout(l), index(l.block_tokens), policy(p), calibrator(calibration_samples) {}
   ModelKey key;
   ModelLayout layout;
+  // Set by ModelRegistry::Add, unique over the daemon's life: tells a model
+  // registered anew from the one it replaced (addresses can repeat).
+  uint64_t incarnation = 0;
   PrefixIndex index;
   uint64_t bytes = 0;
   uint64_t hit_tokens = 0;
@@ -90,6 +93,7 @@ class ModelRegistry {
 
  private:
   const uint32_t max_models_;
+  uint64_t next_incarnation_ = 1;
   Map models_;
   absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_;
 };
