@@ -9,7 +9,11 @@
 #ifndef KVCACHE_SERVER_CORE_MUTEX_H_
 #define KVCACHE_SERVER_CORE_MUTEX_H_
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 
@@ -21,16 +25,39 @@ class ABSL_LOCKABLE Mutex {
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
-  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
-  void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    mu_.lock();
+    SetOwner();
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    ClearOwner();
+    mu_.unlock();
+  }
   // BasicLockable, for std::unique_lock<Mutex> and std::condition_variable_any.
-  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
-  void unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { Lock(); }
+  void unlock() ABSL_UNLOCK_FUNCTION() { Unlock(); }
+
   // Tells the thread-safety analysis that the caller holds this mutex where
-  // it cannot see so (a lambda called under the lock). Checks nothing.
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
+  // it cannot see so (a lambda called under the lock). In debug builds it
+  // also checks that the calling thread holds it, and aborts if not.
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {
+#ifndef NDEBUG
+    if (owner_.load(std::memory_order_relaxed) != std::this_thread::get_id()) {
+      std::fprintf(stderr, "Mutex::AssertHeld: the calling thread does not hold the mutex\n");
+      std::abort();
+    }
+#endif
+  }
 
  private:
+#ifndef NDEBUG
+  void SetOwner() { owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  void ClearOwner() { owner_.store(std::thread::id(), std::memory_order_relaxed); }
+  std::atomic<std::thread::id> owner_{};
+#else
+  void SetOwner() {}
+  void ClearOwner() {}
+#endif
   std::mutex mu_;
 };
 
