@@ -507,6 +507,14 @@ class Cache {
   // waits as long as the work takes. Counted in CacheStats::prefetch.
   bool Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
                 PrefetchMode mode, absl::Duration timeout);
+  // Queues that read-back (as kBestEffort does) and returns its ticket, for a
+  // caller that waits without blocking a thread (PrefetchTicket::OnDone;
+  // a gRPC PREFETCH_WAIT lookup). Null when the cache has no lower tier or
+  // the prefetch queue is full (counted as dropped).
+  std::shared_ptr<PrefetchTicket> StartPrefetch(const ModelKey& model,
+                                                std::span<const Token> tokens, bool accept_lossy);
+  // Counts a waiter that stopped waiting before its prefetch was done.
+  void CountLatePrefetch();
 
   // Copies the exact blocks of `tokens`' cached prefix that the GPU tier
   // does not hold yet into it (reading SSD-only blocks back first, verified)

@@ -6,20 +6,38 @@
 namespace kvcache {
 
 bool PrefetchTicket::WaitFor(absl::Duration timeout) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);  // cv_ waits on the Mutex itself, which the analysis follows
+  auto done = [this] {
+    mu_.AssertHeld();
+    return done_;
+  };
   if (timeout == absl::InfiniteDuration()) {  // wait_for would overflow its deadline
-    cv_.wait(lock, [this] { return done_; });
+    cv_.wait(mu_, done);
     return true;
   }
-  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return done_; });
+  return cv_.wait_for(mu_, absl::ToChronoNanoseconds(timeout), done);
+}
+
+void PrefetchTicket::OnDone(std::function<void()> callback) {
+  {
+    MutexLock lock(&mu_);
+    if (!done_) {
+      on_done_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
 }
 
 void PrefetchTicket::Notify() {
+  std::vector<std::function<void()>> callbacks;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     done_ = true;
+    callbacks.swap(on_done_);
   }
   cv_.notify_all();
+  for (std::function<void()>& callback : callbacks) callback();
 }
 
 Prefetcher::Prefetcher(uint32_t threads, uint32_t max_queued) : max_queued_(max_queued) {
@@ -29,7 +47,7 @@ Prefetcher::Prefetcher(uint32_t threads, uint32_t max_queued) : max_queued_(max_
 Prefetcher::~Prefetcher() {
   std::deque<Job> dropped;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     dropped.swap(queue_);
   }
@@ -41,7 +59,7 @@ Prefetcher::~Prefetcher() {
 std::shared_ptr<PrefetchTicket> Prefetcher::Submit(std::function<void()> job) {
   auto ticket = std::make_shared<PrefetchTicket>();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ || queue_.size() >= max_queued_) {
       ++stats_.dropped;
       return nullptr;
@@ -54,7 +72,7 @@ std::shared_ptr<PrefetchTicket> Prefetcher::Submit(std::function<void()> job) {
 }
 
 void Prefetcher::CountLate() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.late;
 }
 
@@ -69,7 +87,7 @@ void PrefetchStats::VisitCounters(std::string_view tier, CounterVisitor& visitor
 }
 
 PrefetchStats Prefetcher::GetStats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
@@ -77,15 +95,18 @@ void Prefetcher::Work() {
   while (true) {
     Job job;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.wait(mu_, [this] {
+        mu_.AssertHeld();
+        return stopping_ || !queue_.empty();
+      });
       if (stopping_) return;
       job = std::move(queue_.front());
       queue_.pop_front();
     }
     job.run();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       ++stats_.completed;  // before the waiter wakes, so it sees the count
     }
     job.ticket->Notify();

@@ -15,13 +15,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "server/core/counter_visitor.h"
+#include "server/core/mutex.h"
 
 namespace kvcache {
 
@@ -29,12 +29,17 @@ class PrefetchTicket {
  public:
   // True once the job ran (or was dropped at shutdown); false at the deadline.
   bool WaitFor(absl::Duration timeout);
+  // Runs `callback` once the job ran (or was dropped at shutdown): at once,
+  // on this thread, when it has already; else on the thread that finishes
+  // it. For callers that must not block a thread to wait (gRPC reactors).
+  void OnDone(std::function<void()> callback);
   void Notify();
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void()>> on_done_ ABSL_GUARDED_BY(mu_);
 };
 
 struct PrefetchStats {
@@ -70,11 +75,11 @@ class Prefetcher {
   void Work();
 
   const uint32_t max_queued_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;  // guarded by mu_
-  bool stopping_ = false;  // guarded by mu_
-  PrefetchStats stats_;    // guarded by mu_
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  PrefetchStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
 

@@ -230,9 +230,10 @@ MigrationResult Cache::Migrate() {
   return result;
 }
 
-bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
-                     PrefetchMode mode, absl::Duration timeout) {
-  if (lower_ == nullptr || mode == PrefetchMode::kNone) return true;
+std::shared_ptr<PrefetchTicket> Cache::StartPrefetch(const ModelKey& model,
+                                                    std::span<const Token> tokens,
+                                                    bool accept_lossy) {
+  if (lower_ == nullptr) return nullptr;
   auto job = [this, model, tokens = std::vector<Token>(tokens.begin(), tokens.end()),
               accept_lossy] {
     // The plan is dropped at once: what matters is the promotion on the way.
@@ -240,12 +241,20 @@ bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool 
     // keep, so it reads nothing into the heap.
     (void)PlanFetch(model, tokens, accept_lossy, /*max_blocks=*/0, LoadFor::kPromotion);
   };
-  std::shared_ptr<PrefetchTicket> ticket = prefetcher_->Submit(std::move(job));
+  return prefetcher_->Submit(std::move(job));
+}
+
+void Cache::CountLatePrefetch() { prefetcher_->CountLate(); }
+
+bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
+                     PrefetchMode mode, absl::Duration timeout) {
+  if (lower_ == nullptr || mode == PrefetchMode::kNone) return true;
+  std::shared_ptr<PrefetchTicket> ticket = StartPrefetch(model, tokens, accept_lossy);
   if (ticket == nullptr || mode == PrefetchMode::kBestEffort) return false;
   if (ticket->WaitFor(timeout == absl::ZeroDuration() ? absl::InfiniteDuration() : timeout)) {
     return true;
   }
-  prefetcher_->CountLate();
+  CountLatePrefetch();
   return false;
 }
 

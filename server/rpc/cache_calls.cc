@@ -10,7 +10,7 @@
 namespace kvcache {
 
 absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupRequest& request,
-                       v1::LookupResponse* response) {
+                       v1::LookupResponse* response, PrefetchWait wait) {
   auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
   LeaseRequest lease{.acquire = request.acquire_lease(),
@@ -20,7 +20,7 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
                                                    request.prefetch_timeout_ms(), "; at most ",
                                                    kMaxPrefetchTimeoutMs));
   }
-  if (request.prefetch() == v1::PREFETCH_WAIT) {
+  if (request.prefetch() == v1::PREFETCH_WAIT && wait == PrefetchWait::kBlock) {
     cache.Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(), PrefetchMode::kWait,
                    absl::Milliseconds(request.prefetch_timeout_ms()));
   }
@@ -56,14 +56,14 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
 
 absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
                             const v1::BatchLookupRequest& request,
-                            v1::BatchLookupResponse* response) {
+                            v1::BatchLookupResponse* response, PrefetchWait wait) {
   if (request.lookups_size() > kMaxBatchLookups) {
     return absl::InvalidArgumentError(absl::StrCat("a batch holds ", request.lookups_size(),
                                                    " lookups; the limit is ", kMaxBatchLookups));
   }
   for (const v1::LookupRequest& lookup : request.lookups()) {
     v1::LookupOutcome* outcome = response->add_outcomes();
-    absl::Status status = RunLookup(cache, caller, lookup, outcome->mutable_response());
+    absl::Status status = RunLookup(cache, caller, lookup, outcome->mutable_response(), wait);
     if (!status.ok()) {
       outcome->clear_response();
       outcome->set_code(static_cast<int>(status.code()));
@@ -71,6 +71,27 @@ absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
     }
   }
   return absl::OkStatus();
+}
+
+StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
+                                        std::span<const v1::LookupRequest* const> lookups) {
+  StartedPrefetches started;
+  bool unbounded = false;
+  for (const v1::LookupRequest* lookup : lookups) {
+    if (lookup->prefetch() != v1::PREFETCH_WAIT) continue;
+    if (lookup->prefetch_timeout_ms() > kMaxPrefetchTimeoutMs) continue;
+    auto key = ScopedModelKey(caller, lookup->namespace_(), lookup->model_id());
+    if (!key.ok()) continue;
+    std::shared_ptr<PrefetchTicket> ticket =
+        cache.StartPrefetch(*key, TokensOf(lookup->tokens()), lookup->accept_lossy());
+    if (ticket == nullptr) continue;  // no lower tier, or the queue is full: nothing to wait for
+    started.tickets.push_back(std::move(ticket));
+    if (lookup->prefetch_timeout_ms() == 0) unbounded = true;
+    started.timeout =
+        std::max(started.timeout, absl::Milliseconds(lookup->prefetch_timeout_ms()));
+  }
+  if (unbounded) started.timeout = absl::ZeroDuration();
+  return started;
 }
 
 absl::Status RunPlaceOnDevice(Cache& cache, const Caller& caller,

@@ -4,7 +4,12 @@
 #ifndef KVCACHE_SERVER_RPC_CACHE_CALLS_H_
 #define KVCACHE_SERVER_RPC_CACHE_CALLS_H_
 
+#include <memory>
+#include <span>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "kvcache/v1/kvcache.pb.h"
 #include "server/core/cache.h"
 #include "server/security/caller.h"
@@ -19,15 +24,34 @@ inline constexpr uint32_t kMaxPrefetchTimeoutMs = 60000;
 // Each call acts for `caller`, in the namespace its request names as the
 // caller may use it (Caller::NamespaceOf): PERMISSION_DENIED otherwise.
 
+// How a lookup's PREFETCH_WAIT is honoured.
+enum class PrefetchWait : uint8_t {
+  kBlock,    // wait here, on the calling thread (a shared-memory session's own)
+  kStarted,  // the caller started the prefetches and waited without a thread
+};
+
 // Answers `request` as Lookup does.
 absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupRequest& request,
-                       v1::LookupResponse* response);
+                       v1::LookupResponse* response, PrefetchWait wait = PrefetchWait::kBlock);
 
 // Answers every lookup of `request`, each with its own outcome.
 // INVALID_ARGUMENT (and nothing looked up) past kMaxBatchLookups.
 absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
                             const v1::BatchLookupRequest& request,
-                            v1::BatchLookupResponse* response);
+                            v1::BatchLookupResponse* response,
+                            PrefetchWait wait = PrefetchWait::kBlock);
+
+// Starts the read-back each PREFETCH_WAIT lookup of `lookups` asks for
+// (those the caller may make and whose timeout is valid; the others are
+// answered by RunLookup as usual), and returns the tickets to wait on and
+// the longest timeout they asked for (zero: one asked to wait without a
+// deadline).
+struct StartedPrefetches {
+  std::vector<std::shared_ptr<PrefetchTicket>> tickets;
+  absl::Duration timeout = absl::ZeroDuration();
+};
+StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
+                                        std::span<const v1::LookupRequest* const> lookups);
 
 // Answers `request` as PlaceOnDevice does.
 absl::Status RunPlaceOnDevice(Cache& cache, const Caller& caller,

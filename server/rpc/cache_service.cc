@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "server/core/fetch_block.h"
 #include "server/rpc/append_decoder.h"
+#include "server/rpc/await_prefetches.h"
 #include "server/rpc/cache_calls.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/proto_convert.h"
@@ -173,24 +174,76 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                const v1::LookupRequest* request,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
+  const ModelRef model{request->namespace_(), request->model_id()};
+  if (request->prefetch() == v1::PREFETCH_WAIT && cache_->HasLowerTier()) {
+    const v1::LookupRequest* const lookups[] = {request};
+    return AnswerAfterPrefetches(ctx, "Lookup", start, model, lookups,
+                                 [this, request, response](const Caller& caller) {
+                                   return RunLookup(*cache_, caller, *request, response,
+                                                    PrefetchWait::kStarted);
+                                 });
+  }
   absl::Status status = RunLimited("Lookup", [&]() -> absl::Status {
     absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "Lookup");
     if (!caller.ok()) return caller.status();
-    return RunLookup(*cache_, *caller, *request, response);
+    return RunLookup(*cache_, *caller, *request, response, PrefetchWait::kStarted);
   });
-  return FinishUnary(ctx, "Lookup", start, status, {request->namespace_(), request->model_id()});
+  return FinishUnary(ctx, "Lookup", start, status, model);
 }
 
 grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext* ctx,
                                                     const v1::BatchLookupRequest* request,
                                                     v1::BatchLookupResponse* response) {
   const absl::Time start = absl::Now();
+  const bool waits = std::any_of(
+      request->lookups().begin(), request->lookups().end(),
+      [](const v1::LookupRequest& l) { return l.prefetch() == v1::PREFETCH_WAIT; });
+  if (waits && cache_->HasLowerTier() && request->lookups_size() <= kMaxBatchLookups) {
+    std::vector<const v1::LookupRequest*> lookups;
+    lookups.reserve(request->lookups_size());
+    for (const v1::LookupRequest& l : request->lookups()) lookups.push_back(&l);
+    return AnswerAfterPrefetches(ctx, "BatchLookup", start, {}, lookups,
+                                 [this, request, response](const Caller& caller) {
+                                   return RunBatchLookup(*cache_, caller, *request, response,
+                                                         PrefetchWait::kStarted);
+                                 });
+  }
   absl::Status status = RunLimited("BatchLookup", [&]() -> absl::Status {
     absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "BatchLookup");
     if (!caller.ok()) return caller.status();
-    return RunBatchLookup(*cache_, *caller, *request, response);
+    return RunBatchLookup(*cache_, *caller, *request, response, PrefetchWait::kStarted);
   });
   return FinishUnary(ctx, "BatchLookup", start, status);
+}
+
+grpc::ServerUnaryReactor* CacheService::AnswerAfterPrefetches(
+    grpc::CallbackServerContext* ctx, std::string_view method, absl::Time start,
+    const ModelRef& model, std::span<const v1::LookupRequest* const> lookups,
+    std::function<absl::Status(const Caller&)> answer) {
+  // The call keeps its max_concurrent_unary slot until it is answered, but
+  // no thread: the answer runs where the last prefetch finishes, or on the
+  // timer's thread at the deadline.
+  if (absl::Status admitted = unary_.Acquire(); !admitted.ok()) {
+    observer_->OnLimitReached(method, "max_concurrent_unary");
+    return FinishUnary(ctx, method, start, admitted, model);
+  }
+  absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, method);
+  if (!caller.ok()) {
+    unary_.Release();
+    return FinishUnary(ctx, method, start, caller.status(), model);
+  }
+  StartedPrefetches started = StartWaitedPrefetches(*cache_, *caller, lookups);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // The model's strings live in the request, which outlives the reactor's Finish.
+  AwaitPrefetches(prefetch_timer_, std::move(started.tickets), started.timeout,
+                  [this, ctx, reactor, method, start, model, caller = *std::move(caller),
+                   answer = std::move(answer)](bool in_time) {
+                    if (!in_time) cache_->CountLatePrefetch();
+                    const absl::Status status = answer(caller);
+                    unary_.Release();
+                    FinishUnaryCall(ctx, reactor, observer_, method, start, status, model);
+                  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* ctx,

@@ -21,6 +21,9 @@
 
 #include <cstdint>
 
+#include <functional>
+#include <span>
+
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -30,6 +33,7 @@
 #include "server/rpc/call_log.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
+#include "server/rpc/deadline_timer.h"
 #include "server/rpc/stream_watchdog.h"
 #include "server/security/access_control.h"
 
@@ -101,6 +105,13 @@ class CacheService final : public CacheServiceBase {
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, std::string_view method,
                                         absl::Time start, const absl::Status& status,
                                         const ModelRef& model = {});
+  // A lookup (or batch) with PREFETCH_WAIT: admits the call, starts the
+  // prefetches its lookups wait for and returns at once; `answer` runs (and
+  // the call finishes) when they are done or at the longest timeout asked.
+  grpc::ServerUnaryReactor* AnswerAfterPrefetches(
+      grpc::CallbackServerContext* ctx, std::string_view method, absl::Time start,
+      const ModelRef& model, std::span<const v1::LookupRequest* const> lookups,
+      std::function<absl::Status(const Caller&)> answer);
 
   const CacheServiceOptions options_;
   Cache* const cache_;
@@ -108,6 +119,8 @@ class CacheService final : public CacheServiceBase {
   StreamLimiter streams_;
   UnaryLimiter unary_;
   StreamWatchdog watchdog_;
+  // Deadlines of PREFETCH_WAIT lookups; destroyed first, answering them all.
+  DeadlineTimer prefetch_timer_;
 };
 
 }  // namespace kvcache
