@@ -493,7 +493,8 @@ int Serve(const v1::ServerConfig& config) {
                                 static_cast<double>(config.host_tier().capacity_bytes())),
       .max_protected_ranges = limits.max_protected_ranges(),
       .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
-      .importance = ImportanceFromConfig(config.importance())};
+      .importance = ImportanceFromConfig(config.importance()),
+      .block_hash_keys = BlockHashKeysFrom(*secret)};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
