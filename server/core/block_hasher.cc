@@ -5,7 +5,6 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-
 #if defined(KVCACHE_XXH3_DISPATCH)
 #include <xxh_x86dispatch.h>
 #endif

@@ -81,8 +81,9 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
   }
   auto state = std::make_unique<ModelState>(
       model, layout, options_.importance.default_policy, options_.importance.calibration_samples,
-      options_.block_hash_keys ? std::make_shared<const BlockHasher>(options_.block_hash_keys(model))
-                               : BlockHasher::Unkeyed());
+      options_.block_hash_keys
+          ? std::make_shared<const BlockHasher>(options_.block_hash_keys(model))
+          : BlockHasher::Unkeyed());
   if (auto w = options_.importance.initial_weights.find(model);
       w != options_.importance.initial_weights.end()) {
     state->policy.params.alpha = w->second.alpha;

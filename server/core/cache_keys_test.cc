@@ -38,8 +38,7 @@ class CacheKeysTest : public ::testing::Test {
     EXPECT_TRUE(pool.ok()) << pool.status();
     CacheOptions options;
     if (keyed) options.block_hash_keys = TestKeys;
-    return std::make_unique<Cache>(options, *std::move(pool), NewLruKPolicy({}, &clock_),
-                                   &clock_);
+    return std::make_unique<Cache>(options, *std::move(pool), NewLruKPolicy({}, &clock_), &clock_);
   }
   static std::vector<uint64_t> KeysOf(const LookupResult& r) {
     std::vector<uint64_t> keys;

@@ -79,8 +79,8 @@
 
 #include <cstdint>
 #include <list>
-#include <utility>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/btree_set.h"

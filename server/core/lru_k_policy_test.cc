@@ -207,7 +207,8 @@ TEST_F(LruKPolicyTest, EvictedBlockResumesItsHistory) {
   IndexNode* a = Add(1);
   Advance(absl::Seconds(2));
   policy_->Touch(a);
-  EXPECT_FALSE(policy_->SeenAtLeast(&index_, a->key, 1));  // tracked: the key form knows only evicted
+  // Tracked: the key form knows only evicted blocks.
+  EXPECT_FALSE(policy_->SeenAtLeast(&index_, a->key, 1));
   EXPECT_TRUE(policy_->SeenAtLeast(*a, 2));
   EXPECT_FALSE(policy_->SeenAtLeast(*a, 3));
   policy_->Erase(a);

@@ -3,8 +3,8 @@
 #include <arpa/inet.h>
 #include <civetweb.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>

@@ -352,8 +352,9 @@ std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions
                              absl::Time now) {
   const CacheStats stats = source.Stats();
   const std::vector<PrefixSummary> top =
-      options.tenant_detail ? source.TopPrefixes(std::max(options.ranked_prefixes, options.top_prefixes))
-                            : std::vector<PrefixSummary>{};
+      options.tenant_detail
+          ? source.TopPrefixes(std::max(options.ranked_prefixes, options.top_prefixes))
+          : std::vector<PrefixSummary>{};
   std::string out = Head("kvcached status");
   out.append(
       "<nav id=\"sections\"><a href=\"#version\">version</a><a href=\"#tiers\">tiers</a><a "

@@ -253,9 +253,8 @@ Reply Get(int port, const std::string& target, const std::string& headers = "") 
     ::close(fd);
     return reply;
   }
-  const std::string request =
-      absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", headers,
-                   "\r\n");
+  const std::string request = absl::StrCat(
+      "GET ", target, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", headers, "\r\n");
   (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string all;
   char buffer[8192];

@@ -15,9 +15,9 @@
 //     and UrlDecode(encoding) is the original bytes.
 #include <cstdint>
 #include <optional>
-#include <utility>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "server/http/http_server.h"
@@ -72,11 +72,13 @@ void RawQuery(std::string_view text) {
   for (bool plus : {false, true}) {
     const std::string decoded = UrlDecode(text, plus);
     FUZZ_CHECK(decoded.size() <= text.size());
-    if (text.find('%') == std::string_view::npos && (!plus || text.find('+') == std::string_view::npos)) {
+    if (text.find('%') == std::string_view::npos &&
+        (!plus || text.find('+') == std::string_view::npos)) {
       FUZZ_CHECK(decoded == text);
     }
   }
-  const HttpRequest request{.method = "GET", .path = "/status/attention", .query = std::string(text)};
+  const HttpRequest request{
+      .method = "GET", .path = "/status/attention", .query = std::string(text)};
   for (std::string_view piece : Split(text, '&')) {
     const std::string name = UrlDecode(piece.substr(0, piece.find('=')), true);
     FUZZ_CHECK(request.Param(name) == Reference(text, name));

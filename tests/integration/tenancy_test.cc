@@ -182,9 +182,9 @@ int GetStatus(const DaemonProcess& daemon, const std::string& target, const std:
   const std::string file = ::testing::TempDir() + "status-body-" + std::to_string(::getpid());
   const std::string auth =
       token.empty() ? "" : absl::StrCat("-H 'Authorization: Bearer ", token, "' ");
-  CommandResult r = RunCommand(absl::StrCat("curl -s -o ", file, " -w '%{http_code}' ", auth,
-                                            "'http://127.0.0.1:", daemon.metrics_port(), target,
-                                            "'"));
+  CommandResult r =
+      RunCommand(absl::StrCat("curl -s -o ", file, " -w '%{http_code}' ", auth,
+                              "'http://127.0.0.1:", daemon.metrics_port(), target, "'"));
   if (body != nullptr) {
     std::ifstream in(file);
     body->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
