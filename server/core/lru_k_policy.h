@@ -71,7 +71,8 @@
 // pointers per segment (about 12 bytes per block); Insert, Touch, Erase
 // and SetImportance are O(log n); PickVictim is O(log n) amortised when the
 // blocks it rejects are blocks with children (and O(n) when nothing is
-// evictable, like LRU). Retained entries take about 80 bytes each.
+// evictable, like LRU). Retained entries take about 96 bytes each (the key
+// names the index too).
 //
 // Not thread-safe, like every EvictionPolicy: the Cache serialises calls.
 #ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
