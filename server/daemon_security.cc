@@ -27,6 +27,17 @@ std::string RuntimeDirectory() {
 
 }  // namespace
 
+std::function<BlockHashKeys(const ModelKey&)> BlockHashKeysFrom(const DaemonSecret& secret) {
+  const SecretKey lookup = secret.Derive("block-lookup-hash");
+  const SecretKey chain = secret.Derive("chain-key");
+  return [lookup, chain](const ModelKey& model) {
+    std::string id = model.ns;
+    id.push_back('\0');  // model names never hold one
+    id += model.model_id;
+    return BlockHashKeys{.lookup = HmacSha256(lookup, id), .chain = HmacSha256(chain, id)};
+  };
+}
+
 absl::StatusOr<DaemonSecret> LoadDaemonSecret(const v1::ServerConfig& config) {
   const std::string path = SecretFilePath(config);
   if (path.empty()) {

@@ -4,10 +4,13 @@
 #ifndef KVCACHE_SERVER_DAEMON_SECURITY_H_
 #define KVCACHE_SERVER_DAEMON_SECURITY_H_
 
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "kvcache/v1/config.pb.h"
+#include "server/core/block_hasher.h"
+#include "server/core/layout.h"
 #include "server/security/access_control.h"
 #include "server/security/daemon_secret.h"
 #include "server/security/tls_files.h"
@@ -19,6 +22,12 @@ namespace kvcache {
 // loaded or created, or random when there is no file. Its errors stop the
 // start. Logs where it came from.
 absl::StatusOr<DaemonSecret> LoadDaemonSecret(const v1::ServerConfig& config);
+
+// CacheOptions::block_hash_keys from the daemon's secret: each model's keys
+// are HMAC-SHA256(Derive("block-lookup-hash") or Derive("chain-key"),
+// namespace NUL model_id), so they differ per (namespace, model) and per
+// daemon secret (block_hasher.h).
+std::function<BlockHashKeys(const ModelKey&)> BlockHashKeysFrom(const DaemonSecret& secret);
 
 struct DaemonSecurity {
   std::unique_ptr<AccessControl> access;

@@ -408,7 +408,7 @@ StatusIdentity StatusIdentityOf(const v1::ListenConfig& listen) {
 // The read-only HTTP endpoint on listen.metrics_address: /metrics and, with
 // status_page.enabled, the status pages. Null when the address is "none".
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpEndpoint(
-    const v1::ServerConfig& config, const Metrics& metrics,
+    const v1::ServerConfig& config, const Metrics& metrics, AccessControl* access,
     std::shared_ptr<const StatusSource> status) {
   const std::string address = Enabled(config.listen().metrics_address());
   if (address.empty()) return nullptr;
@@ -420,10 +420,20 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpEndpoint(
   metrics.ServeOn(**server);
   spdlog::info("metrics on http://{}/metrics", address);
   if (config.status_page().enabled()) {
-    ServeStatusPages(**server, std::move(status),
-                     {.show_tokens = config.status_page().show_tokens()});
-    spdlog::info("status page on http://{}/status{}", address,
-                 config.status_page().show_tokens() ? " (showing token ids)" : "");
+    StatusPageOptions options{.show_tokens = config.status_page().show_tokens()};
+    if (access != nullptr && access->enabled()) {
+      // Per-tenant detail for admins of every namespace only (docs/security.md).
+      options.may_see_detail = [access](const HttpRequest& request) {
+        return access->Admit(CredentialsOfAuthorization(request.authorization), "StatusPageDetail")
+            .ok();
+      };
+    }
+    ServeStatusPages(**server, std::move(status), std::move(options));
+    spdlog::info("status page on http://{}/status{}{}", address,
+                 config.status_page().show_tokens() ? " (showing token ids)" : "",
+                 access != nullptr && access->enabled()
+                     ? " (per-tenant detail for admins' bearer tokens only)"
+                     : "");
   }
   return server;
 }
@@ -494,7 +504,8 @@ int Serve(const v1::ServerConfig& config) {
       .max_protected_ranges = limits.max_protected_ranges(),
       .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
       .max_fetch_heap_bytes = limits.max_fetch_heap_bytes(),
-      .importance = ImportanceFromConfig(config.importance())};
+      .importance = ImportanceFromConfig(config.importance()),
+      .block_hash_keys = BlockHashKeysFrom(*secret)};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
@@ -551,8 +562,13 @@ int Serve(const v1::ServerConfig& config) {
   };
   std::unique_ptr<Metrics> metrics = Metrics::CreateUnexposed(stats_source);
   std::shared_ptr<EventLog> events = AttachEventLog(config.status_page());
+  absl::StatusOr<DaemonSecurity> security = DaemonSecurity::Start(config);
+  if (!security.ok()) {
+    spdlog::error("{}", security.status().ToString());
+    return 2;
+  }
   auto http = StartHttpEndpoint(
-      config, *metrics,
+      config, *metrics, security->access.get(),
       std::make_shared<CacheStatusSource>(&cache, StatusIdentityOf(config.listen()),
                                           ConfigToJson(config), events, stats_source));
   if (!http.ok()) {
@@ -575,11 +591,6 @@ int Serve(const v1::ServerConfig& config) {
       return 2;
     }
     socket_gid = g->gr_gid;
-  }
-  absl::StatusOr<DaemonSecurity> security = DaemonSecurity::Start(config);
-  if (!security.ok()) {
-    spdlog::error("{}", security.status().ToString());
-    return 2;
   }
   if (listen.allow_insecure_remote() && Enabled(listen.tcp_address()) != "" &&
       !IsLoopbackAddress(listen.tcp_address())) {

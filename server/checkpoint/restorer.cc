@@ -313,6 +313,7 @@ void Restorer::Run(const std::atomic<bool>& stop) {
       }
     }
   }
+  cache_->EndRestore();  // blocks re-hashed under other keys need no other names now
   MutexLock lock(&mu_);
   progress_.duration = absl::Now() - started_;
   if (progress_.state == RestoreState::kOff) return;

@@ -74,19 +74,21 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
 
   // Chain keys and lookup hashes of every whole block, before taking the lock.
   ModelLayout layout;
+  std::shared_ptr<const BlockHasher> hasher;
   {
     MutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     layout = (*state)->layout;
+    hasher = (*state)->index.hasher();
   }
   const uint32_t bt = layout.block_tokens;
   std::vector<uint64_t> chain(tokens.size() / bt);
   for (size_t b = 0; b < chain.size(); ++b) {
-    chain[b] = PrefixIndex::ChainKey(b == 0 ? 0 : chain[b - 1],
-                                     std::span<const Token>(tokens).subspan(b * bt, bt));
+    chain[b] = hasher->ChainKey(b == 0 ? 0 : chain[b - 1],
+                                std::span<const Token>(tokens).subspan(b * bt, bt));
   }
-  BlockHashes hashes = BlockHashes::Of(bt, tokens);
+  BlockHashes hashes = BlockHashes::Of(std::move(hasher), bt, tokens);
 
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);

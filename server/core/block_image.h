@@ -38,7 +38,7 @@ struct ModelImage {
 struct BlockImage {
   uint64_t lookup_hash = 0;
   uint64_t parent_lookup_hash = 0;  // 0: a first block (no parent)
-  uint64_t key = 0;                 // chain key (checked again at restore)
+  uint64_t key = 0;                 // chain key as written (a restore computes it again)
   uint32_t depth = 0;
   std::vector<Token> tokens;  // block_tokens of them
   BlockSeal seal;

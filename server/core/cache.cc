@@ -79,8 +79,11 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
     }
     return RegisterResult{.created = false, .layout = layout};
   }
-  auto state = std::make_unique<ModelState>(model, layout, options_.importance.default_policy,
-                                            options_.importance.calibration_samples);
+  auto state = std::make_unique<ModelState>(
+      model, layout, options_.importance.default_policy, options_.importance.calibration_samples,
+      options_.block_hash_keys
+          ? std::make_shared<const BlockHasher>(options_.block_hash_keys(model))
+          : BlockHasher::Unkeyed());
   if (auto w = options_.importance.initial_weights.find(model);
       w != options_.importance.initial_weights.end()) {
     state->policy.params.alpha = w->second.alpha;
@@ -108,13 +111,15 @@ std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
 absl::StatusOr<BlockHashes> Cache::HashBlocks(const ModelKey& model,
                                               std::span<const Token> tokens) const {
   uint32_t block_tokens;
+  std::shared_ptr<const BlockHasher> hasher;
   {
     MutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     block_tokens = (*state)->layout.block_tokens;
+    hasher = (*state)->index.hasher();
   }
-  return BlockHashes::Of(block_tokens, tokens);
+  return BlockHashes::Of(std::move(hasher), block_tokens, tokens);
 }
 
 void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,

@@ -84,6 +84,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/block.h"
+#include "server/core/block_hasher.h"
 #include "server/core/block_image.h"
 #include "server/core/cache_inspection.h"
 #include "server/core/cache_stats.h"
@@ -172,6 +173,11 @@ struct CacheOptions {
   uint64_t max_fetch_heap_bytes = uint64_t{256} << 20;
   ImportanceOptions importance;
   TierOptions tiers;
+  // The keys of a model's lookup hashes and chain keys (block_hasher.h),
+  // called once when the model is registered. The daemon derives them from
+  // its secret and the (namespace, model); unset: the unkeyed hasher, whose
+  // keys anyone can compute (tests only).
+  std::function<BlockHashKeys(const ModelKey&)> block_hash_keys;
   // Test seam: called by Compact() after it encoded a pass's blocks, outside
   // the lock, before it installs them (tests race policy changes there).
   std::function<void()> on_compaction_encoded;
@@ -587,8 +593,17 @@ class Cache {
   // whether the block is cached). REQUIRES: image.host, when set, holds
   // image.seal.size bytes whose checksum the caller verified; image.lower,
   // when set, came from this cache's lower tier. Nothing changes unless the
-  // outcome is kRestored.
+  // outcome is kRestored (or kPresent, see below).
+  //
+  // The block's lookup hash and chain key are computed again from its tokens
+  // and its parent, not taken from the image: an image written under other
+  // keys (a checkpoint from before hashes were keyed, block_hasher.h) is
+  // restored under this cache's keys, and its image.lookup_hash is remembered
+  // as another name of the block so that its children still find their
+  // parent, until EndRestore().
   RestoreOutcome RestoreBlock(const ModelKey& model, BlockImage image);
+  // Forgets the other names RestoreBlock remembered (a restore is over).
+  void EndRestore();
   // The lower tier (null: one tier), for the checkpoint's re-attachment.
   const std::shared_ptr<BlockStore>& lower_tier() const { return lower_; }
 

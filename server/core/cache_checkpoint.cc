@@ -111,6 +111,13 @@ absl::StatusOr<BlockRef> Cache::AllocateRestoredPayload(uint64_t size) {
   }
 }
 
+void Cache::EndRestore() {
+  MutexLock lock(&mu_);
+  for (const auto& [key, m] : models_) {
+    absl::flat_hash_map<uint64_t, uint64_t>().swap(m->restore_aliases);
+  }
+}
+
 RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (image.host != nullptr && image.host->size() != image.seal.size) {
     return RestoreOutcome::kMismatch;
@@ -122,18 +129,23 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (found == nullptr) return RestoreOutcome::kUnknownModel;
   ModelState& m = *found;
   if (image.tokens.size() != m.layout.block_tokens) return RestoreOutcome::kMismatch;
-  if (m.index.FindByLookupHash(image.lookup_hash) != nullptr) return RestoreOutcome::kPresent;
-  if (image.host == nullptr && image.lower == nullptr) return RestoreOutcome::kLost;
+  // The block's name in the image, or the name it was restored under.
+  auto find = [&m](uint64_t image_hash) -> IndexNode* {
+    if (IndexNode* n = m.index.FindByLookupHash(image_hash); n != nullptr) return n;
+    auto alias = m.restore_aliases.find(image_hash);
+    return alias == m.restore_aliases.end() ? nullptr : m.index.FindByLookupHash(alias->second);
+  };
   IndexNode* parent = nullptr;
   if (image.parent_lookup_hash != 0) {
-    parent = m.index.FindByLookupHash(image.parent_lookup_hash);
+    parent = find(image.parent_lookup_hash);
     if (parent == nullptr) return RestoreOutcome::kOrphan;
   }
-  if (PrefixIndex::ChainKey(parent == nullptr ? 0 : parent->key, image.tokens) != image.key ||
-      PrefixIndex::LookupHash(parent == nullptr ? 0 : parent->lookup_hash, image.tokens) !=
-          image.lookup_hash) {
-    return RestoreOutcome::kMismatch;
-  }
+  // Hashed again under this cache's keys: the image's may be another's.
+  const uint64_t lookup_hash =
+      m.index.LookupHash(parent == nullptr ? 0 : parent->lookup_hash, image.tokens);
+  if (lookup_hash != image.lookup_hash) m.restore_aliases[image.lookup_hash] = lookup_hash;
+  if (m.index.FindByLookupHash(lookup_hash) != nullptr) return RestoreOutcome::kPresent;
+  if (image.host == nullptr && image.lower == nullptr) return RestoreOutcome::kLost;
   if (image.host != nullptr) image.host->SealAs(image.seal);
   const bool in_host = image.host != nullptr;
   IndexNode* node = m.index.AddChild(parent, image.tokens, std::move(image.host));

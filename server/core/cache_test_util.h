@@ -64,7 +64,7 @@ inline uint64_t Mix(uint64_t x) {  // splitmix64
 inline uint64_t PrefixKey(std::span<const Token> tokens, size_t block) {
   uint64_t key = 0;
   for (size_t b = 0; b <= block; ++b)
-    key = PrefixIndex::ChainKey(key, tokens.subspan(b * kBt, kBt));
+    key = BlockHasher::Unkeyed()->ChainKey(key, tokens.subspan(b * kBt, kBt));
   return key;
 }
 

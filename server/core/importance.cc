@@ -165,7 +165,7 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   }
 
   std::vector<IndexNode*> path;
-  if (lease_id != 0) hashes = BlockHashes::Of(m.layout.block_tokens, tokens);
+  if (lease_id != 0) hashes = BlockHashes::Of(m.index.hasher(), m.layout.block_tokens, tokens);
   MatchLocked(m, tokens, hashes, &path);
   const uint32_t bt = m.layout.block_tokens;
   const ImportanceOptions& o = options_.importance;

@@ -158,7 +158,8 @@ void LruKPolicy::Insert(IndexNode* node) {
   IndexNode::PolicyHook& hook = node->policy_hook;
   hook.last_ms = 0;
   std::fill(std::begin(hook.history_age_ms), std::end(hook.history_age_ms), kNoReference);
-  if (auto it = retained_by_key_.find(node->key); it != retained_by_key_.end()) {
+  if (auto it = retained_by_key_.find(RetainedKey{node->index, node->key});
+      it != retained_by_key_.end()) {
     hook.last_ms = it->second->last_ms;
     std::copy(std::begin(it->second->history_age_ms), std::end(it->second->history_age_ms),
               hook.history_age_ms);
@@ -256,9 +257,10 @@ IndexNode* LruKPolicy::PickSetAside(Order& segment,
 void LruKPolicy::Retain(const IndexNode& node) {
   if (options_.retained_history == 0) return;
   const IndexNode::PolicyHook& hook = node.policy_hook;
-  Retained entry{.key = node.key, .last_ms = hook.last_ms, .history_age_ms = {}};
+  const RetainedKey key{node.index, node.key};
+  Retained entry{.key = key, .last_ms = hook.last_ms, .history_age_ms = {}};
   std::copy(std::begin(hook.history_age_ms), std::end(hook.history_age_ms), entry.history_age_ms);
-  auto [it, inserted] = retained_by_key_.try_emplace(node.key);
+  auto [it, inserted] = retained_by_key_.try_emplace(key);
   if (!inserted) retained_.erase(it->second);  // another block with this key left before
   retained_.push_front(entry);
   it->second = retained_.begin();
@@ -276,9 +278,9 @@ bool LruKPolicy::SeenAtLeast(const IndexNode& node, int n) const {
   return n <= 0 || References(node) >= n;
 }
 
-bool LruKPolicy::SeenAtLeast(uint64_t key, int n) const {
+bool LruKPolicy::SeenAtLeast(const PrefixIndex* index, uint64_t key, int n) const {
   if (n <= 0) return true;
-  auto it = retained_by_key_.find(key);
+  auto it = retained_by_key_.find(RetainedKey{index, key});
   return it != retained_by_key_.end() && CountReferences(it->second->history_age_ms) >= n;
 }
 

@@ -28,11 +28,12 @@
 // much later. Times are milliseconds of the injected Clock.
 //
 // Retained history. When a block is erased (evicted, or removed for any
-// reason) its history is kept under its IndexNode::key, up to
+// reason) its history is kept under (its IndexNode::index, its key), up to
 // `retained_history` blocks (the least recently erased is forgotten first);
 // a block inserted again with that key resumes it, so a block that keeps
-// coming back earns its K references across evictions. Keys are the index's
-// chained block keys: two models caching the same tokens share an entry.
+// coming back earns its K references across evictions. The entry belongs to
+// the block's own index (one (namespace, model)): another tenant's or
+// model's history never ranks it, even were their chain keys to coincide.
 //
 // Probation (off by default: LruKOptions::probation_share = 0). With a
 // share s > 0 the blocks are split in two segments, in the manner of 2Q and
@@ -70,7 +71,8 @@
 // pointers per segment (about 12 bytes per block); Insert, Touch, Erase
 // and SetImportance are O(log n); PickVictim is O(log n) amortised when the
 // blocks it rejects are blocks with children (and O(n) when nothing is
-// evictable, like LRU). Retained entries take about 80 bytes each.
+// evictable, like LRU). Retained entries take about 96 bytes each (the key
+// names the index too).
 //
 // Not thread-safe, like every EvictionPolicy: the Cache serialises calls.
 #ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
@@ -79,6 +81,7 @@
 #include <cstdint>
 #include <list>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/btree_set.h"
@@ -114,20 +117,22 @@ class LruKPolicy final : public EvictionPolicy {
   int References(const IndexNode& node) const;
   // For admission to a slower tier: whether a tracked block has been
   // referenced at least `n` times (References(node) >= n), or whether the
-  // retained history of an untracked block with key `key` (one erased
-  // before) holds at least `n` references. The key form knows nothing of
+  // retained history of an untracked block of `index` with key `key` (one
+  // erased before) holds at least `n` references. The key form knows nothing of
   // tracked blocks or of blocks whose history was dropped (false). n <= 0
   // is always true; n > kMaxK always false (no more is remembered).
   bool SeenAtLeast(const IndexNode& node, int n) const;
-  bool SeenAtLeast(uint64_t key, int n) const;
+  bool SeenAtLeast(const PrefixIndex* index, uint64_t key, int n) const;
   // Histories of erased blocks held now (<= options.retained_history).
   size_t retained_size() const { return retained_.size(); }
   // Tracked blocks on probation now (0 when options.probation_share is 0).
   size_t probation_size() const { return probation_.size(); }
 
  private:
+  // A retained history's owner: the block's index and chain key.
+  using RetainedKey = std::pair<const PrefixIndex*, uint64_t>;
   struct Retained {
-    uint64_t key;
+    RetainedKey key;
     int64_t last_ms;
     uint32_t history_age_ms[LruKOptions::kMaxK];
   };
@@ -176,9 +181,9 @@ class LruKPolicy final : public EvictionPolicy {
   Order order_;                      // the main segment (everything when probation is off)
   Order probation_;                  // blocks on probation
   std::vector<IndexNode*> blocked_;  // PickVictim's scratch
-  // Erased blocks' histories, most recently erased first, and by key.
+  // Erased blocks' histories, most recently erased first, and by (index, key).
   std::list<Retained> retained_;
-  absl::flat_hash_map<uint64_t, std::list<Retained>::iterator> retained_by_key_;
+  absl::flat_hash_map<RetainedKey, std::list<Retained>::iterator> retained_by_key_;
 };
 
 }  // namespace kvcache

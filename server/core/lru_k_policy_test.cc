@@ -207,15 +207,16 @@ TEST_F(LruKPolicyTest, EvictedBlockResumesItsHistory) {
   IndexNode* a = Add(1);
   Advance(absl::Seconds(2));
   policy_->Touch(a);
-  EXPECT_FALSE(policy_->SeenAtLeast(a->key, 1));  // tracked: the key form knows only evicted
+  // Tracked: the key form knows only evicted blocks.
+  EXPECT_FALSE(policy_->SeenAtLeast(&index_, a->key, 1));
   EXPECT_TRUE(policy_->SeenAtLeast(*a, 2));
   EXPECT_FALSE(policy_->SeenAtLeast(*a, 3));
   policy_->Erase(a);
   EXPECT_EQ(policy_->retained_size(), 1u);
-  EXPECT_TRUE(policy_->SeenAtLeast(a->key, 2));
-  EXPECT_FALSE(policy_->SeenAtLeast(a->key, 3));
-  EXPECT_TRUE(policy_->SeenAtLeast(a->key, 0));
-  EXPECT_FALSE(policy_->SeenAtLeast(a->key ^ 1, 1));
+  EXPECT_TRUE(policy_->SeenAtLeast(&index_, a->key, 2));
+  EXPECT_FALSE(policy_->SeenAtLeast(&index_, a->key, 3));
+  EXPECT_TRUE(policy_->SeenAtLeast(&index_, a->key, 0));
+  EXPECT_FALSE(policy_->SeenAtLeast(&index_, a->key ^ 1, 1));
 
   // A newcomer with one reference goes before a block that comes back with
   // its earlier references.
@@ -228,6 +229,33 @@ TEST_F(LruKPolicyTest, EvictedBlockResumesItsHistory) {
   EXPECT_EQ(policy_->PickVictim(All), fresh);
 }
 
+TEST_F(LruKPolicyTest, RetainedHistoryBelongsToItsIndex) {
+  // Another (namespace, model) has its own index: a block there whose chain
+  // key equals an erased block's here must not inherit that history, nor
+  // may the key form answer for it.
+  PrefixIndex other(kBt);
+  IndexNode* a = Add(1);
+  Advance(absl::Seconds(2));
+  policy_->Touch(a);
+  policy_->Erase(a);
+  ASSERT_TRUE(policy_->SeenAtLeast(&index_, a->key, 2));
+  EXPECT_FALSE(policy_->SeenAtLeast(&other, a->key, 1));
+
+  IndexNode* stranger = other.AddChild(nullptr, Block(1), payload_);
+  ASSERT_NE(stranger, nullptr);
+  stranger->key = a->key;  // the same key, whatever the hashing
+  Advance(absl::Seconds(2));
+  policy_->Insert(stranger);
+  EXPECT_EQ(policy_->References(*stranger), 1);
+  EXPECT_EQ(policy_->retained_size(), 1u);  // a's history is still a's
+  policy_->Erase(stranger);
+
+  Advance(absl::Seconds(2));
+  policy_->Insert(a);
+  EXPECT_EQ(policy_->References(*a), 3);
+  policy_->Erase(a);
+}
+
 TEST_F(LruKPolicyTest, NoRetainedHistoryStartsOver) {
   Reset({.retained_history = 0});
   IndexNode* a = Add(1);
@@ -235,7 +263,7 @@ TEST_F(LruKPolicyTest, NoRetainedHistoryStartsOver) {
   policy_->Touch(a);
   policy_->Erase(a);
   EXPECT_EQ(policy_->retained_size(), 0u);
-  EXPECT_FALSE(policy_->SeenAtLeast(a->key, 1));
+  EXPECT_FALSE(policy_->SeenAtLeast(&index_, a->key, 1));
   Advance(absl::Seconds(2));
   policy_->Insert(a);
   EXPECT_EQ(policy_->References(*a), 1);
@@ -246,9 +274,9 @@ TEST_F(LruKPolicyTest, RetainedHistoryIsBoundedLeastRecentlyErasedFirst) {
   std::vector<IndexNode*> n = {Add(1), Add(2), Add(3)};
   for (IndexNode* node : n) policy_->Erase(node);
   EXPECT_EQ(policy_->retained_size(), 2u);
-  EXPECT_FALSE(policy_->SeenAtLeast(n[0]->key, 1));
-  EXPECT_TRUE(policy_->SeenAtLeast(n[1]->key, 1));
-  EXPECT_TRUE(policy_->SeenAtLeast(n[2]->key, 1));
+  EXPECT_FALSE(policy_->SeenAtLeast(&index_, n[0]->key, 1));
+  EXPECT_TRUE(policy_->SeenAtLeast(&index_, n[1]->key, 1));
+  EXPECT_TRUE(policy_->SeenAtLeast(&index_, n[2]->key, 1));
 }
 
 TEST_F(LruKPolicyTest, PriorityBuysTimeAtPriorityStep) {

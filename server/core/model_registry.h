@@ -27,8 +27,13 @@ namespace kvcache {
 
 struct ModelState {
   ModelState(const ModelKey& k, const ModelLayout& l, const ImportancePolicy& p,
-             size_t calibration_samples)
-      : key(k), layout(l), index(l.block_tokens), policy(p), calibrator(calibration_samples) {}
+             size_t calibration_samples,
+             std::shared_ptr<const BlockHasher> hasher = BlockHasher::Unkeyed())
+      : key(k),
+        layout(l),
+        index(l.block_tokens, std::move(hasher)),
+        policy(p),
+        calibrator(calibration_samples) {}
   ModelKey key;
   ModelLayout layout;
   // Set by ModelRegistry::Add, unique over the daemon's life: tells a model
@@ -56,6 +61,10 @@ struct ModelState {
   uint64_t conflicting_blocks = 0;  // appends whose bytes differed from the cached block
   uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
   uint64_t corrupt_blocks = 0;      // dropped by compaction: checksum mismatch
+  // While a restore runs: a restored block's lookup hash in its image, when
+  // that differs from its lookup hash here (the image was written under
+  // other keys), to this one (Cache::RestoreBlock).
+  absl::flat_hash_map<uint64_t, uint64_t> restore_aliases;
   // Bumped by every policy change: a compaction job planned under another
   // generation is void.
   uint64_t policy_generation = 0;

@@ -1,34 +1,12 @@
 #include "server/core/prefix_index.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <new>
 #include <utility>
 
-#if defined(KVCACHE_XXH3_DISPATCH)
-#include <xxh_x86dispatch.h>
-#endif
-
 namespace kvcache {
 namespace {
-
-// XXH3 of a block's tokens, with the widest vector unit the CPU has where
-// libxxhash offers the run-time dispatch.
-uint64_t HashBlock(std::span<const Token> block) {
-#if defined(KVCACHE_XXH3_DISPATCH)
-  return XXH3_64bits_dispatch(block.data(), block.size_bytes());
-#else
-  return XXH3_64bits(block.data(), block.size_bytes());
-#endif
-}
-
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer: a bijection
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
-  return x ^ (x >> 31);
-}
 
 bool SameTokens(const IndexNode& node, std::span<const Token> block) {
   const std::span<const Token> mine = node.tokens();
@@ -54,33 +32,25 @@ constexpr size_t kPrefetchDistance = 8;
 
 const BlockTokenState IndexNode::kNoTokenState;
 
-BlockHashes BlockHashes::Of(uint32_t block_tokens, std::span<const Token> tokens) {
-  BlockHashes out{.block_tokens = block_tokens};
+BlockHashes BlockHashes::Of(std::shared_ptr<const BlockHasher> hasher, uint32_t block_tokens,
+                            std::span<const Token> tokens) {
+  BlockHashes out{.block_tokens = block_tokens, .hasher = std::move(hasher)};
   out.hashes.resize(tokens.size() / block_tokens);
   uint64_t h = 0;
   for (size_t b = 0; b < out.hashes.size(); ++b) {
-    h = PrefixIndex::LookupHash(h, tokens.subspan(b * block_tokens, block_tokens));
+    h = out.hasher->LookupHash(h, tokens.subspan(b * block_tokens, block_tokens));
     out.hashes[b] = h;
   }
   return out;
 }
 
-PrefixIndex::PrefixIndex(uint32_t block_tokens) : block_tokens_(block_tokens) {
+PrefixIndex::PrefixIndex(uint32_t block_tokens, std::shared_ptr<const BlockHasher> hasher)
+    : block_tokens_(block_tokens), hasher_(std::move(hasher)) {
   root_.index = this;
 }
 
 PrefixIndex::~PrefixIndex() {
   Clear([](IndexNode*) {});
-}
-
-uint64_t PrefixIndex::ChainKey(uint64_t parent_key, std::span<const Token> block) {
-  return XXH3_64bits_withSeed(block.data(), block.size_bytes(), parent_key);
-}
-
-uint64_t PrefixIndex::LookupHash(uint64_t parent_hash, std::span<const Token> block) {
-  // Mix is a bijection: distinct (parent, block hash) pairs collide only
-  // when their XORs do.
-  return Mix(parent_hash ^ HashBlock(block));
 }
 
 IndexNode* PrefixIndex::NewNode(std::span<const Token> block) {
@@ -105,13 +75,13 @@ IndexNode* PrefixIndex::FindChild(const IndexNode* parent, std::span<const Token
 }
 
 void PrefixIndex::Match(std::span<const Token> tokens, std::vector<IndexNode*>* path) const {
-  Match(tokens, BlockHashes::Of(block_tokens_, tokens), path);
+  Match(tokens, BlockHashes::Of(hasher_, block_tokens_, tokens), path);
 }
 
 void PrefixIndex::Match(std::span<const Token> tokens, const BlockHashes& hashes,
                         std::vector<IndexNode*>* path) const {
-  if (hashes.block_tokens != block_tokens_) {
-    Match(tokens, BlockHashes::Of(block_tokens_, tokens), path);
+  if (hashes.block_tokens != block_tokens_ || hashes.hasher != hasher_) {
+    Match(tokens, BlockHashes::Of(hasher_, block_tokens_, tokens), path);
     return;
   }
   const std::vector<uint64_t>& h = hashes.hashes;

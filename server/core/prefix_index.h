@@ -19,7 +19,10 @@
 // A node's tokens sit in the same allocation, right after it. Children are
 // a list threaded through their nodes (for removal and traversal only).
 // Besides its lookup hash each node carries `key`, the block's identity in
-// the API: XXH3 of its tokens seeded with its parent's key.
+// the API, chained over its prefix the same way. Both are keyed hashes of the
+// index's (namespace, model) (block_hasher.h): without the daemon's secret
+// nobody can compute them, and the same tokens hash differently in every
+// (namespace, model).
 //
 // Not thread-safe: the owning Cache serialises access. Node pointers stay valid
 // until the node is removed.
@@ -35,6 +38,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "server/core/block.h"
+#include "server/core/block_hasher.h"
 #include "server/core/block_store.h"
 #include "server/core/layout.h"
 #include "server/core/token_state.h"
@@ -44,13 +48,16 @@ namespace kvcache {
 class PrefixIndex;
 
 // The lookup hashes of the whole blocks of a token sequence, for an index of
-// `block_tokens`-token blocks: hashes[i] covers tokens[0 .. (i+1)*block_tokens).
+// `block_tokens`-token blocks hashing with `hasher`: hashes[i] covers
+// tokens[0 .. (i+1)*block_tokens).
 struct BlockHashes {
   uint32_t block_tokens = 0;
+  std::shared_ptr<const BlockHasher> hasher;
   std::vector<uint64_t> hashes;
 
-  // REQUIRES: block_tokens > 0.
-  static BlockHashes Of(uint32_t block_tokens, std::span<const Token> tokens);
+  // REQUIRES: block_tokens > 0, hasher != nullptr.
+  static BlockHashes Of(std::shared_ptr<const BlockHasher> hasher, uint32_t block_tokens,
+                        std::span<const Token> tokens);
 };
 
 // A cached block. The fields a lookup reads or writes come first, in the
@@ -150,18 +157,23 @@ struct IndexNode {
 
 class PrefixIndex {
  public:
-  explicit PrefixIndex(uint32_t block_tokens);
+  // An index whose hashes are `hasher`'s (the unkeyed one by default: tests).
+  explicit PrefixIndex(uint32_t block_tokens,
+                       std::shared_ptr<const BlockHasher> hasher = BlockHasher::Unkeyed());
   ~PrefixIndex();
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
 
   uint32_t block_tokens() const { return block_tokens_; }
   uint64_t num_blocks() const { return nodes_.size(); }
+  // The hasher of this index's lookup hashes and chain keys (immutable:
+  // callers may keep it and hash without the owner's lock).
+  const std::shared_ptr<const BlockHasher>& hasher() const { return hasher_; }
 
   // Appends to `path` the nodes of the longest cached prefix of `tokens`
   // (whole blocks only), from the first block on. `hashes` are
-  // BlockHashes::Of(block_tokens(), tokens); if they are for another block
-  // size, Match hashes again itself.
+  // BlockHashes::Of(hasher(), block_tokens(), tokens); if they are for
+  // another block size or hasher, Match hashes again itself.
   void Match(std::span<const Token> tokens, const BlockHashes& hashes,
              std::vector<IndexNode*>* path) const;
   // The same, hashing `tokens` itself.
@@ -203,9 +215,13 @@ class PrefixIndex {
   void VisitChildren(const IndexNode* parent, absl::FunctionRef<void(IndexNode*)> visit) const;
 
   // Chained key of a block given its parent's key (0 for the first block).
-  static uint64_t ChainKey(uint64_t parent_key, std::span<const Token> block);
+  uint64_t ChainKey(uint64_t parent_key, std::span<const Token> block) const {
+    return hasher_->ChainKey(parent_key, block);
+  }
   // Lookup hash of a block given its parent's (0 for the first block).
-  static uint64_t LookupHash(uint64_t parent_hash, std::span<const Token> block);
+  uint64_t LookupHash(uint64_t parent_hash, std::span<const Token> block) const {
+    return hasher_->LookupHash(parent_hash, block);
+  }
 
  private:
   IndexNode* NewNode(std::span<const Token> block);
@@ -216,6 +232,7 @@ class PrefixIndex {
   static void VisitBelow(std::vector<IndexNode*> order, absl::FunctionRef<void(IndexNode*)> visit);
 
   const uint32_t block_tokens_;
+  const std::shared_ptr<const BlockHasher> hasher_;
   // Holds the first blocks as its children; no block of its own.
   IndexNode root_;
   // Every node, by lookup hash. The index owns the nodes.

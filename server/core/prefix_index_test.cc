@@ -251,10 +251,10 @@ TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
   EXPECT_THAT(a->tokens(), ::testing::ElementsAreArray(b->tokens()));  // same block tokens...
   EXPECT_NE(a->key, b->key);                                           // ...under different parents
   EXPECT_NE(a->lookup_hash, b->lookup_hash);
-  const uint64_t k1 = PrefixIndex::ChainKey(0, Block(1));
+  const uint64_t k1 = index_.ChainKey(0, Block(1));
   EXPECT_EQ(a->parent->key, k1);
-  EXPECT_EQ(a->key, PrefixIndex::ChainKey(k1, Block(3)));
-  EXPECT_NE(PrefixIndex::ChainKey(0, Block(3)), a->key);  // depth matters too
+  EXPECT_EQ(a->key, index_.ChainKey(k1, Block(3)));
+  EXPECT_NE(index_.ChainKey(0, Block(3)), a->key);  // depth matters too
 
   // Keys are a function of the tokens alone: another index agrees.
   PrefixIndex other(kBt);
@@ -264,9 +264,53 @@ TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
   EXPECT_EQ(c->lookup_hash, a->lookup_hash);
   EXPECT_EQ(c->depth, 1u);
   // The lookup hashes of a sequence are those of its nodes.
-  const BlockHashes hashes = BlockHashes::Of(kBt, Seq({1, 3}));
+  const BlockHashes hashes = BlockHashes::Of(index_.hasher(), kBt, Seq({1, 3}));
   EXPECT_EQ(hashes.block_tokens, kBt);
   EXPECT_THAT(hashes.hashes, ::testing::ElementsAre(a->parent->lookup_hash, a->lookup_hash));
+}
+
+BlockHashKeys KeysOf(uint8_t lookup, uint8_t chain) {
+  BlockHashKeys keys;
+  keys.lookup.fill(lookup);
+  keys.chain.fill(chain);
+  return keys;
+}
+
+TEST_F(PrefixIndexTest, HashesAreKeyedPerIndex) {
+  // The same tokens in indexes of other keys (another daemon's secret, or
+  // another (namespace, model)) have other chain keys and lookup hashes:
+  // a key learnt in one names nothing in the other.
+  IndexNode* a = Insert({1, 3});
+  ASSERT_NE(a, nullptr);
+  PrefixIndex keyed(kBt, std::make_shared<const BlockHasher>(KeysOf(1, 2)));
+  IndexNode* p = keyed.AddChild(nullptr, Block(1), payload_);
+  IndexNode* c = keyed.AddChild(p, Block(3), payload_);
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c->key, a->key);
+  EXPECT_NE(c->lookup_hash, a->lookup_hash);
+  EXPECT_NE(p->key, a->parent->key);
+  // Each key moves only its own hash.
+  const BlockHasher other_chain(KeysOf(1, 3));
+  const BlockHasher other_lookup(KeysOf(4, 2));
+  EXPECT_EQ(other_chain.LookupHash(0, Block(1)), p->lookup_hash);
+  EXPECT_NE(other_chain.ChainKey(0, Block(1)), p->key);
+  EXPECT_EQ(other_lookup.ChainKey(0, Block(1)), p->key);
+  EXPECT_NE(other_lookup.LookupHash(0, Block(1)), p->lookup_hash);
+  // The same keys give the same hashes (a restart with the same secret).
+  const BlockHasher again(KeysOf(1, 2));
+  EXPECT_EQ(again.ChainKey(again.ChainKey(0, Block(1)), Block(3)), c->key);
+  EXPECT_EQ(again.LookupHash(again.LookupHash(0, Block(1)), Block(3)), c->lookup_hash);
+
+  // A keyed index matches its prompts, also from hashes another hasher
+  // made (it hashes again), and finds children by tokens.
+  std::vector<IndexNode*> path;
+  keyed.Match(Seq({1, 3}), &path);
+  EXPECT_THAT(path, ::testing::ElementsAre(p, c));
+  path.clear();
+  keyed.Match(Seq({1, 3}), BlockHashes::Of(index_.hasher(), kBt, Seq({1, 3})), &path);
+  EXPECT_THAT(path, ::testing::ElementsAre(p, c));
+  EXPECT_EQ(keyed.FindChild(p, Block(3)), c);
+  EXPECT_EQ(keyed.FindByLookupHash(a->lookup_hash), nullptr);
 }
 
 TEST_F(PrefixIndexTest, WrongCandidatesNeverMatch) {
@@ -277,16 +321,16 @@ TEST_F(PrefixIndexTest, WrongCandidatesNeverMatch) {
   Insert({4, 5, 6});
   const std::vector<Token> prompt = Seq({1, 2, 3});
   std::vector<IndexNode*> path;
-  index_.Match(prompt, BlockHashes::Of(kBt, Seq({4, 5, 6})), &path);
+  index_.Match(prompt, BlockHashes::Of(index_.hasher(), kBt, Seq({4, 5, 6})), &path);
   EXPECT_TRUE(path.empty());
   // A hash of the right node at the wrong place: block 2 under block 4.
-  BlockHashes mixed = BlockHashes::Of(kBt, Seq({1, 2, 3}));
-  mixed.hashes[1] = BlockHashes::Of(kBt, Seq({4, 5})).hashes[1];
+  BlockHashes mixed = BlockHashes::Of(index_.hasher(), kBt, Seq({1, 2, 3}));
+  mixed.hashes[1] = BlockHashes::Of(index_.hasher(), kBt, Seq({4, 5})).hashes[1];
   index_.Match(prompt, mixed, &path);
   EXPECT_EQ(path.size(), 1u);
   // Hashes for another block size are recomputed.
   path.clear();
-  index_.Match(prompt, BlockHashes::Of(2 * kBt, prompt), &path);
+  index_.Match(prompt, BlockHashes::Of(index_.hasher(), 2 * kBt, prompt), &path);
   EXPECT_EQ(path.size(), 3u);
 }
 

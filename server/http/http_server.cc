@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <civetweb.h>
 #include <netinet/in.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -122,6 +123,12 @@ struct HttpServer::Impl {
     HttpRequest request{.method = info->request_method != nullptr ? info->request_method : "",
                         .path = info->local_uri != nullptr ? info->local_uri : "",
                         .query = info->query_string != nullptr ? info->query_string : ""};
+    for (int i = 0; i < info->num_headers; ++i) {
+      const mg_header& h = info->http_headers[i];
+      if (h.name != nullptr && h.value != nullptr && ::strcasecmp(h.name, "Authorization") == 0) {
+        request.authorization.emplace_back(h.value);
+      }
+    }
     const HttpResponse response = impl->Dispatch(request);
     mg_response_header_start(conn, response.status);
     mg_response_header_add(conn, "Content-Type", response.content_type.c_str(), -1);

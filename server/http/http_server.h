@@ -38,6 +38,8 @@ struct HttpRequest {
   std::string method;  // "GET" or "HEAD"
   std::string path;    // decoded, without the query
   std::string query;   // raw, without the '?'; empty when none
+  // The value of every Authorization header, in order (most requests: none).
+  std::vector<std::string> authorization;
 
   // The first value of query parameter `name`, percent- and '+'-decoded;
   // nullopt when it is absent.

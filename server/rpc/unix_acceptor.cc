@@ -11,6 +11,7 @@
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/unix_peers.h"
 
 namespace kvcache {
 
@@ -62,7 +63,13 @@ void UnixAcceptor::AcceptLoop(grpc::Server* server) {
       }
       continue;
     }
-    grpc::AddInsecureChannelFromFd(server, fd);  // gRPC owns and closes it from here
+    // Its peer's credentials, bound to the descriptor gRPC gets.
+    absl::StatusOr<int> adopted = UnixPeers::Process().Adopt(fd);
+    if (!adopted.ok()) {
+      spdlog::warn("unix socket: connection refused: {}", adopted.status().ToString());
+      continue;
+    }
+    grpc::AddInsecureChannelFromFd(server, *adopted);  // gRPC owns and closes it from here
   }
 }
 
@@ -75,10 +82,7 @@ std::optional<uid_t> PeerUidOf(std::string_view peer) {
   if (auto [p, ec] = std::from_chars(begin, end, fd); ec != std::errc() || p != end || fd < 0) {
     return std::nullopt;
   }
-  ucred cred{};
-  socklen_t length = sizeof(cred);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0) return std::nullopt;
-  return cred.uid;
+  return UnixPeers::Process().UidOf(fd);
 }
 
 }  // namespace kvcache

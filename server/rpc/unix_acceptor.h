@@ -2,10 +2,12 @@
 //
 // kvcached accepts the socket's connections itself and hands each to gRPC
 // (grpc::AddInsecureChannelFromFd), so that a call can be told the uid of the
-// process at the other end: gRPC names such a connection's peer "fd:N", and
-// PeerUidOf() reads SO_PEERCRED of descriptor N. (A socket gRPC listens on
-// itself gives its handlers no way to that.) A descriptor stays gRPC's, and
-// open, while any call on its connection runs, so the uid read is that call's.
+// process at the other end. (A socket gRPC listens on itself gives its
+// handlers no way to that.) gRPC names such a connection's peer "fd:N". The
+// peer's credentials are read when the connection is accepted and bound to
+// descriptor N (UnixPeers, unix_peers.h), not read from N when a call runs:
+// gRPC may close N while calls are pending and a later connection may get N,
+// so reading N then could name another process.
 #ifndef KVCACHE_SERVER_RPC_UNIX_ACCEPTOR_H_
 #define KVCACHE_SERVER_RPC_UNIX_ACCEPTOR_H_
 
@@ -50,8 +52,9 @@ class UnixAcceptor {
 };
 
 // The uid of the process at the other end of the connection gRPC calls
-// `peer`, when it is one a UnixAcceptor handed over ("fd:N"); nullopt for
-// any other peer (TCP, or a descriptor that is no Unix socket).
+// `peer`, as read when a UnixAcceptor accepted it ("fd:N", while N is still
+// that connection's socket: UnixPeers::UidOf); nullopt for any other peer
+// (TCP, or a connection that is gone).
 std::optional<uid_t> PeerUidOf(std::string_view peer);
 
 }  // namespace kvcache

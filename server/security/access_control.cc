@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/security/access_policy.h"
 
@@ -55,6 +56,20 @@ absl::Status AccessControl::Reload() {
   table_ = std::move(fresh);
   generation_.fetch_add(1, std::memory_order_release);
   return absl::OkStatus();
+}
+
+Credentials CredentialsOfAuthorization(const std::vector<std::string>& values) {
+  Credentials credentials;
+  if (values.empty()) return credentials;
+  constexpr absl::string_view kBearer = "Bearer ";
+  const absl::string_view value(values.front().data(), values.front().size());
+  if (values.size() == 1 && value.size() > kBearer.size() &&
+      absl::StartsWithIgnoreCase(value, kBearer)) {
+    credentials.bearer_token = std::string(value.substr(kBearer.size()));
+  } else {
+    credentials.malformed_authorization = true;  // two tokens: neither decides
+  }
+  return credentials;
 }
 
 absl::StatusOr<Principal> AccessControl::Authenticate(const Credentials& credentials) const {

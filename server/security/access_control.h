@@ -56,6 +56,11 @@ struct Credentials {
   std::optional<uid_t> unix_uid;
 };
 
+// The Credentials of a request whose Authorization headers (HTTP: the
+// status page) are `values`: one "Bearer <token>" gives its token; any other
+// value, or more than one header, is malformed; none gives no credentials.
+Credentials CredentialsOfAuthorization(const std::vector<std::string>& values);
+
 class AccessControl;
 
 // What AdmitSession remembers of a caller whose credentials stay the same from

@@ -34,6 +34,9 @@ constexpr auto kPolicy = std::to_array<std::pair<std::string_view, Access>>({
     {"DumpMemory", Access::kDaemon},
     {"InspectSequence", Access::kAdmin},
     {"SetLogLevel", Access::kDaemon},
+    // The status page's per-tenant detail (HTTP, server/status): every
+    // tenant's models, prefixes and keys.
+    {"StatusPageDetail", Access::kDaemon},
     // The shared-memory data plane (kvcache.v1.ShmRequest ops)
     {"ShmHello", Access::kData},
     {"ShmAttachRegion", Access::kData},

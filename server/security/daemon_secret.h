@@ -5,8 +5,9 @@
 //   - checkpoint files carry an HMAC-SHA256 under a key derived from the
 //     secret, so a checkpoint planted or edited by anyone without the secret
 //     is refused at restore (docs/checkpoints.md);
-//   - block chain keys are hashes seeded from the secret, so a key reveals
-//     nothing about its tokens and nobody can craft colliding prompts.
+//   - block chain keys and lookup hashes are keyed with keys derived from the
+//     secret per (namespace, model) (server/core/block_hasher.h), so a key
+//     reveals nothing about its tokens and nobody can craft colliding prompts.
 //
 // The secret lives in a file of its own, outside the checkpoint folder
 // (security.secret_file; by default "<checkpoint.dir>.secret"), mode 0600,

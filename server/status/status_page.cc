@@ -299,8 +299,29 @@ HttpResponse BadQuery(std::string_view why) {
                                 "</p></body></html>\n"));
 }
 
+// Where per-tenant detail would be, for a viewer who may not see it.
+constexpr std::string_view kDetailHidden =
+    "<section id=\"tenant-detail\"><h2>Tenants</h2><p>Models, top prefixes, attention maps, "
+    "tier moves and recent errors are shown to admins of every namespace only: send "
+    "<code>Authorization: Bearer &lt;token&gt;</code> (docs/security.md).</p></section>\n";
+
+bool MaySeeDetail(const StatusPageOptions& options, const HttpRequest& request) {
+  return !options.may_see_detail || options.may_see_detail(request);
+}
+
+HttpResponse Unauthorized() {
+  HttpResponse r = Html(401, absl::StrCat(Head("kvcached: authentication required"),
+                                          "<p id=\"error\">Attention maps are shown to admins of "
+                                          "every namespace only: send Authorization: Bearer "
+                                          "&lt;token&gt;.</p></body></html>\n"));
+  r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"kvcached\"");
+  return r;
+}
+
 HttpResponse ServeAttention(const StatusSource& source, const StatusPageOptions& options,
                             const HttpRequest& request) {
+  // Before the query is even read: the answer must not depend on it.
+  if (!MaySeeDetail(options, request)) return Unauthorized();
   std::optional<std::string> ns = request.Param("ns");
   std::optional<std::string> model = request.Param("model");
   std::optional<std::string> key_text = request.Param("key");
@@ -331,7 +352,9 @@ std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions
                              absl::Time now) {
   const CacheStats stats = source.Stats();
   const std::vector<PrefixSummary> top =
-      source.TopPrefixes(std::max(options.ranked_prefixes, options.top_prefixes));
+      options.tenant_detail
+          ? source.TopPrefixes(std::max(options.ranked_prefixes, options.top_prefixes))
+          : std::vector<PrefixSummary>{};
   std::string out = Head("kvcached status");
   out.append(
       "<nav id=\"sections\"><a href=\"#version\">version</a><a href=\"#tiers\">tiers</a><a "
@@ -340,11 +363,15 @@ std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions
       "href=\"#recent-migrations\">tier moves</a><a href=\"#config\">config</a></nav>\n");
   AppendVersion(source.Identity(), now, &out);
   AppendTiers(stats, &out);
-  AppendModels(stats, &out);
-  AppendTopPrefixes(top, options, now, &out);
-  AppendAttention(source, top, options, &out);
-  AppendRecentErrors(source.RecentErrors(), &out);
-  AppendRecentMoves(source.RecentMoves(), &out);
+  if (options.tenant_detail) {
+    AppendModels(stats, &out);
+    AppendTopPrefixes(top, options, now, &out);
+    AppendAttention(source, top, options, &out);
+    AppendRecentErrors(source.RecentErrors(), &out);
+    AppendRecentMoves(source.RecentMoves(), &out);
+  } else {
+    out.append(kDetailHidden);
+  }
   AppendConfig(source.ConfigJson(), &out);
   out.append("</body></html>\n");
   return out;
@@ -372,8 +399,10 @@ std::string RenderAttentionPage(const StatusPageOptions& options, const ModelKey
 
 void ServeStatusPages(HttpServer& server, std::shared_ptr<const StatusSource> source,
                       StatusPageOptions options) {
-  server.Handle("/status", [source, options](const HttpRequest&) {
-    return Html(200, RenderStatusPage(*source, options, absl::Now()));
+  server.Handle("/status", [source, options](const HttpRequest& request) {
+    StatusPageOptions shown = options;
+    shown.tenant_detail = options.tenant_detail && MaySeeDetail(options, request);
+    return Html(200, RenderStatusPage(*source, shown, absl::Now()));
   });
   server.Handle("/status/attention", [source, options](const HttpRequest& request) {
     return ServeAttention(*source, options, request);

@@ -19,6 +19,15 @@
 // #top-prefixes, #recent-errors, #recent-migrations, #attention) for tests
 // and for operators' scrapers.
 //
+// Per-tenant detail: the models table, the top prefixes (their first-block
+// keys), the attention maps (/status and /status/attention), recent tier
+// moves (block keys) and recent warnings and errors (which name namespaces
+// and models). StatusPageOptions::may_see_detail decides per request who sees
+// it; the daemon lets only admins of every namespace (a bearer token) see it
+// when authentication is on (docs/security.md). Others get the rest of
+// /status with a note in #tenant-detail, and 401 from /status/attention
+// whatever the query names (so the answer reveals nothing of what is cached).
+//
 // The pages read everything through a StatusSource (plain values), so they
 // are rendered and tested without a cache; CacheStatusSource
 // (cache_status_source.h) is the daemon's. Rendering is thread-safe when the
@@ -28,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,6 +90,11 @@ struct StatusPageOptions {
   size_t ranked_prefixes = 1024;
   // The attention map draws at most this many tokens of a sequence.
   size_t max_map_tokens = 8192;
+  // Render the per-tenant detail (RenderStatusPage).
+  bool tenant_detail = true;
+  // Whether a request may see the per-tenant detail (ServeStatusPages);
+  // unset: every request may.
+  std::function<bool(const HttpRequest&)> may_see_detail;
 };
 
 // The /status page. `now` dates the uptime and ages.
@@ -94,7 +109,8 @@ std::string RenderAttentionPage(const StatusPageOptions& options, const ModelKey
                                 const absl::StatusOr<SequenceInspection>& sequence);
 
 // Serves /status and /status/attention on `server`: 200 with the page; for
-// the attention page 400 for a malformed query and 404 for a model or
+// the attention page 401 (before the query is read) for a request that may
+// not see per-tenant detail, 400 for a malformed query and 404 for a model or
 // sequence not cached. REQUIRES: `source` stays callable while `server`
 // serves (it is shared with the handlers).
 void ServeStatusPages(HttpServer& server, std::shared_ptr<const StatusSource> source,

@@ -242,7 +242,7 @@ struct Reply {
   std::string body;
 };
 
-Reply Get(int port, const std::string& target) {
+Reply Get(int port, const std::string& target, const std::string& headers = "") {
   Reply reply;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -253,8 +253,8 @@ Reply Get(int port, const std::string& target) {
     ::close(fd);
     return reply;
   }
-  const std::string request =
-      absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string request = absl::StrCat(
+      "GET ", target, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", headers, "\r\n");
   (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string all;
   char buffer[8192];
@@ -299,6 +299,47 @@ TEST(StatusPagesServedTest, ServeBothPagesWithTheirStatus) {
   EXPECT_EQ(Get(port, "/status/attention?ns=team&model=m&key=xyz").status, 400);
   EXPECT_EQ(Get(port, "/status/attention?ns=team&model=m&key=12345678901234567").status, 400);
   EXPECT_EQ(Get(port, "/status/attention?model=noslash&key=1").status, 400);
+}
+
+TEST(StatusPagesServedTest, TenantDetailOnlyForWhomMaySeeIt) {
+  auto server = HttpServer::Start({.address = "127.0.0.1:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto source = std::make_shared<FakeSource>();
+  StatusPageOptions options;
+  options.may_see_detail = [](const HttpRequest& request) {
+    return request.authorization == std::vector<std::string>{"Bearer admin"};
+  };
+  ServeStatusPages(**server, source, options);
+  const int port = (*server)->port();
+  const std::string cached = "/status/attention?ns=team&model=m&key=0000000000001234";
+  const std::string absent = "/status/attention?ns=team&model=m&key=9999";
+
+  // Without the right header: 401 before the query is looked at, cached or not.
+  for (const std::string headers :
+       {"", "Authorization: Bearer worker\r\n", "Authorization: Basic YWRtaW4=\r\n",
+        "Authorization: Bearer admin\r\nAuthorization: Bearer admin\r\n"}) {
+    source->last_model = {};
+    Reply map = Get(port, cached, headers);
+    EXPECT_EQ(map.status, 401) << headers;
+    EXPECT_THAT(map.head, HasSubstr("WWW-Authenticate: Bearer"));
+    EXPECT_EQ(Get(port, absent, headers).status, 401) << headers;
+    EXPECT_EQ(Get(port, "/status/attention?bad", headers).status, 401) << headers;
+    EXPECT_EQ(source->last_model, ModelKey{}) << "the source was asked";
+    Reply page = Get(port, "/status", headers);
+    EXPECT_EQ(page.status, 200);
+    EXPECT_THAT(page.body, HasSubstr("<section id=\"tenant-detail\">"));
+    EXPECT_THAT(page.body, HasSubstr("<section id=\"tiers\">"));
+    for (const char* hidden : {"id=\"models\"", "id=\"top-prefixes\"", "id=\"attention\"",
+                               "id=\"recent-errors\"", "id=\"recent-migrations\""}) {
+      EXPECT_THAT(page.body, ::testing::Not(HasSubstr(hidden))) << hidden;
+    }
+  }
+  const std::string admin = "Authorization: Bearer admin\r\n";
+  EXPECT_EQ(Get(port, cached, admin).status, 200);
+  EXPECT_EQ(Get(port, absent, admin).status, 404);
+  Reply page = Get(port, "/status", admin);
+  EXPECT_THAT(page.body, HasSubstr("<section id=\"top-prefixes\">"));
+  EXPECT_THAT(page.body, ::testing::Not(HasSubstr("id=\"tenant-detail\"")));
 }
 
 }  // namespace

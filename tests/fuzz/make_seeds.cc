@@ -264,6 +264,18 @@ void CheckpointSeeds() {
         std::string("\x01\x1f", 2) + b.SerializeAsString());
 }
 
+// The HTTP query parser (http_query_fuzzer.cc): byte 0 even, a raw query;
+// odd, NUL-separated names and values that the target encodes.
+void HttpQuerySeeds() {
+  using namespace std::string_literals;
+  Write("http_query", "attention", "\x00ns=acme&model=llama-3&key=00000000deadbeef"s);
+  Write("http_query", "attention_model_slash", "\x00model=acme%2Fllama%2F3&key=0x1234"s);
+  Write("http_query", "escapes", "\x00"s + "a=%41%4g%&b=+x+&=v&&c&%zz=1&key=%");
+  Write("http_query", "duplicates", "\x00k=1&k=2&K=3&k%3D=4"s);
+  Write("http_query", "pairs", "\x01ns\x00"s + "a&b=c" + "\x00model\x00m+%\x00\x00empty name"s);
+  Write("http_query", "pairs_every_byte", "\x03key\x00\xff\x00\x01\x00k\x00second"s);
+}
+
 }  // namespace
 }  // namespace kvcache
 
@@ -279,6 +291,7 @@ int main(int argc, char** argv) {
   kvcache::CalibrationSeeds();
   kvcache::SafetensorsSeeds();
   kvcache::CheckpointSeeds();
+  kvcache::HttpQuerySeeds();
   std::printf("seeds written under %s\n", argv[1]);
   return 0;
 }

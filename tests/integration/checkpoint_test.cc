@@ -129,11 +129,23 @@ TEST_F(CheckpointTest, ARestartServesEveryBlockAgain) {
   ASSERT_TRUE(stats.ok());
   ASSERT_EQ(stats->tiers_size(), 2);
   EXPECT_GT(stats->tiers(1).blocks(), 0u) << "nothing reached the SSD tier";
+  // Block keys are keyed with the daemon's secret, which a restart keeps.
+  auto keys = [&] {
+    std::vector<uint64_t> out;
+    auto r = client_->Lookup("m", Sequence(kSequences - 1));
+    if (r.ok()) {
+      for (const v1::BlockDescriptor& b : r->blocks) out.push_back(b.key());
+    }
+    return out;
+  };
+  const std::vector<uint64_t> keys_before = keys();
+  ASSERT_EQ(keys_before.size(), kBlocksPerSequence);
   client_.reset();
   ASSERT_EQ(daemon_->Stop(), 0) << "log " << daemon_->log_path();
 
   ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
   const v1::CheckpointStatus restored = WaitForRestore();
+  EXPECT_EQ(keys(), keys_before);
   EXPECT_EQ(restored.restore_state(), "done") << restored.restore_error();
   EXPECT_GT(restored.reattached_copies(), 0u);
   EXPECT_EQ(restored.reattach_failures(), 0u);

@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -59,6 +61,7 @@ class TenancyTest : public ::testing::Test {
                                               "tenant_limits": {"max_cached_bytes": 65536}}})";
     auto d =
         DaemonProcess::Start({.tcp = true,
+                              .metrics = true,
                               .extra_flags = {"--config", config, "--principals-file", principals_},
                               .token = kAdmin});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -170,6 +173,64 @@ TEST_F(TenancyTest, TenantsNeitherSeeNorTouchEachOthersKv) {
   auto all = As(kAdmin)->ListModels();
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->models_size(), 2);
+}
+
+// An HTTP GET of the status port as `token` (none when empty): the status
+// code, and the body in `body`.
+int GetStatus(const DaemonProcess& daemon, const std::string& target, const std::string& token,
+              std::string* body = nullptr) {
+  const std::string file = ::testing::TempDir() + "status-body-" + std::to_string(::getpid());
+  const std::string auth =
+      token.empty() ? "" : absl::StrCat("-H 'Authorization: Bearer ", token, "' ");
+  CommandResult r =
+      RunCommand(absl::StrCat("curl -s -o ", file, " -w '%{http_code}' ", auth,
+                              "'http://127.0.0.1:", daemon.metrics_port(), target, "'"));
+  if (body != nullptr) {
+    std::ifstream in(file);
+    body->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::filesystem::remove(file);
+  return r.exit_code == 0 ? std::atoi(r.output.c_str()) : -1;
+}
+
+TEST_F(TenancyTest, TheStatusPageShowsTenantsDetailToAdminsOnly) {
+  // acme caches a prompt; its first block's key is what an attacker would
+  // probe /status/attention with.
+  auto acme = As(kAcme);
+  const std::vector<uint32_t> prompt = MakeTokens(11, 4 * kBlockTokens);
+  ASSERT_GT(Store(*acme, prompt), 0u);
+  auto looked = acme->Lookup("m", prompt);
+  ASSERT_TRUE(looked.ok()) << looked.status();
+  ASSERT_EQ(looked->blocks.size(), 4u);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(looked->blocks[0].key()));
+  const std::string cached = absl::StrCat("/status/attention?ns=acme&model=m&key=", hex);
+  const std::string random = "/status/attention?ns=acme&model=m&key=0123456789abcdef";
+
+  // Without a token, with a wrong one, or as a worker or a tenant's reader:
+  // the same 401 whether or not the sequence is cached, and /status without
+  // models, prefixes or keys.
+  for (const std::string token : {"", "wrong-token-0123456789", kAcme, kReader}) {
+    EXPECT_EQ(GetStatus(*daemon_, cached, token), 401) << token;
+    EXPECT_EQ(GetStatus(*daemon_, random, token), 401) << token;
+    std::string page;
+    ASSERT_EQ(GetStatus(*daemon_, "/status", token, &page), 200) << token;
+    EXPECT_THAT(page, HasSubstr("id=\"tenant-detail\""));
+    EXPECT_THAT(page, HasSubstr("id=\"tiers\""));
+    EXPECT_THAT(page, ::testing::Not(HasSubstr("id=\"top-prefixes\"")));
+    EXPECT_THAT(page, ::testing::Not(HasSubstr("id=\"models\"")));
+    EXPECT_THAT(page, ::testing::Not(HasSubstr(hex)));
+    EXPECT_THAT(page, ::testing::Not(HasSubstr("acme")));
+  }
+
+  // The admin of every namespace sees it all.
+  std::string page;
+  ASSERT_EQ(GetStatus(*daemon_, "/status", kAdmin, &page), 200);
+  EXPECT_THAT(page, HasSubstr("id=\"top-prefixes\""));
+  EXPECT_THAT(page, HasSubstr(hex));
+  EXPECT_EQ(GetStatus(*daemon_, cached, kAdmin), 200);
+  EXPECT_EQ(GetStatus(*daemon_, random, kAdmin), 404);
 }
 
 TEST_F(TenancyTest, ASharedNamespaceServesEveryTenant) {
