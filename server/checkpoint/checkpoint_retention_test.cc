@@ -26,7 +26,7 @@ using cache_test::kSlab;
 using cache_test::Seq;
 
 constexpr uint64_t kSsdBytes = uint64_t{1} << 20;  // 16 regions of 64 KiB
-constexpr uint64_t kFootprint = 12 << 10;           // an 8 KiB block's slot: 80 slots
+constexpr uint64_t kFootprint = 12 << 10;          // an 8 KiB block's slot: 80 slots
 
 class CheckpointRetentionTest : public ::testing::Test {
  protected:
@@ -55,12 +55,11 @@ class CheckpointRetentionTest : public ::testing::Test {
     auto lower = OpenSsdBlockStore(ssd);
     ASSERT_TRUE(lower.ok()) << lower.status();
     lower_ = *std::move(lower);
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
+    auto pool =
+        SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
-    cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool),
-                                     NewLruKPolicy({}, &clock_), &clock_, lower_,
-                                     NewLruKPolicy({}, &clock_));
+    cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruKPolicy({}, &clock_),
+                                     &clock_, lower_, NewLruKPolicy({}, &clock_));
     ASSERT_TRUE(cache_->RegisterModel(Big().key, Big().layout).ok());
     const CheckpointerOptions options{.dir = dir_ + "/ckpt"};
     auto service = CheckpointService::Open(

@@ -836,8 +836,7 @@ TEST_P(SsdStoreTest, WritesReuseTheOldestRetainedSlotsPastTheBudget) {
     refs.push_back(*std::move(ref));
   }
   EXPECT_EQ(store.GetStats().retained_bytes, 0u);
-  EXPECT_EQ(WriteBlock(store, 400, 8 * kKiB).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(WriteBlock(store, 400, 8 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 // A failed checkpoint frees what was retained only for it (copies written

@@ -65,10 +65,10 @@ class SsdRetentionTest : public ::testing::Test {
     std::fprintf(f, R"({"checkpoint": {"dir": "%s/ckpt", "interval_seconds": 2, "keep": 2}})",
                  dir_.c_str());
     std::fclose(f);
-    auto d = DaemonProcess::Start(
-        {.capacity_bytes = 32 << 20,
-         .extra_flags = {"--config", config, "--ssd-path", dir_ + "/ssd.bin",
-                         "--ssd-capacity-bytes", std::to_string(64 << 20)}});
+    auto d =
+        DaemonProcess::Start({.capacity_bytes = 32 << 20,
+                              .extra_flags = {"--config", config, "--ssd-path", dir_ + "/ssd.bin",
+                                              "--ssd-capacity-bytes", std::to_string(64 << 20)}});
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
   }
