@@ -543,7 +543,8 @@ int Serve(const v1::ServerConfig& config) {
                                                               .full_every = c.full_every(),
                                                               .zstd_level = c.zstd_level()},
                                              .interval = absl::Seconds(c.interval_seconds()),
-                                             .restore_on_start = c.restore_on_start()});
+                                             .restore_on_start = c.restore_on_start(),
+                                             .lower_retained_share = c.ssd_retained_share()});
     if (!opened.ok()) {
       spdlog::error("checkpoints: {}", opened.status().ToString());
       return 2;

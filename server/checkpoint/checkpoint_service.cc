@@ -31,6 +31,10 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Open(
   if (!next.ok()) return next.status();
   if (BlockStore* lower = cache->lower_tier().get(); lower != nullptr && lower->persistent()) {
     lower->SetRetention(true);
+    const double share = std::clamp(options.lower_retained_share, 0.0, 1.0);
+    lower->SetRetentionBudget(
+        share >= 1.0 ? UINT64_MAX
+                     : static_cast<uint64_t>(share * lower->GetStats().capacity_bytes));
   }
   return std::unique_ptr<CheckpointService>(
       new CheckpointService(cache, fs, std::move(options), *next));

@@ -2,7 +2,8 @@
 //
 // Owns the Checkpointer and the Restorer of one checkpoint directory:
 //   Open()            creates the directory, finds the next sequence, and
-//                     turns on the lower tier's retention of freed space
+//                     turns on the lower tier's retention of freed space,
+//                     within lower_retained_share of its capacity
 //   PrepareRestore()  before serving: picks the checkpoint to restore and
 //                     re-attaches its lower-tier copies
 //   Start()           a thread that restores the rest while the daemon
@@ -41,6 +42,10 @@ struct CheckpointServiceOptions {
   CheckpointerOptions checkpointer;            // dir, keep, full_every, zstd level
   absl::Duration interval = absl::Minutes(5);  // zero: no periodic checkpoints
   bool restore_on_start = true;
+  // Share of the lower (SSD) tier's capacity that space retained for the
+  // newest checkpoint may hold against new writes; past it, writes reuse the
+  // oldest retained space (BlockStore::SetRetentionBudget). 1: never.
+  double lower_retained_share = 0.10;
 };
 
 struct CheckpointServiceStatus {

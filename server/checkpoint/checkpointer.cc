@@ -54,6 +54,11 @@ absl::StatusOr<CheckpointRun> Checkpointer::Run() {
     // wrote is gone, and the map may describe neither.
     have_previous_ = false;
     payloads_.clear();
+    // What the lower tier retained for this run alone is free again; the
+    // newest committed checkpoint's copies stay retained (within the budget).
+    if (BlockStore* lower = cache_->lower_tier().get(); lower != nullptr && lower->persistent()) {
+      lower->CheckpointFailed();
+    }
   }
   return run;
 }
@@ -72,7 +77,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
   run.full = !have_previous_ || runs_since_full_ + 1 >= options_.full_every;
   BlockStore* lower = cache_->lower_tier().get();
   const bool reattachable = lower != nullptr && lower->persistent();
-  const uint64_t mark = reattachable ? lower->RetentionMark() : 0;
+  const uint64_t mark = reattachable ? lower->CheckpointStarted() : 0;
 
   absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer = CheckpointWriter::Create(
       fs_, options_.dir, run.sequence, {.zstd_level = options_.zstd_level});
@@ -218,7 +223,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
   runs_since_full_ = run.full ? 0 : runs_since_full_ + 1;
   // Space freed before this checkpoint began is in no checkpoint we keep
   // relying on: the lower tier may reuse it.
-  if (reattachable) lower->ReleaseRetained(mark);
+  if (reattachable) lower->CheckpointCommitted(mark);
   if (absl::Status s = CheckpointDirectory(fs_, options_.dir).Prune(options_.keep).status();
       !s.ok()) {
     spdlog::warn("checkpoint: pruning {}: {}", options_.dir, s.ToString());

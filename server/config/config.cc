@@ -24,6 +24,10 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint.zstd_level is ", c.zstd_level(), "; it must be in [0, 19]"));
   }
+  if (!(c.ssd_retained_share() >= 0.0 && c.ssd_retained_share() <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint.ssd_retained_share is ", c.ssd_retained_share(), "; it must be in [0, 1]"));
+  }
   return absl::OkStatus();
 }
 
@@ -304,6 +308,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!ckpt->has_zstd_level()) ckpt->set_zstd_level(1);
   if (!ckpt->has_restore_on_start()) ckpt->set_restore_on_start(true);
   if (!ckpt->has_on_shutdown()) ckpt->set_on_shutdown(true);
+  if (!ckpt->has_ssd_retained_share()) ckpt->set_ssd_retained_share(0.1);
 
   v1::StatusPageConfig* status_page = c->mutable_status_page();
   if (!status_page->has_enabled()) status_page->set_enabled(true);

@@ -37,6 +37,7 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.limits().keepalive_timeout_ms(), 10000u);
   EXPECT_TRUE(c.gpu_tier().kind().empty());
   EXPECT_TRUE(c.gpu_tier().pin_host_memory());  // takes effect only with a GPU tier
+  EXPECT_DOUBLE_EQ(c.checkpoint().ssd_retained_share(), 0.1);
 }
 
 TEST(ConfigTest, RemoteListenersNeedAnExplicitOptIn) {
@@ -148,6 +149,12 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
        [](auto& c) { c.mutable_limits()->set_default_lease_ttl_ms(700000); },
        "limits.default_lease_ttl_ms"},
       {"bad log level", [](auto& c) { c.mutable_logging()->set_level("loud"); }, "logging.level"},
+      {"retained share above 1",
+       [](auto& c) { c.mutable_checkpoint()->set_ssd_retained_share(1.5); },
+       "checkpoint.ssd_retained_share"},
+      {"negative retained share",
+       [](auto& c) { c.mutable_checkpoint()->set_ssd_retained_share(-0.1); },
+       "checkpoint.ssd_retained_share"},
       {"unknown log format", [](auto& c) { c.mutable_logging()->set_format("xml"); },
        "logging.format"},
       {"no listener",

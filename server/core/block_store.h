@@ -6,7 +6,7 @@
 // promote it). A StoredCopy is one block's copy in the store: immutable,
 // carrying the block's seal (size and checksums). It is shared through
 // StoredRef; the store reuses a copy's space only once the last reference
-// drops (and, while retention is on, once ReleaseRetained() covers it), so a
+// drops (and, for a retained copy, once retention lets it go), so a
 // reader holding a reference never reads space rewritten under it. The prefix
 // index holds one reference per demoted block; leases and reads in flight
 // hold more.
@@ -18,15 +18,21 @@
 // opens the same file with a new epoch and hands those back to ReattachBatch()
 // before its first Write(), which makes the copies live again once their
 // headers verify. Sync() makes the copies written so far durable, so a
-// checkpoint commits only after a Sync(). Retention (SetRetention(),
-// RetentionMark(), ReleaseRetained()) keeps the space of copies that the
-// newest committed checkpoint may still reference from being rewritten until
-// the next checkpoint commits:
+// checkpoint commits only after a Sync(). Retention keeps the space of
+// copies a checkpoint may list from being rewritten while that checkpoint may
+// be restored, within a budget:
 //
-//   store.SetRetention(true);                  // once, before checkpointing
-//   const uint64_t mark = store.RetentionMark();  // as checkpoint N starts
+//   store.SetRetention(true);                     // once, before checkpointing
+//   store.SetRetentionBudget(bytes);              // what writes leave alone
+//   const uint64_t mark = store.CheckpointStarted();  // as checkpoint N starts
 //   ... write checkpoint N, store.Sync(), commit it ...
-//   store.ReleaseRetained(mark);               // frees what N cannot reference
+//   store.CheckpointCommitted(mark);              // or CheckpointFailed()
+//
+// Only copies a checkpoint may list are retained (those freed while one is
+// being taken, re-attached ones, and those written before the last commit);
+// past the budget a write reuses the oldest retained space, and the newest
+// checkpoint then fails to re-attach that copy (docs/checkpoints.md, "How
+// retention and the SSD tier interact").
 //
 // A volatile store (MemoryBlockStore) keeps the defaults: not persistent,
 // Locate() nullopt, ReattachBatch() UNIMPLEMENTED, Sync() OK, retention a
@@ -92,8 +98,11 @@ struct BlockStoreStats {
   uint64_t failed_writes = 0;      // RESOURCE_EXHAUSTED answers
   // Footprints of copies whose last reference dropped while retention was on
   // (not live, not in allocated_bytes, but their space is not reusable until
-  // ReleaseRetained()).
+  // a checkpoint commits or fails, or a write reuses it past the budget).
   uint64_t retained_bytes = 0;
+  // Retained spaces a write reused because retention was past its budget:
+  // the checkpoint that listed those copies no longer re-attaches them.
+  uint64_t retained_reused = 0;
   uint64_t reattached = 0;  // copies made live by ReattachBatch()
 };
 
@@ -130,8 +139,9 @@ class BlockStore {
 
   // Writes a copy of the sealed `payload` under `key`. RESOURCE_EXHAUSTED
   // when there is no room (the caller frees copies and retries; space held by
-  // retention is not room: while retained bytes are the shortfall the answer
-  // is still RESOURCE_EXHAUSTED, and the caller evicts);
+  // retention within its budget is not room: while those retained bytes are
+  // the shortfall the answer is still RESOURCE_EXHAUSTED, and the caller
+  // evicts; retained space past the budget is reused first);
   // INVALID_ARGUMENT when the block could never fit.
   virtual absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) = 0;
 
@@ -189,20 +199,31 @@ class BlockStore {
 
   // Retention of freed space. While on, a copy whose last reference drops
   // keeps its space (counted in retained_bytes, no longer live) instead of
-  // freeing it; turning it off frees nothing already retained (use
-  // ReleaseRetained(RetentionMark())). Off at start; a no-op for a volatile
-  // store.
+  // freeing it, if a checkpoint may list the copy: one is being taken, or
+  // the copy was re-attached, or it was written before the last
+  // CheckpointCommitted(). Turning it off frees nothing already retained.
+  // Off at start; a no-op for a volatile store.
   virtual void SetRetention(bool /*on*/) {}
 
-  // A mark of the frees so far: the number of copies whose last reference
-  // has dropped (monotonic; 0 for a volatile store). Take it as a checkpoint
-  // starts.
-  virtual uint64_t RetentionMark() const { return 0; }
+  // Retained bytes that writes leave alone; past them a write that finds no
+  // room reuses the oldest retained space (counted in retained_reused)
+  // before answering RESOURCE_EXHAUSTED. Default: no limit (never reused).
+  virtual void SetRetentionBudget(uint64_t /*bytes*/) {}
 
-  // Frees the space retained by frees before `mark` (those counted in it),
-  // once the checkpoint that started at `mark` has committed: that checkpoint
-  // cannot reference them. Frees after the mark stay retained.
-  virtual void ReleaseRetained(uint64_t /*mark*/) {}
+  // A checkpoint starts; until CheckpointCommitted() or CheckpointFailed()
+  // every freed copy is retained (the checkpoint may have captured it).
+  // Returns a mark of the frees so far (monotonic; 0 for a volatile store).
+  virtual uint64_t CheckpointStarted() { return 0; }
+
+  // The checkpoint that started at `mark` committed: frees the space retained
+  // by frees before the mark (that checkpoint cannot list them); copies
+  // written so far may be in it, so freeing one later retains it.
+  virtual void CheckpointCommitted(uint64_t /*mark*/) {}
+
+  // The checkpoint being taken failed: frees the retained space of copies no
+  // committed checkpoint can list (written since the last commit); the
+  // newest committed checkpoint's stay retained.
+  virtual void CheckpointFailed() {}
 };
 
 }  // namespace kvcache

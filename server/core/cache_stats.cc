@@ -347,6 +347,14 @@ void CacheStats::VisitCounters(absl::Time now, CounterVisitor& visitor) const {
   if (has_lower) {
     tiers.VisitLowerCounters(lower_store.kind, visitor);
     prefetch.VisitCounters(lower_store.kind, visitor);
+    visitor.Visit(
+        {"kvcached_tier_retained_bytes",
+         "Space of freed copies kept for the newest checkpoint's re-attach", CounterType::kGauge},
+        {{"tier", lower_store.kind}}, lower_store.retained_bytes);
+    visitor.Visit({"kvcached_tier_retained_reused_total",
+                   "Retained copies whose space a write reused past checkpoint.ssd_retained_share",
+                   CounterType::kCounter},
+                  {{"tier", lower_store.kind}}, lower_store.retained_reused);
   }
   if (has_device) tiers.VisitDeviceCounters(visitor);
   checkpoint.VisitCounters(now, visitor);

@@ -290,19 +290,58 @@ TYPED_TEST(BlockStoreTest, RetentionHoldsFreedSpaceUntilReleased) {
   ASSERT_TRUE(copy.ok());
   const uint64_t footprint = (*copy)->footprint();
   this->store_->SetRetention(true);
-  const uint64_t mark = this->store_->RetentionMark();
-  copy->reset();
+  const uint64_t mark = this->store_->CheckpointStarted();
+  copy->reset();  // while a checkpoint is being taken: it may list the copy
   BlockStoreStats stats = this->store_->GetStats();
   EXPECT_EQ(stats.live_copies, 0u);
   EXPECT_EQ(stats.allocated_bytes, 0u);
   EXPECT_EQ(stats.retained_bytes, TypeParam::kPersistent ? footprint : 0u);
-  if (TypeParam::kPersistent) {
-    EXPECT_EQ(this->store_->RetentionMark(), mark + 1);
-  }
-  this->store_->ReleaseRetained(mark);  // taken before the free: keeps it
+  this->store_->CheckpointCommitted(mark);  // taken before the free: keeps it
   EXPECT_EQ(this->store_->GetStats().retained_bytes, TypeParam::kPersistent ? footprint : 0u);
-  this->store_->ReleaseRetained(this->store_->RetentionMark());
+  const uint64_t next = this->store_->CheckpointStarted();
+  if (TypeParam::kPersistent) {
+    EXPECT_EQ(next, mark + 1);
+  }
+  this->store_->CheckpointCommitted(next);
   EXPECT_EQ(this->store_->GetStats().retained_bytes, 0u);
+  // Written after that commit and freed while no checkpoint runs: in none,
+  // so not retained.
+  auto later = this->store_->Write(7, *p);
+  ASSERT_TRUE(later.ok());
+  later->reset();
+  EXPECT_EQ(this->store_->GetStats().retained_bytes, 0u);
+}
+
+// Retained space is not room while within the budget, and is the first
+// room past it (a volatile store retains nothing: freed space is room).
+TYPED_TEST(BlockStoreTest, RetainedSpacePastTheBudgetServesWrites) {
+  const BlockRef p = MakePayload(64 << 10, 8);
+  std::vector<StoredRef> copies;
+  while (true) {
+    auto copy = this->store_->Write(copies.size(), *p);
+    if (!copy.ok()) break;
+    copies.push_back(*std::move(copy));
+  }
+  ASSERT_GE(copies.size(), 4u);
+  this->store_->SetRetention(true);
+  this->store_->CheckpointCommitted(this->store_->CheckpointStarted());  // may list every copy
+  copies[0].reset();
+  auto within = this->store_->Write(1000, *p);
+  EXPECT_EQ(within.ok(), !TypeParam::kPersistent) << within.status();
+  within = absl::UnavailableError("dropped");  // a volatile store's copy frees its space again
+  this->store_->SetRetentionBudget(0);
+  auto past = this->store_->Write(1001, *p);
+  ASSERT_TRUE(past.ok()) << past.status();
+  BlockStoreStats stats = this->store_->GetStats();
+  EXPECT_EQ(stats.retained_bytes, 0u);
+  EXPECT_EQ(stats.retained_reused, TypeParam::kPersistent ? 1u : 0u);
+  // A failed checkpoint keeps what the committed one may list.
+  this->store_->SetRetentionBudget(UINT64_MAX);
+  this->store_->CheckpointStarted();
+  copies[1].reset();
+  this->store_->CheckpointFailed();
+  EXPECT_EQ(this->store_->GetStats().retained_bytes,
+            TypeParam::kPersistent ? copies[2]->footprint() : 0u);
 }
 
 // The SSD tier in particular: a byte flipped on disk, in the payload or the

@@ -62,6 +62,7 @@ class SsdBlockStore final : public BlockStore {
             .checksum_failures = s.checksum_failures,
             .failed_writes = s.failed_writes,
             .retained_bytes = s.retained_bytes,
+            .retained_reused = s.retained_reused,
             .reattached = s.reattached};
   }
 
@@ -99,8 +100,10 @@ class SsdBlockStore final : public BlockStore {
 
   absl::Status Sync() override { return store_->Sync(); }
   void SetRetention(bool on) override { store_->SetRetention(on); }
-  uint64_t RetentionMark() const override { return store_->RetentionMark(); }
-  void ReleaseRetained(uint64_t mark) override { store_->ReleaseRetained(mark); }
+  void SetRetentionBudget(uint64_t bytes) override { store_->SetRetentionBudget(bytes); }
+  uint64_t CheckpointStarted() override { return store_->CheckpointStarted(); }
+  void CheckpointCommitted(uint64_t mark) override { store_->CheckpointCommitted(mark); }
+  void CheckpointFailed() override { store_->CheckpointFailed(); }
 
   const SsdStore& store() const { return *store_; }
 

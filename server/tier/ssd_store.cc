@@ -87,7 +87,12 @@ class SsdStoreImpl final : public SsdStore {
     {
       MutexLock lock(&mu_);
       written_ = true;  // no ReattachBatch from now on
-      const std::optional<uint64_t> slot = slots_.Allocate(*class_index);
+      std::optional<uint64_t> slot = slots_.Allocate(*class_index);
+      // Past the retention budget the oldest retained slots give way.
+      while (!slot && retained_bytes_ > retention_budget_ && !retained_.empty()) {
+        ReuseOldestRetainedLocked();
+        slot = slots_.Allocate(*class_index);
+      }
       if (!slot) {
         ++failed_writes_;
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -191,6 +196,7 @@ class SsdStoreImpl final : public SsdStore {
       stats.failed_writes = failed_writes_;
       stats.retained_bytes = retained_bytes_;
       stats.retained_extents = retained_.size();
+      stats.retained_reused = retained_reused_;
       stats.reattached = reattached_;
       stats.reattach_failures = reattach_failures_;
     }
@@ -281,22 +287,39 @@ class SsdStoreImpl final : public SsdStore {
     retention_ = on;
   }
 
-  uint64_t RetentionMark() const override {
+  void SetRetentionBudget(uint64_t bytes) override {
     MutexLock lock(&mu_);
+    retention_budget_ = bytes;
+  }
+
+  uint64_t CheckpointStarted() override {
+    MutexLock lock(&mu_);
+    checkpoint_running_ = true;
     return frees_;
   }
 
-  void ReleaseRetained(uint64_t mark) override {
+  void CheckpointCommitted(uint64_t mark) override {
     MutexLock lock(&mu_);
+    checkpoint_running_ = false;
+    committed_through_ = sequence_;
     while (!retained_.empty() && retained_.front().number <= mark) {
-      const Retained& r = retained_.front();
-      if (!slots_.Free(r.offset)) {
-        Log(absl::StrCat("releasing retained slot at offset ", r.offset,
-                         " that is not allocated (ignored)"));
-      }
-      retained_bytes_ -= r.footprint;
+      FreeRetainedLocked(retained_.front());
       retained_.pop_front();
     }
+  }
+
+  void CheckpointFailed() override {
+    MutexLock lock(&mu_);
+    checkpoint_running_ = false;
+    std::deque<Retained> kept;
+    for (const Retained& r : retained_) {
+      if (MayBeListedLocked(r.epoch, r.sequence)) {
+        kept.push_back(r);
+      } else {
+        FreeRetainedLocked(r);
+      }
+    }
+    retained_ = std::move(kept);
   }
 
  private:
@@ -306,7 +329,33 @@ class SsdStoreImpl final : public SsdStore {
     uint64_t number;
     uint64_t offset;
     uint64_t footprint;
+    uint64_t sequence;  // the extent's write
+    uint64_t epoch;
   };
+
+  // Whether a checkpoint may list the extent written as (epoch, sequence)
+  // once its last reference has dropped: one is being taken (it may have
+  // captured the extent), or the extent is an earlier process's (the
+  // checkpoint this one restored from lists it), or it was written before
+  // the newest commit.
+  bool MayBeListedLocked(uint64_t epoch, uint64_t sequence) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return checkpoint_running_ || epoch != options_.epoch || sequence <= committed_through_;
+  }
+
+  void FreeRetainedLocked(const Retained& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!slots_.Free(r.offset)) {
+      Log(absl::StrCat("releasing retained slot at offset ", r.offset,
+                       " that is not allocated (ignored)"));
+    }
+    retained_bytes_ -= r.footprint;
+  }
+
+  void ReuseOldestRetainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    FreeRetainedLocked(retained_.front());
+    retained_.pop_front();
+    ++retained_reused_;
+  }
 
   void Refuse(SsdReattachRequest& request, absl::Status status) {
     request.extent = nullptr;
@@ -421,12 +470,15 @@ class SsdStoreImpl final : public SsdStore {
     {
       MutexLock lock(&mu_);
       const uint64_t number = ++frees_;
-      if (retention_) {
+      if (retention_ && MayBeListedLocked(extent.epoch(), extent.sequence())) {
         --live_extents_;
         allocated_bytes_ -= extent.footprint();
         payload_bytes_ -= extent.size();
-        retained_.push_back(
-            Retained{.number = number, .offset = extent.offset(), .footprint = extent.footprint()});
+        retained_.push_back(Retained{.number = number,
+                                     .offset = extent.offset(),
+                                     .footprint = extent.footprint(),
+                                     .sequence = extent.sequence(),
+                                     .epoch = extent.epoch()});
         retained_bytes_ += extent.footprint();
         return;
       }
@@ -528,9 +580,14 @@ class SsdStoreImpl final : public SsdStore {
   uint64_t reattached_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reattach_failures_ ABSL_GUARDED_BY(mu_) = 0;
   bool retention_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t retention_budget_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
+  bool checkpoint_running_ ABSL_GUARDED_BY(mu_) = false;
+  // Extents of this epoch up to this sequence may be in the newest commit.
+  uint64_t committed_through_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;             // extents released so far
   std::deque<Retained> retained_ ABSL_GUARDED_BY(mu_);  // ascending numbers
   uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t retained_reused_ ABSL_GUARDED_BY(mu_) = 0;
   const std::vector<uint64_t> classes_;
 
   std::atomic<uint64_t> writes_{0};

@@ -38,11 +38,20 @@
 // write to the file, so a store destroyed (or a process killed) leaves every
 // extent it wrote as it was. Sync() makes the writes so far durable.
 //
-// Retention: while SetRetention(true) is in force, an extent whose last
-// reference drops keeps its slot (retained, counted in retained_bytes) until
-// ReleaseRetained() covers its free, so the extents a committed checkpoint
-// references are not rewritten before the next checkpoint commits. Retained
-// slots are not free: a Write() that finds no slot answers
+// Retention (docs/ssd_format.md, "Retention"): while SetRetention(true) is
+// in force, an extent whose last reference drops keeps its slot (retained,
+// counted in retained_bytes) if a checkpoint may list it: a checkpoint is
+// being taken (between CheckpointStarted() and CheckpointCommitted() or
+// CheckpointFailed()), or the extent was re-attached, or it was written
+// before the last CheckpointCommitted(). Any other extent is in no
+// checkpoint, and its slot is freed at once. CheckpointCommitted(mark) frees
+// the slots retained before `mark`; CheckpointFailed() frees those no
+// committed checkpoint can list. Retained slots are not free, but they are
+// not kept at any price: while retained_bytes is above the retention budget
+// (SetRetentionBudget()), a Write() that finds no free slot reuses the oldest
+// retained slots first (counted in retained_reused); the checkpoint that
+// listed the extent there then fails to re-attach it (its header no longer
+// verifies). Within the budget, a Write() that finds no slot answers
 // RESOURCE_EXHAUSTED as when the store is full of live extents.
 //
 // Integrity: Read() verifies everything it returns: the header against the
@@ -185,6 +194,7 @@ struct SsdStoreStats {
   uint64_t io_errors = 0;          // UNAVAILABLE answers (errno from the kernel)
   uint64_t retained_bytes = 0;     // footprints of slots kept by retention (not live)
   uint64_t retained_extents = 0;   // slots kept by retention
+  uint64_t retained_reused = 0;    // retained slots a Write() reused past the retention budget
   uint64_t reattached = 0;         // extents made live by ReattachBatch
   uint64_t reattach_failures = 0;  // ReattachBatch answers other than OK
   bool direct_io = false;          // O_DIRECT in use
@@ -251,14 +261,26 @@ class SsdStore {
   // the errno text when it fails.
   virtual absl::Status Sync() = 0;
 
-  // Retention of freed slots (see the top of this file). While on, a released
-  // extent's slot is retained, tagged with its free number (1, 2, ... over
-  // all releases). Turning it off frees nothing already retained.
+  // Retention of freed slots (see the top of this file). Off at start;
+  // turning it off frees nothing already retained.
   virtual void SetRetention(bool on) = 0;
-  // The number of extents released so far (monotonic).
-  virtual uint64_t RetentionMark() const = 0;
-  // Frees every retained slot whose free number is at most `mark`.
-  virtual void ReleaseRetained(uint64_t mark) = 0;
+  // Retained bytes that writes leave alone: while more is retained, a Write()
+  // that finds no free slot reuses the oldest retained slots. Default
+  // UINT64_MAX: retained slots are never reused.
+  virtual void SetRetentionBudget(uint64_t bytes) = 0;
+  // A checkpoint starts: until it commits or fails, every release is
+  // retained. Returns its mark (the releases so far; monotonic).
+  virtual uint64_t CheckpointStarted() = 0;
+  // The checkpoint that started at `mark` committed: frees the slots of
+  // releases up to `mark` (it cannot list them). Extents written so far may
+  // be in it; a release of one written later, while no checkpoint is being
+  // taken, frees its slot at once.
+  virtual void CheckpointCommitted(uint64_t mark) = 0;
+  // The checkpoint being taken failed: frees the retained slots whose
+  // extents no committed checkpoint can list (written after the last
+  // CheckpointCommitted() by this store); those of the newest committed
+  // checkpoint stay retained.
+  virtual void CheckpointFailed() = 0;
 
  protected:
   SsdStore() = default;

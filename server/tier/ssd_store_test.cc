@@ -699,7 +699,7 @@ TEST_P(SsdStoreTest, RetentionKeepsFreedSlotsUntilReleased) {
   std::vector<SsdRef> refs = Fill(store, 1);  // 20 slots of 12 KiB, all live
   ASSERT_EQ(refs.size(), 20u);
   store.SetRetention(true);
-  const uint64_t before_any = store.RetentionMark();
+  const uint64_t before_any = store.CheckpointStarted();
   const uint64_t a = refs[3]->offset();
   refs[3].reset();  // free number before_any + 1
   SsdStoreStats stats = store.GetStats();
@@ -710,15 +710,15 @@ TEST_P(SsdStoreTest, RetentionKeepsFreedSlotsUntilReleased) {
   auto refused = WriteBlock(store, 100, 8 * kKiB);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("retained"));
-  store.ReleaseRetained(before_any);  // a mark taken before the free keeps it
+  store.CheckpointCommitted(before_any);  // a mark taken before the free keeps it
   EXPECT_EQ(store.GetStats().retained_extents, 1u);
   EXPECT_EQ(WriteBlock(store, 101, 8 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
 
-  const uint64_t after_a = store.RetentionMark();
+  const uint64_t after_a = store.CheckpointStarted();
   EXPECT_EQ(after_a, before_any + 1);
   const uint64_t b = refs[11]->offset();
   refs[11].reset();
-  store.ReleaseRetained(after_a);  // frees a, keeps b
+  store.CheckpointCommitted(after_a);  // frees a, keeps b
   stats = store.GetStats();
   EXPECT_EQ(stats.retained_extents, 1u);
   EXPECT_EQ(stats.retained_bytes, 12 * kKiB);
@@ -726,7 +726,7 @@ TEST_P(SsdStoreTest, RetentionKeepsFreedSlotsUntilReleased) {
   ASSERT_TRUE(reuse_a.ok()) << reuse_a.status();
   EXPECT_EQ((*reuse_a)->offset(), a);
   EXPECT_EQ(WriteBlock(store, 103, 8 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
-  store.ReleaseRetained(store.RetentionMark());
+  store.CheckpointCommitted(store.CheckpointStarted());
   EXPECT_EQ(store.GetStats().retained_bytes, 0u);
   auto reuse_b = WriteBlock(store, 104, 8 * kKiB);
   ASSERT_TRUE(reuse_b.ok()) << reuse_b.status();
@@ -751,16 +751,121 @@ TEST_P(SsdStoreTest, RetainedRegionsReturnWhenReleased) {
   SsdStore& store = Open(256 * kKiB, 64 * kKiB);
   store.SetRetention(true);
   std::vector<SsdRef> refs = Fill(store, 1);
+  store.CheckpointStarted();  // it may capture any of them
   refs.clear();
   SsdStoreStats stats = store.GetStats();
   EXPECT_EQ(stats.live_extents, 0u);
   EXPECT_EQ(stats.retained_extents, 20u);
   EXPECT_EQ(stats.reserved_bytes, 256 * kKiB);
-  store.ReleaseRetained(store.RetentionMark());
+  store.CheckpointCommitted(store.CheckpointStarted());
   stats = store.GetStats();
   EXPECT_EQ(stats.retained_extents, 0u);
   EXPECT_EQ(stats.reserved_bytes, 0u);
   EXPECT_TRUE(store.Sync().ok());
+}
+
+// Only what a checkpoint may list is retained: a copy written after the last
+// commit and freed while no checkpoint is being taken is in none, and its
+// slot is free at once.
+TEST_P(SsdStoreTest, RetainsOnlyWhatACheckpointMayList) {
+  SsdStore& store = Open(256 * kKiB, 64 * kKiB);
+  store.SetRetention(true);
+  std::vector<SsdRef> refs;
+  for (uint64_t key = 1; key <= 10; ++key) {
+    auto ref = WriteBlock(store, key, 8 * kKiB);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    refs.push_back(*std::move(ref));
+  }
+  // No checkpoint yet: nothing lists them.
+  refs[0].reset();
+  EXPECT_EQ(store.GetStats().retained_extents, 0u);
+  // Freed while a checkpoint is being taken: it may have captured it.
+  const uint64_t mark = store.CheckpointStarted();
+  refs[1].reset();
+  EXPECT_EQ(store.GetStats().retained_extents, 1u);
+  store.CheckpointCommitted(mark);  // freed after the mark: still retained
+  EXPECT_EQ(store.GetStats().retained_extents, 1u);
+  // Written before the commit: the committed checkpoint may list it.
+  refs[2].reset();
+  EXPECT_EQ(store.GetStats().retained_extents, 2u);
+  // Written after it: in no checkpoint.
+  auto later = WriteBlock(store, 50, 8 * kKiB);
+  ASSERT_TRUE(later.ok()) << later.status();
+  later->reset();
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.retained_extents, 2u);
+  EXPECT_EQ(stats.retained_bytes, 2 * 12 * kKiB);
+  EXPECT_EQ(stats.live_extents, 7u);
+}
+
+// Past the retention budget a write that finds no free slot reuses the
+// oldest retained slots, and counts them; within it, it is refused.
+TEST_P(SsdStoreTest, WritesReuseTheOldestRetainedSlotsPastTheBudget) {
+  SsdStore& store = Open(256 * kKiB, 64 * kKiB);
+  std::vector<SsdRef> refs = Fill(store, 1);  // 20 slots of 12 KiB, all live
+  ASSERT_EQ(refs.size(), 20u);
+  store.SetRetention(true);
+  store.SetRetentionBudget(2 * 12 * kKiB);
+  store.CheckpointCommitted(store.CheckpointStarted());  // lists all 20
+  std::vector<uint64_t> freed;
+  for (int i : {7, 2, 15, 4, 9}) {
+    freed.push_back(refs[i]->offset());
+    refs[i].reset();
+  }
+  ASSERT_EQ(store.GetStats().retained_extents, 5u);
+  for (int w = 0; w < 3; ++w) {
+    auto ref = WriteBlock(store, 100 + w, 8 * kKiB);
+    ASSERT_TRUE(ref.ok()) << "write " << w << ": " << ref.status();
+    EXPECT_EQ((*ref)->offset(), freed[w]) << "write " << w << " took another slot";
+    EXPECT_TRUE(ReadAndCheck(store, **ref).ok());
+    refs.push_back(*std::move(ref));
+  }
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.retained_reused, 3u);
+  EXPECT_EQ(stats.retained_extents, 2u);
+  EXPECT_EQ(stats.retained_bytes, 2 * 12 * kKiB);
+  auto refused = WriteBlock(store, 200, 8 * kKiB);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.GetStats().retained_reused, 3u);
+  // A budget of zero: every retained slot may be reused.
+  store.SetRetentionBudget(0);
+  for (int w = 0; w < 2; ++w) {
+    auto ref = WriteBlock(store, 300 + w, 8 * kKiB);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    EXPECT_EQ((*ref)->offset(), freed[3 + w]);
+    refs.push_back(*std::move(ref));
+  }
+  EXPECT_EQ(store.GetStats().retained_bytes, 0u);
+  EXPECT_EQ(WriteBlock(store, 400, 8 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A failed checkpoint frees what was retained only for it (copies written
+// since the last commit) and keeps what the committed one lists.
+TEST_P(SsdStoreTest, AFailedCheckpointFreesWhatOnlyItRetained) {
+  SsdStore& store = Open(256 * kKiB, 64 * kKiB);
+  store.SetRetention(true);
+  std::vector<SsdRef> refs;
+  for (uint64_t key = 1; key <= 15; ++key) {
+    if (key == 11) store.CheckpointCommitted(store.CheckpointStarted());  // lists 1..10
+    auto ref = WriteBlock(store, key, 8 * kKiB);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    refs.push_back(*std::move(ref));
+  }
+  store.CheckpointStarted();
+  for (int i : {0, 1, 10, 11, 12}) refs[i].reset();  // two listed, three not
+  ASSERT_EQ(store.GetStats().retained_extents, 5u);
+  store.CheckpointFailed();
+  SsdStoreStats stats = store.GetStats();
+  EXPECT_EQ(stats.retained_extents, 2u);
+  EXPECT_EQ(stats.retained_bytes, 2 * 12 * kKiB);
+  // No checkpoint runs any more: a copy written since the commit is freed
+  // at once, one the committed checkpoint lists is retained.
+  refs[13].reset();
+  refs[2].reset();
+  EXPECT_EQ(store.GetStats().retained_extents, 3u);
+  // The freed slots serve writes; the retained ones do not (no budget set).
+  std::vector<SsdRef> more = Fill(store, 100);
+  EXPECT_EQ(more.size(), 20u - 8 - 3);  // 8 live, 3 retained
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, SsdStoreTest,
