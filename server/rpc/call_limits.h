@@ -5,9 +5,9 @@
 // max_concurrent_streams streams are in flight and fewer than
 // max_streams_per_client of them come from the same peer. The peer is the
 // string gRPC reports (ServerContext::peer()): "ipv4:10.0.0.7:41234" for a
-// TCP connection, so a client is one connection (one kvcache::Client); every
-// Unix-socket connection reports the same peer, so Unix-socket clients share
-// one per-client budget.
+// TCP connection, and "fd:N" for a Unix-socket connection kvcached accepted
+// itself (UnixAcceptor), so on either a client is one connection (one
+// kvcache::Client).
 //
 // UnaryLimiter admits a unary call when fewer than max_concurrent_unary are
 // in flight.
