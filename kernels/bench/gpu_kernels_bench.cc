@@ -10,6 +10,7 @@
 // memcpy of the same uncompressed buffer.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -135,7 +136,12 @@ void QuantizeTable() {
       BENCH_CHECK_CUDA(cudaMalloc(&src, bytes));
       BENCH_CHECK_CUDA(cudaMalloc(&copy, bytes));
       BENCH_CHECK_CUDA(cudaMalloc(&codes, n));
-      BENCH_CHECK_CUDA(cudaMalloc(&scales, heads * kTokens * sizeof(float)));
+      // Per channel there is a scale per (head, dim) column, per token one per
+      // (head, token) row: room for whichever is more.
+      const int64_t max_scales =
+          std::max(Int8ScaleCount(QuantAxis::kPerChannel, heads, kTokens, kDim),
+                   Int8ScaleCount(QuantAxis::kPerToken, heads, kTokens, kDim));
+      BENCH_CHECK_CUDA(cudaMalloc(&scales, max_scales * sizeof(float)));
       FillDevice(src, bytes, dtype);
       const double mib = bytes / 1048576.0;
       const double cpy_ms = TimeMs(

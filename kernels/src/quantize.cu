@@ -31,11 +31,41 @@ __device__ __forceinline__ float InverseScaleOf(float amax) {
   return amax > 0.0f ? 127.0f / amax : 0.0f;
 }
 
+// One element at any address: the scalar path serves pointers that are not
+// even aligned to the element (the CPU twin accepts them), where a plain load
+// or store would fault with cudaErrorMisalignedAddress.
+template <typename T>
+__device__ __forceinline__ T LoadElement(const T* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & (alignof(T) - 1)) == 0) return *p;
+  T v;
+  const unsigned char* from = reinterpret_cast<const unsigned char*>(p);
+  unsigned char* to = reinterpret_cast<unsigned char*>(&v);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T)); ++i) to[i] = from[i];
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreElement(T* p, T v) {
+  if ((reinterpret_cast<uintptr_t>(p) & (alignof(T) - 1)) == 0) {
+    *p = v;
+    return;
+  }
+  const unsigned char* from = reinterpret_cast<const unsigned char*>(&v);
+  unsigned char* to = reinterpret_cast<unsigned char*>(p);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T)); ++i) to[i] = from[i];
+}
+
 template <typename T, int kVec>
 __device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kVec]) {
-  const Pack<T, kVec> pack = *reinterpret_cast<const Pack<T, kVec>*>(p);
+  if constexpr (kVec == 1) {
+    out[0] = ToFloat(LoadElement(p));
+  } else {
+    const Pack<T, kVec> pack = *reinterpret_cast<const Pack<T, kVec>*>(p);
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) out[i] = ToFloat(pack.v[i]);
+    for (int i = 0; i < kVec; ++i) out[i] = ToFloat(pack.v[i]);
+  }
 }
 
 // One warp per row (head, token): amax by butterfly reduction, then quantize.
@@ -146,7 +176,11 @@ __global__ void DequantizeKernel(const int8_t* __restrict__ src, const float* __
         const float s = kPerChannel ? row_scales[c + i] : row_scales[0];
         out.v[i] = FromFloat<T>(__fmul_rn(static_cast<float>(q.v[i]), s));
       }
-      *reinterpret_cast<Pack<T, kVec>*>(dst + row * cols + c) = out;
+      if constexpr (kVec == 1) {
+        StoreElement(dst + row * cols + c, out.v[0]);
+      } else {
+        *reinterpret_cast<Pack<T, kVec>*>(dst + row * cols + c) = out;
+      }
     }
   }
 }
