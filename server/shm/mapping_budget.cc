@@ -100,4 +100,19 @@ uint64_t MappingBudget::owner_mapped_bytes(const std::string& owner) const {
   return it == owners_.end() ? 0 : it->second.bytes;
 }
 
+void MappingBudget::VisitCounters(CounterVisitor& visitor) const {
+  Usage total;
+  {
+    MutexLock lock(&mu_);
+    total = total_;
+  }
+  visitor.Visit({"kvcached_shm_mappings", "Workers' shared-memory regions the daemon maps now",
+                 CounterType::kGauge},
+                {}, static_cast<double>(total.mappings));
+  visitor.Visit({"kvcached_shm_mapped_bytes",
+                 "Bytes of the workers' shared-memory regions the daemon maps now (address space)",
+                 CounterType::kGauge},
+                {}, static_cast<double>(total.bytes));
+}
+
 }  // namespace kvcache

@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "server/core/counter_visitor.h"
 #include "server/core/mutex.h"
 
 namespace kvcache {
@@ -68,6 +69,8 @@ class MappingBudget {
   uint64_t mapped_bytes() const;
   uint64_t owner_mappings(const std::string& owner) const;
   uint64_t owner_mapped_bytes(const std::string& owner) const;
+  // kvcached_shm_mappings and kvcached_shm_mapped_bytes (gauges; docs/metrics.md).
+  void VisitCounters(CounterVisitor& visitor) const;
 
  private:
   struct Usage {

@@ -55,7 +55,8 @@ ShmServer::ShmServer(const ShmServerOptions& options, Cache* cache, RpcObserver*
       cache_(cache),
       observer_(observer),
       copier_(options.copy_threads, options.parallel_copy_min_bytes),
-      budget_(options.mappings),
+      budget_(options.budget != nullptr ? options.budget
+                                        : std::make_shared<MappingBudget>(options.mappings)),
       listener_(std::move(listener)),
       wake_(::eventfd(0, EFD_CLOEXEC)) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
@@ -183,7 +184,7 @@ void ShmServer::Serve(Connection* connection) {
                         .inflight = options_.inflight,
                         .uid = peer.uid,
                         .access = options_.access},
-                       &budget_);
+                       budget_.get());
     ServeRequests(*connection, session);
   }  // the session's regions unmap here
   {

@@ -61,8 +61,11 @@ struct ShmServerOptions {
   int64_t socket_gid = -1;
   uint32_t max_connections = 256;
   ShmLimits limits;
-  // Caps on the regions mapped by all connections together, and per tenant.
+  // Caps on the regions mapped by all connections together, and per tenant:
+  // `budget` when set (shared with whoever reports it), else a budget of
+  // `mappings` of the server's own.
   MappingLimits mappings;
+  std::shared_ptr<MappingBudget> budget;
   // Before a hello is answered OK: the time from accept to that answer.
   absl::Duration hello_timeout = absl::Seconds(5);
   // After it: the time a frame may take from its first byte to its last, and
@@ -98,7 +101,7 @@ class ShmServer {
   // Connections being served now.
   int connections() const;
   // The regions mapped now, and their caps.
-  const MappingBudget& mapping_budget() const { return budget_; }
+  const MappingBudget& mapping_budget() const { return *budget_; }
 
   // Idempotent; removes the socket file. Returns within about drain_timeout
   // plus the time the requests being served take to notice their sockets
@@ -123,7 +126,7 @@ class ShmServer {
   Cache* const cache_;
   RpcObserver* const observer_;
   CopyEngine copier_;
-  MappingBudget budget_;
+  const std::shared_ptr<MappingBudget> budget_;
   UniqueFd listener_;
   UniqueFd wake_;  // an eventfd that wakes the accept loop for shutdown
   std::thread acceptor_;
