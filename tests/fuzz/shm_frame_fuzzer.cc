@@ -63,8 +63,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
   FUZZ_CHECK(::pipe2(pipe, O_CLOEXEC) == 0);
   while (in.rest_size() > 0) {
-    const size_t length = std::min<size_t>(in.Byte(), in.rest_size());
+    const size_t wanted = in.Byte();
     const int fds = in.Byte() & 7;
+    const size_t length = std::min(wanted, in.rest_size());
     if (length == 0) continue;  // a descriptor needs a byte to ride on
     const uint8_t* bytes = in.rest();
     for (size_t i = 0; i < length; ++i) in.Byte();
