@@ -31,6 +31,11 @@ void Answer(int fd, const absl::Status& status) {
   (void)shm::WriteFrame(fd, response);
 }
 
+void SetSendTimeout(int fd, absl::Duration timeout) {
+  const timeval tv = absl::ToTimeval(timeout);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 }  // namespace
 
 struct ShmServer::Connection {
@@ -146,9 +151,8 @@ void ShmServer::Admit(UniqueFd fd) {
   auto connection = std::make_unique<Connection>();
   connection->accepted = absl::Now();
   // Every answer, refusals included, is sent with a deadline: a peer that
-  // does not read cannot hold a thread.
-  const timeval send_timeout = absl::ToTimeval(options_.io_timeout);
-  (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+  // does not read cannot hold a thread. Until the hello, the hello's.
+  SetSendTimeout(fd.get(), std::min(options_.hello_timeout, options_.io_timeout));
   socklen_t length = sizeof(connection->peer);
   if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &connection->peer, &length) != 0) {
     return Answer(fd.get(),
@@ -237,7 +241,10 @@ void ShmServer::ServeRequests(Connection& connection, ShmSession& session) {
           "token with authentication on)");
     } else {
       response = session.Handle(request, std::move(fds));
-      greeted |= request.op_case() == v1::ShmRequest::kHello && response.code() == 0;
+      if (!greeted && request.op_case() == v1::ShmRequest::kHello && response.code() == 0) {
+        greeted = true;
+        SetSendTimeout(fd, options_.io_timeout);
+      }
     }
     if (!shm::WriteFrame(fd, response).ok()) return;
   }

@@ -15,7 +15,8 @@
 // Until a hello is answered OK a connection is a stranger: its frames may be
 // at most kMaxHelloFrameBytes, the first request must be a hello, and the
 // hello must be answered within hello_timeout of the accept, or the
-// connection is closed. After it, a frame once begun must arrive whole within
+// connection is closed (answers it does not read block for hello_timeout at
+// most). After it, a frame once begun must arrive whole within
 // io_timeout, and every answer is sent with SO_SNDTIMEO = io_timeout (a peer
 // that stops reading is cut off); the wait for the next frame is unbounded.
 // Frame buffers grow only as bytes arrive (kvcache/shm_frame.h).

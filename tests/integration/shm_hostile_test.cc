@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -178,16 +179,9 @@ TEST(ShmHostileTest, TheFirstRequestMustBeAHello) {
   EXPECT_EQ(daemon->Stop(), 0);
 }
 
-TEST(ShmHostileTest, ShutdownWithAPeerThatNeverReadsEndsWithinTheDrainBound) {
-  // Writes to the peer would wait 10 minutes; the drain bound is 500 ms.
-  auto daemon = StartWith(
-      R"({"shm": {"io_timeout_ms": 600000, "drain_timeout_ms": 500}, "drain_timeout_seconds": 1})");
-  ASSERT_NE(daemon, nullptr);
-  const int fd = Connect(daemon->socket_path() + ".shm");
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(Hello(fd).code(), 0);
-  // Requests whose answers are never read, until the daemon stops taking them
-  // (its answers fill the socket, so its connection thread blocks writing).
+// Sends 5-byte frames that are not requests until the socket stays full for
+// 500 ms (the daemon, whose answers are not read, stopped reading); how many.
+int FloodWithoutReading(int fd) {
   const std::string junk("\x01\x00\x00\x00\xff", 5);
   absl::Time last_sent = absl::Now();
   int sent = 0;
@@ -200,6 +194,45 @@ TEST(ShmHostileTest, ShutdownWithAPeerThatNeverReadsEndsWithinTheDrainBound) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
+  return sent;
+}
+
+TEST(ShmHostileTest, AStrangerThatNeverReadsIsCutOffAtTheHelloDeadline) {
+  // Answers to a greeted peer could wait 10 minutes; a stranger's 1 s.
+  auto daemon = StartWith(R"({"shm": {"hello_timeout_ms": 1000, "io_timeout_ms": 600000}})");
+  ASSERT_NE(daemon, nullptr);
+  const int fd = Connect(daemon->socket_path() + ".shm");
+  ASSERT_GE(fd, 0);
+  ASSERT_GT(FloodWithoutReading(fd), 100);
+  // The daemon's thread is blocked answering; it must give up and close.
+  const absl::Time start = absl::Now();
+  bool closed = false;
+  while (!closed && absl::Now() - start < absl::Seconds(10)) {
+    const char byte = 0;
+    if (::send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+        (errno == EPIPE || errno == ECONNRESET)) {
+      closed = true;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  EXPECT_TRUE(closed) << "a stranger that never reads kept its connection";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ::close(fd);
+  EXPECT_EQ(daemon->Stop(), 0);
+}
+
+TEST(ShmHostileTest, ShutdownWithAPeerThatNeverReadsEndsWithinTheDrainBound) {
+  // Writes to the peer would wait 10 minutes; the drain bound is 500 ms.
+  auto daemon = StartWith(
+      R"({"shm": {"io_timeout_ms": 600000, "drain_timeout_ms": 500}, "drain_timeout_seconds": 1})");
+  ASSERT_NE(daemon, nullptr);
+  const int fd = Connect(daemon->socket_path() + ".shm");
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(Hello(fd).code(), 0);
+  // Requests whose answers are never read, until the daemon stops taking them
+  // (its answers fill the socket, so its connection thread blocks writing).
+  const int sent = FloodWithoutReading(fd);
   ASSERT_GT(sent, 100);
   const absl::Time start = absl::Now();
   ::kill(daemon->pid(), SIGTERM);
