@@ -119,8 +119,10 @@ class FrameReader {
   }
 
  private:
-  static absl::Time DeadlineAfter(absl::Duration timeout) {
-    return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  absl::Time DeadlineAfter(absl::Duration timeout) const {
+    const absl::Time after =
+        timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+    return std::min(after, options_.deadline);
   }
 
   // Waits until the socket has bytes (or an EOF or error) to read, or the
@@ -146,6 +148,11 @@ class FrameReader {
   }
 
   absl::Status TimedOut() const {
+    if (deadline_ == options_.deadline) {
+      return absl::DeadlineExceededError(
+          got_any_ ? "a shared-memory frame did not arrive whole by the connection's deadline"
+                   : "no shared-memory frame began by the connection's deadline");
+    }
     return absl::DeadlineExceededError(
         got_any_ ? absl::StrCat("a shared-memory frame did not arrive whole within ",
                                 absl::FormatDuration(options_.frame_timeout))

@@ -46,6 +46,8 @@ struct ReadOptions {
   absl::Duration idle_timeout = absl::InfiniteDuration();
   // Longest a frame may take from its first byte to its last; infinite: no limit.
   absl::Duration frame_timeout = absl::InfiniteDuration();
+  // No read waits past this time, whatever the timeouts say; infinite future: none.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // Reads one frame's bytes into `body`; descriptors that came with it are

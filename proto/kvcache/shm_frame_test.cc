@@ -161,6 +161,20 @@ TEST_F(ShmFrameTest, APeerThatSendsNothingMeetsTheIdleDeadline) {
   EXPECT_NE(s.message().find("no shared-memory frame began"), std::string_view::npos) << s;
 }
 
+TEST_F(ShmFrameTest, TheAbsoluteDeadlineBoundsAFrameAlreadyBegun) {
+  // The frame began, and would have all the time in the world by its own
+  // timeout; the connection's deadline ends it.
+  SendWithFds(Header(100) + "ab", 0);
+  std::string body;
+  std::vector<int> fds;
+  const absl::Time start = absl::Now();
+  absl::Status s = ReadFrame(
+      pair_[0], ReadOptions{.deadline = absl::Now() + absl::Milliseconds(30)}, &body, &fds);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("the connection's deadline"), std::string_view::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
 TEST_F(ShmFrameTest, ALongerFrameThanTheLimitIsRefusedBeforeItsBytes) {
   SendWithFds(Header(4097), 0);
   std::string body;

@@ -210,10 +210,8 @@ void ShmServer::ServeRequests(Connection& connection, ShmSession& session) {
     shm::ReadOptions read_options{.max_bytes = options_.limits.max_frame_bytes,
                                   .frame_timeout = options_.io_timeout};
     if (!greeted) {
-      const absl::Duration left = std::max(hello_deadline - absl::Now(), absl::ZeroDuration());
       read_options = {.max_bytes = std::min(kMaxHelloFrameBytes, options_.limits.max_frame_bytes),
-                      .idle_timeout = left,
-                      .frame_timeout = left};
+                      .deadline = hello_deadline};
     }
     std::vector<int> received;
     absl::Status read = shm::ReadFrame(fd, read_options, &frame, &received);
