@@ -76,14 +76,12 @@ class FrameReader {
       msg.msg_iovlen = 1;
       msg.msg_control = control;
       msg.msg_controllen = sizeof(control);
-      const ssize_t r =
-          ::recvmsg(socket_, &msg, MSG_CMSG_CLOEXEC | (bounded ? MSG_DONTWAIT : 0));
+      const ssize_t r = ::recvmsg(socket_, &msg, MSG_CMSG_CLOEXEC | (bounded ? MSG_DONTWAIT : 0));
       if (r < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
           if (bounded) continue;  // woken for nothing: poll again
-          return absl::DeadlineExceededError(
-              "a shared-memory socket read timed out (SO_RCVTIMEO)");
+          return absl::DeadlineExceededError("a shared-memory socket read timed out (SO_RCVTIMEO)");
         }
         return Errno("shared-memory socket read");
       }
@@ -223,9 +221,9 @@ absl::Status ReadFrame(int socket, const ReadOptions& options, std::string* body
   uint32_t length = 0;
   for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(header[i]) << (8 * i);
   if (length > options.max_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a shared-memory frame of ", length, " bytes is longer than the limit of ",
-                     options.max_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat("a shared-memory frame of ", length,
+                                                     " bytes is longer than the limit of ",
+                                                     options.max_bytes));
   }
   // The buffer grows only as bytes arrive: a header claiming a long frame
   // costs at most kReadStepBytes until its bytes come.

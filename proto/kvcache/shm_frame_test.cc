@@ -125,8 +125,8 @@ TEST_F(ShmFrameTest, ALongHeaderCostsOnlyWhatArrived) {
   std::string body;
   std::vector<int> fds;
   absl::Status s = ReadFrame(
-      pair_[0], ReadOptions{.max_bytes = 64u << 20, .frame_timeout = absl::Milliseconds(50)},
-      &body, &fds);
+      pair_[0], ReadOptions{.max_bytes = 64u << 20, .frame_timeout = absl::Milliseconds(50)}, &body,
+      &fds);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_LE(body.capacity(), 2 * kReadStepBytes);
 }
@@ -145,8 +145,8 @@ TEST_F(ShmFrameTest, AFrameArrivingInPiecesGrowsItsBufferAndReadsWhole) {
   });
   std::string body;
   std::vector<int> fds;
-  absl::Status s = ReadFrame(pair_[0], ReadOptions{.frame_timeout = absl::Seconds(30)}, &body,
-                             &fds);
+  absl::Status s =
+      ReadFrame(pair_[0], ReadOptions{.frame_timeout = absl::Seconds(30)}, &body, &fds);
   writer.join();
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(body, bytes);

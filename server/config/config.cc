@@ -326,7 +326,8 @@ void ApplyDefaults(v1::ServerConfig* c) {
     shm->set_max_tenant_mappings(std::min<uint32_t>(4096, shm->max_mappings()));
   }
   if (shm->max_tenant_mapped_bytes() == 0) {
-    shm->set_max_tenant_mapped_bytes(std::min<uint64_t>(uint64_t{4} << 40, shm->max_mapped_bytes()));
+    shm->set_max_tenant_mapped_bytes(
+        std::min<uint64_t>(uint64_t{4} << 40, shm->max_mapped_bytes()));
   }
 
   v1::CacheConfig* cache = c->mutable_cache();
@@ -566,8 +567,8 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckRange("shm.max_tenant_mappings", shm.max_tenant_mappings(), 1,
-                          shm.max_mappings());
+  if (auto s =
+          CheckRange("shm.max_tenant_mappings", shm.max_tenant_mappings(), 1, shm.max_mappings());
       !s.ok()) {
     return s;
   }

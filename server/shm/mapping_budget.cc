@@ -54,10 +54,10 @@ absl::StatusOr<MappingBudget::Grant> MappingBudget::Reserve(const std::string& o
   }
   if (bytes > limits_.max_owner_bytes - mine.bytes) {
     *limit = "shm.max_tenant_mapped_bytes";
-    return absl::ResourceExhaustedError(absl::StrCat(
-        owner, " has ", mine.bytes, " bytes of shared-memory regions mapped; ", bytes,
-        " more would pass the limit of ", limits_.max_owner_bytes,
-        " (shm.max_tenant_mapped_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(owner, " has ", mine.bytes, " bytes of shared-memory regions mapped; ", bytes,
+                     " more would pass the limit of ", limits_.max_owner_bytes,
+                     " (shm.max_tenant_mapped_bytes)"));
   }
   Usage& usage = owners_[owner];
   ++usage.mappings;

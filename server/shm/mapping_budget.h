@@ -25,10 +25,10 @@
 namespace kvcache {
 
 struct MappingLimits {
-  uint64_t max_mappings = 16384;                      // shm.max_mappings
-  uint64_t max_bytes = uint64_t{16} << 40;            // shm.max_mapped_bytes
-  uint64_t max_owner_mappings = 4096;                 // shm.max_tenant_mappings
-  uint64_t max_owner_bytes = uint64_t{4} << 40;       // shm.max_tenant_mapped_bytes
+  uint64_t max_mappings = 16384;                 // shm.max_mappings
+  uint64_t max_bytes = uint64_t{16} << 40;       // shm.max_mapped_bytes
+  uint64_t max_owner_mappings = 4096;            // shm.max_tenant_mappings
+  uint64_t max_owner_bytes = uint64_t{4} << 40;  // shm.max_tenant_mapped_bytes
 };
 
 class MappingBudget {

@@ -136,7 +136,7 @@ class ShmServer {
   std::condition_variable_any finished_;  // a connection finished
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<Connection*> connections_ ABSL_GUARDED_BY(mu_);  // serving or finished
-  int active_ ABSL_GUARDED_BY(mu_) = 0;                                 // serving
+  int active_ ABSL_GUARDED_BY(mu_) = 0;                                // serving
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

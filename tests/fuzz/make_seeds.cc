@@ -281,8 +281,8 @@ void ShmFrameSeeds() {
   const std::string frame = ShmFrame(body, static_cast<uint32_t>(body.size()));
   const std::string limit_1k(1, '\x0a');
   Write("shm_frame", "hello_one_piece", limit_1k + ShmPiece(frame, 0));
-  Write("shm_frame", "frame_with_one_fd", limit_1k + ShmPiece(frame.substr(0, 1), 1) +
-                                             ShmPiece(frame.substr(1), 0));
+  Write("shm_frame", "frame_with_one_fd",
+        limit_1k + ShmPiece(frame.substr(0, 1), 1) + ShmPiece(frame.substr(1), 0));
   std::string two = limit_1k;
   for (int i = 0; i < 2; ++i) two += ShmPiece(frame, i);
   Write("shm_frame", "two_frames", two);
