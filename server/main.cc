@@ -613,12 +613,23 @@ int Serve(const v1::ServerConfig& config) {
   std::unique_ptr<ShmServer> shm_server;
   if (const std::string shm_socket = ShmSocketPath(config.listen()); !shm_socket.empty()) {
     const v1::ShmConfig& shm = config.shm();
+    // The budget outlives the server: the metrics read it while they serve.
+    auto budget = std::make_shared<MappingBudget>(
+        MappingLimits{.max_mappings = shm.max_mappings(),
+                      .max_bytes = shm.max_mapped_bytes(),
+                      .max_owner_mappings = shm.max_tenant_mappings(),
+                      .max_owner_bytes = shm.max_tenant_mapped_bytes()});
+    metrics->AddCounterSource([budget](CounterVisitor& v) { budget->VisitCounters(v); });
     auto started = ShmServer::Start({.socket_path = shm_socket,
                                      .socket_gid = socket_gid,
                                      .max_connections = shm.max_connections(),
                                      .limits = {.max_regions = shm.max_regions_per_connection(),
                                                 .max_region_bytes = shm.max_region_bytes(),
                                                 .max_frame_bytes = limits.max_message_bytes()},
+                                     .budget = budget,
+                                     .hello_timeout = absl::Milliseconds(shm.hello_timeout_ms()),
+                                     .io_timeout = absl::Milliseconds(shm.io_timeout_ms()),
+                                     .drain_timeout = absl::Milliseconds(shm.drain_timeout_ms()),
                                      .copy_threads = shm.copy_threads(),
                                      .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
                                      .inflight = &inflight,

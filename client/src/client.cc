@@ -10,6 +10,7 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -292,6 +293,11 @@ class ClientImpl final : public Client {
   bool UsesSharedMemory() override {
     auto shm = Shm();
     return shm.ok() && *shm != nullptr;
+  }
+
+  DataPathStats GetDataPathStats() override {
+    absl::MutexLock lock(&shm_mu_);
+    return shm_stats_;
   }
 
   absl::StatusOr<bool> ReleaseLease(uint64_t lease_id) override {
@@ -580,15 +586,31 @@ class ClientImpl final : public Client {
   // The shared-memory transport data calls use, or nullptr for gRPC. Opened
   // on first use (one GetServerInfo names the socket). Under kAuto a daemon
   // that does not offer it (or cannot be reached) means gRPC, probed again
-  // after kShmProbeInterval; under kSharedMemory it is an error.
+  // after kShmProbeInterval; under kSharedMemory it is an error. The probe's
+  // I/O runs outside shm_mu_: while one thread probes, kAuto callers go over
+  // gRPC and kSharedMemory callers wait for its outcome.
   absl::StatusOr<internal::ShmTransport*> Shm() {
     if (options_.data_path == DataPath::kGrpc) return nullptr;
     const bool required = options_.data_path == DataPath::kSharedMemory;
     if (!required && !absl::StartsWith(options_.target, "unix:")) return nullptr;
-    absl::MutexLock lock(&shm_mu_);
-    if (shm_ != nullptr) return shm_.get();
-    if (!required && absl::Now() < shm_next_probe_) return nullptr;
+    {
+      absl::MutexLock lock(&shm_mu_);
+      for (;;) {
+        if (shm_ != nullptr) return shm_.get();  // set once, never reset
+        if (!required && (shm_probing_ || absl::Now() < shm_next_probe_)) {
+          ++shm_stats_.grpc_fallbacks;
+          return nullptr;
+        }
+        if (!shm_probing_) break;
+        shm_mu_.Await(absl::Condition(
+            +[](bool* probing) { return !*probing; }, &shm_probing_));
+      }
+      shm_probing_ = true;
+      ++shm_stats_.shm_probes;
+    }
     absl::Status why;
+    bool offered = false;  // the daemon named a socket we could not use
+    std::shared_ptr<internal::ShmTransport> opened;
     absl::StatusOr<v1::GetServerInfoResponse> info = ProbeShmSocket();
     if (!info.ok()) {
       why = info.status();
@@ -597,19 +619,45 @@ class ClientImpl final : public Client {
           absl::StrCat("kvcached at ", options_.target,
                        " offers no shared-memory data plane (listen.shm_socket is \"none\")"));
     } else {
-      auto opened = internal::ShmTransport::Open({.socket_path = info->shm_socket(),
-                                                  .max_connections = options_.max_shm_connections,
-                                                  .staging_bytes = options_.shm_staging_bytes,
-                                                  .timeout = options_.timeout,
-                                                  .token = options_.token});
-      if (opened.ok()) {
-        shm_ = *std::move(opened);
+      offered = true;
+      auto open = internal::ShmTransport::Open({.socket_path = info->shm_socket(),
+                                                .max_connections = options_.max_shm_connections,
+                                                .staging_bytes = options_.shm_staging_bytes,
+                                                .timeout = options_.timeout,
+                                                .token = options_.token});
+      if (open.ok()) {
+        opened = *std::move(open);
+      } else {
+        why = open.status();
+      }
+    }
+    bool warn = false;
+    {
+      absl::MutexLock lock(&shm_mu_);
+      shm_probing_ = false;
+      if (opened != nullptr) {
+        shm_ = std::move(opened);
+        shm_stats_.shared_memory = true;
+        shm_stats_.fallback_reason.clear();
         return shm_.get();
       }
-      why = opened.status();
+      shm_stats_.fallback_reason = why.ToString();
+      if (required) return why;
+      shm_next_probe_ = absl::Now() + kShmProbeInterval;
+      ++shm_stats_.grpc_fallbacks;
+      warn = offered && !shm_warned_;
+      shm_warned_ |= warn;
     }
-    if (required) return why;
-    shm_next_probe_ = absl::Now() + kShmProbeInterval;
+    if (warn) {
+      // Once per client: the daemon offers shared memory and this worker
+      // cannot use it (permissions, a token it refuses), which costs every
+      // data call a copy through gRPC. Later fallbacks are counted in
+      // GetDataPathStats(), not written.
+      std::fprintf(stderr,
+                   "kvcache client: the shared-memory data plane %s is offered but not usable "
+                   "(%s); data calls use gRPC (GetDataPathStats() counts them)\n",
+                   info->shm_socket().c_str(), why.ToString().c_str());
+    }
     return nullptr;
   }
 
@@ -756,6 +804,9 @@ class ClientImpl final : public Client {
   absl::Mutex shm_mu_;
   std::shared_ptr<internal::ShmTransport> shm_ ABSL_GUARDED_BY(shm_mu_);
   absl::Time shm_next_probe_ ABSL_GUARDED_BY(shm_mu_) = absl::InfinitePast();
+  bool shm_probing_ ABSL_GUARDED_BY(shm_mu_) = false;  // a thread probes, without the lock
+  bool shm_warned_ ABSL_GUARDED_BY(shm_mu_) = false;   // the fallback was written once
+  DataPathStats shm_stats_ ABSL_GUARDED_BY(shm_mu_);
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, LayoutInfo> layouts_ ABSL_GUARDED_BY(mu_);

@@ -282,22 +282,33 @@ ShmTransport::Region* ShmTransport::FindRegion(const std::byte* data, size_t siz
 }
 
 void ShmTransport::Forget(uint64_t serial) {
-  absl::MutexLock lock(&mu_);
-  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
-    if (it->second->serial() == serial) {
-      regions_.erase(it);
-      break;
+  // Idle connections that attached the region are taken out of the pool
+  // under mu_ and given back after it, so the detach requests (socket I/O,
+  // up to the call timeout each) run without the lock every call takes.
+  std::vector<std::unique_ptr<Connection>> detaching;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+      if (it->second->serial() == serial) {
+        regions_.erase(it);
+        break;
+      }
+    }
+    for (Connection* c : busy_) c->pending_detach.push_back(serial);
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if (!(*it)->attached.contains(serial)) {
+        ++it;
+        continue;
+      }
+      (*it)->pending_detach.push_back(serial);
+      busy_.push_back(it->get());
+      detaching.push_back(std::move(*it));
+      it = idle_.erase(it);
     }
   }
-  for (Connection* c : busy_) c->pending_detach.push_back(serial);
-  for (std::unique_ptr<Connection>& c : idle_) {
-    auto it = c->attached.find(serial);
-    if (it == c->attached.end()) continue;
-    v1::ShmRequest request;
-    request.mutable_detach_region()->set_region_id(it->second);
-    c->attached.erase(it);
-    (void)Call(*c, request);  // a broken connection is dropped when next taken
-  }
+  // GiveBack sends the pending detaches, then returns each to the pool (a
+  // broken one is dropped).
+  for (std::unique_ptr<Connection>& c : detaching) GiveBack(std::move(c));
 }
 
 absl::StatusOr<std::shared_ptr<SharedRegion>> ShmTransport::CreateRegion(uint64_t bytes) {

@@ -84,7 +84,8 @@ class ShmTransport : public std::enable_shared_from_this<ShmTransport> {
   absl::StatusOr<std::pair<std::span<std::byte>, uint64_t>> Staging(Connection& c, uint64_t bytes);
   // The region holding all of `span`, or nullptr.
   Region* FindRegion(const std::byte* data, size_t size);
-  // Called as a Region dies: detaches it from every connection.
+  // Called as a Region dies: detaches it from every connection (idle ones at
+  // once, busy ones when given back), with no lock held during the I/O.
   void Forget(uint64_t serial);
 
   const ShmTransportOptions options_;

@@ -1,12 +1,15 @@
 #include "kvcache/shm_frame.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace kvcache::shm {
 namespace {
@@ -15,6 +18,10 @@ absl::Status Errno(const char* what) {
   const int err = errno;
   if (err == EPIPE || err == ECONNRESET || err == ENOTCONN) {
     return absl::UnavailableError(absl::StrCat(what, ": the connection is closed"));
+  }
+  if (err == EAGAIN || err == EWOULDBLOCK) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": timed out (SO_SNDTIMEO; the peer does not read)"));
   }
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
 }
@@ -33,30 +40,130 @@ void TakeFds(msghdr* msg, std::vector<int>* fds) {
   }
 }
 
-// Reads exactly `n` bytes into `out`, taking any descriptors that arrive.
-// `*got_any` tells whether a byte was read before an EOF.
-absl::Status ReadFull(int socket, char* out, size_t n, std::vector<int>* fds, bool* got_any) {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFrameFds)];
-  size_t done = 0;
-  while (done < n) {
-    iovec iov{out + done, n - done};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t r = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Errno("shared-memory socket read");
-    }
-    TakeFds(&msg, fds);
-    if (r == 0) return absl::UnavailableError("the shared-memory connection is closed");
-    done += static_cast<size_t>(r);
-    *got_any = true;
+// Reads the bytes of one frame: the deadlines, the descriptors that came
+// with it, and whether any byte came at all.
+class FrameReader {
+ public:
+  FrameReader(int socket, const ReadOptions& options) : socket_(socket), options_(options) {
+    deadline_ = DeadlineAfter(options.idle_timeout);
   }
-  return absl::OkStatus();
-}
+  ~FrameReader() {
+    for (int fd : taken_) ::close(fd);
+  }
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+
+  bool got_any() const { return got_any_; }
+  // Hands the frame's descriptors to `fds` (the reader closes none then).
+  void Release(std::vector<int>* fds) {
+    fds->insert(fds->end(), taken_.begin(), taken_.end());
+    taken_.clear();
+  }
+
+  // Reads at least one and at most `n` bytes into `out`; `*got` says how many.
+  absl::Status ReadSome(char* out, size_t n, size_t* got) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFrameFds)];
+    for (;;) {
+      // With no deadline the read blocks (within the socket's SO_RCVTIMEO,
+      // if the caller set one); with one, poll() waits for it.
+      const bool bounded = deadline_ != absl::InfiniteFuture();
+      if (bounded) {
+        if (absl::Status s = WaitReadable(); !s.ok()) return s;
+      }
+      iovec iov{out, n};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      const ssize_t r = ::recvmsg(socket_, &msg, MSG_CMSG_CLOEXEC | (bounded ? MSG_DONTWAIT : 0));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (bounded) continue;  // woken for nothing: poll again
+          return absl::DeadlineExceededError("a shared-memory socket read timed out (SO_RCVTIMEO)");
+        }
+        return Errno("shared-memory socket read");
+      }
+      TakeFds(&msg, &taken_);
+      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a shared-memory frame came with more ancillary data than ", kMaxFrameFds,
+            " descriptors (cut by the kernel); the descriptors that arrived were closed"));
+      }
+      if (taken_.size() > static_cast<size_t>(kMaxFrameFds)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a shared-memory frame carries more than ", kMaxFrameFds,
+                         " file descriptors; all of them were closed"));
+      }
+      if (r == 0) return absl::UnavailableError("the shared-memory connection is closed");
+      if (!got_any_) {
+        got_any_ = true;
+        deadline_ = DeadlineAfter(options_.frame_timeout);
+      }
+      *got = static_cast<size_t>(r);
+      return absl::OkStatus();
+    }
+  }
+
+  // Reads exactly `n` bytes into `out`.
+  absl::Status ReadFull(char* out, size_t n) {
+    for (size_t done = 0; done < n;) {
+      size_t got = 0;
+      if (absl::Status s = ReadSome(out + done, n - done, &got); !s.ok()) return s;
+      done += got;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Time DeadlineAfter(absl::Duration timeout) const {
+    const absl::Time after =
+        timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+    return std::min(after, options_.deadline);
+  }
+
+  // Waits until the socket has bytes (or an EOF or error) to read, or the
+  // deadline passes.
+  absl::Status WaitReadable() {
+    for (;;) {
+      int wait_ms = -1;
+      if (deadline_ != absl::InfiniteFuture()) {
+        const absl::Duration left = deadline_ - absl::Now();
+        if (left <= absl::ZeroDuration()) return TimedOut();
+        wait_ms = static_cast<int>(std::min<int64_t>(
+            absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1 << 30));
+      }
+      pollfd p{socket_, POLLIN, 0};
+      const int n = ::poll(&p, 1, wait_ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Errno("shared-memory socket poll");
+      }
+      if (n == 0) continue;  // the deadline is checked above
+      return absl::OkStatus();
+    }
+  }
+
+  absl::Status TimedOut() const {
+    if (deadline_ == options_.deadline) {
+      return absl::DeadlineExceededError(
+          got_any_ ? "a shared-memory frame did not arrive whole by the connection's deadline"
+                   : "no shared-memory frame began by the connection's deadline");
+    }
+    return absl::DeadlineExceededError(
+        got_any_ ? absl::StrCat("a shared-memory frame did not arrive whole within ",
+                                absl::FormatDuration(options_.frame_timeout))
+                 : absl::StrCat("no shared-memory frame began within ",
+                                absl::FormatDuration(options_.idle_timeout)));
+  }
+
+  const int socket_;
+  const ReadOptions& options_;
+  absl::Time deadline_;
+  std::vector<int> taken_;  // this frame's descriptors, until Release()
+  bool got_any_ = false;
+};
 
 }  // namespace
 
@@ -100,25 +207,45 @@ absl::Status WriteFrame(int socket, const google::protobuf::MessageLite& message
   return absl::OkStatus();
 }
 
-absl::Status ReadFrame(int socket, uint64_t max_bytes, std::string* body, std::vector<int>* fds) {
+absl::Status ReadFrame(int socket, const ReadOptions& options, std::string* body,
+                       std::vector<int>* fds) {
+  FrameReader reader(socket, options);
   unsigned char header[kFrameHeaderBytes];
-  bool got_any = false;
-  absl::Status s = ReadFull(socket, reinterpret_cast<char*>(header), sizeof(header), fds, &got_any);
+  absl::Status s = reader.ReadFull(reinterpret_cast<char*>(header), sizeof(header));
   if (!s.ok()) {
-    if (got_any) return absl::UnavailableError("the shared-memory connection broke off in a frame");
+    if (reader.got_any() && absl::IsUnavailable(s)) {
+      return absl::UnavailableError("the shared-memory connection broke off in a frame");
+    }
     return s;
   }
   uint32_t length = 0;
   for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(header[i]) << (8 * i);
-  if (length > max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a shared-memory frame of ", length, " bytes is longer than the limit of ", max_bytes));
+  if (length > options.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("a shared-memory frame of ", length,
+                                                     " bytes is longer than the limit of ",
+                                                     options.max_bytes));
   }
-  body->resize(length);
-  s = ReadFull(socket, body->data(), length, fds, &got_any);
-  if (!s.ok() && length > 0) {
-    return absl::UnavailableError("the shared-memory connection broke off in a frame");
+  // The buffer grows only as bytes arrive: a header claiming a long frame
+  // costs at most kReadStepBytes until its bytes come.
+  body->clear();
+  size_t have = 0;
+  while (have < length) {
+    if (body->size() == have) {
+      const size_t step = std::max<size_t>(kReadStepBytes, have);
+      body->resize(std::min<size_t>(length, have + step));
+    }
+    size_t got = 0;
+    s = reader.ReadSome(body->data() + have, body->size() - have, &got);
+    if (!s.ok()) {
+      body->clear();
+      if (absl::IsUnavailable(s)) {
+        return absl::UnavailableError("the shared-memory connection broke off in a frame");
+      }
+      return s;
+    }
+    have += got;
   }
+  reader.Release(fds);
   return absl::OkStatus();
 }
 

@@ -5,6 +5,14 @@
 //
 // Blocking I/O on a connected Unix stream socket; EINTR is retried, partial
 // reads and writes are completed, writes never raise SIGPIPE.
+//
+// The reader is safe against a hostile peer: a frame carries at most
+// kMaxFrameFds descriptors (more, or ancillary data the kernel had to cut,
+// fail the frame and every descriptor that did arrive is closed); the body's
+// buffer grows only as its bytes arrive (in steps of at most kReadStepBytes
+// or the bytes already read), so a header that claims a long frame costs
+// nothing until the bytes come; and ReadOptions puts deadlines on the wait
+// for a frame and on the frame itself.
 #ifndef KVCACHE_PROTO_SHM_FRAME_H_
 #define KVCACHE_PROTO_SHM_FRAME_H_
 
@@ -13,25 +21,51 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "google/protobuf/message_lite.h"
 
 namespace kvcache::shm {
 
 inline constexpr uint64_t kFrameHeaderBytes = 4;
-// Most descriptors one frame may carry; more are closed and refused.
+// Most descriptors one frame may carry; more fail the frame (all are closed).
 inline constexpr int kMaxFrameFds = 4;
+// The body's buffer grows by at most this much (or by what was already read,
+// whichever is more) before the bytes to fill it have arrived.
+inline constexpr uint64_t kReadStepBytes = uint64_t{64} << 10;
 
 // Writes `message` as one frame, with `fd` (when >= 0) attached.
-// UNAVAILABLE when the peer is gone; INVALID_ARGUMENT when the message does
-// not fit a frame.
+// UNAVAILABLE when the peer is gone or a send timed out (SO_SNDTIMEO);
+// INVALID_ARGUMENT when the message does not fit a frame.
 absl::Status WriteFrame(int socket, const google::protobuf::MessageLite& message, int fd = -1);
 
+struct ReadOptions {
+  // Longest body accepted; a longer frame is RESOURCE_EXHAUSTED.
+  uint64_t max_bytes = uint64_t{64} << 20;
+  // Longest wait for the first byte of a frame; infinite: no limit (but the
+  // socket's SO_RCVTIMEO, if set, bounds each read: DEADLINE_EXCEEDED).
+  absl::Duration idle_timeout = absl::InfiniteDuration();
+  // Longest a frame may take from its first byte to its last; infinite: no limit.
+  absl::Duration frame_timeout = absl::InfiniteDuration();
+  // No read waits past this time, whatever the timeouts say; infinite future: none.
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
 // Reads one frame's bytes into `body`; descriptors that came with it are
-// appended to `fds` (the caller owns them, close-on-exec). UNAVAILABLE
-// ("closed") when the peer closed the connection before a frame began or
-// broke off inside one; RESOURCE_EXHAUSTED for a frame longer than
-// `max_bytes` (its bytes are not read: the connection is unusable after).
-absl::Status ReadFrame(int socket, uint64_t max_bytes, std::string* body, std::vector<int>* fds);
+// appended to `fds` (the caller owns them, close-on-exec). On any error the
+// frame's descriptors are closed and `fds` is left as it was. Errors:
+// UNAVAILABLE ("closed") when the peer closed the connection before a frame
+// began or broke off inside one; RESOURCE_EXHAUSTED for a frame longer than
+// `max_bytes`; INVALID_ARGUMENT for a frame with more than kMaxFrameFds
+// descriptors or cut ancillary data (MSG_CTRUNC); DEADLINE_EXCEEDED when a
+// timeout of `options` passed. After any error but the first the connection
+// is unusable (the rest of the frame was not read).
+absl::Status ReadFrame(int socket, const ReadOptions& options, std::string* body,
+                       std::vector<int>* fds);
+// ReadFrame without deadlines.
+inline absl::Status ReadFrame(int socket, uint64_t max_bytes, std::string* body,
+                              std::vector<int>* fds) {
+  return ReadFrame(socket, ReadOptions{.max_bytes = max_bytes}, body, fds);
+}
 
 }  // namespace kvcache::shm
 

@@ -321,6 +321,20 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (shm->max_regions_per_connection() == 0) shm->set_max_regions_per_connection(64);
   if (shm->max_region_bytes() == 0) shm->set_max_region_bytes(uint64_t{64} << 30);
   if (shm->parallel_copy_min_bytes() == 0) shm->set_parallel_copy_min_bytes(uint64_t{8} << 20);
+  if (shm->hello_timeout_ms() == 0) shm->set_hello_timeout_ms(5000);
+  if (shm->io_timeout_ms() == 0) shm->set_io_timeout_ms(30000);
+  if (shm->drain_timeout_ms() == 0) shm->set_drain_timeout_ms(5000);
+  if (shm->max_mappings() == 0) shm->set_max_mappings(16384);
+  if (shm->max_mapped_bytes() == 0) shm->set_max_mapped_bytes(uint64_t{16} << 40);
+  // A tenant's default share: a quarter of the default daemon-wide cap, never
+  // more than the daemon-wide cap in force.
+  if (shm->max_tenant_mappings() == 0) {
+    shm->set_max_tenant_mappings(std::min<uint32_t>(4096, shm->max_mappings()));
+  }
+  if (shm->max_tenant_mapped_bytes() == 0) {
+    shm->set_max_tenant_mapped_bytes(
+        std::min<uint64_t>(uint64_t{4} << 40, shm->max_mapped_bytes()));
+  }
 
   v1::CacheConfig* cache = c->mutable_cache();
   if (cache->eviction_policy().empty()) cache->set_eviction_policy("lru_k");
@@ -550,6 +564,30 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64); !s.ok()) return s;
+  if (auto s = CheckRange("shm.hello_timeout_ms", shm.hello_timeout_ms(), 100, 600000); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.io_timeout_ms", shm.io_timeout_ms(), 100, 3600000); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.drain_timeout_ms", shm.drain_timeout_ms(), 1, 600000); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.max_mappings", shm.max_mappings(), 1, 1 << 20); !s.ok()) return s;
+  if (auto s = CheckRange("shm.max_mapped_bytes", shm.max_mapped_bytes(), 4096, uint64_t{1} << 47);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s =
+          CheckRange("shm.max_tenant_mappings", shm.max_tenant_mappings(), 1, shm.max_mappings());
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("shm.max_tenant_mapped_bytes", shm.max_tenant_mapped_bytes(), 4096,
+                          shm.max_mapped_bytes());
+      !s.ok()) {
+    return s;
+  }
   if (auto s = ValidateSecurity(c.security()); !s.ok()) return s;
   if (const std::string& secret = c.security().secret_file(); !secret.empty()) {
     std::string dir = c.checkpoint().dir();

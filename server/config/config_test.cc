@@ -66,6 +66,36 @@ TEST(ConfigTest, PerClientStreamCapDefaultsToTheTotal) {
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
+TEST(ConfigTest, ShmDeadlinesAndMappingCapsHaveDefaultsAndTenantCapsFitTheDaemonWide) {
+  v1::ServerConfig d = DefaultConfig();
+  EXPECT_EQ(d.shm().hello_timeout_ms(), 5000u);
+  EXPECT_EQ(d.shm().io_timeout_ms(), 30000u);
+  EXPECT_EQ(d.shm().drain_timeout_ms(), 5000u);
+  EXPECT_EQ(d.shm().max_mappings(), 16384u);
+  EXPECT_EQ(d.shm().max_mapped_bytes(), uint64_t{16} << 40);
+  EXPECT_EQ(d.shm().max_tenant_mappings(), 4096u);
+  EXPECT_EQ(d.shm().max_tenant_mapped_bytes(), uint64_t{4} << 40);
+  // A small daemon-wide cap lowers the tenants' default with it.
+  auto c = ParseConfigJson(R"({"shm": {"max_mappings": 100, "max_mapped_bytes": "1048576"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shm().max_tenant_mappings(), 100u);
+  EXPECT_EQ(c->shm().max_tenant_mapped_bytes(), 1048576u);
+  EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  // A tenant's cap above the daemon-wide one is an error naming the field.
+  c->mutable_shm()->set_max_tenant_mappings(101);
+  absl::Status s = ValidateConfig(*c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shm.max_tenant_mappings"));
+  c->mutable_shm()->set_max_tenant_mappings(100);
+  c->mutable_shm()->set_max_tenant_mapped_bytes(1048577);
+  s = ValidateConfig(*c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shm.max_tenant_mapped_bytes"));
+  c->mutable_shm()->set_max_tenant_mapped_bytes(1048576);
+  c->mutable_shm()->set_hello_timeout_ms(50);
+  s = ValidateConfig(*c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shm.hello_timeout_ms"));
+}
+
 TEST(ConfigTest, JsonOverridesOnlyWhatItSets) {
   auto c = ParseConfigJson(R"({"host_tier": {"capacity_bytes": "8388608"},
                                "listen": {"unix_socket": "none"}})");

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/core/mutex.h"
 
 namespace kvcache {
 namespace {
@@ -95,16 +96,25 @@ MetricFamily ScoreFamily(const ScoreHistogram& scores) {
   return family;
 }
 
-// Reads a CacheStats snapshot at scrape time: every counter it visits, and
-// the score histogram.
+// Reads a CacheStats snapshot at scrape time: every counter it visits, the
+// score histogram, and the counters of the added sources.
 class CacheCollector final : public prometheus::Collectable {
  public:
   explicit CacheCollector(Metrics::StatsSource source) : source_(std::move(source)) {}
+
+  void AddSource(Metrics::CounterSource source) {
+    MutexLock lock(&mu_);
+    sources_.push_back(std::move(source));
+  }
 
   std::vector<MetricFamily> Collect() const override {
     const CacheStats s = source_();
     FamilyCollector families;
     s.VisitCounters(absl::Now(), families);
+    {
+      MutexLock lock(&mu_);
+      for (const Metrics::CounterSource& source : sources_) source(families);
+    }
     std::vector<MetricFamily> out = std::move(families).Take();
     out.push_back(ScoreFamily(s.scores));
     return out;
@@ -112,6 +122,8 @@ class CacheCollector final : public prometheus::Collectable {
 
  private:
   Metrics::StatsSource source_;
+  mutable Mutex mu_;
+  std::vector<Metrics::CounterSource> sources_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -185,6 +197,10 @@ void Metrics::OnRpcDone(std::string_view method, absl::StatusCode code, absl::Du
 
 void Metrics::OnStreamTimeout(std::string_view method) {
   impl_->timeouts->Add({{"method", std::string(method)}}).Increment();
+}
+
+void Metrics::AddCounterSource(CounterSource source) {
+  impl_->collector->AddSource(std::move(source));
 }
 
 void Metrics::OnLimitReached(std::string_view method, std::string_view limit) {

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/core/cache_stats.h"
+#include "server/core/counter_visitor.h"
 #include "server/http/http_server.h"
 #include "server/rpc/rpc_observer.h"
 
@@ -31,6 +32,9 @@ namespace kvcache {
 class Metrics : public RpcObserver {
  public:
   using StatsSource = std::function<CacheStats()>;
+  // Counters of a part of the daemon outside the cache (the shared-memory
+  // plane's mappings), visited at scrape time like the cache's.
+  using CounterSource = std::function<void(CounterVisitor&)>;
 
   // Serves /metrics on `address` ("host:port"; port 0 picks one, see port())
   // with an HttpServer of its own. UNAVAILABLE when it cannot bind.
@@ -44,6 +48,10 @@ class Metrics : public RpcObserver {
                  uint64_t bytes) override;
   void OnStreamTimeout(std::string_view method) override;
   void OnLimitReached(std::string_view method, std::string_view limit) override;
+
+  // Adds `source` to every scrape from now on. REQUIRES: it stays callable
+  // while this Metrics renders (capture what it reads by shared_ptr).
+  void AddCounterSource(CounterSource source);
 
   // The exposition text a scrape would return now.
   std::string Render() const;

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/shm/mapping_budget.h"
 
 namespace kvcache {
 namespace {
@@ -309,7 +310,13 @@ TEST(MetricsTest, ExposesEveryDocumentedFamilyWithItsLabels) {
   metrics->OnRpcDone("Fetch", absl::StatusCode::kOk, absl::Milliseconds(1), 4096);
   metrics->OnStreamTimeout("Append");
   metrics->OnLimitReached("Fetch", "max_streams_per_client");
+  auto budget = std::make_shared<MappingBudget>(MappingLimits{});
+  absl::StatusOr<MappingBudget::Grant> grant = budget->Reserve("uid 1", 1 << 20);
+  ASSERT_TRUE(grant.ok());
+  metrics->AddCounterSource([budget](CounterVisitor& v) { budget->VisitCounters(v); });
   const std::string text = metrics->Render();
+  EXPECT_THAT(text, HasSubstr("kvcached_shm_mapped_bytes 1048576\n"));
+  EXPECT_THAT(text, HasSubstr("kvcached_shm_mappings 1\n"));
   const std::vector<Sample> samples = ParseSamples(text);
   for (const auto& [name, family] : documented) {
     SCOPED_TRACE(name);

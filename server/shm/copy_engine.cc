@@ -20,7 +20,7 @@ CopyEngine::CopyEngine(uint32_t helpers, uint64_t min_parallel_bytes)
 
 CopyEngine::~CopyEngine() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   work_.notify_all();
@@ -43,18 +43,21 @@ void CopyEngine::Copy(std::span<const CopyRange> ranges) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(&job);
   }
   work_.notify_all();
   Work(job);
   // Every piece is taken. Unqueue the job, then wait for the helpers still
   // copying theirs: once none holds it, every piece is copied.
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = std::find(queue_.begin(), queue_.end(), &job); it != queue_.end()) {
     queue_.erase(it);
   }
-  idle_.wait(lock, [&job] { return job.helpers == 0; });
+  idle_.wait(mu_, [this, &job] {
+    mu_.AssertHeld();
+    return job.helpers == 0;
+  });
 }
 
 void CopyEngine::Work(Job& job) {
@@ -70,8 +73,11 @@ void CopyEngine::HelperLoop() {
   for (;;) {
     Job* job = nullptr;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      work_.wait(mu_, [this] {
+        mu_.AssertHeld();
+        return stopping_ || !queue_.empty();
+      });
       if (stopping_) return;
       job = queue_.front();
       if (job->next.load() >= job->pieces.size()) {
@@ -82,7 +88,7 @@ void CopyEngine::HelperLoop() {
     }
     Work(*job);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --job->helpers;
     }
     idle_.notify_all();

@@ -14,10 +14,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "server/core/mutex.h"
 
 namespace kvcache {
 
@@ -48,13 +50,13 @@ class CopyEngine {
   static void Work(Job& job);
 
   const uint64_t min_parallel_bytes_;
-  // A std::mutex, which ThreadSanitizer sees (server/core/mutex.h says why
-  // not absl::Mutex). It guards queue_, stopping_ and every Job::helpers.
-  std::mutex mu_;
-  std::condition_variable work_;  // a job was queued, or stopping_
-  std::condition_variable idle_;  // a helper left a job
-  std::deque<Job*> queue_;
-  bool stopping_ = false;
+  // Guards queue_, stopping_ and every Job::helpers (which the analysis
+  // cannot name: a Job lives on its caller's stack).
+  Mutex mu_;
+  std::condition_variable_any work_;  // a job was queued, or stopping_
+  std::condition_variable_any idle_;  // a helper left a job
+  std::deque<Job*> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> helpers_;
 };
 

@@ -3,14 +3,30 @@
 // Listens on a Unix stream socket (listen.shm_socket, mode 0660 like the gRPC
 // socket) and serves kvcache.v1 shm.proto: each accepted connection gets a
 // thread of its own and an ShmSession, and is served one request at a time
-// (read a frame, answer it). A connection is accepted only from a peer whose
-// credentials (SO_PEERCRED) show the daemon's user, root, or the socket's
-// group (as a primary group: SO_PEERCRED carries no supplementary groups); one past
-// shm.max_connections, or from another user, is answered with an error frame and closed. A
-// connection that closes (the worker exits or crashes) ends its session, which unmaps its regions.
+// (read a frame, answer it). The socket file's mode is the gate: whoever can
+// connect to it (the daemon's user, root, members of the socket's group,
+// supplementary ones included) is served; with authentication on, the
+// session's principal (the hello's token, or the peer's uid from
+// SO_PEERCRED) decides what each request may do. One connection past
+// shm.max_connections is answered with an error frame and closed. A
+// connection that closes (the worker exits or crashes) ends its session,
+// which unmaps its regions.
+//
+// Until a hello is answered OK a connection is a stranger: its frames may be
+// at most kMaxHelloFrameBytes, the first request must be a hello, and the
+// hello must be answered within hello_timeout of the accept, or the
+// connection is closed (answers it does not read block for hello_timeout at
+// most). After it, a frame once begun must arrive whole within
+// io_timeout, and every answer is sent with SO_SNDTIMEO = io_timeout (a peer
+// that stops reading is cut off); the wait for the next frame is unbounded.
+// Frame buffers grow only as bytes arrive (kvcache/shm_frame.h).
+//
+// Regions count against a MappingBudget shared by every connection
+// (shm.max_mappings, shm.max_mapped_bytes, and their per-tenant twins).
 //
 // Shutdown() stops accepting, lets each connection finish the request it is
-// serving, closes them all and joins their threads.
+// serving for up to drain_timeout, then shuts down the sockets of the
+// connections still busy (logging each one cut off) and joins every thread.
 //
 // Thread-safe. The Cache and RpcObserver must outlive the server.
 #ifndef KVCACHE_SERVER_SHM_SHM_SERVER_H_
@@ -21,28 +37,44 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/core/cache.h"
+#include "server/core/mutex.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/unix_socket.h"
 #include "server/shm/copy_engine.h"
+#include "server/shm/mapping_budget.h"
 #include "server/shm/shm_session.h"
 
 namespace kvcache {
 
 struct ShmServerOptions {
   std::string socket_path;
-  // Group the socket is given to and whose members may connect besides the
-  // daemon's user and root; -1: the daemon's primary group.
+  // Group the socket is given to (mode 0660: its members may connect besides
+  // the daemon's user and root); -1: the daemon's primary group.
   int64_t socket_gid = -1;
   uint32_t max_connections = 256;
   ShmLimits limits;
+  // Caps on the regions mapped by all connections together, and per tenant:
+  // `budget` when set (shared with whoever reports it), else a budget of
+  // `mappings` of the server's own.
+  MappingLimits mappings;
+  std::shared_ptr<MappingBudget> budget;
+  // Before a hello is answered OK: the time from accept to that answer.
+  absl::Duration hello_timeout = absl::Seconds(5);
+  // After it: the time a frame may take from its first byte to its last, and
+  // SO_SNDTIMEO for answers.
+  absl::Duration io_timeout = absl::Seconds(30);
+  // How long Shutdown() waits for requests being served before it cuts their
+  // connections off.
+  absl::Duration drain_timeout = absl::Seconds(5);
   uint32_t copy_threads = 0;
   uint64_t parallel_copy_min_bytes = uint64_t{8} << 20;
   // Where fetch_into and append_from register while they run; null: nowhere.
@@ -54,6 +86,9 @@ struct ShmServerOptions {
 
 class ShmServer {
  public:
+  // Largest frame a connection may send before its hello is answered OK.
+  static constexpr uint64_t kMaxHelloFrameBytes = uint64_t{16} << 10;
+
   // UNAVAILABLE when another process listens on the path, FAILED_PRECONDITION
   // when the path exists and is not a socket, INVALID_ARGUMENT when it is too
   // long (as the gRPC socket).
@@ -66,8 +101,12 @@ class ShmServer {
   const std::string& socket_path() const { return options_.socket_path; }
   // Connections being served now.
   int connections() const;
+  // The regions mapped now, and their caps.
+  const MappingBudget& mapping_budget() const { return *budget_; }
 
-  // Idempotent; removes the socket file.
+  // Idempotent; removes the socket file. Returns within about drain_timeout
+  // plus the time the requests being served take to notice their sockets
+  // closed (a copy in progress finishes).
   void Shutdown();
 
  private:
@@ -79,24 +118,26 @@ class ShmServer {
   // Admits or refuses a new connection; an admitted one gets its thread.
   void Admit(UniqueFd fd);
   void Serve(Connection* connection);
-  // Joins and frees the connections whose threads are done. REQUIRES: mu_ held.
-  void ReapFinishedLocked();
+  // Reads, answers and reads again until the connection ends.
+  void ServeRequests(Connection& connection, ShmSession& session);
+  // Joins and frees the connections whose threads are done.
+  void ReapFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShmServerOptions options_;
   Cache* const cache_;
   RpcObserver* const observer_;
   CopyEngine copier_;
+  const std::shared_ptr<MappingBudget> budget_;
   UniqueFd listener_;
   UniqueFd wake_;  // an eventfd that wakes the accept loop for shutdown
   std::thread acceptor_;
-  // A std::mutex, which ThreadSanitizer sees (server/core/mutex.h says why
-  // not absl::Mutex); it guards the three fields after it.
-  mutable std::mutex mu_;
-  std::condition_variable finished_;  // a connection finished
-  bool stopping_ = false;
-  absl::flat_hash_set<Connection*> connections_;  // serving or finished
-  int active_ = 0;                                // serving
-  bool shut_down_ = false;
+  // Guards the fields after it, and each Connection's fd and finished.
+  mutable Mutex mu_;
+  std::condition_variable_any finished_;  // a connection finished
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<Connection*> connections_ ABSL_GUARDED_BY(mu_);  // serving or finished
+  int active_ ABSL_GUARDED_BY(mu_) = 0;                                // serving
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvcache

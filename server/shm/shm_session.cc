@@ -70,8 +70,13 @@ ModelRef ModelOf(const v1::ShmRequest& request) {
 }  // namespace
 
 ShmSession::ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier,
-                       RpcObserver* observer, ShmPeer who)
-    : limits_(limits), cache_(cache), copier_(copier), observer_(observer), who_(std::move(who)) {}
+                       RpcObserver* observer, ShmPeer who, MappingBudget* budget)
+    : limits_(limits),
+      cache_(cache),
+      copier_(copier),
+      observer_(observer),
+      who_(std::move(who)),
+      budget_(budget) {}
 
 ShmSession::~ShmSession() = default;
 
@@ -115,7 +120,7 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
         return absl::OkStatus();
       }
       case v1::ShmRequest::kAttachRegion: {
-        auto attached = Attach(request.attach_region(), fds);
+        auto attached = Attach(*caller, request.attach_region(), fds);
         if (!attached.ok()) return attached.status();
         *response.mutable_attach_region() = *std::move(attached);
         return absl::OkStatus();
@@ -172,23 +177,40 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
   return response;
 }
 
-absl::StatusOr<v1::AttachRegionResponse> ShmSession::Attach(const v1::AttachRegionRequest& request,
+absl::StatusOr<v1::AttachRegionResponse> ShmSession::Attach(const Caller& caller,
+                                                            const v1::AttachRegionRequest& request,
                                                             std::vector<UniqueFd>& fds) {
   if (fds.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attach_region carries exactly one file descriptor (SCM_RIGHTS); ", fds.size(), " came"));
   }
   if (regions_.size() >= limits_.max_regions) {
+    observer_->OnLimitReached("ShmAttachRegion", "shm.max_regions_per_connection");
     return absl::ResourceExhaustedError(
         absl::StrCat("this connection has ", regions_.size(),
                      " regions attached, the limit (shm.max_regions_per_connection); detach one"));
+  }
+  MappingBudget::Grant grant;
+  if (budget_ != nullptr) {
+    // Who the mapping is charged to: the principal's tenant with
+    // authentication on, the peer's uid otherwise.
+    const bool by_tenant = who_.access != nullptr && who_.access->enabled();
+    const std::string owner = by_tenant ? absl::StrCat("tenant ", caller.principal().tenant)
+                                        : absl::StrCat("uid ", who_.uid);
+    std::string_view limit;
+    auto granted = budget_->Reserve(owner, request.bytes(), &limit);
+    if (!granted.ok()) {
+      observer_->OnLimitReached("ShmAttachRegion", limit);
+      return granted.status();
+    }
+    grant = *std::move(granted);
   }
   auto region = MappedRegion::Map(fds[0].get(), request.bytes(), limits_.max_region_bytes);
   if (!region.ok()) return region.status();
   uint64_t id = 0;
   while (id == 0 || regions_.contains(id)) id = absl::Uniform<uint64_t>(ids_);
   mapped_bytes_ += (*region)->size();
-  regions_.emplace(id, *std::move(region));
+  regions_.emplace(id, Attached{*std::move(region), std::move(grant)});
   v1::AttachRegionResponse response;
   response.set_region_id(id);
   return response;
@@ -200,7 +222,7 @@ absl::Status ShmSession::Detach(const v1::DetachRegionRequest& request) {
     return absl::NotFoundError(
         absl::StrCat("region ", request.region_id(), " is not attached on this connection"));
   }
-  mapped_bytes_ -= it->second->size();
+  mapped_bytes_ -= it->second.region->size();
   regions_.erase(it);
   return absl::OkStatus();
 }
@@ -214,8 +236,8 @@ absl::StatusOr<std::span<std::byte>> ShmSession::Resolve(
         " is not attached on this connection (regions are bound to the connection that "
         "attached them)"));
   }
-  *region = it->second;
-  return it->second->Range(range.offset(), range.length());
+  *region = it->second.region;
+  return it->second.region->Range(range.offset(), range.length());
 }
 
 absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller,

@@ -9,7 +9,9 @@
 // range changes nothing.
 //
 //   hello          the daemon's protocol version and limits
-//   attach_region  maps the memfd that came with the frame (MappedRegion)
+//   attach_region  maps the memfd that came with the frame (MappedRegion),
+//                  within the daemon's MappingBudget (by the principal's
+//                  tenant with authentication on, else by the peer's uid)
 //   detach_region  unmaps it (once requests using it are done)
 //   lookup, batch_lookup, release_lease   as the gRPC calls
 //   fetch_into     lookup + copy of the prefix's blocks into a region, with
@@ -39,6 +41,7 @@
 #include "server/security/access_control.h"
 #include "server/shm/copy_engine.h"
 #include "server/shm/mapped_region.h"
+#include "server/shm/mapping_budget.h"
 
 namespace kvcache {
 
@@ -64,9 +67,11 @@ class ShmSession {
   // hashed while it is still in cache.
   static constexpr uint64_t kAppendPieceBytes = uint64_t{256} << 10;
 
-  // `cache`, `copier`, `observer` and `who.inflight` outlive the session.
+  // `cache`, `copier`, `observer`, `who.inflight` and `budget` outlive the
+  // session. `budget`: the daemon-wide caps on mapped regions; null: none
+  // besides `limits`.
   ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier, RpcObserver* observer,
-             ShmPeer who = {});
+             ShmPeer who = {}, MappingBudget* budget = nullptr);
   ~ShmSession();
   ShmSession(const ShmSession&) = delete;
   ShmSession& operator=(const ShmSession&) = delete;
@@ -81,7 +86,8 @@ class ShmSession {
   uint64_t mapped_bytes() const { return mapped_bytes_; }
 
  private:
-  absl::StatusOr<v1::AttachRegionResponse> Attach(const v1::AttachRegionRequest& request,
+  absl::StatusOr<v1::AttachRegionResponse> Attach(const Caller& caller,
+                                                  const v1::AttachRegionRequest& request,
                                                   std::vector<UniqueFd>& fds);
   absl::Status Detach(const v1::DetachRegionRequest& request);
   // The bytes `range` names; NOT_FOUND for a region not attached here,
@@ -102,7 +108,12 @@ class ShmSession {
   const ShmPeer who_;
   std::string token_;           // the hello's bearer token; empty: the uid's principal
   SessionPrincipal principal_;  // who token_ (or the uid) names, until a reload
-  absl::flat_hash_map<uint64_t, std::shared_ptr<MappedRegion>> regions_;
+  MappingBudget* const budget_;
+  struct Attached {
+    std::shared_ptr<MappedRegion> region;
+    MappingBudget::Grant grant;  // the region's share of budget_
+  };
+  absl::flat_hash_map<uint64_t, Attached> regions_;
   uint64_t mapped_bytes_ = 0;
   absl::BitGen ids_;
 };

@@ -3,6 +3,7 @@
 #include "server/shm/shm_session.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "server/core/cache_test_util.h"
+#include "server/security/access_control.h"
 
 namespace kvcache {
 namespace {
@@ -311,6 +313,107 @@ TEST_F(ShmSessionTest, BatchLookupAnswersEachLookup) {
   EXPECT_EQ(r.batch_lookup().outcomes(0).code(), 0);
   EXPECT_EQ(r.batch_lookup().outcomes(0).response().matched_tokens(), 2 * kBt);
   EXPECT_EQ(r.batch_lookup().outcomes(1).code(), static_cast<int>(kNotFound));
+}
+
+// The daemon-wide and per-owner caps on mapped regions: one worker's uid
+// cannot take what another's attaches need, and detaching gives it back.
+TEST_F(ShmSessionTest, MappingCapsAreSharedByConnectionsAndChargedPerOwner) {
+  MappingBudget budget({.max_mappings = 3,
+                        .max_bytes = uint64_t{1} << 40,
+                        .max_owner_mappings = 2,
+                        .max_owner_bytes = 3 << 20});
+  const ShmLimits limits{.max_regions = 64, .max_region_bytes = 1 << 24};
+  ShmSession a1(limits, cache_.get(), &copier_, &observer_, {.uid = 1001}, &budget);
+  ShmSession a2(limits, cache_.get(), &copier_, &observer_, {.uid = 1001}, &budget);
+  ShmSession b(limits, cache_.get(), &copier_, &observer_, {.uid = 1002}, &budget);
+  WorkerRegion region(2 << 20);
+  auto attach = [&](ShmSession& session, uint64_t bytes) {
+    v1::ShmRequest request;
+    request.mutable_attach_region()->set_bytes(bytes);
+    return session.Handle(request, region.Passed());
+  };
+  // uid 1001: 2 MiB on one connection, then 2 MiB more on another passes its 3 MiB.
+  v1::ShmResponse r = attach(a1, 2 << 20);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  const uint64_t first = r.attach_region().region_id();
+  r = attach(a2, 2 << 20);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(r.message(), ::testing::HasSubstr("shm.max_tenant_mapped_bytes"));
+  r = attach(a2, 1 << 20);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  // Its third mapping passes its count; uid 1002 is not charged for it.
+  r = attach(a1, 4096);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(r.message(), ::testing::HasSubstr("shm.max_tenant_mappings"));
+  EXPECT_EQ(budget.owner_mappings("uid 1001"), 2u);
+  EXPECT_EQ(budget.owner_mapped_bytes("uid 1001"), 3u << 20);
+  r = attach(b, 4096);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  // The daemon-wide count is reached.
+  r = attach(b, 4096);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(r.message(), ::testing::HasSubstr("shm.max_mappings"));
+  EXPECT_EQ(budget.mappings(), 3u);
+  EXPECT_EQ(budget.mapped_bytes(), (3u << 20) + 4096);
+  // Detaching gives the share back at once.
+  v1::ShmRequest detach;
+  detach.mutable_detach_region()->set_region_id(first);
+  ASSERT_EQ(a1.Handle(detach, {}).code(), 0);
+  EXPECT_EQ(budget.owner_mapped_bytes("uid 1001"), 1u << 20);
+  r = attach(b, 4096);
+  EXPECT_EQ(r.code(), 0) << r.message();
+}
+
+// A session that ends gives back every share it held.
+TEST_F(ShmSessionTest, AClosedSessionGivesItsMappingsBack) {
+  MappingBudget budget({.max_mappings = 8,
+                        .max_bytes = uint64_t{1} << 40,
+                        .max_owner_mappings = 8,
+                        .max_owner_bytes = uint64_t{1} << 40});
+  WorkerRegion region(1 << 20);
+  {
+    ShmSession session(ShmLimits{.max_regions = 8, .max_region_bytes = 1 << 24}, cache_.get(),
+                       &copier_, &observer_, {.uid = 7}, &budget);
+    Attach(session, region, 1 << 20);
+    Attach(session, region, 4096);
+    EXPECT_EQ(budget.mappings(), 2u);
+  }
+  EXPECT_EQ(budget.mappings(), 0u);
+  EXPECT_EQ(budget.mapped_bytes(), 0u);
+}
+
+// With authentication on, mappings are charged to the principal's tenant:
+// two uids of one tenant share its cap, another tenant has its own.
+TEST_F(ShmSessionTest, WithAuthenticationMappingsAreChargedToTheTenant) {
+  const std::string path = ::testing::TempDir() + "/shm_session_principals.json";
+  std::ofstream(path) << R"({"principals": [
+    {"name": "a1", "tenant": "acme", "role": "worker", "unix_uid": 4242},
+    {"name": "a2", "tenant": "acme", "role": "worker", "unix_uid": 4243},
+    {"name": "g", "tenant": "globex", "role": "worker", "unix_uid": 5000}]})";
+  auto access = AccessControl::Create({.principals_file = path});
+  ASSERT_TRUE(access.ok()) << access.status();
+  MappingBudget budget({.max_mappings = 8,
+                        .max_bytes = uint64_t{1} << 40,
+                        .max_owner_mappings = 1,
+                        .max_owner_bytes = uint64_t{1} << 40});
+  const ShmLimits limits{.max_regions = 8, .max_region_bytes = 1 << 24};
+  auto session = [&](uid_t uid) {
+    return std::make_unique<ShmSession>(limits, cache_.get(), &copier_, &observer_,
+                                        ShmPeer{.uid = uid, .access = access->get()}, &budget);
+  };
+  auto a1 = session(4242), a2 = session(4243), g = session(5000);
+  WorkerRegion region(1 << 20);
+  v1::ShmRequest attach;
+  attach.mutable_attach_region()->set_bytes(4096);
+  v1::ShmResponse r = a1->Handle(attach, region.Passed());
+  ASSERT_EQ(r.code(), 0) << r.message();
+  r = a2->Handle(attach, region.Passed());
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(r.message(), ::testing::HasSubstr("tenant acme"));
+  r = g->Handle(attach, region.Passed());
+  EXPECT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(budget.owner_mappings("tenant acme"), 1u);
+  EXPECT_EQ(budget.owner_mappings("tenant globex"), 1u);
 }
 
 }  // namespace

@@ -276,6 +276,39 @@ void HttpQuerySeeds() {
   Write("http_query", "pairs_every_byte", "\x03key\x00\xff\x00\x01\x00k\x00second"s);
 }
 
+// Input of the shm_frame target: byte 0 sets the frame limit (2^(low 4
+// bits)); then pieces of [length][descriptor count][bytes], one sendmsg each.
+std::string ShmPiece(const std::string& bytes, int fds) {
+  return std::string(1, static_cast<char>(bytes.size())) + static_cast<char>(fds) + bytes;
+}
+
+std::string ShmFrame(const std::string& body, uint32_t claimed) {
+  std::string frame(4, '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((claimed >> (8 * i)) & 0xff);
+  return frame + body;
+}
+
+void ShmFrameSeeds() {
+  const std::string body = "\x0a\x02\x08\x01";  // an ShmRequest with a hello
+  const std::string frame = ShmFrame(body, static_cast<uint32_t>(body.size()));
+  const std::string limit_1k(1, '\x0a');
+  Write("shm_frame", "hello_one_piece", limit_1k + ShmPiece(frame, 0));
+  Write("shm_frame", "frame_with_one_fd",
+        limit_1k + ShmPiece(frame.substr(0, 1), 1) + ShmPiece(frame.substr(1), 0));
+  std::string two = limit_1k;
+  for (int i = 0; i < 2; ++i) two += ShmPiece(frame, i);
+  Write("shm_frame", "two_frames", two);
+  std::string trickle = limit_1k;
+  for (char c : frame) trickle += ShmPiece(std::string(1, c), 2);  // 2 fds a byte: past the limit
+  Write("shm_frame", "fds_on_every_byte", trickle);
+  Write("shm_frame", "seven_fds_at_once", limit_1k + ShmPiece(frame, 7));
+  Write("shm_frame", "longer_than_limit",
+        std::string(1, '\x04') + ShmPiece(ShmFrame(std::string(20, 'x'), 20), 0));
+  Write("shm_frame", "claims_4_gib", limit_1k + ShmPiece(ShmFrame("abc", 0xffffffffu), 1));
+  Write("shm_frame", "broken_off", limit_1k + ShmPiece(ShmFrame("abc", 100), 3));
+  Write("shm_frame", "empty_frame", limit_1k + ShmPiece(ShmFrame("", 0), 4));
+}
+
 }  // namespace
 }  // namespace kvcache
 
@@ -292,6 +325,7 @@ int main(int argc, char** argv) {
   kvcache::SafetensorsSeeds();
   kvcache::CheckpointSeeds();
   kvcache::HttpQuerySeeds();
+  kvcache::ShmFrameSeeds();
   std::printf("seeds written under %s\n", argv[1]);
   return 0;
 }

@@ -279,6 +279,7 @@ TEST_F(ShmTest, TheSocketRefusesBadRequestsClearlyAndChangesNothing) {
   v1::ShmRequest hello;
   hello.mutable_hello()->set_version(v1::SHM_VERSION_1);
   EXPECT_EQ(a.Call(hello).hello().version(), v1::SHM_VERSION_1);
+  EXPECT_EQ(b.Call(hello).hello().version(), v1::SHM_VERSION_1);
 
   // An unsealed memfd could shrink under the daemon's mapping.
   TestRegion unsealed(1 << 20, false);

@@ -40,6 +40,9 @@
 // on it (FAILED_PRECONDITION when the daemon offers none), kGrpc never uses
 // it. Buffers inside a SharedRegion cost no copy on the client; others one
 // memcpy through the staging region. Verification is the same on both paths.
+// A kAuto client that falls back to gRPC although the daemon offers shared
+// memory (it cannot connect, or is refused) writes one line to stderr, once;
+// GetDataPathStats() counts every fallback and says why the last probe failed.
 //
 // Errors are absl::Status values carrying the server's gRPC code and message.
 #ifndef KVCACHE_CLIENT_CLIENT_H_
@@ -95,6 +98,14 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+};
+
+// Which path this client's data calls take (see "Data path" above).
+struct DataPathStats {
+  bool shared_memory = false;   // data calls go over shared memory now
+  uint64_t shm_probes = 0;      // attempts to open the shared-memory path
+  uint64_t grpc_fallbacks = 0;  // kAuto data calls (and checks) that went to gRPC instead
+  std::string fallback_reason;  // why the last attempt failed; empty once one succeeded
 };
 
 // Memory this client shares with a daemon on the same host (a sealed memfd,
@@ -213,6 +224,8 @@ class Client {
   virtual absl::StatusOr<std::shared_ptr<SharedRegion>> CreateSharedRegion(uint64_t bytes) = 0;
   // Whether data calls go over shared memory now (probing the daemon once).
   virtual bool UsesSharedMemory() = 0;
+  // How data calls have travelled so far; answers from memory, no call.
+  virtual DataPathStats GetDataPathStats() = 0;
 
   // OK with *released=false when the lease had already expired.
   virtual absl::StatusOr<bool> ReleaseLease(uint64_t lease_id) = 0;
