@@ -1,5 +1,6 @@
 #include "server/status/cache_status_source.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kvcache {
@@ -7,17 +8,27 @@ namespace kvcache {
 CacheStatusSource::CacheStatusSource(const Cache* cache, StatusIdentity identity,
                                      std::string config_json,
                                      std::shared_ptr<const EventLog> events,
-                                     std::function<CacheStats()> stats)
+                                     std::function<CacheStats()> stats, Clock* clock)
     : cache_(cache),
       identity_(std::move(identity)),
       config_json_(std::move(config_json)),
       events_(std::move(events)),
-      stats_(std::move(stats)) {}
+      stats_(std::move(stats)),
+      clock_(clock) {}
 
 CacheStats CacheStatusSource::Stats() const { return stats_ ? stats_() : cache_->GetStats(); }
 
 std::vector<PrefixSummary> CacheStatusSource::TopPrefixes(size_t limit) const {
-  return cache_->TopPrefixes(limit);
+  MutexLock lock(&top_mu_);  // one walk at a time; concurrent pollers share it
+  const absl::Time now = clock_->Now();
+  if (now - top_at_ >= kTopPrefixesRefresh || limit > top_limit_) {
+    top_ = cache_->TopPrefixes(limit);
+    top_limit_ = limit;
+    top_at_ = now;
+  }
+  return std::vector<PrefixSummary>(top_.begin(),
+                                    top_.begin() + static_cast<ptrdiff_t>(
+                                                       std::min(limit, top_.size())));
 }
 
 std::vector<LoggedMessage> CacheStatusSource::RecentErrors() const {

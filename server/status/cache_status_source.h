@@ -3,6 +3,11 @@
 //
 // Thread-safe: every method reads through the Cache's own locking or the
 // EventLog's. The Cache must outlive this source.
+//
+// TopPrefixes walks every model's first blocks under the cache's lock, and
+// the status page asks for it on every GET /status, which anyone who reaches
+// the metrics port may send. So its answer is reused for kTopPrefixesRefresh:
+// however often the page is polled, the walk runs at most that often.
 #ifndef KVCACHE_SERVER_STATUS_CACHE_STATUS_SOURCE_H_
 #define KVCACHE_SERVER_STATUS_CACHE_STATUS_SOURCE_H_
 
@@ -11,6 +16,8 @@
 #include <string>
 
 #include "server/core/cache.h"
+#include "server/core/clock.h"
+#include "server/core/mutex.h"
 #include "server/status/event_log.h"
 #include "server/status/status_page.h"
 
@@ -23,7 +30,10 @@ class CacheStatusSource final : public StatusSource {
   // recent events). REQUIRES: cache != nullptr.
   CacheStatusSource(const Cache* cache, StatusIdentity identity, std::string config_json,
                     std::shared_ptr<const EventLog> events,
-                    std::function<CacheStats()> stats = nullptr);
+                    std::function<CacheStats()> stats = nullptr,
+                    Clock* clock = SystemClock::Get());
+
+  static constexpr absl::Duration kTopPrefixesRefresh = absl::Seconds(5);
 
   StatusIdentity Identity() const override { return identity_; }
   std::string ConfigJson() const override { return config_json_; }
@@ -40,6 +50,12 @@ class CacheStatusSource final : public StatusSource {
   const std::string config_json_;
   const std::shared_ptr<const EventLog> events_;
   const std::function<CacheStats()> stats_;
+  Clock* const clock_;
+  // The last TopPrefixes walk: when, for how many, and its answer.
+  mutable Mutex top_mu_;
+  mutable absl::Time top_at_ ABSL_GUARDED_BY(top_mu_) = absl::InfinitePast();
+  mutable size_t top_limit_ ABSL_GUARDED_BY(top_mu_) = 0;
+  mutable std::vector<PrefixSummary> top_ ABSL_GUARDED_BY(top_mu_);
 };
 
 }  // namespace kvcache
