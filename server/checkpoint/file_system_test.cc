@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -59,6 +60,67 @@ TEST(PosixFileSystemTest, FilesAndDirectories) {
   EXPECT_TRUE(fs->SyncDir(sub).ok());
   ASSERT_TRUE(fs->Delete(sub + "/g").ok());
   EXPECT_THAT(fs->ListDir(sub).value(), UnorderedElementsAre("h"));
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// Restores the process's umask when it goes.
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
+  ~ScopedUmask() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+// Checkpoint files hold every tenant's prompts and KV: 0600 and 0700 whatever
+// the umask (0 here, which would give 0666 and 0777), and a file that existed
+// with a wider mode is narrowed when rewritten.
+TEST(PosixFileSystemTest, FilesAre0600AndFolders0700UnderAnyUmask) {
+  TestDirectory dir;
+  FileSystem* fs = DefaultFileSystem();
+  for (mode_t mask : {mode_t{0}, mode_t{0077}, mode_t{0007}}) {
+    SCOPED_TRACE(mask);
+    ScopedUmask umask(mask);
+    std::filesystem::remove_all(dir.path());
+    const std::string sub = dir.path() + "/a/b";
+    ASSERT_TRUE(fs->CreateDir(sub).ok());
+    EXPECT_EQ(ModeOf(dir.path()), 0700u);
+    EXPECT_EQ(ModeOf(dir.path() + "/a"), 0700u);
+    EXPECT_EQ(ModeOf(sub), 0700u);
+    ASSERT_TRUE(WriteWhole(fs, sub + "/f", TestBytes(1, 10)).ok());
+    EXPECT_EQ(ModeOf(sub + "/f"), 0600u);
+    ASSERT_EQ(::chmod((sub + "/f").c_str(), 0666), 0);
+    ASSERT_TRUE(WriteWhole(fs, sub + "/f", TestBytes(2, 10)).ok());
+    EXPECT_EQ(ModeOf(sub + "/f"), 0600u);
+  }
+  // An existing folder keeps its mode (CheckPrivateDirectory judges it).
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0750), 0);
+  ASSERT_TRUE(fs->CreateDir(dir.path()).ok());
+  EXPECT_EQ(ModeOf(dir.path()), 0750u);
+}
+
+TEST(PosixFileSystemTest, CheckPrivateDirectoryRefusesAFolderOthersMayEnter) {
+  TestDirectory dir;
+  ASSERT_TRUE(DefaultFileSystem()->CreateDir(dir.path()).ok());
+  EXPECT_TRUE(CheckPrivateDirectory(dir.path()).ok());
+  for (mode_t mode : {0770, 0750, 0701, 0705, 0703}) {
+    ASSERT_EQ(::chmod(dir.path().c_str(), mode), 0);
+    const absl::Status s = CheckPrivateDirectory(dir.path());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << mode;
+    EXPECT_THAT(s.message(), HasSubstr(dir.path()));
+    EXPECT_THAT(s.message(), HasSubstr("chmod 700"));
+  }
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);
+  EXPECT_TRUE(CheckPrivateDirectory(dir.path()).ok());
+  EXPECT_EQ(CheckPrivateDirectory(dir.path() + "/missing").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(WriteWhole(DefaultFileSystem(), dir.File("f"), {}).ok());
+  EXPECT_EQ(CheckPrivateDirectory(dir.File("f")).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(PosixFileSystemTest, ErrorsNameThePathAndErrno) {

@@ -32,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/checkpoint_mac.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/records.h"
 #include "server/core/cache.h"
@@ -65,8 +66,10 @@ struct RestoreProgress {
 
 class Restorer {
  public:
-  // REQUIRES: cache and fs outlive the restorer.
-  Restorer(Cache* cache, FileSystem* fs, std::string dir);
+  // REQUIRES: cache and fs outlive the restorer. `mac_key`: what the
+  // checkpoints' MACs are checked under; one written under another key is
+  // refused (DATA_LOSS) and the one before it tried.
+  Restorer(Cache* cache, FileSystem* fs, std::string dir, const CheckpointKey& mac_key);
   ~Restorer();
 
   // Opens the checkpoint to restore and re-attaches its lower-tier copies.
@@ -90,6 +93,9 @@ class Restorer {
 
  private:
   struct Pending;
+  // Opens checkpoint `sequence` and checks the types of its manifest
+  // summary's keys (DATA_LOSS when one is wrong).
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenReader(uint64_t sequence) const;
   // Restores from `reader` until its end, an error (returned) or `stop`.
   absl::Status Replay(CheckpointReader& reader, const std::atomic<bool>& stop);
   void Count(RestoreOutcome outcome, uint64_t bytes);
@@ -98,6 +104,7 @@ class Restorer {
   Cache* const cache_;
   FileSystem* const fs_;
   const std::string dir_;
+  const CheckpointKey mac_key_;
   std::unique_ptr<CheckpointReader> reader_;
   std::vector<uint64_t> fallbacks_;  // older complete checkpoints, newest first
   // Re-attached lower copies by model and lookup hash.
