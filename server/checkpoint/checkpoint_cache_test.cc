@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_directory.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/checkpointer.h"
@@ -427,6 +428,57 @@ TEST_F(CheckpointCacheTest, AMalformedSummaryFallsBackToTheOneBefore) {
     EXPECT_EQ(p.failed_checkpoints, 1u);
     EXPECT_THAT(p.error, ::testing::HasSubstr("manifest summary"));
   }
+}
+
+std::vector<uint64_t> BlocksOf(Cache& cache) {
+  std::vector<uint64_t> blocks;
+  for (const ModelImage& m : cache.CaptureModels()) {
+    blocks.insert(blocks.end(), m.blocks.begin(), m.blocks.end());
+  }
+  return blocks;
+}
+
+// A crash at every point of an (incremental) checkpoint in turn, each changing
+// file call, with everything not yet synced lost as a power loss may lose it:
+// the restore is exactly the last checkpoint that completed, never a mix of
+// two and never nothing.
+TEST_F(CheckpointCacheTest, ACrashAnywhereRestoresTheLastCompletedCheckpointExactly) {
+  bool completed_before_crash = false;
+  uint32_t crash_at = 0;
+  for (; !completed_before_crash; ++crash_at) {
+    SCOPED_TRACE(absl::StrCat("crash after ", crash_at, " changes"));
+    ASSERT_LT(crash_at, 500u) << "the checkpoint never finished";
+    std::filesystem::remove_all(dir_);
+    source_ = MakeCache(64);
+    FaultInjectingFileSystem fs(DefaultFileSystem());
+    Checkpointer c(source_.get(), &fs, {.dir = dir_, .keep = 1, .full_every = 8}, 1);
+    ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 6));
+    ASSERT_TRUE(c.Run().ok());
+    const std::vector<uint64_t> first = BlocksOf(*source_);
+    ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 6, /*salt=*/1000));
+    const std::vector<uint64_t> second = BlocksOf(*source_);
+
+    fs.CrashAfter(crash_at);
+    const absl::StatusOr<CheckpointRun> run = c.Run();  // refers to the first
+    completed_before_crash = !fs.crashed();
+    if (run.ok()) {
+      EXPECT_FALSE(run->full);
+    }
+    ASSERT_TRUE(fs.LoseUnsyncedWrites().ok());
+
+    std::unique_ptr<Cache> target = MakeCache(64);
+    const RestoreProgress p = Restore(*target);
+    EXPECT_EQ(p.state, RestoreState::kDone) << p.error;
+    EXPECT_EQ(p.sequence, run.ok() ? 2u : 1u) << run.status();
+    EXPECT_THAT(BlocksOf(*target), ::testing::UnorderedElementsAreArray(run.ok() ? second : first));
+    for (uint32_t s = 0; s < 6; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+    for (uint32_t s = 0; s < 6; ++s) {
+      EXPECT_EQ(Fetched(*target, Mid(), Sequence(s, 1000)), run.ok() ? 3 * kBt : 0u);
+    }
+  }
+  // Every step of the commit protocol was a crash point: the directory, the
+  // data file's writes and sync, the manifest's, its rename, the folder's sync.
+  EXPECT_GE(crash_at, 9u);
 }
 
 TEST_F(CheckpointCacheTest, NothingToRestoreIsNotAnError) {

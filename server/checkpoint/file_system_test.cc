@@ -174,6 +174,43 @@ TEST(FaultInjectingFileSystemTest, FaultsFireOnTheNthMatchingCallOnce) {
   EXPECT_EQ(fs.fired(), 5u);
 }
 
+// A crash loses what was not synced: appends after the last Sync, files
+// created and renames made since their folder's last SyncDir.
+TEST(FaultInjectingFileSystemTest, ACrashLosesWhatWasNotSynced) {
+  TestDirectory dir;
+  FaultInjectingFileSystem fs(DefaultFileSystem());
+  ASSERT_TRUE(fs.CreateDir(dir.path()).ok());
+  const std::vector<std::byte> bytes = TestBytes(3, 3000);
+  const std::span<const std::byte> all(bytes);
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("durable"), all.first(1000)).ok());
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("renamed"), all.first(10)).ok());
+  ASSERT_TRUE(fs.SyncDir(dir.path()).ok());
+
+  auto file = fs.NewWritableFile(dir.File("durable"));  // rewritten: 2000 synced, 1000 not
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Append(all.first(2000)).ok());
+  ASSERT_TRUE((*file)->Sync().ok());
+  ASSERT_TRUE((*file)->Append(all.subspan(2000)).ok());
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("new"), all.first(100)).ok());  // synced, folder not
+  ASSERT_TRUE(fs.Rename(dir.File("renamed"), dir.File("moved")).ok());
+  fs.CrashAfter(1);
+  ASSERT_TRUE((*file)->Append(all.first(5)).ok());  // the last change that happens
+  EXPECT_EQ((*file)->Sync().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fs.SyncDir(dir.path()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fs.Delete(dir.File("new")).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(fs.crashed());
+  EXPECT_EQ(ReadWhole(&fs, dir.File("durable")).size(), 3005u);  // before the crash is applied
+
+  ASSERT_TRUE(fs.LoseUnsyncedWrites().ok());
+  EXPECT_FALSE(fs.crashed());
+  EXPECT_EQ(ReadWhole(&fs, dir.File("durable")),
+            std::vector<std::byte>(bytes.begin(), bytes.begin() + 2000));
+  EXPECT_FALSE(fs.Exists(dir.File("new")));
+  EXPECT_FALSE(fs.Exists(dir.File("moved")));
+  EXPECT_EQ(ReadWhole(&fs, dir.File("renamed")).size(), 10u);
+  EXPECT_TRUE(fs.SyncDir(dir.path()).ok());  // works again, as after a reboot
+}
+
 TEST(FaultInjectingFileSystemTest, CorruptAndTruncate) {
   TestDirectory dir;
   FaultInjectingFileSystem fs(DefaultFileSystem());
