@@ -17,12 +17,18 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "server/checkpoint/checkpoint_format.h"
+#include "server/checkpoint/manifest.h"
+#include "server/security/daemon_secret.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
 
@@ -290,6 +296,49 @@ TEST_F(CheckpointTest, CheckpointsAreTheDaemonsAloneAndNeedItsSecret) {
   const v1::CheckpointStatus restored = WaitForRestore();
   EXPECT_EQ(restored.restore_state(), "done") << restored.restore_error();
   for (int s = 0; s < 8; ++s) EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << s;
+}
+
+// A newest checkpoint whose manifest summary has the wrong JSON types, under a
+// valid MAC (what a writer's bug could leave), over an SSD tier whose copies
+// it lists: the daemon used to throw at start-up and crash-loop; it refuses
+// that checkpoint and restores the one before it.
+TEST_F(CheckpointTest, AMalformedManifestSummaryFallsBackInsteadOfCrashing) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  constexpr int kSequences = 48;  // 6 MiB of KV over a 4 MiB host tier: some on SSD
+  for (int s = 0; s < kSequences; ++s) ASSERT_TRUE(Append(*client_, s).ok()) << s;
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0);  // the final checkpoint: 1
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  ASSERT_EQ(WaitForRestore().restore_state(), "done");
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0);  // checkpoint 2, the newest
+
+  // Rewrite checkpoint 2's summary under the daemon's own key.
+  std::FILE* f = std::fopen((dir_ + "/ckpt.secret").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char hex[65] = {};
+  ASSERT_EQ(std::fread(hex, 1, 64, f), 64u);
+  std::fclose(f);
+  const std::string raw = absl::HexStringToBytes(absl::string_view(hex, 64));
+  SecretKey secret;
+  std::memcpy(secret.data(), raw.data(), secret.size());
+  const SecretKey key = DaemonSecret::FromBytes(secret).Derive("checkpoint-mac");
+  const std::string path = dir_ + "/ckpt/" + checkpoint::ManifestFileName(2);
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  auto m = checkpoint::DecodeManifest(text, 2, key, "test");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_FALSE(m->summary["lower_index"].empty()) << "checkpoint 2 lists no SSD copies";
+  m->summary["model_keys"] = nlohmann::json::parse("[[1, 2]]");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << checkpoint::EncodeManifest(*m, key);
+
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  const v1::CheckpointStatus restored = WaitForRestore();
+  EXPECT_EQ(restored.restore_state(), "done") << restored.restore_error();
+  EXPECT_EQ(restored.restore_sequence(), 1u);
+  EXPECT_THAT(restored.restore_error(), ::testing::HasSubstr("manifest summary"));
+  for (int s = 0; s < kSequences; ++s) EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << s;
 }
 
 // The daemon refuses a checkpoint folder that others may enter (here mode
