@@ -1,6 +1,11 @@
 // Restorer: puts the newest complete checkpoint back into a Cache at
 // start-up (docs/checkpoints.md).
 //
+// Every file it reads is authenticated under `mac_key` (docs/checkpoint-format.md,
+// "Authentication"): a checkpoint written under another key, planted or
+// edited counts as corrupt, as does one whose manifest summary has keys of the
+// wrong JSON types (checked before use, never thrown).
+//
 // Two steps. Prepare() runs before the daemon serves: it opens the newest
 // checkpoint that opens (a corrupt or unreadable one is logged and the one
 // before it is tried; a format version this kvcached cannot read is refused,
@@ -15,9 +20,9 @@
 // When the host tier is full, the restore demotes to the lower tier as an
 // append would (Cache::AllocateRestoredPayload); a block that still finds no
 // room is restored with its lower copy only, or skipped when it has none. A record that fails
-// mid-way (truncation, checksum) stops that checkpoint; the restore then continues from the
-// previous complete one (what was restored stays; lower copies it lists
-// that were not re-attached are lost, since the tier is serving by then).
+// mid-way (truncation, a MAC or checksum) stops that checkpoint; the restore then continues from
+// the previous complete one (what was restored stays; lower copies it lists that were not
+// re-attached are lost, since the tier is serving by then).
 //
 // Thread-safe: progress() may be called from any thread while Run() runs.
 #ifndef KVCACHE_SERVER_CHECKPOINT_RESTORER_H_
