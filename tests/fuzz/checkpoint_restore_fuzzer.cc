@@ -22,6 +22,8 @@
 // that names a newer version; Run() ends in done, failed or off; nothing
 // crashes or throws; what is restored is in the cache; the directory's List,
 // Verify and Prune answer statuses.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <filesystem>
