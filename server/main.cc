@@ -536,15 +536,24 @@ int Serve(const v1::ServerConfig& config) {
   // restore runs while the daemon serves.
   std::unique_ptr<checkpoint::CheckpointService> checkpoints;
   if (const v1::CheckpointConfig& c = config.checkpoint(); !c.dir().empty()) {
-    auto opened =
-        checkpoint::CheckpointService::Open(&cache, checkpoint::DefaultFileSystem(),
-                                            {.checkpointer = {.dir = c.dir(),
-                                                              .keep = c.keep(),
-                                                              .full_every = c.full_every(),
-                                                              .zstd_level = c.zstd_level()},
-                                             .interval = absl::Seconds(c.interval_seconds()),
-                                             .restore_on_start = c.restore_on_start(),
-                                             .lower_retained_share = c.ssd_retained_share()});
+    // Checkpoints hold every tenant's prompts and KV: only the daemon's user
+    // may enter their folder (created 0700; an existing one is checked).
+    absl::Status private_dir = checkpoint::DefaultFileSystem()->CreateDir(c.dir());
+    if (private_dir.ok()) private_dir = checkpoint::CheckPrivateDirectory(c.dir());
+    if (!private_dir.ok()) {
+      spdlog::error("checkpoints: {}", private_dir.ToString());
+      return 2;
+    }
+    auto opened = checkpoint::CheckpointService::Open(
+        &cache, checkpoint::DefaultFileSystem(),
+        {.checkpointer = {.dir = c.dir(),
+                          .keep = c.keep(),
+                          .full_every = c.full_every(),
+                          .zstd_level = c.zstd_level(),
+                          .mac_key = secret->Derive("checkpoint-mac")},
+         .interval = absl::Seconds(c.interval_seconds()),
+         .restore_on_start = c.restore_on_start(),
+         .lower_retained_share = c.ssd_retained_share()});
     if (!opened.ok()) {
       spdlog::error("checkpoints: {}", opened.status().ToString());
       return 2;

@@ -392,7 +392,7 @@ RestoreFigures Restore(const Config& config, const std::string& dir, uint64_t da
   RestoreFigures f;
   f.resident = Resident(DataFile(dir));
   std::unique_ptr<Cache> target = MakeCache(config);
-  Restorer restorer(target.get(), DefaultFileSystem(), dir);
+  Restorer restorer(target.get(), DefaultFileSystem(), dir, CheckpointKey{});
   std::atomic<bool> stop{false};
   const auto start = Clock::now();
   if (absl::Status s = restorer.Prepare(); !s.ok()) Die("restore: " + s.ToString());

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_directory.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/checkpointer.h"
@@ -67,12 +68,13 @@ class CheckpointCacheTest : public ::testing::Test {
   }
 
   absl::StatusOr<CheckpointRun> Checkpoint(Cache& cache, FileSystem* fs, uint64_t sequence,
-                                           uint32_t full_every = 8) {
-    Checkpointer c(&cache, fs, {.dir = dir_, .keep = 3, .full_every = full_every}, sequence);
+                                           uint32_t full_every = 8, CheckpointKey key = {}) {
+    Checkpointer c(&cache, fs, {.dir = dir_, .keep = 3, .full_every = full_every, .mac_key = key},
+                   sequence);
     return c.Run();
   }
-  RestoreProgress Restore(Cache& cache) {
-    Restorer r(&cache, DefaultFileSystem(), dir_);
+  RestoreProgress Restore(Cache& cache, CheckpointKey key = {}) {
+    Restorer r(&cache, DefaultFileSystem(), dir_, key);
     EXPECT_TRUE(r.Prepare().ok());
     std::atomic<bool> stop{false};
     r.Run(stop);
@@ -180,7 +182,7 @@ TEST_F(CheckpointCacheTest, AFailedWriteLeavesThePreviousCheckpointNewest) {
         {.kind = kind, .path_contains = kind == FaultKind::kSyncFails ? "" : "ckpt-", .nth = 1});
     auto run = Checkpoint(*source_, &faulty, sequence++);
     EXPECT_FALSE(run.ok());
-    auto newest = CheckpointDirectory(DefaultFileSystem(), dir_).NewestComplete();
+    auto newest = CheckpointDirectory(DefaultFileSystem(), dir_, CheckpointKey{}).NewestComplete();
     ASSERT_TRUE(newest.ok()) << newest.status();
     EXPECT_EQ(newest->sequence, 1u);
   }
@@ -290,12 +292,12 @@ TEST_F(CheckpointCacheTest, ANewerFormatVersionIsRefusedNotSkipped) {
     std::ifstream in(path, std::ios::binary);
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  Manifest m = DecodeManifest(text, 2, "test").value();
+  Manifest m = DecodeManifest(text, 2, CheckpointKey{}, "test").value();
   m.format_version = kFormatVersion + 1;
-  { std::ofstream(path, std::ios::binary | std::ios::trunc) << EncodeManifest(m); }
+  { std::ofstream(path, std::ios::binary | std::ios::trunc) << EncodeManifest(m, CheckpointKey{}); }
 
   std::unique_ptr<Cache> target = MakeCache(64);
-  Restorer r(target.get(), DefaultFileSystem(), dir_);
+  Restorer r(target.get(), DefaultFileSystem(), dir_, CheckpointKey{});
   const absl::Status s = r.Prepare();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.message(), ::testing::HasSubstr("this kvcached reads up to"));
@@ -326,6 +328,157 @@ TEST_F(CheckpointCacheTest, BlocksOnlyInAVolatileLowerTierAreLeftOut) {
   EXPECT_EQ(p.restored_blocks + p.orphan_blocks, run->blocks);
   EXPECT_GT(p.restored_blocks, 0u);
   for (uint32_t s = 0; s < 40; ++s) Fetched(*target, Big(), Sequence(s));  // exact if any
+}
+
+CheckpointKey Key(uint8_t fill) {
+  CheckpointKey key;
+  key.fill(fill);
+  return key;
+}
+
+// A checkpoint restores only under the key it was written under (the
+// daemon's secret); under another one nothing is restored and the reason is
+// reported.
+TEST_F(CheckpointCacheTest, ACheckpointRestoresOnlyUnderItsKey) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 8));
+  ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 1, 8, Key(0xa)).ok());
+  const uint64_t blocks = source_->GetStats().blocks;
+
+  std::unique_ptr<Cache> other = MakeCache(64);
+  const RestoreProgress refused = Restore(*other, Key(0xb));
+  EXPECT_EQ(refused.restored_blocks, 0u);
+  EXPECT_EQ(refused.failed_checkpoints, 1u);
+  EXPECT_THAT(refused.error, ::testing::HasSubstr("MAC mismatch"));
+  EXPECT_EQ(other->GetStats().blocks, 0u);
+
+  std::unique_ptr<Cache> same = MakeCache(64);
+  const RestoreProgress restored = Restore(*same, Key(0xa));
+  EXPECT_EQ(restored.state, RestoreState::kDone);
+  EXPECT_EQ(restored.restored_blocks, blocks);
+}
+
+// A newer checkpoint planted by someone without the key (written by a cache
+// of theirs under their own key) is refused; the restore uses the one before
+// it, exactly.
+TEST_F(CheckpointCacheTest, APlantedCheckpointIsRefusedAndTheOneBeforeRestores) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 8));
+  ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 1, 8, Key(0xa)).ok());
+  const uint64_t blocks = source_->GetStats().blocks;
+  // The forger's checkpoint 2, written in a folder of their own (their
+  // pruning would delete ours, which is corrupt under their key), then
+  // copied in.
+  std::unique_ptr<Cache> forger = MakeCache(64);
+  ASSERT_NO_FATAL_FAILURE(Fill(*forger, Mid(), 8, /*salt=*/77));
+  const std::string ours = dir_;
+  dir_ = ours + "_forged";
+  std::filesystem::remove_all(dir_);
+  ASSERT_TRUE(Checkpoint(*forger, DefaultFileSystem(), 2, 8, Key(0xf)).ok());
+  for (const std::string& name : {ManifestFileName(2), DataFileName(2)}) {
+    std::filesystem::copy_file(JoinPath(dir_, name), JoinPath(ours, name));
+  }
+  std::filesystem::remove_all(dir_);
+  dir_ = ours;
+
+  std::unique_ptr<Cache> target = MakeCache(64);
+  const RestoreProgress p = Restore(*target, Key(0xa));
+  EXPECT_EQ(p.sequence, 1u);
+  EXPECT_EQ(p.restored_blocks, blocks);
+  EXPECT_EQ(p.failed_checkpoints, 1u);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s, 77)), 0u);
+}
+
+// A manifest summary whose keys have the wrong types (under a valid MAC:
+// what a bug of a writer could leave) is DATA_LOSS: the restore falls back to
+// the checkpoint before it instead of throwing at start-up.
+TEST_F(CheckpointCacheTest, AMalformedSummaryFallsBackToTheOneBefore) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 8));
+  ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 1, 1).ok());
+  const uint64_t blocks = source_->GetStats().blocks;
+  for (const char* text_of_summary : {
+           R"({"lower_index": "12"})",
+           R"({"lower_index": [-1]})",
+           R"({"lower_index": [64], "model_keys": [[1, 2]]})",
+           R"({"lower_index": [64], "model_keys": "m"})",
+           R"({"lower_index": [64], "model_keys": [["ns"]]})",
+           R"({"full": 1})",
+           R"({"blocks": "many"})",
+       }) {
+    SCOPED_TRACE(text_of_summary);
+    const nlohmann::json summary = nlohmann::json::parse(text_of_summary);
+    std::filesystem::remove(JoinPath(dir_, ManifestFileName(2)));
+    std::filesystem::remove(JoinPath(dir_, DataFileName(2)));
+    ASSERT_TRUE(Checkpoint(*source_, DefaultFileSystem(), 2, 1).ok());
+    const std::string path = JoinPath(dir_, ManifestFileName(2));
+    std::string text;
+    {
+      std::ifstream in(path, std::ios::binary);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    Manifest m = DecodeManifest(text, 2, CheckpointKey{}, "test").value();
+    for (const auto& [key, value] : summary.items()) m.summary[key] = value;
+    {
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << EncodeManifest(m, CheckpointKey{});
+    }
+
+    std::unique_ptr<Cache> target = MakeCache(64);
+    const RestoreProgress p = Restore(*target);
+    EXPECT_EQ(p.sequence, 1u);
+    EXPECT_EQ(p.restored_blocks, blocks);
+    EXPECT_EQ(p.failed_checkpoints, 1u);
+    EXPECT_THAT(p.error, ::testing::HasSubstr("manifest summary"));
+  }
+}
+
+std::vector<uint64_t> BlocksOf(Cache& cache) {
+  std::vector<uint64_t> blocks;
+  for (const ModelImage& m : cache.CaptureModels()) {
+    blocks.insert(blocks.end(), m.blocks.begin(), m.blocks.end());
+  }
+  return blocks;
+}
+
+// A crash at every point of an (incremental) checkpoint in turn, each changing
+// file call, with everything not yet synced lost as a power loss may lose it:
+// the restore is exactly the last checkpoint that completed, never a mix of
+// two and never nothing.
+TEST_F(CheckpointCacheTest, ACrashAnywhereRestoresTheLastCompletedCheckpointExactly) {
+  bool completed_before_crash = false;
+  uint32_t crash_at = 0;
+  for (; !completed_before_crash; ++crash_at) {
+    SCOPED_TRACE(absl::StrCat("crash after ", crash_at, " changes"));
+    ASSERT_LT(crash_at, 500u) << "the checkpoint never finished";
+    std::filesystem::remove_all(dir_);
+    source_ = MakeCache(64);
+    FaultInjectingFileSystem fs(DefaultFileSystem());
+    Checkpointer c(source_.get(), &fs, {.dir = dir_, .keep = 1, .full_every = 8}, 1);
+    ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 6));
+    ASSERT_TRUE(c.Run().ok());
+    const std::vector<uint64_t> first = BlocksOf(*source_);
+    ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 6, /*salt=*/1000));
+    const std::vector<uint64_t> second = BlocksOf(*source_);
+
+    fs.CrashAfter(crash_at);
+    const absl::StatusOr<CheckpointRun> run = c.Run();  // refers to the first
+    completed_before_crash = !fs.crashed();
+    if (run.ok()) {
+      EXPECT_FALSE(run->full);
+    }
+    ASSERT_TRUE(fs.LoseUnsyncedWrites().ok());
+
+    std::unique_ptr<Cache> target = MakeCache(64);
+    const RestoreProgress p = Restore(*target);
+    EXPECT_EQ(p.state, RestoreState::kDone) << p.error;
+    EXPECT_EQ(p.sequence, run.ok() ? 2u : 1u) << run.status();
+    EXPECT_THAT(BlocksOf(*target), ::testing::UnorderedElementsAreArray(run.ok() ? second : first));
+    for (uint32_t s = 0; s < 6; ++s) EXPECT_EQ(Fetched(*target, Mid(), Sequence(s)), 3 * kBt);
+    for (uint32_t s = 0; s < 6; ++s) {
+      EXPECT_EQ(Fetched(*target, Mid(), Sequence(s, 1000)), run.ok() ? 3 * kBt : 0u);
+    }
+  }
+  // Every step of the commit protocol was a crash point: the directory, the
+  // data file's writes and sync, the manifest's, its rename, the folder's sync.
+  EXPECT_GE(crash_at, 9u);
 }
 
 TEST_F(CheckpointCacheTest, NothingToRestoreIsNotAnError) {

@@ -89,7 +89,7 @@ absl::StatusOr<std::vector<CheckpointInfo>> CheckpointDirectory::List() const {
       infos.emplace(sequence, std::move(info));
       continue;
     }
-    absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs_, dir_, sequence);
+    absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs_, dir_, sequence, mac_key_);
     if (opened.ok()) {
       info = InfoFrom(opened->manifest);
     } else if (absl::IsFailedPrecondition(opened.status())) {
@@ -147,14 +147,14 @@ absl::StatusOr<VerifyReport> CheckpointDirectory::Verify(uint64_t sequence) cons
   VerifyReport report;
   report.sequence = sequence;
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(fs_, dir_, sequence);
+      CheckpointReader::Open(fs_, dir_, sequence, {.mac_key = mac_key_});
   if (!reader.ok()) {
     report.status = reader.status();
     return report;
   }
   report.data_bytes = (*reader)->info().data_bytes;
   for (uint64_t ref : (*reader)->info().references) {
-    absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs_, dir_, ref);
+    absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs_, dir_, ref, mac_key_);
     if (!opened.ok()) {
       report.status =
           absl::DataLossError(absl::StrCat("checkpoint ", sequence, " references checkpoint ", ref,

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/checkpoint/checkpoint_mac.h"
 #include "server/checkpoint/checkpoint_types.h"
 #include "server/checkpoint/file_system.h"
 
@@ -45,7 +46,11 @@ struct PruneReport {
 
 class CheckpointDirectory {
  public:
-  CheckpointDirectory(FileSystem* fs, std::string dir) : fs_(fs), dir_(std::move(dir)) {}
+  // `mac_key`: what the checkpoints' MACs are checked under
+  // (ReaderOptions::mac_key); a checkpoint written under another key lists as
+  // corrupt, and Prune() deletes it.
+  CheckpointDirectory(FileSystem* fs, std::string dir, const CheckpointKey& mac_key)
+      : fs_(fs), dir_(std::move(dir)), mac_key_(mac_key) {}
 
   // Every checkpoint with a file in the directory, ascending by sequence.
   // An empty list when the directory does not exist.
@@ -78,6 +83,7 @@ class CheckpointDirectory {
 
   FileSystem* const fs_;
   const std::string dir_;
+  const CheckpointKey mac_key_;
 };
 
 }  // namespace kvcache::checkpoint

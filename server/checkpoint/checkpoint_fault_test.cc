@@ -62,7 +62,7 @@ class CheckpointFaultTest : public ::testing::Test {
 
   TestDirectory dir_;
   FaultInjectingFileSystem fs_{DefaultFileSystem()};
-  CheckpointDirectory directory_{&fs_, dir_.path()};
+  CheckpointDirectory directory_{&fs_, dir_.path(), CheckpointKey{}};
   std::vector<TestRecord> previous_;
 };
 
@@ -182,14 +182,14 @@ class CorruptionTest : public CheckpointFaultTest {
     std::ifstream in(dir_.File(ManifestFileName(2)), std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
-    Manifest m = DecodeManifest(text.str(), 2, "test").value();
+    Manifest m = DecodeManifest(text.str(), 2, CheckpointKey{}, "test").value();
     std::ifstream data(data_, std::ios::binary);
     std::stringstream bytes;
     bytes << data.rdbuf();
     m.data_bytes = bytes.str().size();
     m.data_xxh3 = XXH3_64bits(bytes.str().data(), bytes.str().size());
     std::ofstream(dir_.File(ManifestFileName(2)), std::ios::binary | std::ios::trunc)
-        << EncodeManifest(m);
+        << EncodeManifest(m, CheckpointKey{});
   }
 
   std::vector<TestRecord> second_;
@@ -205,7 +205,7 @@ TEST_F(CorruptionTest, IntactCheckpointReads) {
 TEST_F(CorruptionTest, FlippedByteInRecord) {
   const uint64_t offset = locations_[1].offset + kFrameHeaderBytes + 500;
   ASSERT_TRUE(fs_.CorruptByte(data_, offset).ok());
-  ExpectDetected("frame at offset " + std::to_string(locations_[1].offset) + ": checksum mismatch");
+  ExpectDetected("frame at offset " + std::to_string(locations_[1].offset) + ": MAC mismatch");
   auto reader = CheckpointReader::Open(&fs_, dir_.path(), 2);
   ASSERT_TRUE(reader.ok());
   Record record;
@@ -220,7 +220,7 @@ TEST_F(CorruptionTest, FlippedByteInFrameLength) {
 
 TEST_F(CorruptionTest, FlippedByteInEndRecord) {
   ASSERT_TRUE(fs_.CorruptByte(data_, data_bytes_ - 3).ok());
-  ExpectDetected("checksum mismatch");
+  ExpectDetected("MAC mismatch");
 }
 
 TEST_F(CorruptionTest, FlippedByteInDataHeader) {
@@ -232,8 +232,8 @@ TEST_F(CorruptionTest, FlippedByteInDataHeader) {
 TEST_F(CorruptionTest, FlippedByteInManifest) {
   const std::string manifest = dir_.File(ManifestFileName(2));
   ASSERT_TRUE(fs_.CorruptByte(manifest, std::filesystem::file_size(manifest) / 2, 0x02).ok());
-  ExpectDetected("manifest checksum mismatch");
-  ExpectListedCorrupt("manifest checksum mismatch");
+  ExpectDetected("manifest MAC mismatch");
+  ExpectListedCorrupt("manifest MAC mismatch");
 }
 
 TEST_F(CorruptionTest, DataFileMissing) {

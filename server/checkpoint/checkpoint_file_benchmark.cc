@@ -57,7 +57,7 @@ std::vector<std::vector<std::byte>> RandomRecords(size_t bytes) {
 
 int Run(const Config& config) {
   FileSystem* fs = DefaultFileSystem();
-  CheckpointDirectory directory(fs, config.dir);
+  CheckpointDirectory directory(fs, config.dir, CheckpointKey{});
   const auto records = RandomRecords(config.record_kib << 10);
   const uint64_t count = (config.mib << 20) / (config.record_kib << 10);
   const double payload_mb = double(count * (config.record_kib << 10)) / 1e6;

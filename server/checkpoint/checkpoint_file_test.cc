@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_directory.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/checkpoint_test_util.h"
@@ -101,7 +102,8 @@ TEST(CheckpointFileTest, ManifestIsReadableJson) {
   auto info = (*writer)->Commit({{"blocks", 12}, {"tenant", "a"}}, {});
   ASSERT_TRUE(info.ok()) << info.status();
   const nlohmann::json j = nlohmann::json::parse(ReadText(dir.File(ManifestFileName(42))));
-  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["checkpoint_id"].get<std::string>().size(), 32u);
   EXPECT_EQ(j["sequence"], 42);
   EXPECT_EQ(j["created_unix_ms"], 1'700'000'000'250);
   EXPECT_EQ(j["write_duration_ms"], 250);
@@ -110,7 +112,7 @@ TEST(CheckpointFileTest, ManifestIsReadableJson) {
   EXPECT_EQ(j["record_count"], 1);
   EXPECT_EQ(j["summary"]["blocks"], 12);
   EXPECT_EQ(j["references"], nlohmann::json::array());
-  EXPECT_EQ(j["manifest_xxh3"].get<std::string>().size(), 16u);
+  EXPECT_EQ(j["manifest_hmac"].get<std::string>().size(), 64u);
   EXPECT_FALSE(std::filesystem::exists(dir.File(ManifestTempFileName(42))));
 }
 
@@ -180,7 +182,7 @@ TEST(CheckpointFileTest, CommitRefusesBadReferences) {
 TEST(CheckpointFileTest, PruneKeepsReferencedCheckpoints) {
   TestDirectory dir;
   FileSystem* fs = DefaultFileSystem();
-  CheckpointDirectory directory(fs, dir.path());
+  CheckpointDirectory directory(fs, dir.path(), CheckpointKey{});
   std::vector<RecordLocation> first = WriteCheckpoint(fs, dir.path(), 1, SomeRecords(1));
   ASSERT_FALSE(first.empty());
   ASSERT_FALSE(WriteCheckpoint(fs, dir.path(), 2, SomeRecords(2)).empty());
@@ -217,7 +219,7 @@ TEST(CheckpointFileTest, ListClassifiesCheckpoints) {
   TestDirectory dir;
   FileSystem* fs = DefaultFileSystem();
   FaultInjectingFileSystem faulty(fs);
-  CheckpointDirectory directory(fs, dir.path());
+  CheckpointDirectory directory(fs, dir.path(), CheckpointKey{});
   EXPECT_TRUE(directory.List().value().empty());  // no directory yet
   EXPECT_EQ(directory.NextSequence().value(), 1u);
   EXPECT_EQ(directory.NewestComplete().status().code(), absl::StatusCode::kNotFound);
@@ -230,7 +232,7 @@ TEST(CheckpointFileTest, ListClassifiesCheckpoints) {
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 4u);
   EXPECT_EQ((*list)[0].state, CheckpointState::kCorrupt);
-  EXPECT_THAT((*list)[0].reason, HasSubstr("manifest checksum mismatch"));
+  EXPECT_THAT((*list)[0].reason, HasSubstr("manifest MAC mismatch"));
   EXPECT_EQ((*list)[1].state, CheckpointState::kCorrupt);
   EXPECT_THAT((*list)[1].reason, HasSubstr("references checkpoint 1, which is corrupt"));
   EXPECT_EQ((*list)[2].state, CheckpointState::kComplete);
@@ -245,27 +247,39 @@ TEST(CheckpointFileTest, ListClassifiesCheckpoints) {
   EXPECT_EQ(directory.Verify(2).value().status.code(), absl::StatusCode::kDataLoss);
 }
 
-// A checkpoint whose manifest or data header names format version 2.
+// A checkpoint whose manifest or data header names a format version newer
+// than this kvcached's.
 TEST(CheckpointFileTest, NewerFormatVersionIsRefused) {
   TestDirectory dir;
   FileSystem* fs = DefaultFileSystem();
   FaultInjectingFileSystem faulty(fs);
-  CheckpointDirectory directory(fs, dir.path());
+  CheckpointDirectory directory(fs, dir.path(), CheckpointKey{});
   ASSERT_FALSE(WriteCheckpoint(fs, dir.path(), 1, SomeRecords(1)).empty());
   ASSERT_FALSE(WriteCheckpoint(fs, dir.path(), 2, SomeRecords(2)).empty());
   ASSERT_FALSE(WriteCheckpoint(fs, dir.path(), 3, SomeRecords(3)).empty());
 
-  // 2: a manifest of version 2 (with a valid checksum).
+  // 2: a manifest of the next version (with a valid MAC).
   const std::string manifest_path = dir.File(ManifestFileName(2));
-  Manifest m = DecodeManifest(ReadText(manifest_path), 2, "test").value();
-  m.format_version = 2;
-  { std::ofstream(manifest_path, std::ios::binary | std::ios::trunc) << EncodeManifest(m); }
-  // 3: a data header of version 2 (with a valid header checksum).
+  Manifest m = DecodeManifest(ReadText(manifest_path), 2, CheckpointKey{}, "test").value();
+  m.format_version = kFormatVersion + 1;
+  {
+    std::ofstream(manifest_path, std::ios::binary | std::ios::trunc)
+        << EncodeManifest(m, CheckpointKey{});
+  }
+  // 3: a manifest and a data header of the next version (with a valid MAC and
+  // header checksum).
+  const std::string manifest3 = dir.File(ManifestFileName(3));
+  Manifest m3 = DecodeManifest(ReadText(manifest3), 3, CheckpointKey{}, "test").value();
+  m3.format_version = kFormatVersion + 1;
+  {
+    std::ofstream(manifest3, std::ios::binary | std::ios::trunc)
+        << EncodeManifest(m3, CheckpointKey{});
+  }
   const std::string data_path = dir.File(DataFileName(3));
   std::string data = ReadText(data_path);
   std::vector<std::byte> header(kDataHeaderBytes);
   std::memcpy(header.data(), data.data(), kDataHeaderBytes);
-  PutU16(&header[4], 2);
+  PutU16(&header[4], kFormatVersion + 1);
   PutU64(&header[56], XXH3_64bits(header.data(), 56));
   std::memcpy(data.data(), header.data(), kDataHeaderBytes);
   { std::ofstream(data_path, std::ios::binary | std::ios::trunc) << data; }
@@ -274,7 +288,8 @@ TEST(CheckpointFileTest, NewerFormatVersionIsRefused) {
     auto reader = CheckpointReader::Open(fs, dir.path(), sequence);
     EXPECT_EQ(reader.status().code(), absl::StatusCode::kFailedPrecondition) << reader.status();
     EXPECT_THAT(reader.status().message(),
-                HasSubstr("checkpoint format version 2, this kvcached reads up to 1"));
+                HasSubstr(absl::StrCat("checkpoint format version ", kFormatVersion + 1,
+                                       ", this kvcached reads up to ", kFormatVersion)));
   }
   auto list = directory.List().value();
   EXPECT_EQ(list[1].state, CheckpointState::kUnsupported);
@@ -284,6 +299,19 @@ TEST(CheckpointFileTest, NewerFormatVersionIsRefused) {
   ASSERT_TRUE(pruned.ok());
   EXPECT_TRUE(pruned->deleted.empty());  // never prunes a newer format's files
   EXPECT_TRUE(std::filesystem::exists(data_path));
+
+  // Only an authenticated manifest can claim a newer version: a header alone
+  // that does (its manifest says the current one) is corrupt.
+  ASSERT_FALSE(WriteCheckpoint(fs, dir.path(), 4, SomeRecords(4)).empty());
+  const std::string data4_path = dir.File(DataFileName(4));
+  std::string data4 = ReadText(data4_path);
+  std::memcpy(data4.data(), header.data(), 8);  // magic and the next version
+  std::vector<std::byte> header4(kDataHeaderBytes);
+  std::memcpy(header4.data(), data4.data(), kDataHeaderBytes);
+  PutU64(&header4[56], XXH3_64bits(header4.data(), 56));
+  std::memcpy(data4.data(), header4.data(), kDataHeaderBytes);
+  { std::ofstream(data4_path, std::ios::binary | std::ios::trunc) << data4; }
+  EXPECT_EQ(CheckpointReader::Open(fs, dir.path(), 4).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(CheckpointFileTest, WriterLifecycle) {

@@ -34,11 +34,11 @@ absl::StatusOr<std::string> ReadSmallFile(FileSystem* fs, const std::string& pat
 }  // namespace
 
 absl::StatusOr<OpenedCheckpoint> OpenCheckpointFiles(FileSystem* fs, const std::string& dir,
-                                                     uint64_t sequence) {
+                                                     uint64_t sequence, const CheckpointKey& key) {
   const std::string manifest_path = JoinPath(dir, ManifestFileName(sequence));
   absl::StatusOr<std::string> text = ReadSmallFile(fs, manifest_path);
   if (!text.ok()) return text.status();
-  absl::StatusOr<Manifest> manifest = DecodeManifest(*text, sequence, manifest_path);
+  absl::StatusOr<Manifest> manifest = DecodeManifest(*text, sequence, key, manifest_path);
   if (!manifest.ok()) return manifest.status();
   OpenedCheckpoint opened;
   opened.what = JoinPath(dir, manifest->data_file);
@@ -57,7 +57,15 @@ absl::StatusOr<OpenedCheckpoint> OpenCheckpointFiles(FileSystem* fs, const std::
   if (!n.ok()) return n.status();
   absl::StatusOr<DataHeader> decoded = DecodeDataHeader(
       std::span<const std::byte>(opened.header_bytes).first(*n), sequence, opened.what);
-  if (!decoded.ok()) return decoded.status();
+  if (!decoded.ok()) {
+    // The manifest, authenticated, names a version this kvcached reads: a
+    // header that claims a newer one is damaged or forged, not newer.
+    if (absl::IsFailedPrecondition(decoded.status())) {
+      return absl::DataLossError(absl::StrCat(
+          decoded.status().message(), ", but its manifest says ", opened.manifest.format_version));
+    }
+    return decoded.status();
+  }
   opened.header = *decoded;
   if (*size != opened.manifest.data_bytes) {
     return absl::DataLossError(absl::StrCat(opened.what, ": data file is ", *size,
@@ -68,6 +76,11 @@ absl::StatusOr<OpenedCheckpoint> OpenCheckpointFiles(FileSystem* fs, const std::
     return absl::DataLossError(
         absl::StrCat(opened.what, ": header and manifest disagree on the creation time"));
   }
+  if (opened.header.id != opened.manifest.id) {
+    return absl::DataLossError(
+        absl::StrCat(opened.what, ": header and manifest disagree on the checkpoint id"));
+  }
+  opened.frames = std::make_unique<const FrameMac>(key, opened.manifest.id, sequence);
   return opened;
 }
 
@@ -112,9 +125,8 @@ absl::Status ReadFrameAt(const OpenedCheckpoint& checkpoint, uint64_t offset, ZS
   scratch->resize(header->stored_bytes);
   n = checkpoint.data->Read(body, *scratch);
   if (!n.ok()) return n.status();
-  if (*n != scratch->size() || FrameChecksum(*header, *scratch) != header->checksum) {
-    return absl::DataLossError(
-        absl::StrCat(what, ": frame at offset ", offset, ": checksum mismatch"));
+  if (*n != scratch->size() || checkpoint.frames->Tag(*header, offset, *scratch) != header->tag) {
+    return absl::DataLossError(absl::StrCat(what, ": frame at offset ", offset, ": MAC mismatch"));
   }
   if ((header->flags & kFlagEnd) != 0) {
     return absl::InvalidArgumentError(

@@ -55,6 +55,13 @@ absl::Status UnsupportedVersionError(absl::string_view what, uint64_t version) {
                                                     kFormatVersion));
 }
 
+absl::Status UnauthenticatedVersionError(absl::string_view what, uint64_t version) {
+  return absl::DataLossError(absl::StrCat(
+      what, ": checkpoint format version ", version,
+      " is not authenticated (no MAC); this kvcached restores only checkpoints of version ",
+      kFirstAuthenticatedVersion, " and later, written under its own secret"));
+}
+
 void PutU16(std::byte* p, uint16_t v) {
   for (int i = 0; i < 2; ++i) p[i] = std::byte(v >> (8 * i));
 }
@@ -112,6 +119,7 @@ std::array<std::byte, kDataHeaderBytes> EncodeDataHeader(const DataHeader& heade
   PutU16(&b[6], kDataHeaderBytes);
   PutU64(&b[8], header.sequence);
   PutU64(&b[16], static_cast<uint64_t>(header.created_unix_ms));
+  std::memcpy(&b[24], header.id.data(), header.id.size());
   PutU64(&b[56], XXH3_64bits(b.data(), 56));
   return b;
 }
@@ -128,6 +136,7 @@ absl::StatusOr<DataHeader> DecodeDataHeader(std::span<const std::byte> b,
   const uint16_t version = GetU16(&b[4]);
   if (version > kFormatVersion) return UnsupportedVersionError(what, version);
   if (version == 0) return absl::DataLossError(absl::StrCat(what, ": format version 0"));
+  if (version < kFirstAuthenticatedVersion) return UnauthenticatedVersionError(what, version);
   if (GetU16(&b[6]) != kDataHeaderBytes) {
     return absl::DataLossError(absl::StrCat(what, ": header size ", GetU16(&b[6])));
   }
@@ -135,6 +144,11 @@ absl::StatusOr<DataHeader> DecodeDataHeader(std::span<const std::byte> b,
     return absl::DataLossError(absl::StrCat(what, ": header checksum mismatch"));
   }
   DataHeader header{GetU64(&b[8]), static_cast<int64_t>(GetU64(&b[16]))};
+  std::memcpy(header.id.data(), &b[24], header.id.size());
+  for (size_t i = 24 + kCheckpointIdBytes; i < 56; ++i) {
+    if (b[i] != std::byte{0})
+      return absl::DataLossError(absl::StrCat(what, ": reserved header bytes are not zero"));
+  }
   if (header.sequence != expected_sequence) {
     return absl::DataLossError(absl::StrCat(what, ": header names sequence ", header.sequence,
                                             ", expected ", expected_sequence));
@@ -153,20 +167,10 @@ void EncodeFrameFields(const FrameHeader& h, std::byte* b) {
 }
 }  // namespace
 
-uint64_t FrameChecksum(const FrameHeader& header, std::span<const std::byte> stored) {
-  std::byte fields[16];
-  EncodeFrameFields(header, fields);
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  XXH3_64bits_update(&state, fields, sizeof(fields));
-  XXH3_64bits_update(&state, stored.data(), stored.size());
-  return XXH3_64bits_digest(&state);
-}
-
 std::array<std::byte, kFrameHeaderBytes> EncodeFrameHeader(const FrameHeader& header) {
   std::array<std::byte, kFrameHeaderBytes> b{};
   EncodeFrameFields(header, b.data());
-  PutU64(&b[16], header.checksum);
+  PutU64(&b[16], header.tag);
   return b;
 }
 
@@ -182,7 +186,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte> b, absl
   h.type = static_cast<uint8_t>(b[8]);
   h.flags = static_cast<uint8_t>(b[9]);
   h.index = GetU32(&b[12]);
-  h.checksum = GetU64(&b[16]);
+  h.tag = GetU64(&b[16]);
   if ((h.flags & ~(kFlagZstd | kFlagEnd)) != 0 || h.flags == (kFlagZstd | kFlagEnd)) {
     return loss(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
   }

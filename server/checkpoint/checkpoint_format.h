@@ -16,12 +16,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/checkpoint/checkpoint_mac.h"
 #include "xxhash.h"
 
 namespace kvcache::checkpoint {
 
 inline constexpr uint32_t kDataMagic = 0x4b43564b;  // bytes "KVCK"
-inline constexpr uint16_t kFormatVersion = 1;       // the newest version written and read
+inline constexpr uint16_t kFormatVersion = 2;       // the newest version written and read
+// Versions before this one carry no MAC: refused as DATA_LOSS, never restored.
+inline constexpr uint16_t kFirstAuthenticatedVersion = 2;
 inline constexpr size_t kDataHeaderBytes = 64;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr uint32_t kMaxRecordBytes = uint32_t{1} << 30;
@@ -45,15 +48,20 @@ std::optional<ParsedName> ParseFileName(absl::string_view name);
 // FAILED_PRECONDITION "checkpoint format version N, this kvcached reads up to M"
 // (with `what`, the file, in front).
 absl::Status UnsupportedVersionError(absl::string_view what, uint64_t version);
+// DATA_LOSS for a version before kFirstAuthenticatedVersion: "format version
+// N is not authenticated ...".
+absl::Status UnauthenticatedVersionError(absl::string_view what, uint64_t version);
 
 struct DataHeader {
   uint64_t sequence = 0;
   int64_t created_unix_ms = 0;
+  CheckpointId id{};  // equals the manifest's checkpoint_id
 };
 std::array<std::byte, kDataHeaderBytes> EncodeDataHeader(const DataHeader& header);
 // Checks magic, version, header size, checksum and that the sequence is
 // `expected_sequence`. DATA_LOSS (or FAILED_PRECONDITION for a newer version)
-// prefixed with `what`.
+// prefixed with `what`. The header is authenticated by its manifest: the
+// caller compares sequence, creation time and id with the manifest's.
 absl::StatusOr<DataHeader> DecodeDataHeader(std::span<const std::byte> bytes,
                                             uint64_t expected_sequence, absl::string_view what);
 
@@ -63,12 +71,10 @@ struct FrameHeader {
   uint8_t type = 0;
   uint8_t flags = 0;
   uint32_t index = 0;
-  uint64_t checksum = 0;
+  uint64_t tag = 0;  // FrameMac::Tag (checkpoint_mac.h)
 };
-// XXH3-64 of header bytes 0..15 (from `header`'s fields) followed by `stored`.
-uint64_t FrameChecksum(const FrameHeader& header, std::span<const std::byte> stored);
 std::array<std::byte, kFrameHeaderBytes> EncodeFrameHeader(const FrameHeader& header);
-// Decodes and checks the fields alone (flags, reserved, lengths); the checksum
+// Decodes and checks the fields alone (flags, reserved, lengths); the tag
 // is checked by the caller once it has the stored bytes. DATA_LOSS naming
 // `what` and `offset`.
 absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const std::byte> bytes,

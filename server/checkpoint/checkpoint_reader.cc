@@ -12,7 +12,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(FileSys
                                                                          std::string dir,
                                                                          uint64_t sequence,
                                                                          ReaderOptions options) {
-  absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs, dir, sequence);
+  absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs, dir, sequence, options.mac_key);
   if (!opened.ok()) return opened.status();
   options.read_chunk_bytes = std::max<size_t>(options.read_chunk_bytes, 4096);
   return std::unique_ptr<CheckpointReader>(
@@ -96,9 +96,8 @@ absl::StatusOr<bool> CheckpointReader::ReadNext(Record* record) {
   }
   const std::span<const std::byte> frame(buffer_.data() + pos_, frame_bytes);
   const std::span<const std::byte> stored = frame.subspan(kFrameHeaderBytes);
-  if (FrameChecksum(*header, stored) != header->checksum) {
-    return absl::DataLossError(
-        absl::StrCat(what, ": frame at offset ", offset, ": checksum mismatch"));
+  if (self_.frames->Tag(*header, offset, stored) != header->tag) {
+    return absl::DataLossError(absl::StrCat(what, ": frame at offset ", offset, ": MAC mismatch"));
   }
   XXH3_64bits_update(file_hash_.get(), frame.data(), frame.size());
   pos_ += frame_bytes;
@@ -149,7 +148,8 @@ absl::Status CheckpointReader::ReadRecordAt(const RecordLocation& location, Reco
     }
     auto& slot = referenced_[location.sequence];
     if (slot == nullptr) {
-      absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpointFiles(fs_, dir_, location.sequence);
+      absl::StatusOr<OpenedCheckpoint> opened =
+          OpenCheckpointFiles(fs_, dir_, location.sequence, options_.mac_key);
       if (!opened.ok()) {
         referenced_.erase(location.sequence);
         if (absl::IsNotFound(opened.status())) {

@@ -1,17 +1,18 @@
 // CheckpointReader: reads one committed checkpoint back
 // (docs/checkpoint-format.md).
 //
-// Open() checks the manifest (its checksum and format version), that the data
+// Open() checks the manifest (its MAC and format version), that the data
 // file has the size the manifest says, and the data header. Next() then walks
 // the records in order with large buffered reads, verifying each frame's
-// checksum and decompressing; at the end it checks the end record's count and
+// MAC tag and decompressing; at the end it checks the end record's count and
 // the XXH3-64 of the whole data file against the manifest. ReadRecordAt()
 // reads one record by location, in this checkpoint or in one it references
 // (incremental checkpoints), keeping the referenced data files open.
 //
 // Errors: FAILED_PRECONDITION "checkpoint format version N, this kvcached
-// reads up to M" for a newer format (never misread); DATA_LOSS naming the file
-// and the offset for any checksum mismatch, truncation, missing end record or
+// reads up to M" for a newer format (never misread); DATA_LOSS for an older,
+// unauthenticated format or a MAC written under another key; DATA_LOSS naming
+// the file and the offset for any MAC or checksum mismatch, truncation, missing end record or
 // malformed field; NOT_FOUND when the checkpoint has no manifest; the file
 // system's status for I/O errors. After an error Next() keeps returning it.
 //
@@ -36,6 +37,10 @@ namespace kvcache::checkpoint {
 
 struct ReaderOptions {
   size_t read_chunk_bytes = size_t{4} << 20;  // one sequential read; grows for larger frames
+  // The key the checkpoint's MACs were made under; the daemon's is
+  // DaemonSecret::Derive("checkpoint-mac"). A checkpoint written under
+  // another key is DATA_LOSS.
+  CheckpointKey mac_key{};
 };
 
 class CheckpointReader {

@@ -27,7 +27,8 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Open(
   if (absl::Status s = fs->CreateDir(dir); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("checkpoint.dir ", dir, ": ", s.message()));
   }
-  absl::StatusOr<uint64_t> next = CheckpointDirectory(fs, dir).NextSequence();
+  absl::StatusOr<uint64_t> next =
+      CheckpointDirectory(fs, dir, options.checkpointer.mac_key).NextSequence();
   if (!next.ok()) return next.status();
   if (BlockStore* lower = cache->lower_tier().get(); lower != nullptr && lower->persistent()) {
     lower->SetRetention(true);
@@ -45,7 +46,7 @@ CheckpointService::CheckpointService(Cache* cache, FileSystem* fs, CheckpointSer
     : fs_(fs),
       options_(std::move(options)),
       checkpointer_(cache, fs, options_.checkpointer, next_sequence),
-      restorer_(cache, fs, options_.checkpointer.dir) {}
+      restorer_(cache, fs, options_.checkpointer.dir, options_.checkpointer.mac_key) {}
 
 CheckpointService::~CheckpointService() { Shutdown(false); }
 
@@ -141,11 +142,11 @@ absl::StatusOr<CheckpointRun> CheckpointService::CheckpointNow() {
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> CheckpointService::List() const {
-  return CheckpointDirectory(fs_, options_.checkpointer.dir).List();
+  return CheckpointDirectory(fs_, options_.checkpointer.dir, options_.checkpointer.mac_key).List();
 }
 
 absl::StatusOr<VerifyOutcome> CheckpointService::Verify(uint64_t sequence) const {
-  CheckpointDirectory directory(fs_, options_.checkpointer.dir);
+  CheckpointDirectory directory(fs_, options_.checkpointer.dir, options_.checkpointer.mac_key);
   if (sequence == 0) {
     absl::StatusOr<CheckpointInfo> newest = directory.NewestComplete();
     if (!newest.ok()) return newest.status();

@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(FileS
   if (!file.ok()) return file.status();
   writer->file_ = *std::move(file);
   writer->created_unix_ms_ = writer->Now();
-  const auto header = EncodeDataHeader(DataHeader{sequence, writer->created_unix_ms_});
+  const auto header = EncodeDataHeader(DataHeader{sequence, writer->created_unix_ms_, writer->id_});
   if (absl::Status s = writer->Emit(header); !s.ok()) return s;
   return writer;
 }
@@ -55,7 +55,9 @@ CheckpointWriter::CheckpointWriter(FileSystem* fs, std::string dir, uint64_t seq
       dir_(std::move(dir)),
       sequence_(sequence),
       options_(std::move(options)),
-      data_path_(JoinPath(dir_, DataFileName(sequence))) {
+      data_path_(JoinPath(dir_, DataFileName(sequence))),
+      id_(NewCheckpointId()),
+      frame_mac_(options_.mac_key, id_, sequence) {
   buffer_.reserve(options_.buffer_bytes);
   file_hash_ = NewXxhState();
   if (options_.zstd_level != 0) {
@@ -103,7 +105,7 @@ absl::Status CheckpointWriter::WriteFrame(uint8_t type, uint8_t flags, uint32_t 
                                           std::span<const std::byte> stored) {
   FrameHeader header{
       static_cast<uint32_t>(stored.size()), uncompressed, type, flags, record_count_, 0};
-  header.checksum = FrameChecksum(header, stored);
+  header.tag = frame_mac_.Tag(header, offset_, stored);
   if (absl::Status s = Emit(EncodeFrameHeader(header)); !s.ok()) return s;
   return Emit(stored);
 }
@@ -161,6 +163,7 @@ absl::Status CheckpointWriter::WriteManifest(const nlohmann::json& summary,
   Manifest m;
   m.format_version = kFormatVersion;
   m.sequence = sequence_;
+  m.id = id_;
   m.created_unix_ms = created_unix_ms_;
   m.write_duration_ms = std::max<int64_t>(0, Now() - created_unix_ms_);
   m.data_file = DataFileName(sequence_);
@@ -169,7 +172,7 @@ absl::Status CheckpointWriter::WriteManifest(const nlohmann::json& summary,
   m.record_count = record_count_;
   m.summary = summary;
   m.references = refs;
-  const std::string text = EncodeManifest(m);
+  const std::string text = EncodeManifest(m, options_.mac_key);
   const std::string tmp = JoinPath(dir_, ManifestTempFileName(sequence_));
   absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(tmp);
   if (!file.ok()) return file.status();

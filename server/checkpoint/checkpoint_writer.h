@@ -6,9 +6,9 @@
 // destroyed uncommitted deletes what it wrote (best effort: a crash leaves an
 // incomplete leftover that CheckpointDirectory::Prune() removes).
 //
-// Cost: Append() compresses (when asked, on the calling thread), checksums
-// and copies into the buffer; it does file I/O only when the buffer fills
-// (one write of buffer_bytes) and takes no lock, so a cache may call it while
+// Cost: Append() compresses (when asked, on the calling thread), MACs
+// (HMAC-SHA256, docs/checkpoint-format.md) and copies into the buffer; it does file I/O only when
+// the buffer fills (one write of buffer_bytes) and takes no lock, so a cache may call it while
 // serving, as long as it does not hold its own locks across the call.
 //
 // Errors are sticky: after an I/O error every later Append() and Commit()
@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint_format.h"
+#include "server/checkpoint/checkpoint_mac.h"
 #include "server/checkpoint/checkpoint_types.h"
 #include "server/checkpoint/file_system.h"
 
@@ -47,6 +48,10 @@ struct WriterOptions {
   // Unix time in ms for created_unix_ms and write_duration_ms; null = the
   // system clock. Tests inject one.
   std::function<int64_t()> now_unix_ms;
+  // The key the checkpoint's MACs are made under (manifest and every frame);
+  // the daemon's is DaemonSecret::Derive("checkpoint-mac"). Only a reader
+  // with the same key restores the checkpoint.
+  CheckpointKey mac_key{};
 
   // INVALID_ARGUMENT naming the field when out of range.
   absl::Status Validate() const;
@@ -112,6 +117,8 @@ class CheckpointWriter {
   const WriterOptions options_;
   const std::string data_path_;
   int64_t created_unix_ms_ = 0;
+  const CheckpointId id_;
+  const FrameMac frame_mac_;
   std::unique_ptr<WritableFile> file_;
   std::vector<std::byte> buffer_;
   std::vector<std::byte> scratch_;  // compressed bytes

@@ -79,8 +79,9 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
   const bool reattachable = lower != nullptr && lower->persistent();
   const uint64_t mark = reattachable ? lower->CheckpointStarted() : 0;
 
-  absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer = CheckpointWriter::Create(
-      fs_, options_.dir, run.sequence, {.zstd_level = options_.zstd_level});
+  absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
+      CheckpointWriter::Create(fs_, options_.dir, run.sequence,
+                               {.zstd_level = options_.zstd_level, .mac_key = options_.mac_key});
   if (!writer.ok()) return writer.status();
   CheckpointWriter& w = **writer;
 
@@ -224,7 +225,8 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
   // Space freed before this checkpoint began is in no checkpoint we keep
   // relying on: the lower tier may reuse it.
   if (reattachable) lower->CheckpointCommitted(mark);
-  if (absl::Status s = CheckpointDirectory(fs_, options_.dir).Prune(options_.keep).status();
+  if (absl::Status s =
+          CheckpointDirectory(fs_, options_.dir, options_.mac_key).Prune(options_.keep).status();
       !s.ok()) {
     spdlog::warn("checkpoint: pruning {}: {}", options_.dir, s.ToString());
   }

@@ -34,6 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/checkpoint_mac.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/records.h"
 #include "server/core/cache.h"
@@ -53,6 +54,10 @@ struct CheckpointerOptions {
   uint64_t compression_probe_bytes = uint64_t{64} << 20;
   double min_compression_saving = 0.10;
   size_t batch_blocks = 64;
+  // What the checkpoints' MACs are made and checked under
+  // (docs/checkpoint-format.md): the daemon passes
+  // DaemonSecret::Derive("checkpoint-mac"); all-zero only in tests.
+  CheckpointKey mac_key{};
 };
 
 // What one Run() wrote.

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -15,6 +16,7 @@ class FaultyWritableFile final : public WritableFile {
       : fs_(fs), base_(std::move(base)), path_(std::move(path)) {}
 
   absl::Status Append(std::span<const std::byte> data) override {
+    if (absl::Status s = fs_->Change("write", path_); !s.ok()) return s;
     if (fs_->ShouldFail(FaultKind::kShortWrite, path_)) {
       (void)base_->Append(data.first(data.size() / 2));
       return absl::UnavailableError(absl::StrCat("write ", path_, ": short write, ",
@@ -27,14 +29,19 @@ class FaultyWritableFile final : public WritableFile {
     if (fs_->ShouldFail(FaultKind::kIoError, path_)) {
       return ErrnoToStatus(EIO, "write (injected)", path_);
     }
-    return base_->Append(data);
+    absl::Status s = base_->Append(data);
+    if (s.ok()) fs_->Appended(path_, data.size());
+    return s;
   }
 
   absl::Status Sync() override {
+    if (absl::Status s = fs_->Change("fdatasync", path_); !s.ok()) return s;
     if (fs_->ShouldFail(FaultKind::kSyncFails, path_)) {
       return ErrnoToStatus(EIO, "fdatasync (injected)", path_);
     }
-    return base_->Sync();
+    absl::Status s = base_->Sync();
+    if (s.ok()) fs_->Synced(path_);
+    return s;
   }
 
   absl::Status Close() override { return base_->Close(); }
@@ -79,16 +86,136 @@ bool FaultInjectingFileSystem::ShouldFail(FaultKind kind, const std::string& pat
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingFileSystem::NewWritableFile(
     const std::string& path) {
+  if (absl::Status s = Change("open for writing", path); !s.ok()) return s;
+  const bool existed = base_->Exists(path);
   absl::StatusOr<std::unique_ptr<WritableFile>> base = base_->NewWritableFile(path);
   if (!base.ok()) return base.status();
+  {
+    absl::MutexLock lock(&mu_);
+    Written& w = written_[path];
+    w = Written{.new_entry = !existed || w.new_entry};
+  }
   return std::make_unique<FaultyWritableFile>(this, *std::move(base), path);
 }
 
 absl::Status FaultInjectingFileSystem::Rename(const std::string& from, const std::string& to) {
+  if (absl::Status s = Change("rename", from); !s.ok()) return s;
   if (ShouldFail(FaultKind::kRenameFails, from)) {
     return ErrnoToStatus(EIO, absl::StrCat("rename to ", to, " (injected) of"), from);
   }
-  return base_->Rename(from, to);
+  absl::Status s = base_->Rename(from, to);
+  if (!s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (auto it = written_.find(from); it != written_.end()) {
+    Written w = it->second;
+    written_.erase(it);
+    written_[to] = w;
+  }
+  renames_.push_back({from, to});
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectingFileSystem::Delete(const std::string& path) {
+  if (absl::Status s = Change("unlink", path); !s.ok()) return s;
+  absl::Status s = base_->Delete(path);
+  absl::MutexLock lock(&mu_);
+  written_.erase(path);
+  return s;
+}
+
+absl::Status FaultInjectingFileSystem::CreateDir(const std::string& path) {
+  if (absl::Status s = Change("mkdir", path); !s.ok()) return s;
+  return base_->CreateDir(path);
+}
+
+namespace {
+std::string FolderOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+std::string WithoutTrailingSlash(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+}  // namespace
+
+absl::Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
+  if (absl::Status s = Change("fsync directory", path); !s.ok()) return s;
+  absl::Status s = base_->SyncDir(path);
+  if (!s.ok()) return s;
+  const std::string dir = WithoutTrailingSlash(path);
+  absl::MutexLock lock(&mu_);
+  for (auto& [file, w] : written_) {
+    if (FolderOf(file) == dir) w.new_entry = false;
+  }
+  std::erase_if(renames_, [&](const PendingRename& r) { return FolderOf(r.to) == dir; });
+  return absl::OkStatus();
+}
+
+void FaultInjectingFileSystem::CrashAfter(uint32_t changes) {
+  absl::MutexLock lock(&mu_);
+  changes_left_ = changes;
+}
+
+bool FaultInjectingFileSystem::crashed() const {
+  absl::MutexLock lock(&mu_);
+  return crashed_;
+}
+
+absl::Status FaultInjectingFileSystem::Change(absl::string_view op, const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  if (!crashed_ && changes_left_.has_value()) {
+    if (*changes_left_ == 0) {
+      crashed_ = true;
+    } else {
+      --*changes_left_;
+    }
+  }
+  if (crashed_) return absl::UnavailableError(absl::StrCat(op, " ", path, ": crashed (injected)"));
+  return absl::OkStatus();
+}
+
+void FaultInjectingFileSystem::Appended(const std::string& path, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  written_[path].size += bytes;
+}
+
+void FaultInjectingFileSystem::Synced(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  Written& w = written_[path];
+  w.durable = w.size;
+}
+
+absl::Status FaultInjectingFileSystem::LoseUnsyncedWrites() {
+  std::vector<PendingRename> renames;
+  std::map<std::string, Written> written;
+  {
+    absl::MutexLock lock(&mu_);
+    renames.swap(renames_);
+    written.swap(written_);
+    changes_left_.reset();
+    crashed_ = false;
+  }
+  // Renames not made durable go back, newest first; what they moved keeps
+  // its bookkeeping under the old name.
+  for (auto it = renames.rbegin(); it != renames.rend(); ++it) {
+    if (!base_->Exists(it->to)) continue;  // deleted since (deletes are durable)
+    if (absl::Status s = base_->Rename(it->to, it->from); !s.ok()) return s;
+    if (auto w = written.find(it->to); w != written.end()) {
+      Written moved = w->second;
+      written.erase(w);
+      written[it->from] = moved;
+    }
+  }
+  for (const auto& [path, w] : written) {
+    if (!base_->Exists(path)) continue;
+    if (w.new_entry) {
+      if (absl::Status s = base_->Delete(path); !s.ok()) return s;
+    } else if (w.durable < w.size) {
+      if (absl::Status s = Truncate(path, w.durable); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::byte>> FaultInjectingFileSystem::ReadAll(const std::string& path) {

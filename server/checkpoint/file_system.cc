@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -88,8 +89,15 @@ class PosixReadableFile final : public ReadableFile {
 class PosixFileSystem final : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return ErrnoToStatus(errno, "open for writing", path);
+    // 0600 whatever the umask, and also for a file that existed (a leftover).
+    if (::fchmod(fd, 0600) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoToStatus(err, "fchmod 0600", path);
+    }
     return std::make_unique<PosixWritableFile>(fd, path);
   }
 
@@ -112,9 +120,24 @@ class PosixFileSystem final : public FileSystem {
   }
 
   absl::Status CreateDir(const std::string& path) override {
-    std::error_code ec;
-    std::filesystem::create_directories(path, ec);
-    if (ec) return ErrnoToStatus(ec.value(), "mkdir", path);
+    // Each missing folder, parents first, is created 0700 and chmod'ed so,
+    // whatever the umask; existing ones are left as they are.
+    std::filesystem::path built;
+    for (const std::filesystem::path& part : std::filesystem::path(path)) {
+      built /= part;
+      if (part.empty() || part == "/" || part == "." || part == "..") continue;
+      if (::mkdir(built.c_str(), 0700) == 0) {
+        if (::chmod(built.c_str(), 0700) != 0)
+          return ErrnoToStatus(errno, "chmod 0700", built.string());
+        continue;
+      }
+      if (errno == EEXIST) {
+        struct stat st;
+        if (::stat(built.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+        return ErrnoToStatus(ENOTDIR, "mkdir", built.string());
+      }
+      return ErrnoToStatus(errno, "mkdir", built.string());
+    }
     return absl::OkStatus();
   }
 
@@ -147,6 +170,30 @@ class PosixFileSystem final : public FileSystem {
 };
 
 }  // namespace
+
+absl::Status CheckPrivateDirectory(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat", path);
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint folder ", path, " belongs to uid ", st.st_uid, ", not to uid ", ::geteuid(),
+        " that kvcached runs as: whoever owns it can read and plant checkpoints (chown it to "
+        "the daemon's user, or choose another checkpoint.dir)"));
+  }
+  if ((st.st_mode & 0077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint folder ", path, " has mode ", mode,
+        ": others than its owner may enter it, and checkpoints hold every tenant's prompts and "
+        "KV (chmod 700 ",
+        path, ")"));
+  }
+  return absl::OkStatus();
+}
 
 FileSystem* DefaultFileSystem() {
   static PosixFileSystem* const fs = new PosixFileSystem();

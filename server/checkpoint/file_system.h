@@ -58,7 +58,8 @@ class FileSystem {
  public:
   virtual ~FileSystem() = default;
 
-  // Creates `path` or truncates it to zero bytes.
+  // Creates `path` or truncates it to zero bytes. The POSIX one makes it mode
+  // 0600 (whatever the umask, and for a file that existed).
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) = 0;
   // NOT_FOUND when `path` does not exist.
@@ -68,7 +69,9 @@ class FileSystem {
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
   // Removes a file; NOT_FOUND when it does not exist.
   virtual absl::Status Delete(const std::string& path) = 0;
-  // Creates `path` and its missing parents; OK when it already exists.
+  // Creates `path` and its missing parents; OK when it already exists. The
+  // POSIX one creates each missing folder mode 0700 (whatever the umask) and
+  // leaves existing ones as they are (CheckPrivateDirectory checks them).
   virtual absl::Status CreateDir(const std::string& path) = 0;
   // The names (not paths) of the entries of directory `path`, without "." and
   // "..", in no particular order.
@@ -81,6 +84,13 @@ class FileSystem {
 
 // The POSIX file system. Never null; lives as long as the process.
 FileSystem* DefaultFileSystem();
+
+// For the checkpoint folder at start-up (POSIX, not through a FileSystem):
+// OK when `path` is a directory that the effective user owns and that nobody
+// else may enter, read or write (mode & 0077 == 0). FAILED_PRECONDITION
+// naming the path, its mode or owner and the fix otherwise; the stat error
+// when it cannot be checked.
+absl::Status CheckPrivateDirectory(const std::string& path);
 
 // The status for errno `err` from operation `op` (e.g. "write") on `path`:
 // RESOURCE_EXHAUSTED (ENOSPC, EDQUOT), NOT_FOUND (ENOENT) or UNAVAILABLE.

@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -61,6 +62,67 @@ TEST(PosixFileSystemTest, FilesAndDirectories) {
   EXPECT_THAT(fs->ListDir(sub).value(), UnorderedElementsAre("h"));
 }
 
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// Restores the process's umask when it goes.
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
+  ~ScopedUmask() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+// Checkpoint files hold every tenant's prompts and KV: 0600 and 0700 whatever
+// the umask (0 here, which would give 0666 and 0777), and a file that existed
+// with a wider mode is narrowed when rewritten.
+TEST(PosixFileSystemTest, FilesAre0600AndFolders0700UnderAnyUmask) {
+  TestDirectory dir;
+  FileSystem* fs = DefaultFileSystem();
+  for (mode_t mask : {mode_t{0}, mode_t{0077}, mode_t{0007}}) {
+    SCOPED_TRACE(mask);
+    ScopedUmask umask(mask);
+    std::filesystem::remove_all(dir.path());
+    const std::string sub = dir.path() + "/a/b";
+    ASSERT_TRUE(fs->CreateDir(sub).ok());
+    EXPECT_EQ(ModeOf(dir.path()), 0700u);
+    EXPECT_EQ(ModeOf(dir.path() + "/a"), 0700u);
+    EXPECT_EQ(ModeOf(sub), 0700u);
+    ASSERT_TRUE(WriteWhole(fs, sub + "/f", TestBytes(1, 10)).ok());
+    EXPECT_EQ(ModeOf(sub + "/f"), 0600u);
+    ASSERT_EQ(::chmod((sub + "/f").c_str(), 0666), 0);
+    ASSERT_TRUE(WriteWhole(fs, sub + "/f", TestBytes(2, 10)).ok());
+    EXPECT_EQ(ModeOf(sub + "/f"), 0600u);
+  }
+  // An existing folder keeps its mode (CheckPrivateDirectory judges it).
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0750), 0);
+  ASSERT_TRUE(fs->CreateDir(dir.path()).ok());
+  EXPECT_EQ(ModeOf(dir.path()), 0750u);
+}
+
+TEST(PosixFileSystemTest, CheckPrivateDirectoryRefusesAFolderOthersMayEnter) {
+  TestDirectory dir;
+  ASSERT_TRUE(DefaultFileSystem()->CreateDir(dir.path()).ok());
+  EXPECT_TRUE(CheckPrivateDirectory(dir.path()).ok());
+  for (mode_t mode : {0770, 0750, 0701, 0705, 0703}) {
+    ASSERT_EQ(::chmod(dir.path().c_str(), mode), 0);
+    const absl::Status s = CheckPrivateDirectory(dir.path());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << mode;
+    EXPECT_THAT(s.message(), HasSubstr(dir.path()));
+    EXPECT_THAT(s.message(), HasSubstr("chmod 700"));
+  }
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);
+  EXPECT_TRUE(CheckPrivateDirectory(dir.path()).ok());
+  EXPECT_EQ(CheckPrivateDirectory(dir.path() + "/missing").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(WriteWhole(DefaultFileSystem(), dir.File("f"), {}).ok());
+  EXPECT_EQ(CheckPrivateDirectory(dir.File("f")).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(PosixFileSystemTest, ErrorsNameThePathAndErrno) {
   TestDirectory dir;
   FileSystem* fs = DefaultFileSystem();
@@ -110,6 +172,43 @@ TEST(FaultInjectingFileSystemTest, FaultsFireOnTheNthMatchingCallOnce) {
   fs.ClearFaults();
   EXPECT_TRUE(fs.Rename(dir.File("other"), dir.File("x")).ok());
   EXPECT_EQ(fs.fired(), 5u);
+}
+
+// A crash loses what was not synced: appends after the last Sync, files
+// created and renames made since their folder's last SyncDir.
+TEST(FaultInjectingFileSystemTest, ACrashLosesWhatWasNotSynced) {
+  TestDirectory dir;
+  FaultInjectingFileSystem fs(DefaultFileSystem());
+  ASSERT_TRUE(fs.CreateDir(dir.path()).ok());
+  const std::vector<std::byte> bytes = TestBytes(3, 3000);
+  const std::span<const std::byte> all(bytes);
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("durable"), all.first(1000)).ok());
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("renamed"), all.first(10)).ok());
+  ASSERT_TRUE(fs.SyncDir(dir.path()).ok());
+
+  auto file = fs.NewWritableFile(dir.File("durable"));  // rewritten: 2000 synced, 1000 not
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Append(all.first(2000)).ok());
+  ASSERT_TRUE((*file)->Sync().ok());
+  ASSERT_TRUE((*file)->Append(all.subspan(2000)).ok());
+  ASSERT_TRUE(WriteWhole(&fs, dir.File("new"), all.first(100)).ok());  // synced, folder not
+  ASSERT_TRUE(fs.Rename(dir.File("renamed"), dir.File("moved")).ok());
+  fs.CrashAfter(1);
+  ASSERT_TRUE((*file)->Append(all.first(5)).ok());  // the last change that happens
+  EXPECT_EQ((*file)->Sync().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fs.SyncDir(dir.path()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fs.Delete(dir.File("new")).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(fs.crashed());
+  EXPECT_EQ(ReadWhole(&fs, dir.File("durable")).size(), 3005u);  // before the crash is applied
+
+  ASSERT_TRUE(fs.LoseUnsyncedWrites().ok());
+  EXPECT_FALSE(fs.crashed());
+  EXPECT_EQ(ReadWhole(&fs, dir.File("durable")),
+            std::vector<std::byte>(bytes.begin(), bytes.begin() + 2000));
+  EXPECT_FALSE(fs.Exists(dir.File("new")));
+  EXPECT_FALSE(fs.Exists(dir.File("moved")));
+  EXPECT_EQ(ReadWhole(&fs, dir.File("renamed")).size(), 10u);
+  EXPECT_TRUE(fs.SyncDir(dir.path()).ok());  // works again, as after a reboot
 }
 
 TEST(FaultInjectingFileSystemTest, CorruptAndTruncate) {

@@ -5,15 +5,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_format.h"
-#include "xxhash.h"
 
 namespace kvcache::checkpoint {
 namespace {
 
-// The file ends with kSuffixHead + 16 hex digits + kSuffixTail.
-constexpr absl::string_view kSuffixHead = ",\n  \"manifest_xxh3\": \"";
+// The file ends with kSuffixHead + 64 hex digits + kSuffixTail.
+constexpr absl::string_view kSuffixHead = ",\n  \"manifest_hmac\": \"";
 constexpr absl::string_view kSuffixTail = "\"\n}\n";
-constexpr size_t kSuffixBytes = kSuffixHead.size() + 16 + kSuffixTail.size();
+constexpr size_t kMacHexDigits = 64;
+constexpr size_t kSuffixBytes = kSuffixHead.size() + kMacHexDigits + kSuffixTail.size();
 
 bool GetUnsigned(const nlohmann::json& j, const char* key, uint64_t* out) {
   const auto it = j.find(key);
@@ -31,10 +31,11 @@ bool GetSigned(const nlohmann::json& j, const char* key, int64_t* out) {
 
 }  // namespace
 
-std::string EncodeManifest(const Manifest& m) {
+std::string EncodeManifest(const Manifest& m, const CheckpointKey& key) {
   nlohmann::json j = nlohmann::json::object();
   j["format_version"] = m.format_version;
   j["sequence"] = m.sequence;
+  j["checkpoint_id"] = HexId(m.id);
   j["created_unix_ms"] = m.created_unix_ms;
   j["write_duration_ms"] = m.write_duration_ms;
   j["data_file"] = m.data_file;
@@ -46,32 +47,40 @@ std::string EncodeManifest(const Manifest& m) {
   std::string text =
       j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // "{\n ... \n}"
   text.resize(text.size() - 2);                                         // drop "\n}"
-  const uint64_t checksum = XXH3_64bits(text.data(), text.size());
-  absl::StrAppend(&text, kSuffixHead, HexU64(checksum), kSuffixTail);
+  absl::StrAppend(&text, kSuffixHead, ManifestMacHex(key, text), kSuffixTail);
   return text;
 }
 
 absl::StatusOr<Manifest> DecodeManifest(absl::string_view text, uint64_t expected_sequence,
-                                        absl::string_view what) {
+                                        const CheckpointKey& key, absl::string_view what) {
   auto loss = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat(what, ": ", why));
   };
   const nlohmann::json j =
       nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   Manifest m;
+  // An older version carries no MAC to check: refused as corrupt, by name.
   if (j.is_object() && GetUnsigned(j, "format_version", &m.format_version) &&
-      m.format_version > kFormatVersion) {
-    return UnsupportedVersionError(what, m.format_version);
+      m.format_version != 0 && m.format_version < kFirstAuthenticatedVersion) {
+    return UnauthenticatedVersionError(what, m.format_version);
   }
   if (text.size() < kSuffixBytes) return loss("truncated manifest");
   const absl::string_view body = text.substr(0, text.size() - kSuffixBytes);
   const absl::string_view suffix = text.substr(body.size());
-  const std::optional<uint64_t> stored = ParseHexU64(suffix.substr(kSuffixHead.size(), 16));
-  if (!absl::StartsWith(suffix, kSuffixHead) || !absl::EndsWith(suffix, kSuffixTail) || !stored) {
-    return loss("manifest does not end with its manifest_xxh3 field");
+  if (!absl::StartsWith(suffix, kSuffixHead) || !absl::EndsWith(suffix, kSuffixTail)) {
+    return loss("manifest does not end with its manifest_hmac field");
   }
-  if (*stored != XXH3_64bits(body.data(), body.size())) {
-    return loss("manifest checksum mismatch");
+  if (!ManifestMacMatches(key, body, suffix.substr(kSuffixHead.size(), kMacHexDigits))) {
+    return loss(
+        "manifest MAC mismatch: not written under this daemon's secret, or changed since "
+        "(security.secret_file)");
+  }
+  // Every version from 2 on ends with this MAC, so only a manifest this
+  // daemon's secret wrote can claim a newer version (and stop the start-up);
+  // a forged or damaged one is corrupt.
+  if (j.is_object() && GetUnsigned(j, "format_version", &m.format_version) &&
+      m.format_version > kFormatVersion) {
+    return UnsupportedVersionError(what, m.format_version);
   }
   if (!j.is_object()) return loss("manifest is not a JSON object");
   std::string data_xxh3;
@@ -84,6 +93,10 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view text, uint64_t expecte
       !GetUnsigned(j, "data_bytes", &m.data_bytes) ||
       !GetUnsigned(j, "record_count", &m.record_count)) {
     return loss("a numeric manifest field is missing or of the wrong type");
+  }
+  const auto id = j.find("checkpoint_id");
+  if (id == j.end() || !id->is_string() || !ParseHexId(id->get<std::string>(), &m.id)) {
+    return loss("manifest field checkpoint_id is not 32 hex digits");
   }
   const auto data_file = j.find("data_file");
   const auto xxh = j.find("data_xxh3");

@@ -19,6 +19,39 @@ namespace {
 
 constexpr size_t kReattachBatch = 1024;
 
+// The manifest summary's keys the restore and the admin RPCs read, with their
+// types (docs/checkpoint-format.md, "Record contents"). Missing keys are fine.
+absl::Status CheckSummaryTypes(const nlohmann::json& summary) {
+  auto bad = [](absl::string_view key, absl::string_view want) {
+    return absl::DataLossError(absl::StrCat("the manifest summary's ", key, " is not ", want));
+  };
+  if (!summary.is_object()) return absl::DataLossError("the manifest summary is not an object");
+  if (const auto it = summary.find("full"); it != summary.end() && !it->is_boolean()) {
+    return bad("full", "a boolean");
+  }
+  for (const char* key : {"models", "blocks", "host_payloads", "referenced_payloads",
+                          "payload_bytes", "lower_copies"}) {
+    if (const auto it = summary.find(key); it != summary.end() && !it->is_number_unsigned()) {
+      return bad(key, "an unsigned integer");
+    }
+  }
+  if (const auto it = summary.find("lower_index"); it != summary.end()) {
+    if (!it->is_array()) return bad("lower_index", "an array");
+    for (const nlohmann::json& offset : *it) {
+      if (!offset.is_number_unsigned()) return bad("lower_index", "an array of offsets");
+    }
+  }
+  if (const auto it = summary.find("model_keys"); it != summary.end()) {
+    if (!it->is_array()) return bad("model_keys", "an array");
+    for (const nlohmann::json& key : *it) {
+      if (!key.is_array() || key.size() != 2 || !key[0].is_string() || !key[1].is_string()) {
+        return bad("model_keys", "an array of [namespace, model id] pairs");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename Message>
 absl::Status Parse(const Record& record, Message* out) {
   if (!out->ParseFromArray(record.bytes.data(), static_cast<int>(record.bytes.size()))) {
@@ -151,15 +184,25 @@ struct Restorer::Pending {
   BlockImage image;
 };
 
-Restorer::Restorer(Cache* cache, FileSystem* fs, std::string dir)
-    : cache_(cache), fs_(fs), dir_(std::move(dir)) {}
+Restorer::Restorer(Cache* cache, FileSystem* fs, std::string dir, const CheckpointKey& mac_key)
+    : cache_(cache), fs_(fs), dir_(std::move(dir)), mac_key_(mac_key) {}
 
 Restorer::~Restorer() = default;
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> Restorer::OpenReader(uint64_t sequence) const {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(fs_, dir_, sequence, {.mac_key = mac_key_});
+  if (!reader.ok()) return reader.status();
+  if (absl::Status s = CheckSummaryTypes((*reader)->info().summary); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", sequence, ": ", s.message()));
+  }
+  return reader;
+}
 
 absl::Status Restorer::Prepare() {
   started_ = absl::Now();
   if (!fs_->Exists(dir_)) return absl::OkStatus();
-  CheckpointDirectory directory(fs_, dir_);
+  CheckpointDirectory directory(fs_, dir_, mac_key_);
   absl::StatusOr<std::vector<CheckpointInfo>> listed = directory.List();
   if (!listed.ok()) return listed.status();
   std::vector<CheckpointInfo> infos = *std::move(listed);
@@ -186,8 +229,7 @@ absl::Status Restorer::Prepare() {
     }
   }
   for (size_t i = 0; i < candidates.size(); ++i) {
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-        CheckpointReader::Open(fs_, dir_, candidates[i]);
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenReader(candidates[i]);
     if (!reader.ok()) {
       spdlog::error("checkpoint {} in {} cannot be read: {}; trying the one before it",
                     candidates[i], dir_, reader.status().ToString());
@@ -223,7 +265,7 @@ absl::Status Restorer::Prepare() {
 
 absl::Status Restorer::ReattachLower(CheckpointReader& reader) {
   BlockStore* lower = cache_->lower_tier().get();
-  const nlohmann::json& summary = reader.info().summary;
+  const nlohmann::json& summary = reader.info().summary;  // CheckSummaryTypes passed
   if (!summary.contains("lower_index") || summary["lower_index"].empty()) {
     return absl::OkStatus();
   }
@@ -300,8 +342,7 @@ void Restorer::Run(const std::atomic<bool>& stop) {
     while (!fallbacks_.empty() && reader_ == nullptr) {
       const uint64_t next = fallbacks_.front();
       fallbacks_.erase(fallbacks_.begin());
-      absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-          CheckpointReader::Open(fs_, dir_, next);
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenReader(next);
       if (reader.ok()) {
         reader_ = *std::move(reader);
         MutexLock lock(&mu_);

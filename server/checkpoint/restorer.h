@@ -1,6 +1,11 @@
 // Restorer: puts the newest complete checkpoint back into a Cache at
 // start-up (docs/checkpoints.md).
 //
+// Every file it reads is authenticated under `mac_key` (docs/checkpoint-format.md,
+// "Authentication"): a checkpoint written under another key, planted or
+// edited counts as corrupt, as does one whose manifest summary has keys of the
+// wrong JSON types (checked before use, never thrown).
+//
 // Two steps. Prepare() runs before the daemon serves: it opens the newest
 // checkpoint that opens (a corrupt or unreadable one is logged and the one
 // before it is tried; a format version this kvcached cannot read is refused,
@@ -15,9 +20,9 @@
 // When the host tier is full, the restore demotes to the lower tier as an
 // append would (Cache::AllocateRestoredPayload); a block that still finds no
 // room is restored with its lower copy only, or skipped when it has none. A record that fails
-// mid-way (truncation, checksum) stops that checkpoint; the restore then continues from the
-// previous complete one (what was restored stays; lower copies it lists
-// that were not re-attached are lost, since the tier is serving by then).
+// mid-way (truncation, a MAC or checksum) stops that checkpoint; the restore then continues from
+// the previous complete one (what was restored stays; lower copies it lists that were not
+// re-attached are lost, since the tier is serving by then).
 //
 // Thread-safe: progress() may be called from any thread while Run() runs.
 #ifndef KVCACHE_SERVER_CHECKPOINT_RESTORER_H_
@@ -32,6 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/checkpoint_mac.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/records.h"
 #include "server/core/cache.h"
@@ -65,8 +71,10 @@ struct RestoreProgress {
 
 class Restorer {
  public:
-  // REQUIRES: cache and fs outlive the restorer.
-  Restorer(Cache* cache, FileSystem* fs, std::string dir);
+  // REQUIRES: cache and fs outlive the restorer. `mac_key`: what the
+  // checkpoints' MACs are checked under; one written under another key is
+  // refused (DATA_LOSS) and the one before it tried.
+  Restorer(Cache* cache, FileSystem* fs, std::string dir, const CheckpointKey& mac_key);
   ~Restorer();
 
   // Opens the checkpoint to restore and re-attaches its lower-tier copies.
@@ -90,6 +98,9 @@ class Restorer {
 
  private:
   struct Pending;
+  // Opens checkpoint `sequence` and checks the types of its manifest
+  // summary's keys (DATA_LOSS when one is wrong).
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenReader(uint64_t sequence) const;
   // Restores from `reader` until its end, an error (returned) or `stop`.
   absl::Status Replay(CheckpointReader& reader, const std::atomic<bool>& stop);
   void Count(RestoreOutcome outcome, uint64_t bytes);
@@ -98,6 +109,7 @@ class Restorer {
   Cache* const cache_;
   FileSystem* const fs_;
   const std::string dir_;
+  const CheckpointKey mac_key_;
   std::unique_ptr<CheckpointReader> reader_;
   std::vector<uint64_t> fallbacks_;  // older complete checkpoints, newest first
   // Re-attached lower copies by model and lookup hash.

@@ -14,6 +14,13 @@ using checkpoint::CheckpointInfo;
 using checkpoint::CheckpointRun;
 using checkpoint::CheckpointServiceStatus;
 
+// A count from a manifest summary; 0 when missing or not a count (the
+// summary is the checkpoint's, never a reason to throw in an RPC).
+uint64_t SummaryCount(const nlohmann::json& summary, const char* key) {
+  const auto it = summary.find(key);
+  return it != summary.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+
 void ToProto(const CheckpointInfo& info, v1::CheckpointInfo* out) {
   out->set_sequence(info.sequence);
   out->set_created_unix_ms(info.created_unix_ms);
@@ -23,10 +30,11 @@ void ToProto(const CheckpointInfo& info, v1::CheckpointInfo* out) {
   out->set_status(std::string(checkpoint::CheckpointStateName(info.state)));
   out->set_error(info.reason);
   const nlohmann::json& s = info.summary;
-  out->set_full(s.value("full", false));
-  out->set_blocks(s.value("blocks", uint64_t{0}));
-  out->set_host_payloads(s.value("host_payloads", uint64_t{0}));
-  out->set_referenced_payloads(s.value("referenced_payloads", uint64_t{0}));
+  const auto full = s.find("full");
+  out->set_full(full != s.end() && full->is_boolean() && full->get<bool>());
+  out->set_blocks(SummaryCount(s, "blocks"));
+  out->set_host_payloads(SummaryCount(s, "host_payloads"));
+  out->set_referenced_payloads(SummaryCount(s, "referenced_payloads"));
   for (uint64_t r : info.references) out->add_references(r);
 }
 

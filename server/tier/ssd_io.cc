@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -263,11 +264,11 @@ absl::StatusOr<SsdFile> OpenSsdFile(const std::string& path, uint64_t capacity_b
   constexpr int kFlags = O_RDWR | O_CREAT | O_CLOEXEC;
   SsdFile file;
   file.direct_io = direct_io;
-  file.fd = syscalls.open(path.c_str(), kFlags | (direct_io ? O_DIRECT : 0), 0644);
+  file.fd = syscalls.open(path.c_str(), kFlags | (direct_io ? O_DIRECT : 0), 0600);
   if (file.fd < 0 && direct_io && errno == EINVAL) {
     file.direct_io = false;
     file.note = "O_DIRECT refused by the file system (open: EINVAL); using buffered I/O";
-    file.fd = syscalls.open(path.c_str(), kFlags, 0644);
+    file.fd = syscalls.open(path.c_str(), kFlags, 0600);
   }
   if (file.fd < 0) {
     return absl::UnavailableError(
@@ -294,6 +295,16 @@ absl::StatusOr<SsdFile> OpenSsdFile(const std::string& path, uint64_t capacity_b
                                                           " holds only ", device_bytes, " bytes")));
     }
   } else if (S_ISREG(st.st_mode)) {
+    // The file holds every tenant's KV: its owner alone may read or write it,
+    // whatever the umask or an earlier mode (fails when another user owns it).
+    if ((st.st_mode & 07777) != 0600 && fchmod(file.fd, 0600) != 0) {
+      const int error = errno;
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("ssd.path ", path, " has mode ", mode, " and cannot be made 0600 (",
+                       ErrnoText(error), "): the file must belong to the user kvcached runs as")));
+    }
     if (static_cast<uint64_t>(st.st_size) < capacity_bytes &&
         fallocate(file.fd, 0, 0, static_cast<off_t>(capacity_bytes)) != 0) {
       const int error = errno;
@@ -318,7 +329,7 @@ absl::StatusOr<SsdFile> OpenSsdFile(const std::string& path, uint64_t capacity_b
       close(file.fd);
       file.direct_io = false;
       file.note = "O_DIRECT refused by the file system (read: EINVAL); using buffered I/O";
-      file.fd = syscalls.open(path.c_str(), kFlags, 0644);
+      file.fd = syscalls.open(path.c_str(), kFlags, 0600);
       if (file.fd < 0) {
         return absl::UnavailableError(
             absl::StrCat("ssd.path: open(", path, ") failed: ", ErrnoText(errno)));

@@ -4,12 +4,12 @@
 //
 // Input: byte 0 picks a mode (mod 4), the rest is that mode's bytes:
 //   0  a manifest's text as is (DecodeManifest);
-//   1  a manifest's body, given its correct checksum suffix first, so the
-//      JSON checks behind the checksum are reached;
+//   1  a manifest's body, given its correct MAC suffix first (under the
+//      all-zero test key), so the JSON checks behind the MAC are reached;
 //   2  header bytes (DecodeDataHeader, DecodeFrameHeader) and a file name
 //      (ParseFileName, ParseHexU64);
 //   3  a data file's frames. Byte 1 holds flags: 1 = set each frame's
-//      checksum right, 2 = number the frames 0, 1, 2..., 4 = let a frame
+//      MAC tag right, 2 = number the frames 0, 1, 2..., 4 = let a frame
 //      claim more than 1 MiB uncompressed (up to the format's 1 GiB, which
 //      the reader allocates; slow); byte 2 sizes the
 //      reader's buffer. The fuzzer prepends a valid data header and writes a
@@ -29,53 +29,11 @@
 #include "server/checkpoint/checkpoint_reader.h"
 #include "server/checkpoint/manifest.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/memory_file_system.h"
 #include "xxhash.h"
 
 namespace kvcache::checkpoint {
 namespace {
-
-// Files in memory: only the reads the reader does are real.
-class MemoryFileSystem final : public FileSystem {
- public:
-  std::map<std::string, std::string> files;
-
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string&) override {
-    return absl::UnimplementedError("read-only");
-  }
-  absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(const std::string& path) override {
-    auto it = files.find(path);
-    if (it == files.end()) return absl::NotFoundError(path);
-    return std::unique_ptr<ReadableFile>(new File(&it->second));
-  }
-  absl::Status Rename(const std::string&, const std::string&) override {
-    return absl::UnimplementedError("read-only");
-  }
-  absl::Status Delete(const std::string&) override { return absl::UnimplementedError("read-only"); }
-  absl::Status CreateDir(const std::string&) override { return absl::OkStatus(); }
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string&) override {
-    std::vector<std::string> names;
-    for (const auto& [path, bytes] : files) names.push_back(path.substr(path.rfind('/') + 1));
-    return names;
-  }
-  absl::Status SyncDir(const std::string&) override { return absl::OkStatus(); }
-  bool Exists(const std::string& path) override { return files.count(path) != 0; }
-
- private:
-  class File final : public ReadableFile {
-   public:
-    explicit File(const std::string* bytes) : bytes_(bytes) {}
-    absl::StatusOr<size_t> Read(uint64_t offset, std::span<std::byte> out) const override {
-      if (offset >= bytes_->size()) return 0;
-      const size_t n = std::min<uint64_t>(out.size(), bytes_->size() - offset);
-      if (n > 0) std::memcpy(out.data(), bytes_->data() + offset, n);
-      return n;
-    }
-    absl::StatusOr<uint64_t> Size() const override { return bytes_->size(); }
-
-   private:
-    const std::string* bytes_;
-  };
-};
 
 constexpr char kDir[] = "ckpt";
 constexpr uint64_t kSequence = 7;
@@ -92,22 +50,22 @@ std::span<const std::byte> Span(const std::string& s) {
 
 void Manifests(std::string text, bool fix_checksum) {
   if (fix_checksum) {
-    // EncodeManifest's suffix: ",\n  \"manifest_xxh3\": \"<16 hex>\"\n}\n".
-    const uint64_t checksum = XXH3_64bits(text.data(), text.size());
-    text += ",\n  \"manifest_xxh3\": \"" + HexU64(checksum) + "\"\n}\n";
+    // EncodeManifest's suffix: ",\n  \"manifest_hmac\": \"<64 hex>\"\n}\n".
+    text += ",\n  \"manifest_hmac\": \"" + ManifestMacHex(CheckpointKey{}, text) + "\"\n}\n";
   }
-  absl::StatusOr<Manifest> m = DecodeManifest(text, kSequence, "fuzz");
+  absl::StatusOr<Manifest> m = DecodeManifest(text, kSequence, CheckpointKey{}, "fuzz");
   if (!m.ok()) {
     FUZZ_CHECK(Damaged(m.status()));
     return;
   }
   FUZZ_CHECK(m->sequence == kSequence);
   // What decodes encodes to a manifest that decodes to the same facts.
-  absl::StatusOr<Manifest> again = DecodeManifest(EncodeManifest(*m), kSequence, "fuzz");
+  absl::StatusOr<Manifest> again =
+      DecodeManifest(EncodeManifest(*m, CheckpointKey{}), kSequence, CheckpointKey{}, "fuzz");
   FUZZ_CHECK(again.ok());
   FUZZ_CHECK(again->data_bytes == m->data_bytes && again->data_xxh3 == m->data_xxh3 &&
              again->record_count == m->record_count && again->references == m->references &&
-             again->data_file == m->data_file);
+             again->data_file == m->data_file && again->id == m->id);
 }
 
 void Headers(const std::string& bytes) {
@@ -146,12 +104,15 @@ void Reader(fuzz::InputReader in) {
   // The data file: a valid header, then the input's frames (checksums and
   // indices set right where asked).
   std::string data(kDataHeaderBytes, '\0');
-  const auto header = EncodeDataHeader({.sequence = kSequence, .created_unix_ms = 1});
+  const CheckpointId id{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  const FrameMac frame_mac(CheckpointKey{}, id, kSequence);
+  const auto header = EncodeDataHeader({.sequence = kSequence, .created_unix_ms = 1, .id = id});
   std::memcpy(data.data(), header.data(), kDataHeaderBytes);
   const char* p = reinterpret_cast<const char*>(in.rest());
   size_t left = in.rest_size();
   uint64_t records = 0;
   for (uint32_t index = 0; left >= kFrameHeaderBytes; ++index) {
+    const uint64_t offset = data.size();
     std::string frame(p, kFrameHeaderBytes);
     p += kFrameHeaderBytes;
     left -= kFrameHeaderBytes;
@@ -171,7 +132,7 @@ void Reader(fuzz::InputReader in) {
                                .type = static_cast<uint8_t>(frame[8]),
                                .flags = static_cast<uint8_t>(frame[9]),
                                .index = GetU32(h + 12)};
-      PutU64(h + 16, FrameChecksum(fields, Span(frame).subspan(kFrameHeaderBytes)));
+      PutU64(h + 16, frame_mac.Tag(fields, offset, Span(frame).subspan(kFrameHeaderBytes)));
     }
     if ((static_cast<uint8_t>(frame[9]) & kFlagEnd) == 0) ++records;
     data += frame;
@@ -181,6 +142,7 @@ void Reader(fuzz::InputReader in) {
   Manifest m;
   m.format_version = kFormatVersion;
   m.sequence = kSequence;
+  m.id = id;
   m.created_unix_ms = 1;
   m.data_file = DataFileName(kSequence);
   m.data_bytes = data.size();
@@ -188,7 +150,7 @@ void Reader(fuzz::InputReader in) {
   m.record_count = records;
   MemoryFileSystem fs;
   fs.files[JoinPath(kDir, DataFileName(kSequence))] = data;
-  fs.files[JoinPath(kDir, ManifestFileName(kSequence))] = EncodeManifest(m);
+  fs.files[JoinPath(kDir, ManifestFileName(kSequence))] = EncodeManifest(m, CheckpointKey{});
 
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       CheckpointReader::Open(&fs, kDir, kSequence, options);

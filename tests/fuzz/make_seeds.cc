@@ -221,10 +221,13 @@ void CheckpointSeeds() {
   const std::string frames = data.substr(kDataHeaderBytes);
   // Mode 0: a manifest as is; 1: its body (the fuzzer appends the checksum).
   Write("checkpoint", "manifest", "\x00" + manifest);
-  const size_t suffix = manifest.rfind(",\n  \"manifest_xxh3\"");
+  const size_t suffix = manifest.rfind(",\n  \"manifest_hmac\"");
   Write("checkpoint", "manifest_body", "\x01" + manifest.substr(0, suffix));
+  Write("checkpoint", "manifest_body_older_version",
+        "\x01" + manifest.substr(0, suffix).replace(manifest.find("\"format_version\": 2"), 19,
+                                                    "\"format_version\": 1"));
   Write("checkpoint", "manifest_body_newer_version",
-        "\x01" + manifest.substr(0, suffix).replace(manifest.find("\"format_version\": 1"), 19,
+        "\x01" + manifest.substr(0, suffix).replace(manifest.find("\"format_version\": 2"), 19,
                                                     "\"format_version\": 9"));
   // Mode 2: headers and names.
   Write("checkpoint", "data_header", "\x02" + data.substr(0, kDataHeaderBytes));
@@ -309,6 +312,34 @@ void ShmFrameSeeds() {
   Write("shm_frame", "empty_frame", limit_1k + ShmPiece(ShmFrame("", 0), 4));
 }
 
+// The restore target changes a folder of two checkpoints it writes itself
+// (checkpoint_restore_fuzzer.cc): files in name order are 0 ckpt-1.data,
+// 1 ckpt-1.manifest, 2 ckpt-2.data, 3 ckpt-2.manifest.
+void CheckpointRestoreSeeds() {
+  auto edit = [](uint8_t file, uint16_t offset, uint8_t value) {
+    return std::string{static_cast<char>(file), static_cast<char>(offset & 0xff),
+                       static_cast<char>(offset >> 8), static_cast<char>(value)};
+  };
+  Write("checkpoint_restore", "intact", std::string(1, '\x00'));
+  Write("checkpoint_restore", "intact_resealed", "\x80");
+  Write("checkpoint_restore", "flip_manifest", std::string(1, '\0') + edit(3, 0x40, 0x01));
+  Write("checkpoint_restore", "flip_data_header", std::string(1, '\0') + edit(2, 30, 0x10));
+  Write("checkpoint_restore", "flip_record_resealed", "\x80" + edit(2, 0x90, 0x04));
+  Write("checkpoint_restore", "flip_older_record_resealed", "\x80" + edit(0, 0x120, 0x40));
+  Write("checkpoint_restore", "truncate_data", std::string(1, '\0') + edit(2, 0x100, 0));
+  Write("checkpoint_restore", "truncate_older_resealed", "\x80" + edit(0, 0x200, 0));
+  Write("checkpoint_restore", "summary_bad_types",
+        "\x02" + std::string(R"({"lower_index": "x", "model_keys": [[1, 2]], "full": 3})"));
+  Write("checkpoint_restore", "summary_lower_index",
+        "\x02" + std::string(R"({"lower_index": [64, 99999], "model_keys": [["a", "b"]]})"));
+  Write("checkpoint_restore", "summary_not_object", "\x02[1, 2]");
+  Write("checkpoint_restore", "planted_manifest",
+        std::string("\x01\x04", 2) + "{\"format_version\": 2}");
+  Write("checkpoint_restore", "planted_data", std::string("\x01\x05", 2) + "KVCK");
+  Write("checkpoint_restore", "replaced_manifest_resealed",
+        std::string("\x81\x03", 2) + R"({"format_version": 9, "sequence": 2})");
+}
+
 }  // namespace
 }  // namespace kvcache
 
@@ -326,6 +357,7 @@ int main(int argc, char** argv) {
   kvcache::CheckpointSeeds();
   kvcache::HttpQuerySeeds();
   kvcache::ShmFrameSeeds();
+  kvcache::CheckpointRestoreSeeds();
   std::printf("seeds written under %s\n", argv[1]);
   return 0;
 }

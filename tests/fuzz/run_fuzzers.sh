@@ -15,14 +15,14 @@
 #     --parallel P  targets run at once (default 1)
 #     --no-merge    leave the saved corpus as it is
 #     TARGET        append_decoder block_codec config calibration safetensors
-#                   checkpoint checkpoint_records principals (default: all)
+#                   checkpoint checkpoint_restore checkpoint_records principals (default: all)
 #   KVCACHE_FUZZ_BUILD_DIR  build folder (default: build-fuzz)
 #   KVCACHE_FUZZ_JOBS       build jobs (default 2)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KVCACHE_FUZZ_BUILD_DIR:-$root/build-fuzz}
-all=(append_decoder block_codec config calibration safetensors checkpoint checkpoint_records principals)
+all=(append_decoder block_codec config calibration safetensors checkpoint checkpoint_restore checkpoint_records principals)
 seconds=60
 runs=""
 max_len=4096

@@ -11,17 +11,24 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "server/checkpoint/checkpoint_format.h"
+#include "server/checkpoint/manifest.h"
+#include "server/security/daemon_secret.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/kv_pattern.h"
 
@@ -253,6 +260,116 @@ TEST_F(CheckpointTest, ACorruptCheckpointFallsBackToThePreviousOne) {
     EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << "sequence " << s << " was lost";
   }
   for (int s = 8; s < 16; ++s) FetchVerified(s);  // whatever is back is exact
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// Checkpoints hold every tenant's prompts: their folder is the daemon's alone
+// and they restore only under the secret they were written under. Here the
+// daemon runs under umask 0 (which would make files 0666): still 0700 and
+// 0600. A checkpoint written under one secret does not restore under another.
+TEST_F(CheckpointTest, CheckpointsAreTheDaemonsAloneAndNeedItsSecret) {
+  const mode_t old_umask = ::umask(0);  // the daemon inherits it
+  StartDaemon(0);
+  ::umask(old_umask);
+  ASSERT_FALSE(HasFatalFailure());
+  for (int s = 0; s < 8; ++s) ASSERT_TRUE(Append(*client_, s).ok());
+  ASSERT_TRUE(client_->Checkpoint().ok());
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0);
+  EXPECT_EQ(ModeOf(dir_ + "/ckpt"), 0700u);
+  EXPECT_EQ(ModeOf(dir_ + "/ckpt.secret"), 0600u);
+  EXPECT_EQ(ModeOf(dir_ + "/ssd.bin"), 0600u);
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/ckpt")) {
+    EXPECT_EQ(ModeOf(e.path().string()), 0600u) << e.path();
+    ++files;
+  }
+  EXPECT_GE(files, 4);  // two checkpoints: on demand and at the stop
+
+  // Another secret: the checkpoints are refused, nothing is restored.
+  const std::string secret = dir_ + "/ckpt.secret";
+  std::filesystem::rename(secret, secret + ".kept");
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));  // creates a new secret
+  const v1::CheckpointStatus refused = WaitForRestore();
+  EXPECT_EQ(refused.restored_blocks(), 0u);
+  EXPECT_THAT(refused.restore_error(), ::testing::HasSubstr("MAC mismatch"));
+  for (int s = 0; s < 8; ++s) EXPECT_EQ(FetchVerified(s), 0u) << s;
+  client_.reset();
+  daemon_.reset();  // SIGKILL: no final checkpoint, the old ones stay
+
+  // The right secret again: everything is back.
+  std::filesystem::rename(secret + ".kept", secret);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  const v1::CheckpointStatus restored = WaitForRestore();
+  EXPECT_EQ(restored.restore_state(), "done") << restored.restore_error();
+  for (int s = 0; s < 8; ++s) EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << s;
+}
+
+// A newest checkpoint whose manifest summary has the wrong JSON types, under a
+// valid MAC (what a writer's bug could leave), over an SSD tier whose copies
+// it lists: the daemon used to throw at start-up and crash-loop; it refuses
+// that checkpoint and restores the one before it.
+TEST_F(CheckpointTest, AMalformedManifestSummaryFallsBackInsteadOfCrashing) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  constexpr int kSequences = 48;  // 6 MiB of KV over a 4 MiB host tier: some on SSD
+  for (int s = 0; s < kSequences; ++s) ASSERT_TRUE(Append(*client_, s).ok()) << s;
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0);  // the final checkpoint: 1
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  ASSERT_EQ(WaitForRestore().restore_state(), "done");
+  client_.reset();
+  ASSERT_EQ(daemon_->Stop(), 0);  // checkpoint 2, the newest
+
+  // Rewrite checkpoint 2's summary under the daemon's own key.
+  std::FILE* f = std::fopen((dir_ + "/ckpt.secret").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char hex[65] = {};
+  ASSERT_EQ(std::fread(hex, 1, 64, f), 64u);
+  std::fclose(f);
+  const std::string raw = absl::HexStringToBytes(absl::string_view(hex, 64));
+  SecretKey secret;
+  std::memcpy(secret.data(), raw.data(), secret.size());
+  const SecretKey key = DaemonSecret::FromBytes(secret).Derive("checkpoint-mac");
+  const std::string path = dir_ + "/ckpt/" + checkpoint::ManifestFileName(2);
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  auto m = checkpoint::DecodeManifest(text, 2, key, "test");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_FALSE(m->summary["lower_index"].empty()) << "checkpoint 2 lists no SSD copies";
+  m->summary["model_keys"] = nlohmann::json::parse("[[1, 2]]");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << checkpoint::EncodeManifest(*m, key);
+
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(0));
+  const v1::CheckpointStatus restored = WaitForRestore();
+  EXPECT_EQ(restored.restore_state(), "done") << restored.restore_error();
+  EXPECT_EQ(restored.restore_sequence(), 1u);
+  EXPECT_THAT(restored.restore_error(), ::testing::HasSubstr("manifest summary"));
+  for (int s = 0; s < kSequences; ++s) EXPECT_EQ(FetchVerified(s), kBlocksPerSequence) << s;
+}
+
+// The daemon refuses a checkpoint folder that others may enter (here mode
+// 0770, what the unit's UMask=0007 gave folders before), naming it and the fix.
+TEST_F(CheckpointTest, AFolderOthersMayEnterStopsTheStart) {
+  ASSERT_TRUE(std::filesystem::create_directory(dir_ + "/ckpt"));
+  ASSERT_EQ(::chmod((dir_ + "/ckpt").c_str(), 0770), 0);
+  const std::string config = dir_ + "/config.json";
+  std::FILE* f = std::fopen(config.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, R"({"checkpoint": {"dir": "%s/ckpt"}})", dir_.c_str());
+  std::fclose(f);
+  const CommandResult run = RunCommand(absl::StrCat(
+      "timeout 30 ", KvcachedPath(), " --config ", config, " --unix-socket ", dir_,
+      "/kvcached.sock --listen none", " --metrics-address none --capacity-bytes 4194304 2>&1"));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr(dir_ + "/ckpt has mode 0770"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("chmod 700"));
+  EXPECT_EQ(ModeOf(dir_ + "/ckpt"), 0770u);  // refused, not changed behind the operator's back
 }
 
 // Workers append while the daemon checkpoints every second; it is SIGKILLed
