@@ -494,6 +494,7 @@ int Serve(const v1::ServerConfig& config) {
       .max_protected_ranges = limits.max_protected_ranges(),
       .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
       .max_fetch_heap_bytes = limits.max_fetch_heap_bytes(),
+      .require_block_checksums = config.security().require_block_checksums(),
       .importance = ImportanceFromConfig(config.importance())};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {

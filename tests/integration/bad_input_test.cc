@@ -50,7 +50,7 @@ absl::Status RawAppend(v1::Cache::Stub& stub, const v1::AppendHeader& header,
 
 // The header of an append of tokens[start:]'s whole blocks, with the
 // checksums of the KV MakeKv gives them (GoodLayout's blocks), so that each
-// case fails for its own reason.
+// case fails for its own reason and not for want of block_checksums.
 v1::AppendHeader Header(const std::vector<uint32_t>& tokens, uint64_t start = 0) {
   v1::AppendHeader h;
   h.set_model_id("m");
@@ -310,6 +310,13 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
          v1::AppendHeader h = Header(fresh);
          h.clear_block_checksums();
          h.add_block_checksums(1);
+         return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
+       }},
+      {"append without block checksums", absl::StatusCode::kInvalidArgument,
+       "security.require_block_checksums",
+       [&](Client&, auto& stub) {
+         v1::AppendHeader h = Header(fresh);
+         h.clear_block_checksums();
          return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
        }},
       {"oversized message", absl::StatusCode::kResourceExhausted, "",

@@ -295,6 +295,10 @@ class KvcachedTest(unittest.TestCase):
         )
         self.assertCode(C.INVALID_ARGUMENT, self.append, model, tokens, kv[:BLOCK_BYTES], start_token=3)
         self.assertCode(C.DATA_LOSS, self.append, model, tokens, kv, checksums=[1, 2])
+        # The default daemon refuses KV it cannot verify (security.require_block_checksums).
+        details = self.assertCode(C.INVALID_ARGUMENT, self.append, model, tokens, kv, checksums=[])
+        self.assertIn("block_checksums", details)
+        self.assertIn("security.require_block_checksums", details)
         self.assertCode(C.INVALID_ARGUMENT, self.register, "py-bad-layout", head_dim=0)
         self.assertCode(C.INVALID_ARGUMENT, self.register, "py-bad-layout", block_tokens=24)
         self.assertCode(C.INVALID_ARGUMENT, self.register, "bad model id!")
