@@ -494,7 +494,6 @@ int Serve(const v1::ServerConfig& config) {
       .max_protected_ranges = limits.max_protected_ranges(),
       .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
       .max_fetch_heap_bytes = limits.max_fetch_heap_bytes(),
-      .require_block_checksums = config.security().require_block_checksums(),
       .importance = ImportanceFromConfig(config.importance())};
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
@@ -513,6 +512,7 @@ int Serve(const v1::ServerConfig& config) {
                          .promote_on_fetch = ssd_config.promote_on_fetch(),
                          .device_high_watermark = config.gpu_tier().high_watermark(),
                          .device_low_watermark = config.gpu_tier().low_watermark()};
+  cache_options.require_block_checksums = config.security().require_block_checksums();
   std::unique_ptr<EvictionPolicy> policy =
       EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
   spdlog::info("eviction policy: {} (each tier ranks its blocks with its own)", policy->name());
