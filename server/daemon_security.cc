@@ -78,6 +78,15 @@ absl::StatusOr<DaemonSecurity> DaemonSecurity::Start(const v1::ServerConfig& con
         "authentication off: every caller is an admin of every namespace "
         "(security.principals_file turns it on)");
   }
+  if (security.require_block_checksums()) {
+    spdlog::info(
+        "block checksums: required; an append without them is refused "
+        "(security.require_block_checksums)");
+  } else {
+    spdlog::warn(
+        "block checksums: not required (security.require_block_checksums is false): an append "
+        "without them is stored with no proof that its KV is what the worker computed");
+  }
   out.tls = {.cert_file = security.tls().cert_file(),
              .key_file = security.tls().key_file(),
              .client_ca_file = security.tls().client_ca_file(),

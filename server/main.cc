@@ -523,6 +523,7 @@ int Serve(const v1::ServerConfig& config) {
                          .promote_on_fetch = ssd_config.promote_on_fetch(),
                          .device_high_watermark = config.gpu_tier().high_watermark(),
                          .device_low_watermark = config.gpu_tier().low_watermark()};
+  cache_options.require_block_checksums = config.security().require_block_checksums();
   std::unique_ptr<EvictionPolicy> policy =
       EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
   spdlog::info("eviction policy: {} (each tier ranks its blocks with its own)", policy->name());

@@ -202,6 +202,11 @@ absl::Status ValidateSecurity(const v1::SecurityConfig& s) {
   for (const std::string& ns : s.shared_namespaces()) {
     if (absl::Status st = ValidateIdentifier("security.shared_namespaces", ns); !st.ok()) return st;
   }
+  if (!s.has_require_block_checksums()) {
+    // Unset reads as false: integrity would be off by omission.
+    return absl::InvalidArgumentError(
+        "security.require_block_checksums is unset; apply the defaults before validating");
+  }
   return absl::OkStatus();
 }
 
@@ -314,6 +319,9 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (!status_page->has_enabled()) status_page->set_enabled(true);
   v1::TlsConfig* tls = c->mutable_security()->mutable_tls();
   if (tls->reload_interval_seconds() == 0) tls->set_reload_interval_seconds(10);
+  if (!c->security().has_require_block_checksums()) {
+    c->mutable_security()->set_require_block_checksums(true);
+  }
   if (status_page->recent_events() == 0) status_page->set_recent_events(50);
 
   v1::ShmConfig* shm = c->mutable_shm();

@@ -59,6 +59,30 @@ TEST(ConfigTest, RemoteListenersNeedAnExplicitOptIn) {
   EXPECT_FALSE(IsLoopbackAddress("1270.0.0.1:1"));
 }
 
+TEST(ConfigTest, BlockChecksumsAreRequiredUnlessTurnedOff) {
+  EXPECT_TRUE(DefaultConfig().security().require_block_checksums());
+  auto unset = ParseConfigJson(R"({"security": {"principals_file": ""}})");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_TRUE(unset->security().require_block_checksums());
+
+  auto off = ParseConfigJson(R"({"security": {"require_block_checksums": false}})");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->security().has_require_block_checksums());
+  EXPECT_FALSE(off->security().require_block_checksums());
+  EXPECT_TRUE(ValidateConfig(*off).ok()) << ValidateConfig(*off);
+
+  auto on = ParseConfigJson(R"({"security": {"requireBlockChecksums": true}})");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->security().require_block_checksums());
+
+  // Unset after defaults would read as false: validation refuses it.
+  v1::ServerConfig c = DefaultConfig();
+  c.mutable_security()->clear_require_block_checksums();
+  absl::Status s = ValidateConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("security.require_block_checksums"));
+}
+
 TEST(ConfigTest, PerClientStreamCapDefaultsToTheTotal) {
   auto c = ParseConfigJson(R"({"limits": {"max_concurrent_streams": 8}})");
   ASSERT_TRUE(c.ok()) << c.status();

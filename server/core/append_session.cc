@@ -110,6 +110,12 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
                                                    " entries; the append carries ", num_blocks,
                                                    " blocks"));
   }
+  if (block_checksums.empty() && num_blocks > 0 && options_.require_block_checksums) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_checksums is empty; the append carries ", num_blocks,
+                     " blocks and this daemon requires the XXH3-64 checksum of each "
+                     "(security.require_block_checksums)"));
+  }
   std::vector<IndexNode*> path;
   MatchLocked(m, tokens, hashes, &path);
   if (path.size() < start_block) {

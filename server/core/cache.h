@@ -171,6 +171,12 @@ struct CacheOptions {
   // before the block that would pass it (at least one block is always
   // read). Bounds what a single request of a long, demoted prefix costs.
   uint64_t max_fetch_heap_bytes = uint64_t{256} << 20;
+  // An append of whole blocks must carry their checksums (block_checksums),
+  // so every block is verified against what the worker computed; one without
+  // is INVALID_ARGUMENT at BeginAppend. The daemon sets it from
+  // security.require_block_checksums (default true); false here keeps the
+  // core's own tests and tools free to append without them.
+  bool require_block_checksums = false;
   ImportanceOptions importance;
   TierOptions tiers;
   // The keys of a model's lookup hashes and chain keys (block_hasher.h),
@@ -409,7 +415,9 @@ class Cache {
 
   // Starts an append of the KV of tokens[start_token:]'s whole blocks.
   // NOT_FOUND: unknown model. INVALID_ARGUMENT: too many tokens, start_token
-  // not block-aligned or past the end, checksum count not the block count.
+  // not block-aligned or past the end, checksum count not the block count,
+  // no checksums for an append of whole blocks when
+  // options.require_block_checksums (then nothing is claimed or changed).
   // FAILED_PRECONDITION: start_token beyond the cached prefix.
   absl::StatusOr<std::unique_ptr<AppendSession>> BeginAppend(const ModelKey& model,
                                                              std::vector<Token> tokens,

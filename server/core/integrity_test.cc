@@ -468,6 +468,39 @@ TEST_F(IntegrityTest, RejectedAppendEvictsNothingWhenItFitsTheStaging) {
   EXPECT_EQ(cache_->GetStats().capacity_evictions, before.capacity_evictions + 8);
 }
 
+TEST_F(IntegrityTest, AppendsWithoutChecksumsAreRefusedWhenRequired) {
+  std::vector<uint64_t> sums;
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    sums.push_back(Checksum(Bytes(kv_).subspan(b * kBlockFloats * 4, kBlockFloats * 4)));
+  }
+  options_.require_block_checksums = true;
+  MakeCache();
+  auto bare = Append(tokens_, kv_);
+  EXPECT_EQ(bare.status().code(), kInvalidArgument);
+  EXPECT_THAT(bare.status().message(), HasSubstr("block_checksums"));
+  EXPECT_THAT(bare.status().message(), HasSubstr("security.require_block_checksums"));
+  // Refused before anything was claimed, staged or stored.
+  EXPECT_EQ(cache_->GetStats().blocks, 0u);
+  EXPECT_EQ(cache_->GetStats().staged_bytes, 0u);
+  EXPECT_EQ(cache_->Lookup(kModel, tokens_)->matched_tokens, 0u);
+  // Tokens without a whole block carry no KV and need no checksum.
+  const std::vector<Token> partial(tokens_.begin(), tokens_.begin() + kBt - 1);
+  auto empty = Append(partial, {});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->stored_blocks, 0u);
+  // With its checksums the same append stores every block.
+  auto checked = Append(tokens_, kv_, 0, {}, sums);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->stored_blocks, kBlocks);
+
+  // Not required (the core's default): the bare append is stored.
+  options_.require_block_checksums = false;
+  MakeCache();
+  auto accepted = Append(tokens_, kv_);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->stored_blocks, kBlocks);
+}
+
 TEST_F(IntegrityTest, RacingAppendsOfTheSameTokensStoreOneCopy) {
   AppendHints none;
   auto first = cache_->BeginAppend(kModel, tokens_, 0, none, {});

@@ -19,6 +19,7 @@ using ::testing::HasSubstr;
 constexpr uint32_t kBlockTokens = 16;
 
 v1::ModelLayout GoodLayout() { return MakeLayout(2, 2, 32, v1::DTYPE_FP16, kBlockTokens); }
+constexpr uint64_t kGoodBlockBytes = 2 * 2 * 2 * kBlockTokens * 32 * 2;  // of GoodLayout
 
 struct BadCase {
   std::string name;
@@ -47,11 +48,20 @@ absl::Status RawAppend(v1::Cache::Stub& stub, const v1::AppendHeader& header,
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// The header of an append of tokens[start:]'s whole blocks, with the
+// checksums of the KV MakeKv gives them (GoodLayout's blocks), so that each
+// case fails for its own reason and not for want of block_checksums.
 v1::AppendHeader Header(const std::vector<uint32_t>& tokens, uint64_t start = 0) {
   v1::AppendHeader h;
   h.set_model_id("m");
   for (uint32_t t : tokens) h.add_tokens(t);
   h.set_start_token(start);
+  const size_t blocks = start < tokens.size() ? (tokens.size() - start) / kBlockTokens : 0;
+  for (uint64_t sum :
+       BlockChecksums(MakeKv(tokens, kBlockTokens, kGoodBlockBytes, start / kBlockTokens, blocks),
+                      kGoodBlockBytes)) {
+    h.add_block_checksums(sum);
+  }
   return h;
 }
 
@@ -69,6 +79,7 @@ class BadInputTest : public ::testing::Test {
     auto r = client_->RegisterModel("m", GoodLayout());
     ASSERT_TRUE(r.ok()) << r.status();
     block_bytes_ = r->block_bytes();
+    ASSERT_EQ(block_bytes_, kGoodBlockBytes);
     cached_ = MakeTokens(1, 3 * kBlockTokens);
     ASSERT_TRUE(
         client_->Append("m", cached_, MakeKv(cached_, kBlockTokens, block_bytes_, 0, 3)).ok());
@@ -289,6 +300,7 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
       {"append checksum mismatch", absl::StatusCode::kDataLoss, "block_checksums",
        [&](Client&, auto& stub) {
          v1::AppendHeader h = Header(fresh);
+         h.clear_block_checksums();
          h.add_block_checksums(BlockChecksum(std::span(fresh_kv).first(bb)));
          h.add_block_checksums(12345);  // wrong for block 1
          return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
@@ -296,7 +308,15 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
       {"append checksum count", absl::StatusCode::kInvalidArgument, "block_checksums has 1",
        [&](Client&, auto& stub) {
          v1::AppendHeader h = Header(fresh);
+         h.clear_block_checksums();
          h.add_block_checksums(1);
+         return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
+       }},
+      {"append without block checksums", absl::StatusCode::kInvalidArgument,
+       "security.require_block_checksums",
+       [&](Client&, auto& stub) {
+         v1::AppendHeader h = Header(fresh);
+         h.clear_block_checksums();
          return RawAppend(stub, h, {bytes(fresh_kv, 0, 2 * bb)});
        }},
       {"oversized message", absl::StatusCode::kResourceExhausted, "",

@@ -200,7 +200,7 @@ if command -v protoc >/dev/null && has_python_grpc; then
   "$py" - "$work/gen" "unix:$work/kvcached.sock" <<'EOF' || fail "the workload failed"
 import sys
 sys.path.insert(0, sys.argv[1])
-from cache_rpc import grpc, pb, connect, register_model
+from cache_rpc import block_checksums, grpc, pb, connect, register_model
 
 call = connect(sys.argv[2])
 ns, model = "deploy-test", "tiny"
@@ -208,8 +208,10 @@ reg = register_model(call, ns, model, num_layers=1, num_kv_heads=1, head_dim=8)
 assert reg.block_bytes == 512, reg
 tokens = list(range(32))
 def append():
-    header = pb.AppendHeader(namespace=ns, model_id=model, tokens=tokens, start_token=0)
-    requests = [pb.AppendRequest(header=header), pb.AppendRequest(kv_chunk=bytes(range(256)) * 4)]
+    kv = bytes(range(256)) * 4
+    header = pb.AppendHeader(namespace=ns, model_id=model, tokens=tokens, start_token=0,
+                             block_checksums=block_checksums(kv, reg.block_bytes))
+    requests = [pb.AppendRequest(header=header), pb.AppendRequest(kv_chunk=kv)]
     return call("stream_unary", "Append", pb.AppendResponse)(iter(requests), timeout=10)
 first, second = append(), append()
 assert first.stored_blocks == 2 and second.deduplicated_blocks == 2, (first, second)

@@ -46,6 +46,17 @@ inline std::vector<std::byte> MakeKv(std::span<const uint32_t> tokens, uint32_t 
   return kv;
 }
 
+// The XXH3-64 checksum of each `block_bytes` block of `kv`: what an append
+// header carries in block_checksums (the daemon refuses appends without them
+// unless security.require_block_checksums is false).
+inline std::vector<uint64_t> BlockChecksums(std::span<const std::byte> kv, uint64_t block_bytes) {
+  std::vector<uint64_t> sums;
+  for (uint64_t at = 0; at + block_bytes <= kv.size(); at += block_bytes) {
+    sums.push_back(BlockChecksum(kv.subspan(at, block_bytes)));
+  }
+  return sums;
+}
+
 inline v1::ModelLayout MakeLayout(uint32_t layers, uint32_t heads, uint32_t dim, v1::DType dtype,
                                   uint32_t block_tokens) {
   v1::ModelLayout l;

@@ -310,6 +310,7 @@ TEST(LifecycleTest, SigtermDrainsAnAppendInFlight) {
   v1::AppendHeader* h = msg.mutable_header();
   h->set_model_id("m");
   for (uint32_t t : tokens) h->add_tokens(t);
+  for (uint64_t sum : BlockChecksums(kv, reg->block_bytes())) h->add_block_checksums(sum);
   ASSERT_TRUE(writer->Write(msg));
   msg.set_kv_chunk(std::string(reinterpret_cast<const char*>(kv.data()), kv.size() / 2));
   ASSERT_TRUE(writer->Write(msg));
@@ -358,6 +359,10 @@ TEST(LifecycleTest, StreamLimitAnswersResourceExhausted) {
     v1::AppendRequest header;
     header.mutable_header()->set_model_id("m");
     for (uint32_t t : tokens) header.mutable_header()->add_tokens(t);
+    for (uint64_t sum :
+         BlockChecksums(MakeKv(tokens, 16, reg->block_bytes(), 0, 2), reg->block_bytes())) {
+      header.mutable_header()->add_block_checksums(sum);
+    }
     for (int i = 0; i < 2; ++i) {
       writers.push_back(stub->Append(&ctx[i], &responses[i]));
       ASSERT_TRUE(writers.back()->Write(header));

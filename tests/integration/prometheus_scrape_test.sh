@@ -72,7 +72,7 @@ gen_stubs
 cat >"$work/workload.py" <<'PY'
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from cache_rpc import grpc, pb, connect, register_model
+from cache_rpc import block_checksums, grpc, pb, connect, register_model
 
 target, ns, model, stop_file = sys.argv[2:6]
 call = connect(target)
@@ -87,9 +87,10 @@ while not os.path.exists(stop_file) and time.monotonic() < deadline:
     # Two new blocks a round (a new first token), appended twice: stored, then deduplicated.
     tokens = [100000 + round] + list(range(31))
     for _ in range(2):
-        header = pb.AppendHeader(namespace=ns, model_id=model, tokens=tokens, start_token=0)
-        append(iter([pb.AppendRequest(header=header),
-                     pb.AppendRequest(kv_chunk=bytes([round % 256]) * 1024)]), timeout=10)
+        kv = bytes([round % 256]) * 1024
+        header = pb.AppendHeader(namespace=ns, model_id=model, tokens=tokens, start_token=0,
+                                 block_checksums=block_checksums(kv, 512))
+        append(iter([pb.AppendRequest(header=header), pb.AppendRequest(kv_chunk=kv)]), timeout=10)
     found = lookup(pb.LookupRequest(namespace=ns, model_id=model, tokens=tokens + list(range(16))),
                    timeout=10)
     assert found.matched_tokens == 32, found

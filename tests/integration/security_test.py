@@ -38,6 +38,7 @@ import unittest
 
 ARGS = None
 v1 = None  # the generated modules, imported once --stubs is known
+XXH3 = None  # XXH3-64 from libxxhash, loaded by main(); the test fails without it
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import kvcache_stubs  # noqa: E402
@@ -188,7 +189,10 @@ class Client:
 
 
 def append_requests(namespace, model, tokens, kv):
-    header = v1.pb.AppendHeader(namespace=namespace, model_id=model, tokens=tokens)
+    """An append of `kv`'s whole blocks with their XXH3-64 checksums, which the
+    daemon requires (security.require_block_checksums)."""
+    header = v1.pb.AppendHeader(namespace=namespace, model_id=model, tokens=tokens,
+                                block_checksums=kvcache_stubs.block_checksums(XXH3, kv, BLOCK_BYTES))
     msgs = [v1.pb.AppendRequest(header=header)]
     msgs += [v1.pb.AppendRequest(kv_chunk=kv[o : o + 65536]) for o in range(0, len(kv), 65536)]
     return msgs
@@ -1017,6 +1021,11 @@ def main():
                         help="the script writing the test certificates")
     ARGS, rest = parser.parse_known_args()
     _import_stubs(ARGS.stubs)
+    global XXH3
+    try:
+        XXH3 = kvcache_stubs.xxh3_64()
+    except RuntimeError as e:
+        sys.exit(f"security_test.py: {e}")
     prog = unittest.main(argv=[sys.argv[0]] + rest, verbosity=2, exit=False)
     ok = prog.result.wasSuccessful()
     if not ok:

@@ -78,11 +78,14 @@
 # gen_stubs
 #   Generates the kvcache.v1 Python stubs into $work/gen, beside cache_rpc.py:
 #     import sys; sys.path.insert(0, GEN)
-#     from cache_rpc import grpc, pb, connect, register_model
+#     from cache_rpc import block_checksums, grpc, pb, connect, register_model
 #     call = connect(TARGET)  # waits up to 10 s for the channel
 #     call("unary_unary", "Lookup", pb.LookupResponse)(request, timeout=10)
 #     register_model(call, NS, MODEL, num_layers, num_kv_heads, head_dim)
 #       # fp16, 16-token blocks; returns the RegisterModelResponse
+#     block_checksums(kv, block_bytes)
+#       # XXH3-64 of each whole block (libxxhash; raises without it): the
+#       # AppendHeader.block_checksums kvcached requires by default
 #   Fails if protoc does.
 
 py=/usr/bin/python3 # Debian's interpreter: python3-grpcio, python3-protobuf
@@ -245,8 +248,27 @@ gen_stubs() {
   protoc -I "$root/proto" --python_out="$work/gen" kvcache/v1/kvcache.proto ||
     fail "protoc kvcache.proto"
   cat >"$work/gen/cache_rpc.py" <<'EOF' || fail "cannot write $work/gen/cache_rpc.py"
+import ctypes
 import grpc
 from kvcache.v1 import kvcache_pb2 as pb
+
+def _xxh3():
+    for name in ("libxxhash.so.0", "libxxhash.so"):
+        try:
+            fn = ctypes.CDLL(name).XXH3_64bits
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.c_char_p, ctypes.c_size_t]
+        return fn
+    raise RuntimeError("libxxhash is missing (apt-get install libxxhash0, or run "
+                       "deploy/setup-debian.sh): appends cannot carry block_checksums")
+
+def block_checksums(kv, block_bytes):
+    """XXH3-64 of each whole block of kv: AppendHeader.block_checksums, which kvcached
+    requires by default (security.require_block_checksums)."""
+    fn = _xxh3()
+    return [fn(bytes(kv[o:o + block_bytes]), block_bytes)
+            for o in range(0, len(kv) - block_bytes + 1, block_bytes)]
 
 def connect(target):
     """Returns call(kind, name, response_type): a stub for /kvcache.v1.Cache/name."""

@@ -243,12 +243,13 @@ v1::ShmRequest FetchInto(const std::vector<uint32_t>& tokens, uint64_t region, u
   return r;
 }
 
-v1::ShmRequest AppendFrom(const std::vector<uint32_t>& tokens, uint64_t region, uint64_t offset,
-                          uint64_t length) {
+v1::ShmRequest AppendFrom(const std::vector<uint32_t>& tokens, const std::vector<uint64_t>& sums,
+                          uint64_t region, uint64_t offset, uint64_t length) {
   v1::ShmRequest r;
   v1::AppendFromRequest* a = r.mutable_append_from();
   a->mutable_header()->set_model_id("m");
   a->mutable_header()->mutable_tokens()->Add(tokens.begin(), tokens.end());
+  a->mutable_header()->mutable_block_checksums()->Add(sums.begin(), sums.end());
   a->mutable_source()->set_region_id(region);
   a->mutable_source()->set_offset(offset);
   a->mutable_source()->set_length(length);
@@ -265,6 +266,7 @@ TEST_F(ShmTest, TheSocketRefusesBadRequestsClearlyAndChangesNothing) {
   const uint64_t bb = reg->block_bytes();
   const auto tokens = MakeTokens(9, 4 * 16);
   const auto kv = MakeKv(tokens, 16, bb, 0, 4);
+  const auto sums = BlockChecksums(kv, bb);
   const pid_t daemon = daemon_->pid();
   const std::string name = "kvcache-shm-integration";
 
@@ -295,19 +297,19 @@ TEST_F(ShmTest, TheSocketRefusesBadRequestsClearlyAndChangesNothing) {
   EXPECT_EQ(MappingsOf(daemon, name), 1);
 
   // Another connection cannot use it.
-  r = b.Call(AppendFrom(tokens, id, 0, kv.size()));
+  r = b.Call(AppendFrom(tokens, sums, id, 0, kv.size()));
   EXPECT_EQ(r.code(), Code(absl::StatusCode::kNotFound)) << r.message();
   // Out of bounds, and the wrong length for the blocks.
-  r = a.Call(AppendFrom(tokens, id, (1 << 20) - 100, kv.size()));
+  r = a.Call(AppendFrom(tokens, sums, id, (1 << 20) - 100, kv.size()));
   EXPECT_EQ(r.code(), Code(absl::StatusCode::kOutOfRange)) << r.message();
-  r = a.Call(AppendFrom(tokens, id, 0, kv.size() - 1));
+  r = a.Call(AppendFrom(tokens, sums, id, 0, kv.size() - 1));
   EXPECT_EQ(r.code(), Code(absl::StatusCode::kInvalidArgument)) << r.message();
   auto looked = grpc_->Lookup("m", tokens);
   ASSERT_TRUE(looked.ok());
   EXPECT_EQ(looked->matched_tokens, 0u) << "a refused append stored something";
 
   // A good append, then a fetch into a range too small for the prefix.
-  r = a.Call(AppendFrom(tokens, id, 0, kv.size()));
+  r = a.Call(AppendFrom(tokens, sums, id, 0, kv.size()));
   ASSERT_EQ(r.code(), kOk) << r.message();
   EXPECT_EQ(r.append_from().stored_blocks(), 4u);
   std::memset(region.data + 512 * 1024, 0x5a, 4 * bb);

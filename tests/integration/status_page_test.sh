@@ -75,7 +75,7 @@ EOF
 cat >"$work/workload.py" <<'EOF'
 import sys
 sys.path.insert(0, sys.argv[1])
-from cache_rpc import pb, connect, register_model
+from cache_rpc import block_checksums, pb, connect, register_model
 
 target, sequences = sys.argv[2], int(sys.argv[3])
 call = connect(target)
@@ -85,9 +85,9 @@ assert reg.block_bytes == 16384, reg
 tokens_of = lambda s: [7770000 + 1000 * s + i for i in range(256)]
 for s in range(sequences):
     hints = pb.AppendHints(protected_ranges=[pb.TokenRange(begin=0, end=8)])
-    header = pb.AppendHeader(namespace=ns, model_id=model, tokens=tokens_of(s), start_token=0,
-                             hints=hints)
     kv = bytes((s * 31 + i) % 251 for i in range(16384)) * 16
+    header = pb.AppendHeader(namespace=ns, model_id=model, tokens=tokens_of(s), start_token=0,
+                             hints=hints, block_checksums=block_checksums(kv, reg.block_bytes))
     requests = [pb.AppendRequest(header=header)] + [
         pb.AppendRequest(kv_chunk=kv[i:i + 65536]) for i in range(0, len(kv), 65536)]
     r = call("stream_unary", "Append", pb.AppendResponse)(iter(requests), timeout=10)

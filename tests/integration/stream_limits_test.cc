@@ -46,10 +46,18 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target) {
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
+// The header of an append of `tokens`' whole blocks of the tests' layout
+// (1 layer, 1 head, 64 dims, FP16, 16 tokens: 4 KiB blocks), with the
+// checksums of the KV MakeKv gives them.
 v1::AppendRequest Header(const std::string& model, const std::vector<uint32_t>& tokens) {
+  constexpr uint64_t kBlockBytes = 4096;
   v1::AppendRequest msg;
   msg.mutable_header()->set_model_id(model);
   for (uint32_t t : tokens) msg.mutable_header()->add_tokens(t);
+  for (uint64_t sum :
+       BlockChecksums(MakeKv(tokens, 16, kBlockBytes, 0, tokens.size() / 16), kBlockBytes)) {
+    msg.mutable_header()->add_block_checksums(sum);
+  }
   return msg;
 }
 
@@ -99,6 +107,7 @@ TEST(StreamLimitsTest, StalledAppendsAreCutOffAndFreeTheirSlots) {
   const v1::ModelLayout layout = MakeLayout(1, 1, 64, v1::DTYPE_FP16, 16);
   auto reg = client->RegisterModel("m", layout);
   ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_EQ(reg->block_bytes(), 4096u);  // what Header's checksums assume
   const auto tokens = MakeTokens(1, 32);
   const auto kv = MakeKv(tokens, 16, reg->block_bytes(), 0, 2);
 

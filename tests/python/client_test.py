@@ -13,7 +13,6 @@ Run with Debian's interpreter, which has python3-grpcio:
 """
 
 import argparse
-import ctypes
 import os
 import random
 import signal
@@ -35,21 +34,7 @@ def _import_stubs(path):
     v1 = kvcache_stubs.load(path)
 
 
-def _load_xxh3():
-    """XXH3-64 from the system libxxhash, or None when it is not there."""
-    for name in ("libxxhash.so.0", "libxxhash.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        fn = lib.XXH3_64bits
-        fn.restype = ctypes.c_uint64
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        return lambda data: fn(data, len(data))
-    return None
-
-
-XXH3 = _load_xxh3()
+XXH3 = None  # XXH3-64 from libxxhash, loaded by main(); the test fails without it
 
 import grpc  # noqa: E402  (after the docstring and helpers on purpose)
 
@@ -142,9 +127,13 @@ class KvcachedTest(unittest.TestCase):
         )
 
     def append(self, model, tokens, kv, start_token=0, checksums=None, chunk=10000):
+        """Appends with the XXH3-64 of each block the tokens hold (read from `kv`,
+        however long it is), unless `checksums` gives the list to send instead."""
+        if checksums is None:
+            blocks = (len(tokens) - start_token) // BLOCK_TOKENS
+            checksums = [XXH3(kv[b * BLOCK_BYTES : (b + 1) * BLOCK_BYTES]) for b in range(blocks)]
         header = v1.pb.AppendHeader(model_id=model, tokens=tokens, start_token=start_token)
-        if checksums is not None:
-            header.block_checksums.extend(checksums)
+        header.block_checksums.extend(checksums)
 
         def requests():
             yield v1.pb.AppendRequest(header=header)
@@ -183,8 +172,7 @@ class KvcachedTest(unittest.TestCase):
             expect_offset += len(m.data)
             if expect_offset == BLOCK_BYTES:
                 block = bytes(out[-BLOCK_BYTES:])
-                if XXH3 is not None:
-                    self.assertEqual(XXH3(block), checksum, f"block {m.block_index}: not XXH3-64")
+                self.assertEqual(XXH3(block), checksum, f"block {m.block_index}: not XXH3-64")
                 expect_block, expect_offset = expect_block + 1, 0
         self.assertEqual(expect_offset, 0, "stream ended inside a block")
         self.assertEqual(len(out), matched // BLOCK_TOKENS * BLOCK_BYTES)
@@ -220,7 +208,7 @@ class KvcachedTest(unittest.TestCase):
         rng = random.Random(7)
         tokens = [rng.randrange(1 << 32) for _ in range(3 * BLOCK_TOKENS + 5)]
         kv = rng.randbytes(3 * BLOCK_BYTES)
-        sums = [XXH3(kv[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]) for i in range(3)] if XXH3 else None
+        sums = [XXH3(kv[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]) for i in range(3)]
 
         r = self.append(model, tokens, kv, checksums=sums)
         self.assertEqual((r.stored_blocks, r.deduplicated_blocks), (3, 0))
@@ -233,8 +221,7 @@ class KvcachedTest(unittest.TestCase):
         self.assertEqual(len({b.key for b in look.blocks}), 3)
         for b in look.blocks:
             self.assertEqual(b.bytes, BLOCK_BYTES)
-            if sums:
-                self.assertEqual(b.checksum, sums[b.index])
+            self.assertEqual(b.checksum, sums[b.index])
 
         data, matched = self.fetch(model, tokens)
         self.assertEqual(matched, 3 * BLOCK_TOKENS)
@@ -308,6 +295,10 @@ class KvcachedTest(unittest.TestCase):
         )
         self.assertCode(C.INVALID_ARGUMENT, self.append, model, tokens, kv[:BLOCK_BYTES], start_token=3)
         self.assertCode(C.DATA_LOSS, self.append, model, tokens, kv, checksums=[1, 2])
+        # The default daemon refuses KV it cannot verify (security.require_block_checksums).
+        details = self.assertCode(C.INVALID_ARGUMENT, self.append, model, tokens, kv, checksums=[])
+        self.assertIn("block_checksums", details)
+        self.assertIn("security.require_block_checksums", details)
         self.assertCode(C.INVALID_ARGUMENT, self.register, "py-bad-layout", head_dim=0)
         self.assertCode(C.INVALID_ARGUMENT, self.register, "py-bad-layout", block_tokens=24)
         self.assertCode(C.INVALID_ARGUMENT, self.register, "bad model id!")
@@ -356,6 +347,12 @@ class KvcachedTest(unittest.TestCase):
         data, matched = self.fetch(model, tokens)
         self.assertEqual(matched, len(tokens))
 
+    def test_checksums_are_xxh3_and_never_skipped(self):
+        self.assertEqual(XXH3(b""), 0x2D06800538D394C2)  # XXH3-64 of no bytes, seed 0
+        with self.assertRaises(RuntimeError) as cm:
+            kvcache_stubs.xxh3_64(names=("libkvcache-test-no-such-xxhash.so.0",))
+        self.assertIn("libxxhash", str(cm.exception))
+
     def test_admin(self):
         self.register("py-admin")
         info = self.admin.GetServerInfo(v1.admin.GetServerInfoRequest(), timeout=5)
@@ -380,6 +377,11 @@ def main():
     parser.add_argument("--stubs", required=True, help="directory of the generated *_pb2*.py")
     ARGS, rest = parser.parse_known_args()
     _import_stubs(ARGS.stubs)
+    global XXH3
+    try:
+        XXH3 = kvcache_stubs.xxh3_64()
+    except RuntimeError as e:
+        sys.exit(f"client_test.py: {e}")
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

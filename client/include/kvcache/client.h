@@ -142,7 +142,11 @@ struct LookupResult {
 struct AppendOptions {
   uint64_t start_token = 0;  // block-aligned, not beyond the cached prefix
   v1::AppendHints hints;
-  bool send_checksums = true;  // let the server verify every block
+  // Send each block's XXH3-64 (BlockChecksum) so the server verifies every
+  // block. A daemon with its default configuration
+  // (security.require_block_checksums) refuses an append without them with
+  // INVALID_ARGUMENT; false is only for daemons configured to accept them.
+  bool send_checksums = true;
 };
 
 struct AppendResult {
