@@ -7,10 +7,30 @@
 namespace kvcache {
 
 struct CopyEngine::Job {
+  explicit Job(Mutex* engine_mu) : mu(engine_mu) {}
+
   std::vector<CopyRange> pieces;
   std::atomic<size_t> next{0};
-  int helpers = 0;  // helpers working on the job; guarded by the engine's mu_
+  Mutex* const mu;                      // the engine's mu_
+  int helpers ABSL_GUARDED_BY(mu) = 0;  // helpers working on the job
 };
+
+// The analysis cannot see that job.mu is mu_; the assertion says so (and
+// checks, in debug builds, that this thread holds it), scoped to these three.
+void CopyEngine::JoinJob(Job& job) {
+  job.mu->AssertHeld();
+  ++job.helpers;
+}
+
+void CopyEngine::LeaveJob(Job& job) {
+  job.mu->AssertHeld();
+  --job.helpers;
+}
+
+int CopyEngine::HelpersOn(const Job& job) const {
+  job.mu->AssertHeld();
+  return job.helpers;
+}
 
 CopyEngine::CopyEngine(uint32_t helpers, uint64_t min_parallel_bytes)
     : min_parallel_bytes_(min_parallel_bytes) {
@@ -20,7 +40,7 @@ CopyEngine::CopyEngine(uint32_t helpers, uint64_t min_parallel_bytes)
 
 CopyEngine::~CopyEngine() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   work_.notify_all();
@@ -36,25 +56,29 @@ void CopyEngine::Copy(std::span<const CopyRange> ranges) {
     }
     return;
   }
-  Job job;
+  Job job(&mu_);
   for (const CopyRange& r : ranges) {
     for (size_t at = 0; at < r.bytes; at += kPieceBytes) {
       job.pieces.push_back({r.dst + at, r.src + at, std::min(kPieceBytes, r.bytes - at)});
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(&job);
   }
   work_.notify_all();
   Work(job);
   // Every piece is taken. Unqueue the job, then wait for the helpers still
   // copying theirs: once none holds it, every piece is copied.
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = std::find(queue_.begin(), queue_.end(), &job); it != queue_.end()) {
     queue_.erase(it);
   }
-  idle_.wait(lock, [&job] { return job.helpers == 0; });
+  // idle_ waits on the Mutex itself, which the analysis follows.
+  idle_.wait(mu_, [this, &job] {
+    mu_.AssertHeld();
+    return HelpersOn(job) == 0;
+  });
 }
 
 void CopyEngine::Work(Job& job) {
@@ -70,20 +94,23 @@ void CopyEngine::HelperLoop() {
   for (;;) {
     Job* job = nullptr;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      work_.wait(mu_, [this] {
+        mu_.AssertHeld();
+        return stopping_ || !queue_.empty();
+      });
       if (stopping_) return;
       job = queue_.front();
       if (job->next.load() >= job->pieces.size()) {
         queue_.pop_front();  // exhausted: its caller is finishing it
         continue;
       }
-      ++job->helpers;
+      JoinJob(*job);
     }
     Work(*job);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      --job->helpers;
+      MutexLock lock(&mu_);
+      LeaveJob(*job);
     }
     idle_.notify_all();
   }
