@@ -11,7 +11,10 @@
 namespace kvcache {
 namespace {
 
-class EventLogSink final : public spdlog::sinks::base_sink<std::mutex> {
+// base_sink holds its mutex around sink_it_ and its formatter: it guards
+// spdlog's fields, none of ours (the EventLog locks itself), so nothing here
+// is ABSL_GUARDED_BY it. A kvcache::Mutex, like every lock of the daemon.
+class EventLogSink final : public spdlog::sinks::base_sink<Mutex> {
  public:
   explicit EventLogSink(std::shared_ptr<EventLog> log) : log_(std::move(log)) {
     set_level(spdlog::level::warn);
@@ -27,7 +30,7 @@ class EventLogSink final : public spdlog::sinks::base_sink<std::mutex> {
   }
   void flush_() override {}
 
-  std::shared_ptr<EventLog> log_;
+  const std::shared_ptr<EventLog> log_;
 };
 
 }  // namespace
