@@ -2,6 +2,8 @@
 
 #include <spdlog/details/log_msg.h>
 #include <spdlog/sinks/base_sink.h>
+// The compiled spdlog instantiates base_sink only for its own mutex types.
+#include <spdlog/sinks/base_sink-inl.h>
 
 #include <utility>
 
