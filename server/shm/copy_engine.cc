@@ -7,30 +7,10 @@
 namespace kvcache {
 
 struct CopyEngine::Job {
-  explicit Job(Mutex* engine_mu) : mu(engine_mu) {}
-
   std::vector<CopyRange> pieces;
   std::atomic<size_t> next{0};
-  Mutex* const mu;                      // the engine's mu_
-  int helpers ABSL_GUARDED_BY(mu) = 0;  // helpers working on the job
+  int helpers = 0;  // helpers working on the job; guarded by the engine's mu_
 };
-
-// The analysis cannot see that job.mu is mu_; the assertion says so (and
-// checks, in debug builds, that this thread holds it), scoped to these three.
-void CopyEngine::JoinJob(Job& job) {
-  job.mu->AssertHeld();
-  ++job.helpers;
-}
-
-void CopyEngine::LeaveJob(Job& job) {
-  job.mu->AssertHeld();
-  --job.helpers;
-}
-
-int CopyEngine::HelpersOn(const Job& job) const {
-  job.mu->AssertHeld();
-  return job.helpers;
-}
 
 CopyEngine::CopyEngine(uint32_t helpers, uint64_t min_parallel_bytes)
     : min_parallel_bytes_(min_parallel_bytes) {
@@ -56,7 +36,7 @@ void CopyEngine::Copy(std::span<const CopyRange> ranges) {
     }
     return;
   }
-  Job job(&mu_);
+  Job job;
   for (const CopyRange& r : ranges) {
     for (size_t at = 0; at < r.bytes; at += kPieceBytes) {
       job.pieces.push_back({r.dst + at, r.src + at, std::min(kPieceBytes, r.bytes - at)});
@@ -74,10 +54,9 @@ void CopyEngine::Copy(std::span<const CopyRange> ranges) {
   if (auto it = std::find(queue_.begin(), queue_.end(), &job); it != queue_.end()) {
     queue_.erase(it);
   }
-  // idle_ waits on the Mutex itself, which the analysis follows.
   idle_.wait(mu_, [this, &job] {
     mu_.AssertHeld();
-    return HelpersOn(job) == 0;
+    return job.helpers == 0;
   });
 }
 
@@ -105,12 +84,12 @@ void CopyEngine::HelperLoop() {
         queue_.pop_front();  // exhausted: its caller is finishing it
         continue;
       }
-      JoinJob(*job);
+      ++job->helpers;
     }
     Work(*job);
     {
       MutexLock lock(&mu_);
-      LeaveJob(*job);
+      --job->helpers;
     }
     idle_.notify_all();
   }

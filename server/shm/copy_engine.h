@@ -41,28 +41,23 @@ class CopyEngine {
   CopyEngine& operator=(const CopyEngine&) = delete;
 
   // Copies every range; returns when all are copied.
-  void Copy(std::span<const CopyRange> ranges) ABSL_LOCKS_EXCLUDED(mu_);
+  void Copy(std::span<const CopyRange> ranges);
 
  private:
   struct Job;
-  void HelperLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Job::helpers, which mu_ guards: a helper joins or leaves `job`, or how
-  // many work on it.
-  void JoinJob(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LeaveJob(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int HelpersOn(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HelperLoop();
   // Copies pieces of `job` until none is left.
   static void Work(Job& job);
 
   const uint64_t min_parallel_bytes_;
-  // Guards queue_, stopping_ and every Job::helpers (server/core/mutex.h:
-  // ThreadSanitizer sees it, unlike absl::Mutex).
+  // Guards queue_, stopping_ and every Job::helpers (which the analysis
+  // cannot name: a Job lives on its caller's stack).
   Mutex mu_;
   std::condition_variable_any work_;  // a job was queued, or stopping_
   std::condition_variable_any idle_;  // a helper left a job
   std::deque<Job*> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> helpers_;  // started by the constructor, joined by the destructor
+  std::vector<std::thread> helpers_;
 };
 
 }  // namespace kvcache
