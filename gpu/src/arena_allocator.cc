@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "kvcache/gpu/mutex.h"
 
 namespace kvcache::gpu {
 namespace {
@@ -37,7 +38,7 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
                      std::to_string(options_.slab_bytes) + ")");
     }
     const uint64_t class_bytes = class_bytes_[cls];
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (partial_[cls].empty()) {
       if (free_slabs_.empty()) {
         if (GpuStatus s = GrowLocked(); !s.ok()) return s;
@@ -68,7 +69,7 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
   }
 
   GpuStatus Free(const BlockSlot& slot) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto arena = arena_index_.find(slot.arena);
     if (arena == arena_index_.end()) {
       return GpuStatus::Error(GpuCode::kNotFound, "no arena " + std::to_string(slot.arena));
@@ -107,12 +108,12 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
   }
 
   std::vector<ArenaId> Arenas() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return arena_ids_;
   }
 
   ArenaAllocatorStats Stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ArenaAllocatorStats stats;
     stats.capacity_bytes = options_.capacity_bytes;
     stats.reserved_bytes = arena_ids_.size() * options_.arena_bytes;
@@ -162,8 +163,8 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
            ", " + std::to_string(slot.bytes) + " bytes)";
   }
 
-  // Adds one arena's slabs to free_slabs_. REQUIRES: mu_ held.
-  GpuStatus GrowLocked() {
+  // Adds one arena's slabs to free_slabs_.
+  GpuStatus GrowLocked() KVCACHE_GPU_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t reserved = arena_ids_.size() * options_.arena_bytes;
     if (options_.capacity_bytes - reserved < options_.arena_bytes) {
       ++failed_allocations_;
@@ -197,17 +198,19 @@ class ArenaAllocatorImpl final : public ArenaAllocator {
   const uint64_t slabs_per_arena_;
   const std::vector<uint64_t> class_bytes_;  // by class index, ascending
 
-  mutable std::mutex mu_;
-  // Guarded by mu_:
-  std::vector<ArenaId> arena_ids_;                     // arena index -> id
-  std::unordered_map<ArenaId, uint64_t> arena_index_;  // id -> arena index
-  std::vector<Slab> slabs_;                            // arena index * slabs_per_arena + slab
-  std::set<uint64_t> free_slabs_;                      // ordered: low arenas are reused first
-  std::vector<std::set<uint64_t>> partial_;            // per class: slabs with a free slot
-  uint64_t allocated_bytes_ = 0;
-  uint64_t requested_bytes_ = 0;
-  uint64_t live_blocks_ = 0;
-  uint64_t failed_allocations_ = 0;
+  mutable Mutex mu_;
+  std::vector<ArenaId> arena_ids_ KVCACHE_GPU_GUARDED_BY(mu_);  // arena index -> id
+  std::unordered_map<ArenaId, uint64_t> arena_index_ KVCACHE_GPU_GUARDED_BY(mu_);  // id -> index
+  // arena index * slabs_per_arena + slab
+  std::vector<Slab> slabs_ KVCACHE_GPU_GUARDED_BY(mu_);
+  // Ordered: low arenas are reused first.
+  std::set<uint64_t> free_slabs_ KVCACHE_GPU_GUARDED_BY(mu_);
+  // Per class: slabs with a free slot.
+  std::vector<std::set<uint64_t>> partial_ KVCACHE_GPU_GUARDED_BY(mu_);
+  uint64_t allocated_bytes_ KVCACHE_GPU_GUARDED_BY(mu_) = 0;
+  uint64_t requested_bytes_ KVCACHE_GPU_GUARDED_BY(mu_) = 0;
+  uint64_t live_blocks_ KVCACHE_GPU_GUARDED_BY(mu_) = 0;
+  uint64_t failed_allocations_ KVCACHE_GPU_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

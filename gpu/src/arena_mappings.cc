@@ -7,7 +7,7 @@ namespace kvcache::gpu {
 ArenaMappings::~ArenaMappings() { (void)CloseAll(); }
 
 GpuStatus ArenaMappings::Map(const ExportedArena& arena) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (mappings_.count(arena.arena) != 0) return GpuStatus::Ok();
   ArenaMapping mapping;
   if (GpuStatus s = device_->OpenArena(arena.handle, &mapping); !s.ok()) {
@@ -20,7 +20,7 @@ GpuStatus ArenaMappings::Map(const ExportedArena& arena) {
 
 GpuStatus ArenaMappings::Resolve(ArenaId arena, uint64_t offset, uint64_t bytes,
                                  std::byte** out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = mappings_.find(arena);
   if (it == mappings_.end()) {
     return GpuStatus::Error(GpuCode::kNotFound, "arena " + std::to_string(arena) + " not mapped");
@@ -35,7 +35,7 @@ GpuStatus ArenaMappings::Resolve(ArenaId arena, uint64_t offset, uint64_t bytes,
 }
 
 GpuStatus ArenaMappings::CloseAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   GpuStatus first;
   for (const auto& [id, mapping] : mappings_) {
     GpuStatus s = device_->CloseArena(mapping.id);
@@ -46,7 +46,7 @@ GpuStatus ArenaMappings::CloseAll() {
 }
 
 size_t ArenaMappings::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return mappings_.size();
 }
 

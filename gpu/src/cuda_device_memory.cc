@@ -5,11 +5,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
 #include "device_ranges.h"
+#include "kvcache/gpu/mutex.h"
 
 namespace kvcache::gpu {
 namespace {
@@ -51,7 +51,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   explicit CudaDeviceMemory(int device) : device_(device) {}
 
   ~CudaDeviceMemory() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!probed_ || !info_.usable) return;
     cudaSetDevice(device_);
     for (auto& [id, stream] : streams_) cudaStreamDestroy(stream);
@@ -64,7 +64,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   DeviceInfo Probe() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ProbeLocked();
     return info_;
   }
@@ -74,7 +74,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     void* base = nullptr;
     KVCACHE_GPU_CUDA_RETURN_IF_ERROR(cudaMalloc(&base, bytes));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const ArenaId id = next_id_++;
     arenas_[id] = {static_cast<std::byte*>(base), bytes};
     ranges_.Add(base, bytes);
@@ -86,7 +86,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     std::byte* base = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = arenas_.find(id);
       if (it == arenas_.end()) {
         return GpuStatus::Error(GpuCode::kNotFound, "no arena " + std::to_string(id));
@@ -103,7 +103,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     cudaStream_t stream = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (GpuStatus s = ranges_.CheckCopy(kind, dst, src, bytes); !s.ok()) return s;
       if (sync_stream_ == nullptr) {
         KVCACHE_GPU_CUDA_RETURN_IF_ERROR(
@@ -121,7 +121,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     cudaStream_t stream = nullptr;
     KVCACHE_GPU_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     *out = next_id_++;
     streams_[*out] = stream;
     return GpuStatus::Ok();
@@ -131,7 +131,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     cudaStream_t stream = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = streams_.find(id);
       if (it == streams_.end()) return UnknownStream(id);
       stream = it->second;
@@ -146,7 +146,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     cudaStream_t stream = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = streams_.find(id);
       if (it == streams_.end()) return UnknownStream(id);
       stream = it->second;
@@ -161,7 +161,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     cudaStream_t stream = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = streams_.find(id);
       if (it == streams_.end()) return UnknownStream(id);
       stream = it->second;
@@ -174,7 +174,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     Arena arena;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = arenas_.find(id);
       if (it == arenas_.end()) {
         return GpuStatus::Error(GpuCode::kNotFound, "no arena " + std::to_string(id));
@@ -199,7 +199,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     void* base = nullptr;
     KVCACHE_GPU_CUDA_RETURN_IF_ERROR(
         cudaIpcOpenMemHandle(&base, cuda_handle, cudaIpcMemLazyEnablePeerAccess));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const MappingId id = next_id_++;
     mappings_[id] = {static_cast<std::byte*>(base), handle.arena_bytes};
     ranges_.Add(base, handle.arena_bytes);
@@ -211,7 +211,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     std::byte* base = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = mappings_.find(id);
       if (it == mappings_.end()) {
         return GpuStatus::Error(GpuCode::kNotFound, "no mapping " + std::to_string(id));
@@ -227,22 +227,22 @@ class CudaDeviceMemory final : public DeviceMemory {
   GpuStatus RegisterHost(void* data, uint64_t bytes) override {
     if (GpuStatus s = Enter(); !s.ok()) return s;
     // Held across the call: two overlapping registrations must not both pass the check.
-    std::lock_guard<std::mutex> lock(host_mu_);
+    MutexLock lock(&host_mu_);
     {
-      std::lock_guard<std::mutex> ranges_lock(mu_);
+      MutexLock ranges_lock(&mu_);
       if (GpuStatus s = host_ranges_.Check(data, bytes); !s.ok()) return s;
     }
     KVCACHE_GPU_CUDA_RETURN_IF_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault));
-    std::lock_guard<std::mutex> ranges_lock(mu_);
+    MutexLock ranges_lock(&mu_);
     host_ranges_.Add(data, bytes);
     return GpuStatus::Ok();
   }
 
   GpuStatus UnregisterHost(void* data) override {
     if (GpuStatus s = Enter(); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(host_mu_);
+    MutexLock lock(&host_mu_);
     {
-      std::lock_guard<std::mutex> ranges_lock(mu_);
+      MutexLock ranges_lock(&mu_);
       if (GpuStatus s = host_ranges_.Remove(data); !s.ok()) return s;
     }
     KVCACHE_GPU_CUDA_RETURN_IF_ERROR(cudaHostUnregister(data));
@@ -250,7 +250,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   uint64_t registered_host_bytes() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return host_ranges_.total_bytes();
   }
 
@@ -260,8 +260,8 @@ class CudaDeviceMemory final : public DeviceMemory {
     uint64_t bytes;
   };
 
-  // Fills info_ once. REQUIRES: mu_ held.
-  void ProbeLocked() {
+  // Fills info_ once.
+  void ProbeLocked() KVCACHE_GPU_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (probed_) return;
     probed_ = true;
     info_ = DeviceInfo{};
@@ -319,7 +319,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   // UNAVAILABLE unless the device is usable; makes it current on the calling thread.
   GpuStatus Enter() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ProbeLocked();
       if (!info_.usable) return GpuStatus::Error(GpuCode::kUnavailable, info_.reason);
     }
@@ -332,19 +332,19 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   const int device_;
-  // Serialises RegisterHost / UnregisterHost (taken before mu_, never after).
-  std::mutex host_mu_;
-  std::mutex mu_;
-  // Guarded by mu_:
-  bool probed_ = false;
-  DeviceInfo info_;
-  uint64_t next_id_ = 1;
-  cudaStream_t sync_stream_ = nullptr;
-  std::unordered_map<ArenaId, Range> arenas_;
-  std::unordered_map<MappingId, Range> mappings_;
-  std::unordered_map<StreamId, cudaStream_t> streams_;
-  internal::DeviceRanges ranges_;
-  internal::HostRanges host_ranges_;
+  // Serialises RegisterHost / UnregisterHost, each a check and a CUDA call
+  // (taken before mu_, never after). It guards no field: host_ranges_ is mu_'s.
+  Mutex host_mu_ KVCACHE_GPU_ACQUIRED_BEFORE(mu_);
+  Mutex mu_;
+  bool probed_ KVCACHE_GPU_GUARDED_BY(mu_) = false;
+  DeviceInfo info_ KVCACHE_GPU_GUARDED_BY(mu_);
+  uint64_t next_id_ KVCACHE_GPU_GUARDED_BY(mu_) = 1;
+  cudaStream_t sync_stream_ KVCACHE_GPU_GUARDED_BY(mu_) = nullptr;
+  std::unordered_map<ArenaId, Range> arenas_ KVCACHE_GPU_GUARDED_BY(mu_);
+  std::unordered_map<MappingId, Range> mappings_ KVCACHE_GPU_GUARDED_BY(mu_);
+  std::unordered_map<StreamId, cudaStream_t> streams_ KVCACHE_GPU_GUARDED_BY(mu_);
+  internal::DeviceRanges ranges_ KVCACHE_GPU_GUARDED_BY(mu_);
+  internal::HostRanges host_ranges_ KVCACHE_GPU_GUARDED_BY(mu_);
 };
 
 }  // namespace

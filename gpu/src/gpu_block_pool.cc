@@ -1,10 +1,11 @@
 #include "kvcache/gpu/gpu_block_pool.h"
 
 #include <atomic>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
+
+#include "kvcache/gpu/mutex.h"
 
 namespace kvcache::gpu {
 namespace {
@@ -73,7 +74,7 @@ class GpuBlockPoolImpl final : public GpuBlockPool {
   }
 
   GpuStatus Locate(const GpuBlockHandle& handle, std::byte** device_ptr) const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = bases_.find(handle.arena);
     if (it == bases_.end()) {
       return GpuStatus::Error(GpuCode::kNotFound, "no arena " + std::to_string(handle.arena));
@@ -91,7 +92,7 @@ class GpuBlockPoolImpl final : public GpuBlockPool {
   }
 
   std::vector<ExportedArena> Export() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return exported_;
   }
 
@@ -114,7 +115,7 @@ class GpuBlockPoolImpl final : public GpuBlockPool {
       (void)device_->FreeArena(arena.id);
       return s;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     bases_[arena.id] = {arena.base, arena.bytes};
     exported_.push_back(exported);
     *id = arena.id;
@@ -126,10 +127,10 @@ class GpuBlockPoolImpl final : public GpuBlockPool {
   std::unique_ptr<ArenaAllocator> allocator_;
   std::atomic<uint64_t> puts_{0}, gets_{0}, corrupt_{0};
 
-  mutable std::mutex mu_;
-  // Guarded by mu_:
-  std::unordered_map<ArenaId, std::pair<std::byte*, uint64_t>> bases_;  // id -> base, bytes
-  std::vector<ExportedArena> exported_;
+  mutable Mutex mu_;
+  // id -> base, bytes
+  std::unordered_map<ArenaId, std::pair<std::byte*, uint64_t>> bases_ KVCACHE_GPU_GUARDED_BY(mu_);
+  std::vector<ExportedArena> exported_ KVCACHE_GPU_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -7,13 +7,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "device_ranges.h"
 #include "kvcache/gpu/device_memory.h"
+#include "kvcache/gpu/mutex.h"
 
 namespace kvcache::gpu {
 namespace {
@@ -58,7 +58,7 @@ class HostStandInMemory final : public DeviceMemory {
     info.kind = "host-stand-in";
     info.name = "host memory";
     info.total_bytes = options_.device_bytes;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     info.free_bytes = options_.device_bytes - used_bytes_;
     return info;
   }
@@ -68,7 +68,7 @@ class HostStandInMemory final : public DeviceMemory {
     if (bytes == 0) return GpuStatus::Error(GpuCode::kInvalidArgument, "arena of 0 bytes");
     const uint64_t mapped = RoundToPage(bytes);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (mapped > options_.device_bytes - used_bytes_) {
         return GpuStatus::Error(GpuCode::kResourceExhausted,
                                 "stand-in device out of memory: " + std::to_string(mapped) +
@@ -85,11 +85,11 @@ class HostStandInMemory final : public DeviceMemory {
     if (base == MAP_FAILED) {
       GpuStatus s = Errno("stand-in arena of " + std::to_string(mapped) + " bytes");
       if (fd >= 0) close(fd);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       used_bytes_ -= mapped;
       return s;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const ArenaId id = next_id_++;
     arenas_[id] = {static_cast<std::byte*>(base), bytes, mapped, fd};
     ranges_.Add(base, bytes);
@@ -98,7 +98,7 @@ class HostStandInMemory final : public DeviceMemory {
   }
 
   GpuStatus FreeArena(ArenaId id) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = arenas_.find(id);
     if (it == arenas_.end()) {
       return GpuStatus::Error(GpuCode::kNotFound, "no arena " + std::to_string(id));
@@ -114,7 +114,7 @@ class HostStandInMemory final : public DeviceMemory {
   GpuStatus Copy(CopyKind kind, void* dst, const void* src, uint64_t bytes) override {
     if (GpuStatus s = CheckUsable(); !s.ok()) return s;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (GpuStatus s = ranges_.CheckCopy(kind, dst, src, bytes); !s.ok()) return s;
     }
     // Copies run outside the lock, as device copies would; the caller keeps the ranges alive.
@@ -124,14 +124,14 @@ class HostStandInMemory final : public DeviceMemory {
 
   GpuStatus CreateStream(StreamId* out) override {
     if (GpuStatus s = CheckUsable(); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     *out = next_id_++;
     streams_.insert(*out);
     return GpuStatus::Ok();
   }
 
   GpuStatus DestroyStream(StreamId stream) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (streams_.erase(stream) == 0) return UnknownStream(stream);
     return GpuStatus::Ok();
   }
@@ -146,7 +146,7 @@ class HostStandInMemory final : public DeviceMemory {
 
   GpuStatus ExportArena(ArenaId id, ArenaIpcHandle* out) override {
     if (GpuStatus s = CheckUsable(); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = arenas_.find(id);
     if (it == arenas_.end()) {
       return GpuStatus::Error(GpuCode::kNotFound, "no arena " + std::to_string(id));
@@ -184,7 +184,7 @@ class HostStandInMemory final : public DeviceMemory {
     GpuStatus failed = base == MAP_FAILED ? Errno("mapping stand-in arena " + path) : GpuStatus{};
     close(fd);  // the mapping keeps the pages
     if (!failed.ok()) return failed;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const MappingId id = next_id_++;
     mappings_[id] = {static_cast<std::byte*>(base), handle.arena_bytes, h.mapped_bytes};
     ranges_.Add(base, handle.arena_bytes);
@@ -193,7 +193,7 @@ class HostStandInMemory final : public DeviceMemory {
   }
 
   GpuStatus CloseArena(MappingId mapping) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = mappings_.find(mapping);
     if (it == mappings_.end()) {
       return GpuStatus::Error(GpuCode::kNotFound, "no mapping " + std::to_string(mapping));
@@ -206,19 +206,19 @@ class HostStandInMemory final : public DeviceMemory {
 
   GpuStatus RegisterHost(void* data, uint64_t bytes) override {
     if (GpuStatus s = CheckUsable(); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (GpuStatus s = host_ranges_.Check(data, bytes); !s.ok()) return s;
     host_ranges_.Add(data, bytes);
     return GpuStatus::Ok();
   }
 
   GpuStatus UnregisterHost(void* data) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return host_ranges_.Remove(data);
   }
 
   uint64_t registered_host_bytes() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return host_ranges_.total_bytes();
   }
 
@@ -241,7 +241,7 @@ class HostStandInMemory final : public DeviceMemory {
   }
   GpuStatus CheckStream(StreamId stream) {
     if (GpuStatus s = CheckUsable(); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (streams_.count(stream) == 0) return UnknownStream(stream);
     return GpuStatus::Ok();
   }
@@ -250,15 +250,14 @@ class HostStandInMemory final : public DeviceMemory {
   }
 
   const HostStandInOptions options_;
-  std::mutex mu_;
-  // Guarded by mu_:
-  uint64_t next_id_ = 1;
-  uint64_t used_bytes_ = 0;
-  std::unordered_map<ArenaId, ArenaRecord> arenas_;
-  std::unordered_map<MappingId, MappingRecord> mappings_;
-  std::unordered_set<StreamId> streams_;
-  internal::DeviceRanges ranges_;
-  internal::HostRanges host_ranges_;
+  Mutex mu_;
+  uint64_t next_id_ KVCACHE_GPU_GUARDED_BY(mu_) = 1;
+  uint64_t used_bytes_ KVCACHE_GPU_GUARDED_BY(mu_) = 0;
+  std::unordered_map<ArenaId, ArenaRecord> arenas_ KVCACHE_GPU_GUARDED_BY(mu_);
+  std::unordered_map<MappingId, MappingRecord> mappings_ KVCACHE_GPU_GUARDED_BY(mu_);
+  std::unordered_set<StreamId> streams_ KVCACHE_GPU_GUARDED_BY(mu_);
+  internal::DeviceRanges ranges_ KVCACHE_GPU_GUARDED_BY(mu_);
+  internal::HostRanges host_ranges_ KVCACHE_GPU_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
+#include <mutex>  // std::call_once
 #include <string>
 #include <thread>
 #include <utility>
@@ -91,10 +91,11 @@ std::optional<std::string> HttpRequest::Param(std::string_view name) const {
 }
 
 struct HttpServer::Impl {
-  mg_context* context = nullptr;  // null once stopped
-  std::string host;               // of the address
+  std::string host;  // of the address
   int port = 0;
-  std::mutex stop_mu;  // serializes Stop()
+  // Serializes Stop(); guards the civetweb context, null once stopped.
+  Mutex stop_mu;
+  mg_context* context ABSL_GUARDED_BY(stop_mu) = nullptr;
   Mutex mu;
   absl::flat_hash_map<std::string, std::shared_ptr<const HttpHandler>> handlers ABSL_GUARDED_BY(mu);
 
@@ -189,6 +190,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     return absl::UnavailableError(
         absl::StrCat("http server cannot listen on \"", options.address, "\": expected host:port"));
   }
+  MutexLock lock(&impl->stop_mu);  // not shared yet: for the analysis
   impl->context = mg_start2(&init, &error);
   if (impl->context == nullptr) {
     return absl::UnavailableError(absl::StrCat("http server cannot listen on ", options.address,
@@ -216,7 +218,7 @@ void HttpServer::Handle(std::string path, HttpHandler handler) {
 int HttpServer::port() const { return impl_->port; }
 
 void HttpServer::Stop() {
-  std::lock_guard<std::mutex> lock(impl_->stop_mu);
+  MutexLock lock(&impl_->stop_mu);
   if (impl_->context == nullptr) return;
   std::atomic<bool> stopped{false};
   std::thread waker;

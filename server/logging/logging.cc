@@ -2,17 +2,18 @@
 
 #include <spdlog/spdlog.h>
 
-#include <mutex>
-
 #include "absl/strings/str_cat.h"
+#include "server/core/mutex.h"
 #include "server/logging/log_format.h"
 
 namespace kvcache {
 namespace {
 
 // Serializes level changes, so previous_level is the level each call replaced.
-std::mutex& LevelMutex() {
-  static std::mutex mu;
+// What it guards is spdlog's state, not a field of ours: nothing here is
+// ABSL_GUARDED_BY it.
+Mutex& LevelMutex() {
+  static Mutex mu;
   return mu;
 }
 
@@ -68,7 +69,7 @@ std::string CurrentLogLevel() {
 }
 
 absl::StatusOr<LogLevelChange> ChangeLogLevel(std::string_view name) {
-  std::lock_guard<std::mutex> lock(LevelMutex());
+  MutexLock lock(&LevelMutex());
   LogLevelChange change;
   change.previous_level = CurrentLogLevel();
   if (name.empty()) {

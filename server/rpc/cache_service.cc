@@ -6,7 +6,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/core/fetch_block.h"
+#include "server/core/mutex.h"
 #include "server/rpc/append_decoder.h"
 #include "server/rpc/await_prefetches.h"
 #include "server/rpc/cache_calls.h"
@@ -559,7 +559,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     absl::Status status;
     {
-      std::lock_guard<std::mutex> lock(plan_mu_);
+      MutexLock lock(&plan_mu_);
       status = Prepare(raw_request);
     }
     if (!status.ok()) {
@@ -592,7 +592,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  absl::Status Prepare(const grpc::ByteBuffer* raw_request) {
+  absl::Status Prepare(const grpc::ByteBuffer* raw_request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_) {
     v1::FetchRequest request;
     grpc::ByteBuffer copy(*raw_request);  // shares the slices
     grpc::Status parsed = grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, &request);
@@ -633,15 +634,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // not yet handed to gRPC at once. The pending write fails only when the
   // transport gives up on the peer, which for a peer that stopped reading
   // can be as late as keepalive notices.
-  void ReleasePlan() {
-    std::lock_guard<std::mutex> lock(plan_mu_);
+  void ReleasePlan() ABSL_LOCKS_EXCLUDED(plan_mu_) {
+    MutexLock lock(&plan_mu_);
     plan_released_ = true;
     plan_.blocks = {};
     current_ = FetchBlock();
   }
 
-  void WriteNext() {
-    std::lock_guard<std::mutex> lock(plan_mu_);
+  void WriteNext() ABSL_LOCKS_EXCLUDED(plan_mu_) {
+    MutexLock lock(&plan_mu_);
     if (plan_released_) {
       return Done(lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off")));
     }
@@ -695,11 +696,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const absl::Time start_ = absl::Now();
   // Guards plan_ and current_ against ReleasePlan(); reactions hold it
   // while they use them.
-  std::mutex plan_mu_;
-  bool plan_released_ = false;
-  FetchPlan plan_;
+  Mutex plan_mu_;
+  bool plan_released_ ABSL_GUARDED_BY(plan_mu_) = false;
+  FetchPlan plan_ ABSL_GUARDED_BY(plan_mu_);
   bool accept_int8_ = false;
-  FetchBlock current_;  // the block being sent
+  FetchBlock current_ ABSL_GUARDED_BY(plan_mu_);  // the block being sent
   uint64_t chunk_bytes_ = 0;
   size_t block_ = 0;
   uint64_t offset_ = 0;

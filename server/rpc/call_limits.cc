@@ -8,7 +8,7 @@ StreamLimiter::StreamLimiter(uint32_t max_total, uint32_t max_per_client)
     : max_total_(max_total), max_per_client_(max_per_client) {}
 
 absl::Status StreamLimiter::Acquire(std::string_view peer, std::string_view* limit) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (total_ >= max_total_) {
     if (limit != nullptr) *limit = "max_concurrent_streams";
     return absl::ResourceExhaustedError(absl::StrCat("max_concurrent_streams (", max_total_,
@@ -28,7 +28,7 @@ absl::Status StreamLimiter::Acquire(std::string_view peer, std::string_view* lim
 }
 
 void StreamLimiter::Release(std::string_view peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = per_peer_.find(std::string(peer));
   if (it == per_peer_.end()) return;
   --total_;
@@ -36,12 +36,12 @@ void StreamLimiter::Release(std::string_view peer) {
 }
 
 int StreamLimiter::active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(total_);
 }
 
 int StreamLimiter::active(std::string_view peer) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = per_peer_.find(std::string(peer));
   return it == per_peer_.end() ? 0 : static_cast<int>(it->second);
 }

@@ -18,12 +18,13 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "server/core/mutex.h"
 
 namespace kvcache {
 
@@ -45,9 +46,10 @@ class StreamLimiter {
  private:
   const uint32_t max_total_;
   const uint32_t max_per_client_;
-  mutable std::mutex mu_;
-  uint32_t total_ = 0;
-  absl::flat_hash_map<std::string, uint32_t> per_peer_;  // only peers with streams
+  mutable Mutex mu_;
+  uint32_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Only peers with streams.
+  absl::flat_hash_map<std::string, uint32_t> per_peer_ ABSL_GUARDED_BY(mu_);
 };
 
 class UnaryLimiter {

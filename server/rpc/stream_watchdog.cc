@@ -17,7 +17,7 @@ StreamWatchdog::StreamWatchdog(absl::Duration idle_timeout, Clock* clock, bool s
 
 StreamWatchdog::~StreamWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -26,7 +26,7 @@ StreamWatchdog::~StreamWatchdog() {
 
 StreamWatchdog::Id StreamWatchdog::Watch(std::function<void()> on_idle) {
   const absl::Time deadline = clock_->Now() + idle_timeout_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Id id = next_id_++;
   entries_.emplace(id, Entry{deadline, std::move(on_idle)});
   // Every deadline is now + the same timeout, so a new one is never earlier
@@ -38,23 +38,27 @@ StreamWatchdog::Id StreamWatchdog::Watch(std::function<void()> on_idle) {
 
 void StreamWatchdog::Touch(Id id) {
   const absl::Time deadline = clock_->Now() + idle_timeout_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it != entries_.end()) it->second.deadline = deadline;
 }
 
 void StreamWatchdog::Unwatch(Id id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   entries_.erase(id);
   // Inside the callback itself (or a reaction it ran inline) there is nothing
-  // to wait for: the caller is the callback.
-  cv_.wait(lock, [&] { return running_ != id || running_here == id; });
+  // to wait for: the caller is the callback. cv_ waits on the Mutex itself,
+  // which the analysis follows.
+  cv_.wait(mu_, [&] {
+    mu_.AssertHeld();
+    return running_ != id || running_here == id;
+  });
 }
 
 int StreamWatchdog::ExpireIdle() {
   const absl::Time now = clock_->Now();
   int ran = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!heap_.empty() && heap_.top().first <= now) {
     const Id id = heap_.top().second;
     heap_.pop();
@@ -67,11 +71,11 @@ int StreamWatchdog::ExpireIdle() {
     std::function<void()> on_idle = std::move(it->second.on_idle);
     entries_.erase(it);
     running_ = id;
-    lock.unlock();
+    mu_.Unlock();
     running_here = id;
     on_idle();
     running_here = 0;
-    lock.lock();
+    mu_.Lock();
     running_ = 0;
     cv_.notify_all();
     ++ran;
@@ -80,26 +84,27 @@ int StreamWatchdog::ExpireIdle() {
 }
 
 size_t StreamWatchdog::watched() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return entries_.size();
 }
 
 void StreamWatchdog::RunReaper() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();  // cv_ waits on the Mutex itself, which the analysis follows
   while (!stopping_) {
     if (heap_.empty()) {
-      cv_.wait(lock);
+      cv_.wait(mu_);
       continue;
     }
     const absl::Duration wait = heap_.top().first - clock_->Now();
     if (wait > absl::ZeroDuration()) {
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(wait));
+      cv_.wait_for(mu_, absl::ToChronoNanoseconds(wait));
       continue;
     }
-    lock.unlock();
+    mu_.Unlock();
     ExpireIdle();
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace kvcache

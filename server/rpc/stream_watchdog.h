@@ -19,15 +19,16 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <queue>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "server/core/clock.h"
+#include "server/core/mutex.h"
 
 namespace kvcache {
 
@@ -45,20 +46,20 @@ class StreamWatchdog {
   StreamWatchdog& operator=(const StreamWatchdog&) = delete;
 
   // Starts watching a stream; its deadline is now + idle_timeout.
-  Id Watch(std::function<void()> on_idle);
+  Id Watch(std::function<void()> on_idle) ABSL_LOCKS_EXCLUDED(mu_);
   // The stream made progress: its deadline moves to now + idle_timeout.
   // Unknown (already expired or unwatched) ids are ignored.
-  void Touch(Id id);
+  void Touch(Id id) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops watching; waits for a running callback of `id` unless called from
   // that callback's thread.
-  void Unwatch(Id id);
+  void Unwatch(Id id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs the callback of every stream whose deadline has passed (each once,
   // after which the stream is no longer watched); returns how many ran.
-  int ExpireIdle();
+  int ExpireIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Duration idle_timeout() const { return idle_timeout_; }
-  size_t watched() const;
+  size_t watched() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -67,21 +68,22 @@ class StreamWatchdog {
   };
   using HeapItem = std::pair<absl::Time, Id>;  // a deadline at push time
 
-  void RunReaper();
+  void RunReaper() ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration idle_timeout_;
   Clock* const clock_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // reaper wake-up; callback finished
-  absl::flat_hash_map<Id, Entry> entries_;
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;  // reaper wake-up; callback finished
+  absl::flat_hash_map<Id, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Min-heap of deadlines. An item may be stale (the stream was touched or
   // unwatched since): it is re-pushed or dropped when it reaches the top.
-  std::priority_queue<HeapItem, std::vector<HeapItem>, std::greater<HeapItem>> heap_;
-  Id next_id_ = 1;
-  Id running_ = 0;  // the id whose callback runs now; 0 when none
-  bool stopping_ = false;
-  std::thread reaper_;
+  std::priority_queue<HeapItem, std::vector<HeapItem>, std::greater<HeapItem>> heap_
+      ABSL_GUARDED_BY(mu_);
+  Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  Id running_ ABSL_GUARDED_BY(mu_) = 0;  // the id whose callback runs now; 0 when none
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;  // set by the constructor, joined by the destructor
 };
 
 }  // namespace kvcache

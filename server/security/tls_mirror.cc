@@ -54,7 +54,7 @@ TlsMirror::TlsMirror(TlsFiles files, std::string dir)
 
 TlsMirror::~TlsMirror() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   wake_.notify_all();
@@ -64,12 +64,12 @@ TlsMirror::~TlsMirror() {
 }
 
 uint64_t TlsMirror::installed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return generation_;
 }
 
 absl::Status TlsMirror::Install(const TlsMaterial& material) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (generation_ != 0 && material == current_) return absl::OkStatus();
   const uint64_t next = generation_ + 1;
   const std::string gen_dir = absl::StrCat(dir_, "/gen-", next);
@@ -100,7 +100,7 @@ absl::Status TlsMirror::Install(const TlsMaterial& material) {
 bool TlsMirror::Refresh() {
   absl::StatusOr<TlsMaterial> material = ReadTlsMaterial(files_);
   absl::Status status = material.ok() ? Install(*material) : material.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (status.ok()) return true;
   // Logged once per distinct problem: a renewal in progress shows it once.
   if (last_error_ != status.message()) {
@@ -111,16 +111,20 @@ bool TlsMirror::Refresh() {
 }
 
 void TlsMirror::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!wake_.wait_for(lock, absl::ToChronoSeconds(files_.reload_interval),
-                         [this] { return stopping_; })) {
-    lock.unlock();
+  mu_.Lock();  // wake_ waits on the Mutex itself, which the analysis follows
+  auto stopping = [this] {
+    mu_.AssertHeld();
+    return stopping_;
+  };
+  while (!wake_.wait_for(mu_, absl::ToChronoSeconds(files_.reload_interval), stopping)) {
+    mu_.Unlock();
     const uint64_t before = installed();
     if (Refresh() && installed() != before) {
       spdlog::info("TLS files reloaded (set {})", installed());
     }
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace kvcache

@@ -14,11 +14,12 @@
 
 #include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "server/core/mutex.h"
 #include "server/security/tls_files.h"
 
 namespace kvcache {
@@ -35,24 +36,25 @@ class TlsMirror {
   // The files gRPC should watch: the mirror's, with the same reload interval.
   const TlsFiles& mirrored() const { return mirrored_; }
   // Re-reads the configured files now; false when they did not install.
-  bool Refresh();
-  uint64_t installed() const;  // sets installed so far (the first included)
+  bool Refresh() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets installed so far (the first included).
+  uint64_t installed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   TlsMirror(TlsFiles files, std::string dir);
-  absl::Status Install(const TlsMaterial& material);
-  void Loop();
+  absl::Status Install(const TlsMaterial& material) ABSL_LOCKS_EXCLUDED(mu_);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const TlsFiles files_;
   const std::string dir_;
   TlsFiles mirrored_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  TlsMaterial current_;
-  uint64_t generation_ = 0;
-  std::string last_error_;
-  std::thread thread_;
+  mutable Mutex mu_;
+  std::condition_variable_any wake_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  TlsMaterial current_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // set by Start(), joined by the destructor
 };
 
 }  // namespace kvcache

@@ -2,6 +2,8 @@
 
 #include <spdlog/details/log_msg.h>
 #include <spdlog/sinks/base_sink.h>
+// The compiled spdlog instantiates base_sink only for its own mutex types.
+#include <spdlog/sinks/base_sink-inl.h>
 
 #include <utility>
 
@@ -11,7 +13,10 @@
 namespace kvcache {
 namespace {
 
-class EventLogSink final : public spdlog::sinks::base_sink<std::mutex> {
+// base_sink holds its mutex around sink_it_ and its formatter: it guards
+// spdlog's fields, none of ours (the EventLog locks itself), so nothing here
+// is ABSL_GUARDED_BY it. A kvcache::Mutex, like every lock of the daemon.
+class EventLogSink final : public spdlog::sinks::base_sink<Mutex> {
  public:
   explicit EventLogSink(std::shared_ptr<EventLog> log) : log_(std::move(log)) {
     set_level(spdlog::level::warn);
@@ -27,7 +32,7 @@ class EventLogSink final : public spdlog::sinks::base_sink<std::mutex> {
   }
   void flush_() override {}
 
-  std::shared_ptr<EventLog> log_;
+  const std::shared_ptr<EventLog> log_;
 };
 
 }  // namespace

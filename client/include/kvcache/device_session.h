@@ -77,14 +77,16 @@ class DeviceSession {
   DeviceSession(Client* client, gpu::DeviceMemory* device)
       : client_(client), device_(device), mappings_(device) {}
   // Maps every arena the daemon lists that is not mapped yet.
-  absl::Status MapArenas();
+  absl::Status MapArenas() ABSL_LOCKS_EXCLUDED(map_mu_);
   absl::StatusOr<DeviceFetchResult> CopyPlaced(const v1::PlaceOnDeviceResponse& placed,
                                                std::span<std::byte> out,
                                                const DeviceFetchOptions& options);
 
   Client* const client_;
   gpu::DeviceMemory* const device_;
-  absl::Mutex map_mu_;  // one MapArenas at a time
+  // One MapArenas at a time. It guards a sequence, not a field: mappings_
+  // locks itself, and fetches resolve through it without map_mu_.
+  absl::Mutex map_mu_;
   gpu::ArenaMappings mappings_;
 };
 

@@ -11,11 +11,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
 
 #include "kvcache/gpu/device_memory.h"
 #include "kvcache/gpu/gpu_block_pool.h"
+#include "kvcache/gpu/mutex.h"
 #include "kvcache/gpu/status.h"
 
 namespace kvcache::gpu {
@@ -38,8 +38,8 @@ class ArenaMappings {
 
  private:
   DeviceMemory* const device_;
-  mutable std::mutex mu_;
-  std::unordered_map<ArenaId, ArenaMapping> mappings_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<ArenaId, ArenaMapping> mappings_ KVCACHE_GPU_GUARDED_BY(mu_);
 };
 
 }  // namespace kvcache::gpu
