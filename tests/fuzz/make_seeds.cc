@@ -22,6 +22,7 @@
 #include "server/checkpoint/records.h"
 #include "server/config/config.h"
 #include "server/importance/block_codec.h"
+#include "server/tier/ssd_layout.h"
 #include "tests/eval/safetensors.h"
 
 namespace kvcache {
@@ -315,6 +316,33 @@ void ShmFrameSeeds() {
 // The restore target changes a folder of two checkpoints it writes itself
 // (checkpoint_restore_fuzzer.cc): files in name order are 0 ckpt-1.data,
 // 1 ckpt-1.manifest, 2 ckpt-2.data, 3 ckpt-2.manifest.
+// The SSD extent header (ssd_extent_fuzzer.cc): byte 0 even, a header as read
+// from the file; odd, six 8-byte fields to encode, then (offset, xor) damage.
+void SsdExtentSeeds() {
+  using ssd_internal::EncodeHeader;
+  using ssd_internal::ExtentHeader;
+  const ExtentHeader h{.key = 0x1122334455667788,
+                       .payload_bytes = 8192,
+                       .sequence = 7,
+                       .epoch = 3,
+                       .payload_checksum = 0xfeedfacecafebeef,
+                       .footprint = 12288};
+  std::string header(ssd_internal::kHeaderBytes, '\0');
+  EncodeHeader(h, std::as_writable_bytes(std::span(header.data(), header.size())));
+  Write("ssd_extent", "valid", std::string(1, '\0') + header);
+  Write("ssd_extent", "valid_with_payload", std::string(1, '\0') + header + std::string(64, 'p'));
+  Write("ssd_extent", "truncated", std::string(1, '\0') + header.substr(0, 40));
+  std::string flipped = header;
+  flipped[20] ^= 0x01;  // a payload_bytes bit
+  Write("ssd_extent", "flipped_field", std::string(1, '\0') + flipped);
+  std::string fields(48, '\0');
+  for (size_t i = 0; i < fields.size(); ++i) fields[i] = static_cast<char>(i * 7 + 1);
+  Write("ssd_extent", "encode_undamaged", "\x01" + fields);
+  Write("ssd_extent", "encode_one_flip", "\x01" + fields + std::string("\x10\x80", 2));
+  Write("ssd_extent", "encode_checksum_flip", "\x01" + fields + std::string("\x38\xff", 2));
+  Write("ssd_extent", "encode_cut", "\x83" + fields);
+}
+
 void CheckpointRestoreSeeds() {
   auto edit = [](uint8_t file, uint16_t offset, uint8_t value) {
     return std::string{static_cast<char>(file), static_cast<char>(offset & 0xff),
@@ -358,6 +386,7 @@ int main(int argc, char** argv) {
   kvcache::HttpQuerySeeds();
   kvcache::ShmFrameSeeds();
   kvcache::CheckpointRestoreSeeds();
+  kvcache::SsdExtentSeeds();
   std::printf("seeds written under %s\n", argv[1]);
   return 0;
 }

@@ -22,7 +22,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KVCACHE_FUZZ_BUILD_DIR:-$root/build-fuzz}
-all=(append_decoder block_codec config calibration safetensors checkpoint checkpoint_restore checkpoint_records principals)
+all=(append_decoder block_codec config calibration safetensors checkpoint checkpoint_restore checkpoint_records principals http_query shm_frame ssd_extent)
 seconds=60
 runs=""
 max_len=4096
