@@ -8,13 +8,15 @@ namespace kvcache {
 CacheStatusSource::CacheStatusSource(const Cache* cache, StatusIdentity identity,
                                      std::string config_json,
                                      std::shared_ptr<const EventLog> events,
-                                     std::function<CacheStats()> stats, Clock* clock)
+                                     std::function<CacheStats()> stats, Clock* clock,
+                                     absl::Duration costly_walk)
     : cache_(cache),
       identity_(std::move(identity)),
       config_json_(std::move(config_json)),
       events_(std::move(events)),
       stats_(std::move(stats)),
-      clock_(clock) {}
+      clock_(clock),
+      costly_walk_(costly_walk) {}
 
 CacheStats CacheStatusSource::Stats() const { return stats_ ? stats_() : cache_->GetStats(); }
 
@@ -22,7 +24,13 @@ std::vector<PrefixSummary> CacheStatusSource::TopPrefixes(size_t limit) const {
   MutexLock lock(&top_mu_);  // one walk at a time; concurrent pollers share it
   const absl::Time now = clock_->Now();
   if (now - top_at_ >= kTopPrefixesRefresh || limit > top_limit_) {
-    top_ = cache_->TopPrefixes(limit);
+    std::vector<PrefixSummary> walked = cache_->TopPrefixes(limit);
+    const absl::Time done = clock_->Now();
+    if (done - now < costly_walk_) {
+      top_at_ = absl::InfinitePast();  // cheap: walk again next time
+      return walked;
+    }
+    top_ = std::move(walked);
     top_limit_ = limit;
     top_at_ = now;
   }

@@ -6,8 +6,11 @@
 //
 // TopPrefixes walks every model's first blocks under the cache's lock, and
 // the status page asks for it on every GET /status, which anyone who reaches
-// the metrics port may send. So its answer is reused for kTopPrefixesRefresh:
-// however often the page is polled, the walk runs at most that often.
+// the metrics port may send. So once a walk took at least
+// `costly_walk` (a cache with many cached sequences), its answer is reused
+// for kTopPrefixesRefresh: however often the page is polled, such a walk
+// runs at most that often. Cheap walks are never reused, so a small cache's
+// page is always current.
 #ifndef KVCACHE_SERVER_STATUS_CACHE_STATUS_SOURCE_H_
 #define KVCACHE_SERVER_STATUS_CACHE_STATUS_SOURCE_H_
 
@@ -31,7 +34,8 @@ class CacheStatusSource final : public StatusSource {
   CacheStatusSource(const Cache* cache, StatusIdentity identity, std::string config_json,
                     std::shared_ptr<const EventLog> events,
                     std::function<CacheStats()> stats = nullptr,
-                    Clock* clock = SystemClock::Get());
+                    Clock* clock = SystemClock::Get(),
+                    absl::Duration costly_walk = absl::Milliseconds(1));
 
   static constexpr absl::Duration kTopPrefixesRefresh = absl::Seconds(5);
 
@@ -51,7 +55,8 @@ class CacheStatusSource final : public StatusSource {
   const std::shared_ptr<const EventLog> events_;
   const std::function<CacheStats()> stats_;
   Clock* const clock_;
-  // The last TopPrefixes walk: when, for how many, and its answer.
+  const absl::Duration costly_walk_;
+  // The last costly TopPrefixes walk: when, for how many, and its answer.
   mutable Mutex top_mu_;
   mutable absl::Time top_at_ ABSL_GUARDED_BY(top_mu_) = absl::InfinitePast();
   mutable size_t top_limit_ ABSL_GUARDED_BY(top_mu_) = 0;

@@ -1,5 +1,5 @@
-// CacheStatusSource over a real Cache: TopPrefixes walks the cache's first
-// blocks at most once per kTopPrefixesRefresh, however often it is asked.
+// CacheStatusSource over a real Cache: a costly TopPrefixes walk runs at most
+// once per kTopPrefixesRefresh, however often it is asked; cheap ones always run.
 #include "server/status/cache_status_source.h"
 
 #include <gtest/gtest.h>
@@ -24,8 +24,9 @@ class CacheStatusSourceTest : public ::testing::Test {
     ASSERT_TRUE(pool.ok()) << pool.status();
     cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_);
     ASSERT_TRUE(cache_->RegisterModel(kModel, kLayout).ok());
+    // Every walk counts as costly here (the manual clock stands still).
     source_ = std::make_unique<CacheStatusSource>(cache_.get(), StatusIdentity{}, "{}", nullptr,
-                                                  nullptr, &clock_);
+                                                  nullptr, &clock_, absl::ZeroDuration());
   }
   void AppendSequence(Token first) {
     std::vector<Token> tokens(16);
@@ -55,6 +56,14 @@ TEST_F(CacheStatusSourceTest, TopPrefixesIsWalkedAtMostOncePerRefresh) {
   AppendSequence(2000);
   clock_.Advance(CacheStatusSource::kTopPrefixesRefresh);
   EXPECT_EQ(source_->TopPrefixes(11).size(), 3u);
+}
+
+TEST_F(CacheStatusSourceTest, CheapWalksAreNeverReused) {
+  CacheStatusSource fresh(cache_.get(), StatusIdentity{}, "{}", nullptr, nullptr, &clock_,
+                          absl::Milliseconds(1));
+  EXPECT_EQ(fresh.TopPrefixes(10).size(), 0u);
+  AppendSequence(1);
+  EXPECT_EQ(fresh.TopPrefixes(10).size(), 1u);  // no clock advance needed
 }
 
 }  // namespace
