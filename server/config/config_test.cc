@@ -59,6 +59,24 @@ TEST(ConfigTest, RemoteListenersNeedAnExplicitOptIn) {
   EXPECT_FALSE(IsLoopbackAddress("1270.0.0.1:1"));
 }
 
+TEST(ConfigTest, TenantShareDefaultsToHalfWithPrincipalsAndIsValidated) {
+  EXPECT_DOUBLE_EQ(DefaultConfig().security().tenant_limits().max_share(), 1.0);
+  auto secured = ParseConfigJson(R"({"security": {"principals_file": "/etc/p.json"}})");
+  ASSERT_TRUE(secured.ok()) << secured.status();
+  EXPECT_DOUBLE_EQ(secured->security().tenant_limits().max_share(), 0.5);
+  auto set = ParseConfigJson(
+      R"({"security": {"principals_file": "/etc/p.json", "tenant_limits": {"max_share": 0.25}}})");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_DOUBLE_EQ(set->security().tenant_limits().max_share(), 0.25);
+  for (double bad : {0.0, -0.5, 1.5}) {
+    v1::ServerConfig c = DefaultConfig();
+    c.mutable_security()->mutable_tenant_limits()->set_max_share(bad);
+    absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("security.tenant_limits.max_share")) << bad;
+  }
+}
+
 TEST(ConfigTest, PerClientStreamCapDefaultsToTheTotal) {
   auto c = ParseConfigJson(R"({"limits": {"max_concurrent_streams": 8}})");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -166,6 +166,13 @@ struct CacheOptions {
   // bytes, so concurrent appends of one namespace may pass it by what they
   // carry. 0: no limit.
   uint64_t max_namespace_bytes = 0;
+  // The fraction of each budget all namespaces share (max_models, max_leases,
+  // max_lease_tokens, max_metadata_bytes) one namespace may hold
+  // (security.tenant_limits.max_share; namespace_share.h). Past it a lease or
+  // a registration is RESOURCE_EXHAUSTED, and index metadata past it evicts
+  // the namespace's own blocks, never another's. 1: no share (the budgets
+  // alone). REQUIRES: 0 < namespace_share <= 1.
+  double namespace_share = 1.0;
   // Heap bytes one fetch (or placement) may hold for blocks read back from
   // the lower tier that the pool had no room to promote: the plan ends
   // before the block that would pass it (at least one block is always
