@@ -202,7 +202,7 @@ absl::Status ValidateSecurity(const v1::SecurityConfig& s) {
   for (const std::string& ns : s.shared_namespaces()) {
     if (absl::Status st = ValidateIdentifier("security.shared_namespaces", ns); !st.ok()) return st;
   }
-  if (const double share = s.tenant_limits().max_share(); !(share > 0 && share <= 1)) {
+  if (const double share = TenantShare(s); !(share > 0 && share <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("security.tenant_limits.max_share is ", share, "; it must be in (0, 1]"));
   }
@@ -267,11 +267,6 @@ void ApplyDefaults(v1::ServerConfig* c) {
   }
   if (limits->keepalive_time_ms() == 0) limits->set_keepalive_time_ms(30000);
   if (limits->keepalive_timeout_ms() == 0) limits->set_keepalive_timeout_ms(10000);
-
-  v1::TenantLimitsConfig* tenant = c->mutable_security()->mutable_tenant_limits();
-  if (!tenant->has_max_share()) {
-    tenant->set_max_share(c->security().principals_file().empty() ? 1.0 : 0.5);
-  }
 
   v1::HostTierConfig* host = c->mutable_host_tier();
   if (host->capacity_bytes() == 0) host->set_capacity_bytes(uint64_t{1} << 30);
@@ -586,6 +581,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   }
   if (auto s = ValidateCache(c.cache()); !s.ok()) return s;
   return ValidateImportance(c.importance());
+}
+
+double TenantShare(const v1::SecurityConfig& security) {
+  if (security.tenant_limits().has_max_share()) return security.tenant_limits().max_share();
+  return security.principals_file().empty() ? 1.0 : 0.5;
 }
 
 std::string SecretFilePath(const v1::ServerConfig& config) {

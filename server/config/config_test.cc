@@ -60,14 +60,16 @@ TEST(ConfigTest, RemoteListenersNeedAnExplicitOptIn) {
 }
 
 TEST(ConfigTest, TenantShareDefaultsToHalfWithPrincipalsAndIsValidated) {
-  EXPECT_DOUBLE_EQ(DefaultConfig().security().tenant_limits().max_share(), 1.0);
-  auto secured = ParseConfigJson(R"({"security": {"principals_file": "/etc/p.json"}})");
-  ASSERT_TRUE(secured.ok()) << secured.status();
-  EXPECT_DOUBLE_EQ(secured->security().tenant_limits().max_share(), 0.5);
+  v1::ServerConfig c = DefaultConfig();
+  EXPECT_DOUBLE_EQ(TenantShare(c.security()), 1.0);
+  // A principals file set after the defaults (--principals-file) still halves it.
+  c.mutable_security()->set_principals_file("/etc/p.json");
+  EXPECT_DOUBLE_EQ(TenantShare(c.security()), 0.5);
   auto set = ParseConfigJson(
       R"({"security": {"principals_file": "/etc/p.json", "tenant_limits": {"max_share": 0.25}}})");
   ASSERT_TRUE(set.ok()) << set.status();
-  EXPECT_DOUBLE_EQ(set->security().tenant_limits().max_share(), 0.25);
+  EXPECT_DOUBLE_EQ(TenantShare(set->security()), 0.25);
+  EXPECT_TRUE(ValidateConfig(*set).ok());
   for (double bad : {0.0, -0.5, 1.5}) {
     v1::ServerConfig c = DefaultConfig();
     c.mutable_security()->mutable_tenant_limits()->set_max_share(bad);

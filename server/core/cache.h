@@ -739,6 +739,19 @@ class Cache {
   // append_staging_bytes of the pool free and metadata is within
   // max_metadata_bytes, or nothing more is evictable. Returns blocks evicted.
   uint64_t EnforceBudgetsLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps each namespace's metadata (its index nodes' and its leases') within
+  // namespace_share of max_metadata_bytes by evicting that namespace's own
+  // coldest blocks, never another's (cache_namespace_share.cc). Returns
+  // blocks evicted.
+  uint64_t EnforceNamespaceMetadataLocked(std::vector<BlockRef>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Index metadata and lease token copies of namespace `ns`.
+  uint64_t NamespaceMetadataBytesLocked(const std::string& ns) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts one block of namespace `ns` nothing else references (a lower-only
+  // leaf first, then a host leaf); false when there is none.
+  bool EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
+                                 std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops an append session's claims and its staged memory from the totals.
   void ReleaseClaimsLocked(AppendSession& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts one evictable block into `dropped` (a lower-tier block first);
@@ -822,6 +835,8 @@ class Cache {
       ABSL_GUARDED_BY(mu_);
   uint64_t conflicting_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // for max_metadata_bytes
+  // Of those, evicted to keep a namespace within its share of the budget.
+  uint64_t namespace_metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   // Host payloads a compression or pool compaction move claimed
   // (block_move.h), so the other pass does not claim them too.
   absl::flat_hash_set<const BlockPayload*> moving_ ABSL_GUARDED_BY(mu_);

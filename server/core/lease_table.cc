@@ -41,6 +41,7 @@ absl::StatusOr<uint64_t> LeaseTable::Add(Lease lease) {
   NamespaceUse& use = by_namespace_[lease.model.ns];
   ++use.leases;
   use.tokens += lease.tokens.size();
+  use.metadata_bytes += lease.metadata_bytes;
   by_expiry_.emplace(lease.expires, id);
   leases_.emplace(id, std::move(lease));
   return id;
@@ -86,6 +87,7 @@ void LeaseTable::Uncount(const Lease& lease) {
   auto it = by_namespace_.find(lease.model.ns);
   if (it == by_namespace_.end()) return;
   it->second.tokens -= lease.tokens.size();
+  it->second.metadata_bytes -= lease.metadata_bytes;
   if (--it->second.leases == 0) by_namespace_.erase(it);
 }
 
@@ -97,6 +99,11 @@ size_t LeaseTable::leases_of(const std::string& ns) const {
 uint64_t LeaseTable::tokens_of(const std::string& ns) const {
   auto it = by_namespace_.find(ns);
   return it == by_namespace_.end() ? 0 : it->second.tokens;
+}
+
+uint64_t LeaseTable::metadata_bytes_of(const std::string& ns) const {
+  auto it = by_namespace_.find(ns);
+  return it == by_namespace_.end() ? 0 : it->second.metadata_bytes;
 }
 
 void LeaseTable::Expire(absl::Time now) {

@@ -72,6 +72,7 @@ class LeaseTable {
   // Live leases of namespace `ns`, and the tokens they copied.
   size_t leases_of(const std::string& ns) const;
   uint64_t tokens_of(const std::string& ns) const;
+  uint64_t metadata_bytes_of(const std::string& ns) const;
 
   // What a lease holds besides its block references, for the metadata budget.
   static uint64_t MetadataBytes(uint64_t tokens, uint64_t blocks) {
@@ -83,6 +84,7 @@ class LeaseTable {
   struct NamespaceUse {
     size_t leases = 0;
     uint64_t tokens = 0;
+    uint64_t metadata_bytes = 0;
   };
   // Takes the lease at `it` out of both maps and the totals, into `out`.
   void Erase(Map::iterator it, Lease* out);

@@ -43,6 +43,7 @@ struct ModelState {
   uint64_t incarnation = 0;
   PrefixIndex index;
   uint64_t bytes = 0;
+  uint64_t metadata_bytes = 0;  // its index nodes' metadata (Cache::NodeMetadataBytes)
   uint64_t hit_tokens = 0;
   uint64_t miss_tokens = 0;
   uint64_t appended_blocks = 0;

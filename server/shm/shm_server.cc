@@ -178,7 +178,7 @@ void ShmServer::Serve(Connection* connection) {
       } else {
         response = session.Handle(request, std::move(fds));
       }
-      if (!shm::WriteFrame(connection->fd.get(), response).ok()) break;
+      if (!shm::WriteFrame(connection->fd.get(), response).ok() || session.refused()) break;
     }
   }  // the session's regions unmap here
   {
