@@ -43,11 +43,12 @@ class TenantSharesTest : public ::testing::Test {
         kAdmin, R"("}]})");
     // security.tenant_limits.max_share is left at its default: 0.5 with a
     // principals file, so each namespace may hold 2 models, 4 leases and 128
-    // lease tokens.
+    // lease tokens, and each tenant 2 shared-memory connections.
     const std::string config = dir_ + "/config.json";
     std::ofstream(config) << absl::StrCat(
         R"({"limits": {"max_models": )", kMaxModels, R"(, "max_leases": )", kMaxLeases,
-        R"(, "max_lease_tokens": )", kMaxLeaseTokens, R"(, "max_tokens_per_request": 16}})");
+        R"(, "max_lease_tokens": )", kMaxLeaseTokens, R"(, "max_tokens_per_request": 16},
+            "shm": {"max_connections": 4}})");
     auto d = DaemonProcess::Start(
         {.extra_flags = {"--config", config, "--principals-file", principals}, .token = kAdmin});
     ASSERT_TRUE(d.ok()) << d.status();
@@ -122,6 +123,36 @@ TEST_F(TenantSharesTest, ATenantPastItsShareLeavesTheOtherItsOwn) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->active_leases(), 8u);
   EXPECT_EQ(stats->models_size(), 4);
+}
+
+TEST_F(TenantSharesTest, ATenantPastItsShareOfSharedMemoryConnectionsLeavesTheOtherRoom) {
+  // Two clients of acme hold a connection each: its share of shm.max_connections 4.
+  std::vector<std::unique_ptr<Client>> acme;
+  for (int i = 0; i < 2; ++i) {
+    acme.push_back(As(kAcme, DataPath::kSharedMemory));
+    auto looked = acme.back()->Lookup("m", MakeTokens(1, kBlockTokens));
+    EXPECT_EQ(looked.status().code(), absl::StatusCode::kNotFound) << looked.status();
+  }
+  auto third = As(kAcme, DataPath::kSharedMemory);
+  auto refused = third->Lookup("m", MakeTokens(1, kBlockTokens));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("its share 2 (shm.max_connections 4 x security.tenant_limits.max_share"));
+  // Another tenant still connects, registers, appends and leases.
+  auto globex = As(kGlobex, DataPath::kSharedMemory);
+  const std::vector<uint32_t> block = MakeTokens(7, kBlockTokens);
+  Store(*globex, "m", block);
+  auto leased = globex->Lookup("m", block, {.acquire_lease = true});
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  EXPECT_NE(leased->lease_id, 0u);
+  // A connection given back makes room for the tenant again.
+  acme.pop_back();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    refused = third->Lookup("m", MakeTokens(1, kBlockTokens));
+    if (!absl::IsResourceExhausted(refused.status())) break;
+    absl::SleepFor(absl::Milliseconds(20));  // the daemon sees the close asynchronously
+  }
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
 }
 
 }  // namespace
