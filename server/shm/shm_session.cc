@@ -108,7 +108,10 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
     TenantStreamSlot stream;
     if (moves_kv && who_.access != nullptr) {
       absl::StatusOr<TenantStreamSlot> slot = who_.access->OpenStream(*caller);
-      if (!slot.ok()) return slot.status();
+      if (!slot.ok()) {
+        observer_->OnLimitReached(method, "tenant max_concurrent_streams");
+        return slot.status();
+      }
       stream = *std::move(slot);
     }
     if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {
