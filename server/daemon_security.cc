@@ -41,8 +41,9 @@ std::function<BlockHashKeys(const ModelKey&)> BlockHashKeysFrom(const DaemonSecr
 absl::StatusOr<DaemonSecret> LoadDaemonSecret(const v1::ServerConfig& config) {
   const std::string path = SecretFilePath(config);
   if (path.empty()) {
-    spdlog::info("daemon secret: random for this process (no checkpoints, no "
-                 "security.secret_file)");
+    spdlog::info(
+        "daemon secret: random for this process (no checkpoints, no "
+        "security.secret_file)");
     return DaemonSecret::Random();
   }
   absl::StatusOr<DaemonSecret> secret = DaemonSecret::LoadOrCreate(path);
@@ -58,12 +59,20 @@ absl::StatusOr<DaemonSecurity> DaemonSecurity::Start(const v1::ServerConfig& con
        .shared_namespaces = {security.shared_namespaces().begin(),
                              security.shared_namespaces().end()},
        .max_requests_per_second = security.tenant_limits().max_requests_per_second(),
-       .max_concurrent_streams = security.tenant_limits().max_concurrent_streams()});
+       .max_concurrent_streams = security.tenant_limits().max_concurrent_streams(),
+       .max_share = TenantShare(security),
+       .daemon_max_concurrent_unary = config.limits().max_concurrent_unary(),
+       .daemon_max_shm_connections = config.shm().max_connections()});
   if (!access.ok()) return access.status();
   out.access = *std::move(access);
   if (out.access->enabled()) {
     spdlog::info("authentication on: {} principals from {} (re-read on SIGHUP)",
                  out.access->principals(), security.principals_file());
+    spdlog::info(
+        "each tenant may hold {} of max_models, max_leases, max_lease_tokens, the metadata "
+        "budget, max_concurrent_unary and shm.max_connections "
+        "(security.tenant_limits.max_share)",
+        TenantShare(security));
     const uint64_t quota = security.tenant_limits().max_cached_bytes();
     const uint64_t capacity = config.host_tier().capacity_bytes();
     if (quota != 0 && out.access->tenants() * quota > capacity) {

@@ -503,6 +503,7 @@ int Serve(const v1::ServerConfig& config) {
                                 static_cast<double>(config.host_tier().capacity_bytes())),
       .max_protected_ranges = limits.max_protected_ranges(),
       .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
+      .namespace_share = TenantShare(config.security()),
       .max_fetch_heap_bytes = limits.max_fetch_heap_bytes(),
       .importance = ImportanceFromConfig(config.importance()),
       .block_hash_keys = BlockHashKeysFrom(*secret)};

@@ -207,6 +207,10 @@ absl::Status ValidateSecurity(const v1::SecurityConfig& s) {
     return absl::InvalidArgumentError(
         "security.require_block_checksums is unset; apply the defaults before validating");
   }
+  if (const double share = TenantShare(s); !(share > 0 && share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security.tenant_limits.max_share is ", share, "; it must be in (0, 1]"));
+  }
   return absl::OkStatus();
 }
 
@@ -623,6 +627,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   }
   if (auto s = ValidateCache(c.cache()); !s.ok()) return s;
   return ValidateImportance(c.importance());
+}
+
+double TenantShare(const v1::SecurityConfig& security) {
+  if (security.tenant_limits().has_max_share()) return security.tenant_limits().max_share();
+  return security.principals_file().empty() ? 1.0 : 0.5;
 }
 
 std::string SecretFilePath(const v1::ServerConfig& config) {

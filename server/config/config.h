@@ -61,6 +61,11 @@ bool IsLoopbackAddress(std::string_view address);
 // secret random per process (no checkpoints, no file).
 std::string SecretFilePath(const v1::ServerConfig& config);
 
+// security.tenant_limits.max_share as it applies: the value when set, else
+// 0.5 with a principals file (which a flag may set after the defaults) and 1
+// (no share) without one.
+double TenantShare(const v1::SecurityConfig& security);
+
 // Multi-line JSON with every field, for logs and --print-default-config.
 std::string ConfigToJson(const v1::ServerConfig& config);
 

@@ -83,6 +83,26 @@ TEST(ConfigTest, BlockChecksumsAreRequiredUnlessTurnedOff) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("security.require_block_checksums"));
 }
 
+TEST(ConfigTest, TenantShareDefaultsToHalfWithPrincipalsAndIsValidated) {
+  v1::ServerConfig c = DefaultConfig();
+  EXPECT_DOUBLE_EQ(TenantShare(c.security()), 1.0);
+  // A principals file set after the defaults (--principals-file) still halves it.
+  c.mutable_security()->set_principals_file("/etc/p.json");
+  EXPECT_DOUBLE_EQ(TenantShare(c.security()), 0.5);
+  auto set = ParseConfigJson(
+      R"({"security": {"principals_file": "/etc/p.json", "tenant_limits": {"max_share": 0.25}}})");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_DOUBLE_EQ(TenantShare(set->security()), 0.25);
+  EXPECT_TRUE(ValidateConfig(*set).ok());
+  for (double bad : {0.0, -0.5, 1.5}) {
+    v1::ServerConfig c = DefaultConfig();
+    c.mutable_security()->mutable_tenant_limits()->set_max_share(bad);
+    absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("security.tenant_limits.max_share")) << bad;
+  }
+}
+
 TEST(ConfigTest, PerClientStreamCapDefaultsToTheTotal) {
   auto c = ParseConfigJson(R"({"limits": {"max_concurrent_streams": 8}})");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -19,8 +19,8 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       device_(std::move(device)),
       policy_(std::move(policy)),
       lower_policy_(std::move(lower_policy)),
-      models_(options.max_models),
-      leases_(options.max_leases, options.max_lease_tokens) {
+      models_(options.max_models, options.namespace_share),
+      leases_(options.max_leases, options.max_lease_tokens, options.namespace_share) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
   if (lower_ != nullptr) {
     prefetcher_ = std::make_unique<Prefetcher>(std::max(1u, options_.tiers.prefetch_threads),
@@ -158,6 +158,7 @@ void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
   }
   ForgetCompressionLocked(state, node);
   metadata_bytes_ -= node->metadata_bytes;
+  state.metadata_bytes -= std::min(state.metadata_bytes, node->metadata_bytes);
   node->metadata_bytes = 0;
 }
 
@@ -191,6 +192,10 @@ uint64_t Cache::NodeMetadataBytes(const IndexNode& node) {
 void Cache::RecountMetadataLocked(IndexNode* node) {
   const uint64_t now = NodeMetadataBytes(*node);
   metadata_bytes_ = metadata_bytes_ - node->metadata_bytes + now;
+  if (ModelState* owner = models_.OfIndex(node->index); owner != nullptr) {
+    owner->metadata_bytes =
+        owner->metadata_bytes - std::min(owner->metadata_bytes, node->metadata_bytes) + now;
+  }
   node->metadata_bytes = now;
 }
 
@@ -233,6 +238,10 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   const uint64_t target =
       pool.capacity_bytes - std::min(pool.capacity_bytes, staging == 0 ? 0 : staging);
   uint64_t evicted = 0;
+  // Each namespace's metadata within its share first, from its own blocks.
+  if (meta_cap != 0 && options_.namespace_share < 1.0) {
+    evicted += EnforceNamespaceMetadataLocked(dropped);
+  }
   while (true) {
     // With a lower tier, room is made by demotion (Migrate, MakeRoomForSpace).
     const bool for_space = staging != 0 && lower_ == nullptr && committed() > target;
@@ -387,8 +396,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<c
 }
 
 absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<const Token> tokens,
-                                           bool accept_lossy, size_t max_blocks,
-                                           LoadFor load_for) {
+                                           bool accept_lossy, size_t max_blocks, LoadFor load_for) {
   if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
@@ -410,8 +418,8 @@ absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<cons
   return FinishPlan(std::move(plan), index, std::move(blocks), load_for);
 }
 
-FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
-                          bool accept_lossy, size_t max_blocks) {
+FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks, bool accept_lossy,
+                          size_t max_blocks) {
   const size_t readable = accept_lossy ? blocks->size() : ExactBlocks(*blocks);
   const uint32_t bt = m.layout.block_tokens;
   FetchPlan plan{.layout = m.layout,
@@ -637,6 +645,7 @@ CacheStats Cache::GetStats() const {
   stats.active_leases = leases_.size();
   stats.capacity_evictions = capacity_evictions_;
   stats.quota_evictions = quota_evictions_;
+  stats.namespace_metadata_evictions = namespace_metadata_evictions_;
   stats.rejected_appends = rejected_appends_;
   stats.scores = score_histogram_;
   stats.compaction_passes = compaction_passes_;

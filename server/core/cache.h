@@ -166,6 +166,13 @@ struct CacheOptions {
   // bytes, so concurrent appends of one namespace may pass it by what they
   // carry. 0: no limit.
   uint64_t max_namespace_bytes = 0;
+  // The fraction of each budget all namespaces share (max_models, max_leases,
+  // max_lease_tokens, max_metadata_bytes) one namespace may hold
+  // (security.tenant_limits.max_share; namespace_share.h). Past it a lease or
+  // a registration is RESOURCE_EXHAUSTED, and index metadata past it evicts
+  // the namespace's own blocks, never another's. 1: no share (the budgets
+  // alone). REQUIRES: 0 < namespace_share <= 1.
+  double namespace_share = 1.0;
   // Heap bytes one fetch (or placement) may hold for blocks read back from
   // the lower tier that the pool had no room to promote: the plan ends
   // before the block that would pass it (at least one block is always
@@ -740,6 +747,19 @@ class Cache {
   // append_staging_bytes of the pool free and metadata is within
   // max_metadata_bytes, or nothing more is evictable. Returns blocks evicted.
   uint64_t EnforceBudgetsLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps each namespace's metadata (its index nodes' and its leases') within
+  // namespace_share of max_metadata_bytes by evicting that namespace's own
+  // coldest blocks, never another's (cache_namespace_share.cc). Returns
+  // blocks evicted.
+  uint64_t EnforceNamespaceMetadataLocked(std::vector<BlockRef>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Index metadata and lease token copies of namespace `ns`.
+  uint64_t NamespaceMetadataBytesLocked(const std::string& ns) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts one block of namespace `ns` nothing else references (a lower-only
+  // leaf first, then a host leaf); false when there is none.
+  bool EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
+                                 std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops an append session's claims and its staged memory from the totals.
   void ReleaseClaimsLocked(AppendSession& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts one evictable block into `dropped` (a lower-tier block first);
@@ -823,6 +843,8 @@ class Cache {
       ABSL_GUARDED_BY(mu_);
   uint64_t conflicting_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // for max_metadata_bytes
+  // Of those, evicted to keep a namespace within its share of the budget.
+  uint64_t namespace_metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   // Host payloads a compression or pool compaction move claimed
   // (block_move.h), so the other pass does not claim them too.
   absl::flat_hash_set<const BlockPayload*> moving_ ABSL_GUARDED_BY(mu_);

@@ -335,6 +335,11 @@ void CacheStats::VisitCounters(absl::Time now, CounterVisitor& visitor) const {
   visitor.Visit({"kvcached_metadata_evictions_total",
                  "Blocks evicted to keep index metadata within its budget", CounterType::kCounter},
                 metadata_evictions);
+  visitor.Visit({"kvcached_namespace_metadata_evictions_total",
+                 "Blocks a namespace evicted of its own to keep its metadata within its share "
+                 "(security.tenant_limits.max_share of the metadata budget)",
+                 CounterType::kCounter},
+                namespace_metadata_evictions);
   visitor.Visit({"kvcached_metadata_bytes", "Index metadata and lease token copies held in memory",
                  CounterType::kGauge},
                 metadata_bytes);

@@ -176,6 +176,9 @@ struct CacheStats {
   uint64_t active_leases = 0;
   uint64_t capacity_evictions = 0;
   uint64_t quota_evictions = 0;  // a namespace's own blocks, to stay under its quota
+  // A namespace's own blocks, to keep its metadata within its share of the
+  // metadata budget (also counted in metadata_evictions).
+  uint64_t namespace_metadata_evictions = 0;
   uint64_t rejected_appends = 0;
   ScoreHistogram scores;
   uint64_t compaction_passes = 0;

@@ -395,6 +395,56 @@ TEST_F(NamespaceQuotaTest, AnAppendPastAQuotaOfLeasedBlocksIsRefusedAndChangesNo
   EXPECT_EQ(StatsOf(a_).blocks, 4u);
 }
 
+TEST_F(CacheTest, ANamespacePastItsMetadataShareEvictsOnlyItsOwnBlocks) {
+  const TestModel a{{"tenant-a", "big"}, Big().layout, 33};
+  const TestModel b{{"tenant-b", "big"}, Big().layout, 44};
+  // What one block's metadata costs, measured on a cache without budgets.
+  MakeCache(16);
+  Register(a);
+  ASSERT_TRUE(Append(*cache_, a, Seq({1})).ok());
+  const uint64_t per_block = cache_->GetStats().metadata_bytes;
+  // A budget of 8.5 blocks' metadata, each namespace's share half of it.
+  MakeCache(16, {.max_metadata_bytes = 8 * per_block + per_block / 2, .namespace_share = 0.5});
+  for (const TestModel& m : {a, b}) Register(m);
+  const std::vector<Token> theirs = Seq({1, 2, 3});
+  ASSERT_TRUE(Append(*cache_, b, theirs).ok());  // b's blocks are the coldest from here on
+  for (uint32_t id = 10; id < 20; ++id) ASSERT_TRUE(Append(*cache_, a, Seq({id})).ok());
+  // a kept 4 blocks (4.25 blocks' metadata) by evicting its own oldest six.
+  EXPECT_EQ(StatsOf(a).blocks, 4u);
+  EXPECT_EQ(Matched(a, Seq({15})), 0u);
+  EXPECT_EQ(Matched(a, Seq({19})), kBt);
+  const CacheStats stats = cache_->GetStats();
+  EXPECT_EQ(stats.namespace_metadata_evictions, 6u);
+  EXPECT_EQ(stats.metadata_evictions, 6u);
+  EXPECT_EQ(Fetched(b, theirs), 3 * kBt);  // untouched, though they were the coldest
+}
+
+TEST_F(CacheTest, RegistrationsAndLeasesPastANamespacesShareAreRefused) {
+  MakeCache(16, {.max_models = 4, .max_leases = 4, .namespace_share = 0.5});
+  const TestModel a1{{"tenant-a", "1"}, Big().layout, 33};
+  const TestModel a2{{"tenant-a", "2"}, Big().layout, 34};
+  const TestModel b1{{"tenant-b", "1"}, Big().layout, 44};
+  Register(a1);
+  Register(a2);
+  auto third = cache_->RegisterModel({"tenant-a", "3"}, Big().layout);
+  EXPECT_EQ(third.status().code(), kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("limits.max_models 4"));
+  Register(b1);
+  const std::vector<Token> seq = Seq({1});
+  for (const TestModel& m : {a1, b1}) ASSERT_TRUE(Append(*cache_, m, seq).ok());
+  for (int i = 0; i < 2; ++i) {
+    auto leased = cache_->Lookup(a1.key, seq, {.acquire = true});
+    ASSERT_TRUE(leased.ok()) << leased.status();
+  }
+  auto refused = cache_->Lookup(a1.key, seq, {.acquire = true});
+  EXPECT_EQ(refused.status().code(), kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("limits.max_leases 4"));
+  for (int i = 0; i < 2; ++i) {
+    auto leased = cache_->Lookup(b1.key, seq, {.acquire = true});
+    ASSERT_TRUE(leased.ok()) << leased.status();
+  }
+}
+
 TEST_F(CapacityTest, AppendFailsWhenEverythingIsLeased) {
   std::vector<uint64_t> leases;
   for (const auto& s : seqs_) leases.push_back(Lease(s));

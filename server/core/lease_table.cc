@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/namespace_share.h"
 
 namespace kvcache {
 
@@ -16,6 +17,20 @@ absl::StatusOr<uint64_t> LeaseTable::Add(Lease lease) {
         absl::StrCat("live leases hold ", tokens_, " tokens; this one (", lease.tokens.size(),
                      ") would pass max_lease_tokens (", max_tokens_, ")"));
   }
+  if (namespace_share_ < 1.0) {
+    const auto it = by_namespace_.find(lease.model.ns);
+    const NamespaceUse use = it == by_namespace_.end() ? NamespaceUse{} : it->second;
+    if (use.leases >= NamespaceShareOf(max_leases_, namespace_share_)) {
+      return absl::ResourceExhaustedError(NamespaceShareMessage(lease.model.ns, "leases",
+                                                                use.leases, 1, "limits.max_leases",
+                                                                max_leases_, namespace_share_));
+    }
+    if (use.tokens + lease.tokens.size() > NamespaceShareOf(max_tokens_, namespace_share_)) {
+      return absl::ResourceExhaustedError(
+          NamespaceShareMessage(lease.model.ns, "lease tokens", use.tokens, lease.tokens.size(),
+                                "limits.max_lease_tokens", max_tokens_, namespace_share_));
+    }
+  }
   uint64_t id;
   do {
     id = absl::Uniform<uint64_t>(ids_);
@@ -23,6 +38,10 @@ absl::StatusOr<uint64_t> LeaseTable::Add(Lease lease) {
   lease.metadata_bytes = MetadataBytes(lease.tokens.size(), lease.blocks.size());
   tokens_ += lease.tokens.size();
   metadata_bytes_ += lease.metadata_bytes;
+  NamespaceUse& use = by_namespace_[lease.model.ns];
+  ++use.leases;
+  use.tokens += lease.tokens.size();
+  use.metadata_bytes += lease.metadata_bytes;
   by_expiry_.emplace(lease.expires, id);
   leases_.emplace(id, std::move(lease));
   return id;
@@ -57,18 +76,41 @@ void LeaseTable::Erase(Map::iterator it, Lease* out) {
       break;
     }
   }
-  tokens_ -= it->second.tokens.size();
-  metadata_bytes_ -= it->second.metadata_bytes;
+  Uncount(it->second);
   *out = std::move(it->second);
   leases_.erase(it);
+}
+
+void LeaseTable::Uncount(const Lease& lease) {
+  tokens_ -= lease.tokens.size();
+  metadata_bytes_ -= lease.metadata_bytes;
+  auto it = by_namespace_.find(lease.model.ns);
+  if (it == by_namespace_.end()) return;
+  it->second.tokens -= lease.tokens.size();
+  it->second.metadata_bytes -= lease.metadata_bytes;
+  if (--it->second.leases == 0) by_namespace_.erase(it);
+}
+
+size_t LeaseTable::leases_of(const std::string& ns) const {
+  auto it = by_namespace_.find(ns);
+  return it == by_namespace_.end() ? 0 : it->second.leases;
+}
+
+uint64_t LeaseTable::tokens_of(const std::string& ns) const {
+  auto it = by_namespace_.find(ns);
+  return it == by_namespace_.end() ? 0 : it->second.tokens;
+}
+
+uint64_t LeaseTable::metadata_bytes_of(const std::string& ns) const {
+  auto it = by_namespace_.find(ns);
+  return it == by_namespace_.end() ? 0 : it->second.metadata_bytes;
 }
 
 void LeaseTable::Expire(absl::Time now) {
   while (!by_expiry_.empty() && by_expiry_.begin()->first <= now) {
     auto it = leases_.find(by_expiry_.begin()->second);
     if (it != leases_.end()) {
-      tokens_ -= it->second.tokens.size();
-      metadata_bytes_ -= it->second.metadata_bytes;
+      Uncount(it->second);
       leases_.erase(it);
     }
     by_expiry_.erase(by_expiry_.begin());
@@ -86,6 +128,7 @@ void LeaseTable::ForEachWithId(absl::FunctionRef<void(uint64_t, const Lease&)> v
 void LeaseTable::Clear() {
   leases_.clear();
   by_expiry_.clear();
+  by_namespace_.clear();
   tokens_ = 0;
   metadata_bytes_ = 0;
 }

@@ -3,8 +3,10 @@
 // A lease keeps the blocks of a matched prefix (TieredBlock references, which
 // pin every copy they hold) and the matched tokens (for attention reports)
 // until it is released or expires. The table enforces the two limits on live
-// leases (how many, and how many tokens they copy) and counts the memory they
-// hold for the cache's metadata budget. Ids are random, never 0, and never
+// leases (how many, and how many tokens they copy), daemon-wide and per
+// namespace (each namespace may hold at most `namespace_share` of either:
+// namespace_share.h), and counts the memory they hold for the cache's
+// metadata budget. Ids are random, never 0, and never
 // reused while the lease lives.
 //
 // Not thread-safe: the owning Cache serialises access under its lock.
@@ -14,6 +16,7 @@
 #define KVCACHE_SERVER_CORE_LEASE_TABLE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -41,12 +44,13 @@ struct Lease {
 
 class LeaseTable {
  public:
-  LeaseTable(uint32_t max_leases, uint64_t max_tokens)
-      : max_leases_(max_leases), max_tokens_(max_tokens) {}
+  // REQUIRES: 0 < namespace_share <= 1.
+  LeaseTable(uint32_t max_leases, uint64_t max_tokens, double namespace_share = 1.0)
+      : max_leases_(max_leases), max_tokens_(max_tokens), namespace_share_(namespace_share) {}
 
   // Adds `lease` (its tokens, blocks and expiry set) and returns its id.
   // RESOURCE_EXHAUSTED, and nothing added, when it would pass max_leases or
-  // max_tokens.
+  // max_tokens, or its namespace's share of either.
   absl::StatusOr<uint64_t> Add(Lease lease);
   // The live lease `id`, or null.
   Lease* Find(uint64_t id);
@@ -65,6 +69,10 @@ class LeaseTable {
   size_t size() const { return leases_.size(); }
   uint64_t tokens() const { return tokens_; }  // tokens the live leases copied
   uint64_t metadata_bytes() const { return metadata_bytes_; }
+  // Live leases of namespace `ns`, and the tokens they copied.
+  size_t leases_of(const std::string& ns) const;
+  uint64_t tokens_of(const std::string& ns) const;
+  uint64_t metadata_bytes_of(const std::string& ns) const;
 
   // What a lease holds besides its block references, for the metadata budget.
   static uint64_t MetadataBytes(uint64_t tokens, uint64_t blocks) {
@@ -73,12 +81,21 @@ class LeaseTable {
 
  private:
   using Map = absl::flat_hash_map<uint64_t, Lease>;
+  struct NamespaceUse {
+    size_t leases = 0;
+    uint64_t tokens = 0;
+    uint64_t metadata_bytes = 0;
+  };
   // Takes the lease at `it` out of both maps and the totals, into `out`.
   void Erase(Map::iterator it, Lease* out);
+  // Takes `lease` out of the totals (daemon-wide and its namespace's).
+  void Uncount(const Lease& lease);
 
   const uint32_t max_leases_;
   const uint64_t max_tokens_;
+  const double namespace_share_;
   Map leases_;
+  absl::flat_hash_map<std::string, NamespaceUse> by_namespace_;
   absl::btree_multimap<absl::Time, uint64_t> by_expiry_;
   absl::BitGen ids_;
   uint64_t tokens_ = 0;

@@ -89,5 +89,45 @@ TEST(LeaseTableTest, RemoveHandsTheLeaseBackAndTheTotalsReturnToZero) {
   EXPECT_EQ(t.size(), 0u);
 }
 
+TEST(LeaseTableTest, ANamespacePastItsShareIsRefusedAndLeavesOthersRoom) {
+  const ModelKey a{"tenant-a", "m"};
+  const ModelKey b{"tenant-b", "m"};
+  LeaseTable t(4, 100, 0.5);  // each namespace: 2 leases, 50 tokens
+  ASSERT_TRUE(t.Add(Make(a, 10, kT0)).ok());
+  auto tokens = t.Add(Make(a, 41, kT0));
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(
+      std::string(tokens.status().message()),
+      HasSubstr("namespace \"tenant-a\" holds 10 lease tokens; 41 more would pass its "
+                "share 50 (limits.max_lease_tokens 100 x security.tenant_limits.max_share"));
+  ASSERT_TRUE(t.Add(Make(a, 40, kT0)).ok());
+  auto count = t.Add(Make(a, 0, kT0));
+  EXPECT_EQ(count.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(count.status().message()),
+              HasSubstr("share 2 (limits.max_leases 4 x security.tenant_limits.max_share 0.5)"));
+  EXPECT_EQ(t.leases_of("tenant-a"), 2u);
+  EXPECT_EQ(t.tokens_of("tenant-a"), 50u);
+  // Refusals changed nothing; the other namespace still gets its share.
+  EXPECT_EQ(t.size(), 2u);
+  auto b1 = t.Add(Make(b, 50, kT0 + absl::Seconds(1)));
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  ASSERT_TRUE(t.Add(Make(b, 0, kT0)).ok());
+  EXPECT_EQ(t.leases_of("tenant-b"), 2u);
+  // Expiry and removal give the share back.
+  t.Expire(kT0);
+  EXPECT_EQ(t.leases_of("tenant-a"), 0u);
+  EXPECT_EQ(t.tokens_of("tenant-a"), 0u);
+  Lease out;
+  EXPECT_TRUE(t.Remove(*b1, &out));
+  EXPECT_EQ(t.tokens_of("tenant-b"), 0u);
+  EXPECT_TRUE(t.Add(Make(a, 50, kT0)).ok());
+}
+
+TEST(LeaseTableTest, AShareOfOneLeavesEveryBudgetToOneNamespace) {
+  LeaseTable t(3, 100);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t.Add(Make(kA, 33, kT0)).ok());
+  EXPECT_EQ(t.leases_of("default"), 3u);
+}
+
 }  // namespace
 }  // namespace kvcache

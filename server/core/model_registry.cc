@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/namespace_share.h"
 
 namespace kvcache {
 
@@ -11,7 +12,13 @@ absl::StatusOr<ModelState*> ModelRegistry::Add(std::unique_ptr<ModelState> state
     return absl::ResourceExhaustedError(
         absl::StrCat("max_models (", max_models_, ") models are registered already"));
   }
+  if (const size_t held = size_of(state->key.ns);
+      held >= NamespaceShareOf(max_models_, namespace_share_)) {
+    return absl::ResourceExhaustedError(NamespaceShareMessage(
+        state->key.ns, "models", held, 1, "limits.max_models", max_models_, namespace_share_));
+  }
   ModelState* added = state.get();
+  ++per_namespace_[added->key.ns];
   added->incarnation = next_incarnation_++;
   by_index_.emplace(&added->index, added);
   models_.emplace(added->key, std::move(state));
@@ -24,6 +31,9 @@ std::unique_ptr<ModelState> ModelRegistry::Remove(const ModelKey& model) {
   std::unique_ptr<ModelState> removed = std::move(it->second);
   models_.erase(it);
   by_index_.erase(&removed->index);
+  if (auto n = per_namespace_.find(model.ns); n != per_namespace_.end() && --n->second == 0) {
+    per_namespace_.erase(n);
+  }
   return removed;
 }
 

@@ -2,7 +2,8 @@
 // per-model state (layout, importance policy, calibration sample, counters).
 //
 // It finds a model by key and by its index (a node's `index` leads back to
-// its model), keeps the two lookups in step, and enforces max_models. A
+// its model), keeps the two lookups in step, and enforces max_models, both
+// daemon-wide and as each namespace's share of it (namespace_share.h). A
 // model's state lives until it is removed; the index pointer of a removed
 // model is never found again, so a reader that remembered it (an append in
 // flight, a lease, a tier move outside the lock) can tell it is gone.
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
@@ -41,6 +43,7 @@ struct ModelState {
   uint64_t incarnation = 0;
   PrefixIndex index;
   uint64_t bytes = 0;
+  uint64_t metadata_bytes = 0;  // its index nodes' metadata (Cache::NodeMetadataBytes)
   uint64_t hit_tokens = 0;
   uint64_t miss_tokens = 0;
   uint64_t appended_blocks = 0;
@@ -78,7 +81,9 @@ class ModelRegistry {
  public:
   using Map = absl::btree_map<ModelKey, std::unique_ptr<ModelState>>;
 
-  explicit ModelRegistry(uint32_t max_models) : max_models_(max_models) {}
+  // REQUIRES: 0 < namespace_share <= 1.
+  explicit ModelRegistry(uint32_t max_models, double namespace_share = 1.0)
+      : max_models_(max_models), namespace_share_(namespace_share) {}
 
   // The model, or null when it is not registered.
   ModelState* Find(const ModelKey& model) const {
@@ -90,7 +95,8 @@ class ModelRegistry {
     auto it = by_index_.find(index);
     return it == by_index_.end() ? nullptr : it->second;
   }
-  // Adds a model not registered yet. RESOURCE_EXHAUSTED past max_models.
+  // Adds a model not registered yet. RESOURCE_EXHAUSTED, and nothing added,
+  // past max_models or past its namespace's share of it.
   absl::StatusOr<ModelState*> Add(std::unique_ptr<ModelState> state);
   // Removes a registered model and hands its state back (null when unknown).
   std::unique_ptr<ModelState> Remove(const ModelKey& model);
@@ -99,10 +105,17 @@ class ModelRegistry {
   Map::const_iterator begin() const { return models_.begin(); }
   Map::const_iterator end() const { return models_.end(); }
   size_t size() const { return models_.size(); }
+  // Models registered in namespace `ns`.
+  size_t size_of(const std::string& ns) const {
+    auto it = per_namespace_.find(ns);
+    return it == per_namespace_.end() ? 0 : it->second;
+  }
 
  private:
   const uint32_t max_models_;
+  const double namespace_share_;
   uint64_t next_incarnation_ = 1;
+  absl::flat_hash_map<std::string, size_t> per_namespace_;
   Map models_;
   absl::flat_hash_map<const PrefixIndex*, ModelState*> by_index_;
 };

@@ -31,15 +31,29 @@ CacheService::CacheService(const CacheServiceOptions& options, Cache* cache, Rpc
       unary_(options.max_concurrent_unary),
       watchdog_(options.stream_idle_timeout, options.clock) {}
 
-absl::Status CacheService::RunLimited(std::string_view method,
-                                      absl::FunctionRef<absl::Status()> body) {
+absl::Status CacheService::RunLimited(grpc::CallbackServerContext& ctx, std::string_view method,
+                                      absl::FunctionRef<absl::Status(const Caller&)> body) {
   if (absl::Status admitted = unary_.Acquire(); !admitted.ok()) {
     observer_->OnLimitReached(method, "max_concurrent_unary");
     return admitted;
   }
-  absl::Status status = body();
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<Caller> caller = AdmitCall(options_.access, ctx, method);
+    if (!caller.ok()) return caller.status();
+    absl::StatusOr<TenantStreamSlot> slot = OpenTenantUnary(*caller, method);
+    if (!slot.ok()) return slot.status();
+    return body(*caller);
+  }();
   unary_.Release();
   return status;
+}
+
+absl::StatusOr<TenantStreamSlot> CacheService::OpenTenantUnary(const Caller& caller,
+                                                               std::string_view method) {
+  if (options_.access == nullptr) return TenantStreamSlot();
+  absl::StatusOr<TenantStreamSlot> slot = options_.access->OpenUnaryCall(caller);
+  if (!slot.ok()) observer_->OnLimitReached(method, "tenant share of max_concurrent_unary");
+  return slot;
 }
 
 // What an Append or Fetch reactor shares: its stream slot and its watch for
@@ -177,16 +191,13 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
   const ModelRef model{request->namespace_(), request->model_id()};
   if (request->prefetch() == v1::PREFETCH_WAIT && cache_->HasLowerTier()) {
     const v1::LookupRequest* const lookups[] = {request};
-    return AnswerAfterPrefetches(ctx, "Lookup", start, model, lookups,
-                                 [this, request, response](const Caller& caller) {
-                                   return RunLookup(*cache_, caller, *request, response,
-                                                    PrefetchWait::kStarted);
-                                 });
+    return AnswerAfterPrefetches(
+        ctx, "Lookup", start, model, lookups, [this, request, response](const Caller& caller) {
+          return RunLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
+        });
   }
-  absl::Status status = RunLimited("Lookup", [&]() -> absl::Status {
-    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "Lookup");
-    if (!caller.ok()) return caller.status();
-    return RunLookup(*cache_, *caller, *request, response, PrefetchWait::kStarted);
+  absl::Status status = RunLimited(*ctx, "Lookup", [&](const Caller& caller) -> absl::Status {
+    return RunLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
   });
   return FinishUnary(ctx, "Lookup", start, status, model);
 }
@@ -195,23 +206,20 @@ grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext*
                                                     const v1::BatchLookupRequest* request,
                                                     v1::BatchLookupResponse* response) {
   const absl::Time start = absl::Now();
-  const bool waits = std::any_of(
-      request->lookups().begin(), request->lookups().end(),
-      [](const v1::LookupRequest& l) { return l.prefetch() == v1::PREFETCH_WAIT; });
+  const bool waits =
+      std::any_of(request->lookups().begin(), request->lookups().end(),
+                  [](const v1::LookupRequest& l) { return l.prefetch() == v1::PREFETCH_WAIT; });
   if (waits && cache_->HasLowerTier() && request->lookups_size() <= kMaxBatchLookups) {
     std::vector<const v1::LookupRequest*> lookups;
     lookups.reserve(request->lookups_size());
     for (const v1::LookupRequest& l : request->lookups()) lookups.push_back(&l);
-    return AnswerAfterPrefetches(ctx, "BatchLookup", start, {}, lookups,
-                                 [this, request, response](const Caller& caller) {
-                                   return RunBatchLookup(*cache_, caller, *request, response,
-                                                         PrefetchWait::kStarted);
-                                 });
+    return AnswerAfterPrefetches(
+        ctx, "BatchLookup", start, {}, lookups, [this, request, response](const Caller& caller) {
+          return RunBatchLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
+        });
   }
-  absl::Status status = RunLimited("BatchLookup", [&]() -> absl::Status {
-    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "BatchLookup");
-    if (!caller.ok()) return caller.status();
-    return RunBatchLookup(*cache_, *caller, *request, response, PrefetchWait::kStarted);
+  absl::Status status = RunLimited(*ctx, "BatchLookup", [&](const Caller& caller) -> absl::Status {
+    return RunBatchLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
   });
   return FinishUnary(ctx, "BatchLookup", start, status);
 }
@@ -232,14 +240,22 @@ grpc::ServerUnaryReactor* CacheService::AnswerAfterPrefetches(
     unary_.Release();
     return FinishUnary(ctx, method, start, caller.status(), model);
   }
+  // The tenant's slot is held, as the call's, until it is answered.
+  absl::StatusOr<TenantStreamSlot> tenant_slot = OpenTenantUnary(*caller, method);
+  if (!tenant_slot.ok()) {
+    unary_.Release();
+    return FinishUnary(ctx, method, start, tenant_slot.status(), model);
+  }
+  auto held = std::make_shared<TenantStreamSlot>(*std::move(tenant_slot));
   StartedPrefetches started = StartWaitedPrefetches(*cache_, *caller, lookups);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   // The model's strings live in the request, which outlives the reactor's Finish.
   AwaitPrefetches(prefetch_timer_, std::move(started.tickets), started.timeout,
                   [this, ctx, reactor, method, start, model, caller = *std::move(caller),
-                   answer = std::move(answer)](bool in_time) {
+                   held = std::move(held), answer = std::move(answer)](bool in_time) {
                     if (!in_time) cache_->CountLatePrefetch();
                     const absl::Status status = answer(caller);
+                    *held = TenantStreamSlot();
                     unary_.Release();
                     FinishUnaryCall(ctx, reactor, observer_, method, start, status, model);
                   });
@@ -263,11 +279,10 @@ grpc::ServerUnaryReactor* CacheService::PlaceOnDevice(grpc::CallbackServerContex
                                                       const v1::PlaceOnDeviceRequest* request,
                                                       v1::PlaceOnDeviceResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited("PlaceOnDevice", [&]() -> absl::Status {
-    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "PlaceOnDevice");
-    if (!caller.ok()) return caller.status();
-    return RunPlaceOnDevice(*cache_, *caller, *request, response);
-  });
+  absl::Status status =
+      RunLimited(*ctx, "PlaceOnDevice", [&](const Caller& caller) -> absl::Status {
+        return RunPlaceOnDevice(*cache_, caller, *request, response);
+      });
   return FinishUnary(ctx, "PlaceOnDevice", start, status,
                      {request->namespace_(), request->model_id()});
 }
@@ -294,10 +309,8 @@ grpc::ServerUnaryReactor* CacheService::Evict(grpc::CallbackServerContext* ctx,
                                               const v1::EvictRequest* request,
                                               v1::EvictResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited("Evict", [&]() -> absl::Status {
-    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "Evict");
-    if (!caller.ok()) return caller.status();
-    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
+  absl::Status status = RunLimited(*ctx, "Evict", [&](const Caller& caller) -> absl::Status {
+    auto key = ScopedModelKey(caller, request->namespace_(), request->model_id());
     if (!key.ok()) return key.status();
     absl::StatusOr<EvictResult> result;
     switch (request->target_case()) {
@@ -449,23 +462,22 @@ grpc::ServerUnaryReactor* CacheService::ReportAttention(grpc::CallbackServerCont
                                                         const v1::ReportAttentionRequest* request,
                                                         v1::ReportAttentionResponse* response) {
   const absl::Time start = absl::Now();
-  absl::Status status = RunLimited("ReportAttention", [&]() -> absl::Status {
-    absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "ReportAttention");
-    if (!caller.ok()) return caller.status();
-    auto key = ScopedModelKey(*caller, request->namespace_(), request->model_id());
-    if (!key.ok()) return key.status();
-    if (request->lease_id() != 0 && !request->tokens().empty()) {
-      return absl::InvalidArgumentError("set either tokens or lease_id, not both");
-    }
-    absl::StatusOr<ReportResult> result = cache_->ReportAttention(
-        *key, TokensOf(request->tokens()), request->lease_id(),
-        std::span<const float>(request->attention().data(), request->attention().size()),
-        request->num_layers());
-    if (!result.ok()) return result.status();
-    response->set_matched_tokens(result->matched_tokens);
-    response->set_updated_tokens(result->updated_tokens);
-    return absl::OkStatus();
-  });
+  absl::Status status =
+      RunLimited(*ctx, "ReportAttention", [&](const Caller& caller) -> absl::Status {
+        auto key = ScopedModelKey(caller, request->namespace_(), request->model_id());
+        if (!key.ok()) return key.status();
+        if (request->lease_id() != 0 && !request->tokens().empty()) {
+          return absl::InvalidArgumentError("set either tokens or lease_id, not both");
+        }
+        absl::StatusOr<ReportResult> result = cache_->ReportAttention(
+            *key, TokensOf(request->tokens()), request->lease_id(),
+            std::span<const float>(request->attention().data(), request->attention().size()),
+            request->num_layers());
+        if (!result.ok()) return result.status();
+        response->set_matched_tokens(result->matched_tokens);
+        response->set_updated_tokens(result->updated_tokens);
+        return absl::OkStatus();
+      });
   return FinishUnary(ctx, "ReportAttention", start, status,
                      {request->namespace_(), request->model_id()});
 }

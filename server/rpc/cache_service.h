@@ -20,7 +20,6 @@
 #define KVCACHE_SERVER_RPC_CACHE_SERVICE_H_
 
 #include <cstdint>
-
 #include <functional>
 #include <span>
 
@@ -31,9 +30,9 @@
 #include "server/core/clock.h"
 #include "server/rpc/call_limits.h"
 #include "server/rpc/call_log.h"
+#include "server/rpc/deadline_timer.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
-#include "server/rpc/deadline_timer.h"
 #include "server/rpc/stream_watchdog.h"
 #include "server/security/access_control.h"
 
@@ -100,8 +99,13 @@ class CacheService final : public CacheServiceBase {
   friend class FetchReactor;
   friend class StreamLifecycle;
 
-  // Runs `body` in a max_concurrent_unary slot, or refuses it.
-  absl::Status RunLimited(std::string_view method, absl::FunctionRef<absl::Status()> body);
+  // Admits the call and runs `body` as its caller, in a max_concurrent_unary
+  // slot and one of the caller's tenant's share of them; or refuses it.
+  absl::Status RunLimited(grpc::CallbackServerContext& ctx, std::string_view method,
+                          absl::FunctionRef<absl::Status(const Caller&)> body);
+  // A slot in `caller`'s tenant's share of max_concurrent_unary (empty when
+  // there is no share or no access control).
+  absl::StatusOr<TenantStreamSlot> OpenTenantUnary(const Caller& caller, std::string_view method);
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, std::string_view method,
                                         absl::Time start, const absl::Status& status,
                                         const ModelRef& model = {});

@@ -10,19 +10,22 @@
 namespace kvcache {
 
 TenantStreamSlot::TenantStreamSlot(TenantStreamSlot&& other) noexcept
-    : owner_(std::exchange(other.owner_, nullptr)), tenant_(std::move(other.tenant_)) {}
+    : owner_(std::exchange(other.owner_, nullptr)),
+      budget_(other.budget_),
+      tenant_(std::move(other.tenant_)) {}
 
 TenantStreamSlot& TenantStreamSlot::operator=(TenantStreamSlot&& other) noexcept {
   if (this != &other) {
-    if (owner_ != nullptr) owner_->CloseStream(tenant_);
+    if (owner_ != nullptr) owner_->Close(budget_, tenant_);
     owner_ = std::exchange(other.owner_, nullptr);
+    budget_ = other.budget_;
     tenant_ = std::move(other.tenant_);
   }
   return *this;
 }
 
 TenantStreamSlot::~TenantStreamSlot() {
-  if (owner_ != nullptr) owner_->CloseStream(tenant_);
+  if (owner_ != nullptr) owner_->Close(budget_, tenant_);
 }
 
 AccessControl::AccessControl(AccessControlOptions options)
@@ -170,25 +173,67 @@ absl::Status AccessControl::ChargeRequest(const std::string& tenant) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Names a budget in a refusal: what is counted, and the settings that bound it.
+std::string BudgetLimit(TenantBudget budget, uint32_t limit, const AccessControlOptions& options) {
+  switch (budget) {
+    case TenantBudget::kStreams:
+      return absl::StrCat("streams open, its limit ", limit,
+                          " (security.tenant_limits.max_concurrent_streams)");
+    case TenantBudget::kUnaryCalls:
+      return absl::StrCat("unary calls in flight, its share ", limit,
+                          " (limits.max_concurrent_unary ", options.daemon_max_concurrent_unary,
+                          " x security.tenant_limits.max_share ", options.max_share, ")");
+    case TenantBudget::kShmConnections:
+      return absl::StrCat("shared-memory connections, its share ", limit, " (shm.max_connections ",
+                          options.daemon_max_shm_connections,
+                          " x security.tenant_limits.max_share ", options.max_share, ")");
+  }
+  return "";
+}
+
+// A tenant's share of `budget` (0: no share, the budget alone applies).
+uint32_t ShareOf(uint32_t budget, double share) {
+  if (budget == 0 || share >= 1.0) return 0;
+  return std::clamp<uint32_t>(static_cast<uint32_t>(budget * share), 1, budget);
+}
+
+}  // namespace
+
 absl::StatusOr<TenantStreamSlot> AccessControl::OpenStream(const Caller& caller) {
-  const uint32_t limit = options_.max_concurrent_streams;
+  return Open(caller, TenantBudget::kStreams, options_.max_concurrent_streams);
+}
+
+absl::StatusOr<TenantStreamSlot> AccessControl::OpenUnaryCall(const Caller& caller) {
+  return Open(caller, TenantBudget::kUnaryCalls,
+              ShareOf(options_.daemon_max_concurrent_unary, options_.max_share));
+}
+
+absl::StatusOr<TenantStreamSlot> AccessControl::OpenShmConnection(const Caller& caller) {
+  return Open(caller, TenantBudget::kShmConnections,
+              ShareOf(options_.daemon_max_shm_connections, options_.max_share));
+}
+
+absl::StatusOr<TenantStreamSlot> AccessControl::Open(const Caller& caller, TenantBudget budget,
+                                                     uint32_t limit) {
   if (limit == 0 || caller.principal().role == Role::kAdmin) return TenantStreamSlot();
   const std::string& tenant = caller.principal().tenant;
   MutexLock lock(&limits_mu_);
-  uint32_t& open = streams_[tenant];
+  uint32_t& open = open_[static_cast<size_t>(budget)][tenant];
   if (open >= limit) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant \"", tenant, "\" has ", open, " streams open, its limit ",
-                     "(security.tenant_limits.max_concurrent_streams)"));
+    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", tenant, "\" has ", open, " ",
+                                                     BudgetLimit(budget, limit, options_)));
   }
   ++open;
-  return TenantStreamSlot(this, tenant);
+  return TenantStreamSlot(this, budget, tenant);
 }
 
-void AccessControl::CloseStream(const std::string& tenant) {
+void AccessControl::Close(TenantBudget budget, const std::string& tenant) {
   MutexLock lock(&limits_mu_);
-  auto it = streams_.find(tenant);
-  if (it != streams_.end() && --it->second == 0) streams_.erase(it);
+  auto& open = open_[static_cast<size_t>(budget)];
+  auto it = open.find(tenant);
+  if (it != open.end() && --it->second == 0) open.erase(it);
 }
 
 }  // namespace kvcache

@@ -10,7 +10,9 @@
 // Statuses: UNAUTHENTICATED when no credential maps to a principal (none
 // given, an unknown token, an unmapped certificate or uid); PERMISSION_DENIED
 // when the principal's role may not make the call; RESOURCE_EXHAUSTED past a
-// tenant's requests per second or concurrent streams. Admins are not limited.
+// tenant's requests per second, concurrent streams, or its share
+// (max_share) of the daemon's concurrent unary calls or shared-memory
+// connections. Admins are not limited.
 //
 // Thread-safe. Reload() swaps the principals in whole; calls admitted before
 // keep the principal they were admitted as.
@@ -19,6 +21,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -41,6 +44,12 @@ struct AccessControlOptions {
   std::vector<std::string> shared_namespaces;
   uint32_t max_requests_per_second = 0;  // per tenant, data calls; 0: no limit
   uint32_t max_concurrent_streams = 0;   // per tenant, Append/Fetch; 0: no limit
+  // A tenant may hold at most this fraction (security.tenant_limits.max_share)
+  // of the daemon's limits.max_concurrent_unary unary calls and
+  // shm.max_connections connections (at least one of each); 1: no share.
+  double max_share = 1.0;
+  uint32_t daemon_max_concurrent_unary = 0;  // 0: no per-tenant share
+  uint32_t daemon_max_shm_connections = 0;   // 0: no per-tenant share
   Clock* clock = SystemClock::Get();
 };
 
@@ -70,7 +79,11 @@ struct SessionPrincipal {
   std::optional<Principal> principal;
 };
 
-// A tenant's slot for one open stream; gives it back when destroyed.
+// What a TenantStreamSlot holds a place in.
+enum class TenantBudget : uint8_t { kStreams = 0, kUnaryCalls = 1, kShmConnections = 2 };
+
+// A tenant's slot for one open stream (or unary call, or shared-memory
+// connection: its TenantBudget); gives it back when destroyed.
 class TenantStreamSlot {
  public:
   TenantStreamSlot() = default;
@@ -80,9 +93,10 @@ class TenantStreamSlot {
 
  private:
   friend class AccessControl;
-  TenantStreamSlot(AccessControl* owner, std::string tenant)
-      : owner_(owner), tenant_(std::move(tenant)) {}
+  TenantStreamSlot(AccessControl* owner, TenantBudget budget, std::string tenant)
+      : owner_(owner), budget_(budget), tenant_(std::move(tenant)) {}
   AccessControl* owner_ = nullptr;
+  TenantBudget budget_ = TenantBudget::kStreams;
   std::string tenant_;
 };
 
@@ -107,8 +121,15 @@ class AccessControl {
   absl::StatusOr<Caller> AdmitSession(const Credentials& credentials, std::string_view method,
                                       SessionPrincipal* session);
 
-  // A slot for one Append or Fetch stream of `caller`'s tenant.
+  // A slot for one Append or Fetch stream (or shared-memory fetch_into or
+  // append_from) of `caller`'s tenant.
   absl::StatusOr<TenantStreamSlot> OpenStream(const Caller& caller);
+  // A slot for one unary call of `caller`'s tenant, within its share of
+  // limits.max_concurrent_unary.
+  absl::StatusOr<TenantStreamSlot> OpenUnaryCall(const Caller& caller);
+  // A slot for one shared-memory connection of `caller`'s tenant, within its
+  // share of shm.max_connections.
+  absl::StatusOr<TenantStreamSlot> OpenShmConnection(const Caller& caller);
 
   // Re-reads the principals file; on error the principals in force stay.
   absl::Status Reload();
@@ -125,7 +146,9 @@ class AccessControl {
   // Whether `principal` may call `method`, and its tenant's rate.
   absl::StatusOr<Caller> Authorize(Principal principal, std::string_view method);
   absl::Status ChargeRequest(const std::string& tenant);
-  void CloseStream(const std::string& tenant);
+  // A slot of `budget` for `caller`'s tenant, at most `limit` (0: none) at once.
+  absl::StatusOr<TenantStreamSlot> Open(const Caller& caller, TenantBudget budget, uint32_t limit);
+  void Close(TenantBudget budget, const std::string& tenant);
 
   const AccessControlOptions options_;
   const std::shared_ptr<const std::vector<std::string>> shared_;
@@ -134,7 +157,8 @@ class AccessControl {
   std::atomic<uint64_t> generation_{1};  // bumped by each successful reload
   Mutex limits_mu_;
   absl::flat_hash_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(limits_mu_);
-  absl::flat_hash_map<std::string, uint32_t> streams_ ABSL_GUARDED_BY(limits_mu_);
+  // Slots open per budget (TenantBudget's value) and tenant.
+  std::array<absl::flat_hash_map<std::string, uint32_t>, 3> open_ ABSL_GUARDED_BY(limits_mu_);
 };
 
 }  // namespace kvcache

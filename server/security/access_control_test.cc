@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kvcache/v1/admin.pb.h"
@@ -257,6 +258,41 @@ TEST_F(AccessControlTest, ATenantsOpenStreamsAreCappedAndGivenBack) {
   EXPECT_TRUE(access->OpenStream(globex).ok());
   { TenantStreamSlot released = *std::move(a); }
   EXPECT_TRUE(access->OpenStream(acme).ok());
+}
+
+TEST_F(AccessControlTest, ATenantsShareOfUnaryCallsAndShmConnectionsIsCappedAndGivenBack) {
+  auto access =
+      Make({.max_share = 0.5, .daemon_max_concurrent_unary = 4, .daemon_max_shm_connections = 3});
+  Caller acme = access->Admit(Token(kAcmeToken), "Lookup").value();
+  Caller globex = access->Admit(Token(kGlobexToken), "Lookup").value();
+  std::vector<TenantStreamSlot> held;
+  for (int i = 0; i < 2; ++i) held.push_back(access->OpenUnaryCall(acme).value());
+  absl::StatusOr<TenantStreamSlot> third = access->OpenUnaryCall(acme);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(),
+              HasSubstr("tenant \"acme\" has 2 unary calls in flight, its share 2 "
+                        "(limits.max_concurrent_unary 4 x security.tenant_limits.max_share 0.5)"));
+  // Another tenant, and the tenant's other budgets, are not held back.
+  EXPECT_TRUE(access->OpenUnaryCall(globex).ok());
+  held.push_back(access->OpenShmConnection(acme).value());
+  absl::StatusOr<TenantStreamSlot> connection = access->OpenShmConnection(acme);
+  EXPECT_EQ(connection.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(connection.status().message(),
+              HasSubstr("its share 1 (shm.max_connections 3 x security.tenant_limits.max_share"));
+  EXPECT_TRUE(access->OpenShmConnection(globex).ok());
+  held.clear();
+  EXPECT_TRUE(access->OpenUnaryCall(acme).ok());
+  EXPECT_TRUE(access->OpenShmConnection(acme).ok());
+}
+
+TEST_F(AccessControlTest, AdminsAndAShareOfOneAreNotLimited) {
+  auto whole = Make({.daemon_max_concurrent_unary = 1, .daemon_max_shm_connections = 1});
+  Caller acme = whole->Admit(Token(kAcmeToken), "Lookup").value();
+  std::vector<TenantStreamSlot> held;
+  for (int i = 0; i < 3; ++i) held.push_back(whole->OpenUnaryCall(acme).value());
+  auto half = Make({.max_share = 0.5, .daemon_max_concurrent_unary = 1});
+  Caller admin = half->Admit(Token(kAdminToken), "Lookup").value();
+  for (int i = 0; i < 3; ++i) held.push_back(half->OpenUnaryCall(admin).value());
 }
 
 // Every RPC of both services and every shared-memory operation is in the

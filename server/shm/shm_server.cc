@@ -244,7 +244,8 @@ void ShmServer::ServeRequests(Connection& connection, ShmSession& session) {
         SetSendTimeout(fd, options_.io_timeout);
       }
     }
-    if (!shm::WriteFrame(fd, response).ok()) return;
+    // A session refused its tenant's connection share is closed once told.
+    if (!shm::WriteFrame(fd, response).ok() || session.refused()) return;
   }
 }
 

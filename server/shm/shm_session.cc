@@ -106,6 +106,19 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
       caller = who_.access->AdmitSession(credentials, method, &principal_);
     }
     if (!caller.ok()) return caller.status();
+    if (absl::Status held = HoldConnectionSlot(*caller); !held.ok()) return held;
+    // A fetch_into or append_from holds one of its tenant's stream slots
+    // while it runs, as a gRPC Fetch or Append stream does
+    // (security.tenant_limits.max_concurrent_streams).
+    TenantStreamSlot stream;
+    if (moves_kv && who_.access != nullptr) {
+      absl::StatusOr<TenantStreamSlot> slot = who_.access->OpenStream(*caller);
+      if (!slot.ok()) {
+        observer_->OnLimitReached(method, "tenant max_concurrent_streams");
+        return slot.status();
+      }
+      stream = *std::move(slot);
+    }
     if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {
       return absl::InvalidArgumentError(
           "file descriptors came with a request that is not attach_region; they were closed");
@@ -238,6 +251,23 @@ absl::StatusOr<std::span<std::byte>> ShmSession::Resolve(
   }
   *region = it->second.region;
   return it->second.region->Range(range.offset(), range.length());
+}
+
+absl::Status ShmSession::HoldConnectionSlot(const Caller& caller) {
+  if (who_.access == nullptr || connection_tenant_ == caller.principal().tenant) {
+    return absl::OkStatus();
+  }
+  connection_slot_ = TenantStreamSlot();  // a new tenant: the old one's slot goes back
+  connection_tenant_.reset();
+  absl::StatusOr<TenantStreamSlot> slot = who_.access->OpenShmConnection(caller);
+  if (!slot.ok()) {
+    refused_ = true;
+    observer_->OnLimitReached("ShmConnect", "tenant share of shm.max_connections");
+    return slot.status();
+  }
+  connection_slot_ = *std::move(slot);
+  connection_tenant_ = caller.principal().tenant;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller,

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,10 @@ class ShmSession {
 
   size_t regions() const { return regions_.size(); }
   uint64_t mapped_bytes() const { return mapped_bytes_; }
+  // Whether the session's tenant was past its share of shm.max_connections
+  // (security.tenant_limits.max_share) at its first request: the answer said
+  // so, and the server closes the connection.
+  bool refused() const { return refused_; }
 
  private:
   absl::StatusOr<v1::AttachRegionResponse> Attach(const Caller& caller,
@@ -100,6 +105,10 @@ class ShmSession {
   absl::StatusOr<v1::AppendResponse> AppendFrom(const Caller& caller,
                                                 const v1::AppendFromRequest& request,
                                                 uint64_t* bytes);
+  // Holds one of `caller`'s tenant's shared-memory connection slots for the
+  // session (taken at its first request, again when a hello names another
+  // tenant); RESOURCE_EXHAUSTED, and refused() set, past the tenant's share.
+  absl::Status HoldConnectionSlot(const Caller& caller);
 
   const ShmLimits limits_;
   Cache* const cache_;
@@ -114,6 +123,9 @@ class ShmSession {
     MappingBudget::Grant grant;  // the region's share of budget_
   };
   absl::flat_hash_map<uint64_t, Attached> regions_;
+  std::optional<std::string> connection_tenant_;  // whose connection slot is held
+  TenantStreamSlot connection_slot_;
+  bool refused_ = false;
   uint64_t mapped_bytes_ = 0;
   absl::BitGen ids_;
 };

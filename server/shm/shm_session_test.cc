@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -414,6 +415,84 @@ TEST_F(ShmSessionTest, WithAuthenticationMappingsAreChargedToTheTenant) {
   EXPECT_EQ(r.code(), 0) << r.message();
   EXPECT_EQ(budget.owner_mappings("tenant acme"), 1u);
   EXPECT_EQ(budget.owner_mappings("tenant globex"), 1u);
+}
+
+TEST_F(ShmSessionTest, FetchIntoAndAppendFromHoldOneOfTheTenantsStreamSlots) {
+  const std::string path =
+      ::testing::TempDir() + "shm-session-principals-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"principals": [{"name": "w", "tenant": "default", "role": "worker",
+                             "unix_uid": )"
+                      << ::getuid() << "}]}";
+  auto access = AccessControl::Create({.principals_file = path, .max_concurrent_streams = 1});
+  ASSERT_TRUE(access.ok()) << access.status();
+  ShmSession session(ShmLimits{.max_regions = 4, .max_region_bytes = 1 << 24}, cache_.get(),
+                     &copier_, &observer_,
+                     {.peer = "test", .uid = ::getuid(), .access = access->get()});
+  WorkerRegion region(1 << 20);
+  const uint64_t id = Attach(session, region, 1 << 20);
+  const std::vector<Token> tokens = Seq({1, 2});
+  WriteKv(region, 0, tokens);
+  absl::StatusOr<Caller> worker = (*access)->Admit({.unix_uid = ::getuid()}, "Fetch");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  {
+    // Another stream of the tenant (a gRPC Fetch, say) holds its one slot.
+    absl::StatusOr<TenantStreamSlot> held = (*access)->OpenStream(*worker);
+    ASSERT_TRUE(held.ok()) << held.status();
+    for (const v1::ShmResponse& refused : {AppendFrom(session, tokens, id, 0, 2 * kBlock),
+                                           FetchInto(session, tokens, id, 65536, 2 * kBlock)}) {
+      EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+      EXPECT_NE(refused.message().find("security.tenant_limits.max_concurrent_streams"),
+                std::string::npos)
+          << refused.message();
+    }
+    EXPECT_EQ(Matched(Mid(), tokens), 0u);  // the refused append stored nothing
+  }
+  // With the slot given back each runs, and gives its own back when done.
+  v1::ShmResponse appended = AppendFrom(session, tokens, id, 0, 2 * kBlock);
+  ASSERT_EQ(appended.code(), 0) << appended.message();
+  for (int i = 0; i < 2; ++i) {
+    v1::ShmResponse fetched = FetchInto(session, tokens, id, 65536, 2 * kBlock);
+    ASSERT_EQ(fetched.code(), 0) << fetched.message();
+    EXPECT_EQ(fetched.fetch_into().matched_tokens(), 2 * kBt);
+  }
+  EXPECT_TRUE((*access)->OpenStream(*worker).ok());
+  std::filesystem::remove(path);
+}
+
+TEST_F(ShmSessionTest, ATenantPastItsShareOfConnectionsIsRefusedAtItsFirstRequest) {
+  const std::string path =
+      ::testing::TempDir() + "shm-connection-principals-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"principals": [{"name": "w", "tenant": "default", "role": "worker",
+                             "unix_uid": )"
+                      << ::getuid() << "}]}";
+  // shm.max_connections 2 x max_share 0.5: one connection per tenant.
+  auto access = AccessControl::Create(
+      {.principals_file = path, .max_share = 0.5, .daemon_max_shm_connections = 2});
+  ASSERT_TRUE(access.ok()) << access.status();
+  auto session = [&]() {
+    return std::make_unique<ShmSession>(
+        ShmLimits{.max_regions = 4, .max_region_bytes = 1 << 24}, cache_.get(), &copier_,
+        &observer_, ShmPeer{.peer = "test", .uid = ::getuid(), .access = access->get()});
+  };
+  v1::ShmRequest hello;
+  hello.mutable_hello();
+  auto first = session();
+  ASSERT_EQ(first->Handle(hello, {}).code(), 0);
+  ASSERT_EQ(first->Handle(hello, {}).code(), 0);  // its slot is taken once
+  EXPECT_FALSE(first->refused());
+  auto second = session();
+  v1::ShmResponse refused = second->Handle(hello, {});
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused.message(),
+              HasSubstr("tenant \"default\" has 1 shared-memory connections, its share 1 "
+                        "(shm.max_connections 2 x security.tenant_limits.max_share 0.5)"));
+  EXPECT_TRUE(second->refused());
+  second.reset();
+  first.reset();  // its slot goes back with it
+  auto third = session();
+  EXPECT_EQ(third->Handle(hello, {}).code(), 0);
+  EXPECT_FALSE(third->refused());
+  std::filesystem::remove(path);
 }
 
 }  // namespace
