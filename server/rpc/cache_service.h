@@ -94,6 +94,10 @@ class CacheService final : public CacheServiceBase {
   // Streams in flight now.
   int active_streams() const { return streams_.active(); }
 
+  // Answers every PREFETCH_WAIT lookup waiting for its timeout now, with
+  // what is cached (shutdown: the drain need not wait out their timeouts).
+  void AnswerWaitingLookups() { prefetch_timer_.FireAllNow(); }
+
  private:
   friend class AppendReactor;
   friend class FetchReactor;

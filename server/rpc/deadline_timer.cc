@@ -39,6 +39,17 @@ bool DeadlineTimer::Cancel(Id id) {
   return true;
 }
 
+void DeadlineTimer::FireAllNow() {
+  {
+    MutexLock lock(&mu_);
+    if (queue_.empty()) return;
+    for (auto& [when, callback] : queue_) fire_now_.push_back(std::move(callback));
+    queue_.clear();
+    deadlines_.clear();
+  }
+  cv_.notify_all();
+}
+
 size_t DeadlineTimer::pending() const {
   MutexLock lock(&mu_);
   return queue_.size();
@@ -47,6 +58,14 @@ size_t DeadlineTimer::pending() const {
 void DeadlineTimer::Run() {
   mu_.Lock();  // cv_ waits on the Mutex itself, which the analysis follows
   while (true) {
+    if (!fire_now_.empty()) {
+      std::vector<std::function<void()>> now;
+      now.swap(fire_now_);
+      mu_.Unlock();
+      for (std::function<void()>& callback : now) callback();
+      mu_.Lock();
+      continue;
+    }
     const bool stopping = stopping_;
     if (stopping && queue_.empty()) break;
     if (queue_.empty()) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
@@ -41,6 +42,10 @@ class DeadlineTimer {
   // Drops a callback that has not started; false when it ran, is running, or
   // the id is unknown. Does not wait for a running callback.
   bool Cancel(Id id);
+  // Runs every callback pending now at once, as if its deadline had come
+  // (shutdown: calls waiting on the timer are answered before the server
+  // drains). Returns without waiting for them.
+  void FireAllNow();
   // Callbacks scheduled and not yet run.
   size_t pending() const;
 
@@ -54,6 +59,8 @@ class DeadlineTimer {
   absl::flat_hash_map<Id, absl::Time> deadlines_ ABSL_GUARDED_BY(mu_);
   Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Callbacks FireAllNow took out of the queue, for the thread to run.
+  std::vector<std::function<void()>> fire_now_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

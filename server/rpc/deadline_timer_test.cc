@@ -58,6 +58,25 @@ TEST(DeadlineTimerTest, DestructionRunsWhatIsPendingAtOnce) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
+TEST(DeadlineTimerTest, FireAllNowRunsWhatIsPendingWithoutWaitingForItsDeadline) {
+  DeadlineTimer timer;
+  std::atomic<int> runs{0};
+  absl::Notification both;
+  for (int i = 0; i < 2; ++i) {
+    timer.Schedule(absl::InfiniteFuture(), [&] {
+      if (runs.fetch_add(1) == 1) both.Notify();
+    });
+  }
+  timer.FireAllNow();
+  EXPECT_TRUE(both.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // Later callbacks keep their deadlines.
+  std::atomic<bool> later{false};
+  timer.Schedule(absl::InfiniteFuture(), [&] { later = true; });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(later.load());
+  EXPECT_EQ(timer.pending(), 1u);
+}
+
 TEST(DeadlineTimerTest, ACallbackMaySchedule) {
   DeadlineTimer timer;
   absl::Notification second;

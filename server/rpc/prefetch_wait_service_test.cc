@@ -173,6 +173,24 @@ TEST_F(PrefetchWaitServiceTest, AWaitingLookupIsAnsweredAtItsTimeout) {
   EXPECT_EQ(cache_->GetStats().prefetch.late, 1u);
 }
 
+TEST_F(PrefetchWaitServiceTest, ShutdownAnswersWaitingLookupsInsteadOfWaitingOutTheirTimeouts) {
+  store_->Close();
+  std::atomic<bool> ok{false};
+  std::thread waiting([&] {
+    grpc::ClientContext ctx;
+    v1::LookupResponse resp;
+    const grpc::Status s = stub_->Lookup(&ctx, WaitingLookup(0, 30000), &resp);
+    ok = s.ok() && resp.matched_tokens() == 4 * kBlockTokens;
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the lookup waits for its gated read-back
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(20));
+  server_->Wait();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not its 30 s timeout
+  waiting.join();
+  EXPECT_TRUE(ok.load());
+}
+
 TEST_F(PrefetchWaitServiceTest, ABatchWaitsForAllItsPrefetchesAtOnce) {
   v1::BatchLookupRequest batch;
   // Two demoted sequences.

@@ -192,6 +192,7 @@ void GrpcServer::Shutdown(absl::Duration drain) {
   shut_down_ = true;
   if (unix_acceptor_ != nullptr) unix_acceptor_->Stop();
   server_->GetHealthCheckService()->SetServingStatus(false);
+  cache_service_->AnswerWaitingLookups();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
 }
 
