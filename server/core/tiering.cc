@@ -231,8 +231,8 @@ MigrationResult Cache::Migrate() {
 }
 
 std::shared_ptr<PrefetchTicket> Cache::StartPrefetch(const ModelKey& model,
-                                                    std::span<const Token> tokens,
-                                                    bool accept_lossy) {
+                                                     std::span<const Token> tokens,
+                                                     bool accept_lossy) {
   if (lower_ == nullptr) return nullptr;
   auto job = [this, model, tokens = std::vector<Token>(tokens.begin(), tokens.end()),
               accept_lossy] {

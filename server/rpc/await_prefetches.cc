@@ -36,9 +36,8 @@ void AwaitPrefetches(DeadlineTimer& timer, std::vector<std::shared_ptr<PrefetchT
   auto pending = std::make_shared<Pending>(tickets.size(), std::move(answer));
   // The deadline first, so a ticket done at once can cancel it.
   if (timeout != absl::ZeroDuration()) {
-    pending->deadline.store(timer.Schedule(absl::Now() + timeout, [&timer, pending] {
-      Answer(timer, pending, /*in_time=*/false);
-    }));
+    pending->deadline.store(timer.Schedule(
+        absl::Now() + timeout, [&timer, pending] { Answer(timer, pending, /*in_time=*/false); }));
   }
   for (const std::shared_ptr<PrefetchTicket>& ticket : tickets) {
     ticket->OnDone([&timer, pending] {

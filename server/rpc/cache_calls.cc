@@ -87,8 +87,7 @@ StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
     if (ticket == nullptr) continue;  // no lower tier, or the queue is full: nothing to wait for
     started.tickets.push_back(std::move(ticket));
     if (lookup->prefetch_timeout_ms() == 0) unbounded = true;
-    started.timeout =
-        std::max(started.timeout, absl::Milliseconds(lookup->prefetch_timeout_ms()));
+    started.timeout = std::max(started.timeout, absl::Milliseconds(lookup->prefetch_timeout_ms()));
   }
   if (unbounded) started.timeout = absl::ZeroDuration();
   return started;

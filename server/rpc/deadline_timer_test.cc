@@ -37,8 +37,7 @@ TEST(DeadlineTimerTest, ACancelledCallbackNeverRuns) {
   std::atomic<int> runs{0};
   {
     DeadlineTimer timer;
-    const DeadlineTimer::Id id =
-        timer.Schedule(absl::InfiniteFuture(), [&] { runs.fetch_add(1); });
+    const DeadlineTimer::Id id = timer.Schedule(absl::InfiniteFuture(), [&] { runs.fetch_add(1); });
     EXPECT_EQ(timer.pending(), 1u);
     EXPECT_TRUE(timer.Cancel(id));
     EXPECT_FALSE(timer.Cancel(id));
@@ -80,9 +79,8 @@ TEST(DeadlineTimerTest, FireAllNowRunsWhatIsPendingWithoutWaitingForItsDeadline)
 TEST(DeadlineTimerTest, ACallbackMaySchedule) {
   DeadlineTimer timer;
   absl::Notification second;
-  timer.Schedule(absl::InfinitePast(), [&] {
-    timer.Schedule(absl::InfinitePast(), [&] { second.Notify(); });
-  });
+  timer.Schedule(absl::InfinitePast(),
+                 [&] { timer.Schedule(absl::InfinitePast(), [&] { second.Notify(); }); });
   EXPECT_TRUE(second.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 

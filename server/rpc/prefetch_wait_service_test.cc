@@ -57,8 +57,8 @@ class GatedStore final : public BlockStore {
 class PrefetchWaitServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
+    auto pool =
+        SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
     store_ = std::make_shared<GatedStore>(MemoryBlockStore::Create(uint64_t{8} << 20));
     cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(),
@@ -67,8 +67,8 @@ class PrefetchWaitServiceTest : public ::testing::Test {
     auto server = GrpcServer::Start({.unix_socket = socket_}, cache_.get(), &observer_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    stub_ = v1::Cache::NewStub(grpc::CreateChannel("unix:" + socket_,
-                                                   grpc::InsecureChannelCredentials()));
+    stub_ = v1::Cache::NewStub(
+        grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     v1::RegisterModelRequest req;
     req.set_model_id("m");

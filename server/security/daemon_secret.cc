@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,7 +21,8 @@ namespace kvcache {
 namespace {
 
 absl::Status ErrnoStatus(int err, std::string_view what, const std::string& path) {
-  const std::string message = absl::StrCat(absl::string_view(what.data(), what.size()), " ", path, ": ", std::strerror(err));
+  const std::string message = absl::StrCat(absl::string_view(what.data(), what.size()), " ", path,
+                                           ": ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(message);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
   return absl::InternalError(message);
@@ -116,8 +116,8 @@ absl::StatusOr<DaemonSecret> DaemonSecret::LoadOrCreate(const std::string& path)
   absl::ConsumeSuffix(&hex, "\n");
   std::string raw;
   if (hex.size() != 2 * kBytes || !absl::c_all_of(hex, absl::ascii_isxdigit)) {
-    return absl::DataLossError(absl::StrCat("the daemon secret ", path,
-                                            " does not hold 64 hexadecimal digits"));
+    return absl::DataLossError(
+        absl::StrCat("the daemon secret ", path, " does not hold 64 hexadecimal digits"));
   }
   raw = absl::HexStringToBytes(hex);
   SecretKey bytes;
@@ -143,8 +143,8 @@ SecretKey HmacSha256(const SecretKey& key, std::span<const uint8_t> data) {
 }
 
 SecretKey HmacSha256(const SecretKey& key, std::string_view data) {
-  return HmacSha256(key, std::span<const uint8_t>(
-                             reinterpret_cast<const uint8_t*>(data.data()), data.size()));
+  return HmacSha256(
+      key, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size()));
 }
 
 bool MacEquals(const SecretKey& a, const SecretKey& b) {

@@ -34,9 +34,8 @@ std::vector<PrefixSummary> CacheStatusSource::TopPrefixes(size_t limit) const {
     top_limit_ = limit;
     top_at_ = now;
   }
-  return std::vector<PrefixSummary>(top_.begin(),
-                                    top_.begin() + static_cast<ptrdiff_t>(
-                                                       std::min(limit, top_.size())));
+  return std::vector<PrefixSummary>(
+      top_.begin(), top_.begin() + static_cast<ptrdiff_t>(std::min(limit, top_.size())));
 }
 
 std::vector<LoggedMessage> CacheStatusSource::RecentErrors() const {

@@ -33,8 +33,7 @@ class CacheStatusSource final : public StatusSource {
   // recent events). REQUIRES: cache != nullptr.
   CacheStatusSource(const Cache* cache, StatusIdentity identity, std::string config_json,
                     std::shared_ptr<const EventLog> events,
-                    std::function<CacheStats()> stats = nullptr,
-                    Clock* clock = SystemClock::Get(),
+                    std::function<CacheStats()> stats = nullptr, Clock* clock = SystemClock::Get(),
                     absl::Duration costly_walk = absl::Milliseconds(1));
 
   static constexpr absl::Duration kTopPrefixesRefresh = absl::Seconds(5);

@@ -19,8 +19,9 @@ const ModelLayout kLayout{1, 1, 16, DType::kFp16, 16};  // 1 KiB blocks
 class CacheStatusSourceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = uint64_t{4} << 20, .slab_bytes = uint64_t{1} << 20, .min_class_bytes = 64});
+    auto pool = SlabPool::Create({.capacity_bytes = uint64_t{4} << 20,
+                                  .slab_bytes = uint64_t{1} << 20,
+                                  .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
     cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_);
     ASSERT_TRUE(cache_->RegisterModel(kModel, kLayout).ok());
