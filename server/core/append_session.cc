@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   }
   BlockHashes hashes = BlockHashes::Of(std::move(hasher), bt, tokens);
 
+  std::vector<BlockRef> expired;  // released after the lock
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
@@ -117,7 +118,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
                      "(security.require_block_checksums)"));
   }
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, hashes, &path);
+  MatchLocked(m, tokens, hashes, &path, &expired);
   if (path.size() < start_block) {
     return absl::FailedPreconditionError(
         absl::StrCat("start_token ", start_token, " is beyond the cached prefix of ",
@@ -334,7 +335,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   // First pass: the prefix must still be there, and so must every block we
   // found cached (MatchLocked also drops expired blocks).
   std::vector<IndexNode*> path;
-  cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), hashes_, &path);
+  cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), hashes_, &path, &unused);
   const uint64_t present = path.size();
   for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
     if (i < start_block_ || plan_[i - start_block_] == BlockPlan::kCached ||

@@ -123,7 +123,7 @@ absl::StatusOr<BlockHashes> Cache::HashBlocks(const ModelKey& model,
 }
 
 void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
-                        std::vector<IndexNode*>* path) {
+                        std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped) {
   state.index.Match(tokens, hashes, path);
   const absl::Time now = clock_->Now();
   auto expired = std::find_if(path->begin(), path->end(), [now](const IndexNode* n) {
@@ -131,8 +131,7 @@ void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const 
     return n->expires <= now;
   });
   if (expired != path->end()) {
-    std::vector<BlockRef> dropped;  // released when this function returns; refs only
-    RemoveSubtreeLocked(state, *expired, &dropped);
+    RemoveSubtreeLocked(state, *expired, dropped);
     path->erase(expired, path->end());
   }
   // Leaf-first, so that a parent is never colder than its children.
@@ -299,12 +298,13 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   if (!hashes.ok()) return hashes.status();
   std::vector<Token> lease_tokens;
   if (lease.acquire) lease_tokens.assign(tokens.begin(), tokens.end());
+  std::vector<BlockRef> expired;  // released after the lock
   MutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, *hashes, &path);
+  MatchLocked(m, tokens, *hashes, &path, &expired);
 
   LookupResult result;
   const uint32_t bt = m.layout.block_tokens;
@@ -403,13 +403,14 @@ absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<cons
   FetchPlan plan;
   std::vector<TieredBlock> blocks;
   const PrefixIndex* index;
+  std::vector<BlockRef> expired;  // released after the lock
   {
     MutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     ModelState& m = **state;
     std::vector<IndexNode*> path;
-    MatchLocked(m, tokens, *hashes, &path);
+    MatchLocked(m, tokens, *hashes, &path, &expired);
     blocks.reserve(path.size());
     for (IndexNode* n : path) blocks.push_back(TakeBlock(*n));
     plan = MakePlan(m, &blocks, accept_lossy, max_blocks);

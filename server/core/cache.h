@@ -578,8 +578,8 @@ class Cache {
                                                         bool include_heads) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The `limit` first blocks used most, each with the totals of the cached
-  // sequences below it (ties: the lower key first). Holds the lock for the
-  // number of first blocks plus the subtrees it returns.
+  // sequences below it (ties: the lower key first). Walks in steps
+  // (WalkModel), never holding the lock for more than kWalkStepNodes blocks.
   std::vector<PrefixSummary> TopPrefixes(size_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checkpoints and restart (block_image.h, server/checkpoint). A checkpoint
@@ -587,8 +587,8 @@ class Cache {
   // under the lock briefly); a restart replays RestoreModel() and, parents
   // first, RestoreBlock(), while the cache serves.
   //
-  // Every model's registration and block hashes (parents first), each model
-  // captured under the lock on its own.
+  // Every model's registration and block hashes (parents first), each
+  // model's walked in steps (WalkModel).
   std::vector<ModelImage> CaptureModels() const;
   // Appends to `out` the images of the blocks of `model` among
   // `lookup_hashes` that are still cached, in that order; returns how many
@@ -648,11 +648,30 @@ class Cache {
   // model.
   absl::StatusOr<BlockHashes> HashBlocks(const ModelKey& model, std::span<const Token> tokens) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The cached path of `tokens`, with expired blocks removed, touched
-  // leaf-first. `hashes` are for `tokens` (hashed again if the model's block
-  // size changed since).
+  // The cached path of `tokens`, with expired blocks removed (their host
+  // copies moved to `dropped`, for the caller to release after the lock),
+  // touched leaf-first. `hashes` are for `tokens` (hashed again if the
+  // model's block size changed since).
   void MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
-                   std::vector<IndexNode*>* path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                   std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Walks of a whole index, taken in steps (cache_walk.cc): what inspection,
+  // memory snapshots and checkpoints use, so that no request waits behind
+  // a walk of a million blocks. Which part of a model's index to walk:
+  struct WalkScope {
+    std::optional<uint64_t> top_lookup_hash;  // this block and those below it; unset: all
+    uint32_t max_depth = PrefixIndex::Cursor::kAllDepths;  // levels below the first
+  };
+  // Calls `visit` for the blocks of `model` in `scope`, parents first,
+  // taking the lock for at most kWalkStepNodes of them at a time (visit runs
+  // under the lock and must not add or remove nodes). A block added or
+  // removed meanwhile may or may not be visited. Returns true when the walk
+  // reached its end; false when `model` (or the scope's top block) was not
+  // there, or the model was removed or registered anew during the walk.
+  bool WalkModel(const ModelKey& model, const WalkScope& scope,
+                 absl::FunctionRef<void(const ModelState&, IndexNode*)> visit) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kWalkStepNodes = 256;
   // Removes the subtree at `node`; returns what it removed. Payload references
   // are moved to `dropped` so they are released after the lock.
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,

@@ -9,30 +9,33 @@
 namespace kvcache {
 
 std::vector<ModelImage> Cache::CaptureModels() const {
-  std::vector<ModelKey> keys;
+  std::vector<ModelImage> images;
+  std::vector<uint64_t> incarnations;  // of each image's model, as captured
   {
     MutexLock lock(&mu_);
-    for (const auto& [key, m] : models_) keys.push_back(key);
+    for (const auto& [key, m] : models_) {
+      incarnations.push_back(m->incarnation);
+      ModelImage& image = images.emplace_back();
+      image.key = key;
+      image.layout = m->layout;
+      image.policy = m->policy;
+    }
   }
-  // One model per lock hold: serving goes on between them. A model
-  // registered meanwhile waits for the next checkpoint; one removed is left out.
-  std::vector<ModelImage> images;
-  images.reserve(keys.size());
-  for (const ModelKey& key : keys) {
-    MutexLock lock(&mu_);
-    const ModelState* found = models_.Find(key);
-    if (found == nullptr) continue;
-    const ModelState& m = *found;
-    ModelImage& image = images.emplace_back();
-    image.key = key;
-    image.layout = m.layout;
-    image.policy = m.policy;
-    image.blocks.reserve(m.index.num_blocks());
-    // Post-order puts children before parents; reversed, every parent comes first.
-    m.index.VisitPostOrder([&](IndexNode* n) { image.blocks.push_back(n->lookup_hash); });
-    std::reverse(image.blocks.begin(), image.blocks.end());
+  // Each model's blocks in steps (WalkModel): serving goes on between them.
+  // Parents come first. A model removed or registered anew meanwhile is left
+  // out; a block added meanwhile may wait for the next checkpoint.
+  std::vector<ModelImage> kept;
+  kept.reserve(images.size());
+  for (size_t i = 0; i < images.size(); ++i) {
+    ModelImage& image = images[i];
+    bool same_model = true;
+    const bool whole = WalkModel(image.key, {}, [&](const ModelState& m, IndexNode* n) {
+      same_model = same_model && m.incarnation == incarnations[i];
+      image.blocks.push_back(n->lookup_hash);
+    });
+    if (whole && same_model) kept.push_back(std::move(image));
   }
-  return images;
+  return kept;
 }
 
 size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,

@@ -77,23 +77,24 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
   };
   std::vector<Target> targets;
   VerifyProgress total;
+  std::vector<ModelKey> walk;  // models whose every block is a target
+  auto add = [&](const IndexNode* n) {
+    mu_.AssertHeld();
+    const bool host = n->payload != nullptr;
+    const bool lower = n->lower != nullptr && options.include_lower;
+    if (!host && !lower) return;
+    targets.push_back({n->index, n->lookup_hash});
+    if (host) {
+      ++total.blocks_total;
+      total.bytes_total += n->payload->size();
+    }
+    if (lower) {
+      ++total.blocks_total;
+      total.bytes_total += n->lower->seal().size;
+    }
+  };
   {
     MutexLock lock(&mu_);
-    auto add = [&](const IndexNode* n) {
-      mu_.AssertHeld();
-      const bool host = n->payload != nullptr;
-      const bool lower = n->lower != nullptr && options.include_lower;
-      if (!host && !lower) return;
-      targets.push_back({n->index, n->lookup_hash});
-      if (host) {
-        ++total.blocks_total;
-        total.bytes_total += n->payload->size();
-      }
-      if (lower) {
-        ++total.blocks_total;
-        total.bytes_total += n->lower->seal().size;
-      }
-    };
     if (options.model.has_value()) {
       absl::StatusOr<ModelState*> m = FindModelLocked(*options.model);
       if (!m.ok()) return m.status();
@@ -102,14 +103,21 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
         (*m)->index.Match(options.prefix, *prefix_hashes, &path);
         for (const IndexNode* n : path) add(n);
       } else {
-        (*m)->index.VisitPostOrder(add);
+        walk.push_back(*options.model);
       }
     } else {
       for (const auto& [key, m] : models_) {
-        if (!options.ns.empty() && key.ns != options.ns) continue;
-        m->index.VisitPostOrder(add);
+        if (options.ns.empty() || key.ns == options.ns) walk.push_back(key);
       }
     }
+  }
+  // Whole models are listed in steps (WalkModel), not under one hold, then
+  // children put before their parents: a bad child is dropped on its own
+  // before a bad parent takes the rest of its subtree.
+  for (const ModelKey& key : walk) {
+    const size_t first = targets.size();
+    WalkModel(key, {}, [&](const ModelState&, IndexNode* n) { add(n); });
+    std::reverse(targets.begin() + static_cast<ptrdiff_t>(first), targets.end());
   }
 
   const absl::Time start = absl::Now();
@@ -238,37 +246,41 @@ MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
   MemorySnapshot s;
   s.stats = GetStats();
   s.slab_classes = pool_->GetClassStats();
-  MutexLock lock(&mu_);
-  const absl::Time now = clock_->Now();
-  s.taken = now;
-  std::vector<LeaseSnapshot> leases;
-  leases_.ForEachWithId([&](uint64_t id, const Lease& l) {
-    LeaseSnapshot& out = leases.emplace_back();
-    out.id = id;
-    out.model = l.model;
-    out.tokens = l.matched_tokens;
-    out.blocks = l.blocks.size();
-    for (const TieredBlock& b : l.blocks) out.bytes += b.seal().size;
-    out.created = l.created;
-    out.expires = l.expires;
-  });
-  s.leases_total = leases.size();
-  std::sort(leases.begin(), leases.end(), [](const LeaseSnapshot& a, const LeaseSnapshot& b) {
-    return a.created != b.created ? a.created < b.created : a.id < b.id;
-  });
-  if (leases.size() > max_leases) leases.resize(max_leases);
-  s.leases = std::move(leases);
   // Blocks a lease holds, by lookup hash per index (a lease keeps no node pointers).
   absl::flat_hash_map<std::pair<const PrefixIndex*, uint64_t>, int> lease_blocks;
-  leases_.ForEachWithId([&](uint64_t, const Lease& l) {
-    for (const TieredBlock& b : l.blocks) ++lease_blocks[{l.index, b.lookup_hash}];
-  });
-  for (const auto& [key, mp] : models_) {
-    const ModelState& m = *mp;
-    ModelMemory& out = s.models.emplace_back();
+  std::vector<ModelKey> keys;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    s.taken = now;
+    std::vector<LeaseSnapshot> leases;
+    leases_.ForEachWithId([&](uint64_t id, const Lease& l) {
+      LeaseSnapshot& out = leases.emplace_back();
+      out.id = id;
+      out.model = l.model;
+      out.tokens = l.matched_tokens;
+      out.blocks = l.blocks.size();
+      for (const TieredBlock& b : l.blocks) out.bytes += b.seal().size;
+      out.created = l.created;
+      out.expires = l.expires;
+    });
+    s.leases_total = leases.size();
+    std::sort(leases.begin(), leases.end(), [](const LeaseSnapshot& a, const LeaseSnapshot& b) {
+      return a.created != b.created ? a.created < b.created : a.id < b.id;
+    });
+    if (leases.size() > max_leases) leases.resize(max_leases);
+    s.leases = std::move(leases);
+    leases_.ForEachWithId([&](uint64_t, const Lease& l) {
+      for (const TieredBlock& b : l.blocks) ++lease_blocks[{l.index, b.lookup_hash}];
+    });
+    for (const auto& [key, m] : models_) keys.push_back(key);
+  }
+  // Each model's blocks in steps (WalkModel), so that requests go on
+  // between them; a model removed meanwhile is left out.
+  for (const ModelKey& key : keys) {
+    ModelMemory out;
     out.model = key;
-    const uint64_t raw = m.layout.BlockBytes();
-    m.index.VisitPostOrder([&](IndexNode* n) {
+    const bool whole = WalkModel(key, {}, [&](const ModelState& m, IndexNode* n) {
       mu_.AssertHeld();
       const BlockTokenState& ts = n->tokens_state();
       if (n->payload != nullptr) {
@@ -289,11 +301,12 @@ MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
       } else {
         ++out.int8_blocks;
       }
-      out.raw_bytes += raw;
+      out.raw_bytes += m.layout.BlockBytes();
       if (lease_blocks.contains({&m.index, n->lookup_hash})) ++out.leased_blocks;
       for (uint8_t p : ts.pinned) out.pinned_tokens += p != 0 ? 1 : 0;
       out.metadata_bytes += n->metadata_bytes;
     });
+    if (whole) s.models.push_back(std::move(out));
   }
   return s;
 }
@@ -494,49 +507,60 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
 
 std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
   // Ranked by the first block's own uses: every use of a cached sequence uses
-  // its first block, so that counts the whole subtree's. Only the subtrees of
-  // the `limit` first blocks kept are walked for their totals, so the lock is
-  // held for the number of first blocks plus those subtrees, not the cache.
+  // its first block, so that counts the whole subtree's. Both passes walk in
+  // steps (WalkModel): the first blocks of every model, keeping the `limit`
+  // used most, then the subtrees of those for their totals.
   struct First {
-    const PrefixIndex* index;
-    const ModelKey* model;
-    IndexNode* node;
+    size_t model;  // in `keys`
+    uint64_t lookup_hash;
+    uint64_t key;
+    uint16_t references;
   };
+  auto before = [](const First& a, const First& b) {
+    if (a.references != b.references) return a.references > b.references;
+    return a.key < b.key;
+  };
+  std::vector<ModelKey> keys;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, m] : models_) keys.push_back(key);
+  }
   std::vector<First> firsts;
-  std::vector<PrefixSummary> out;
-  MutexLock lock(&mu_);
-  for (const auto& entry : models_) {
-    // Named, not a structured binding: clang 14 cannot capture those in a lambda.
-    const PrefixIndex* index = &entry.second->index;
-    const ModelKey* model = &entry.first;
-    entry.second->index.VisitChildren(nullptr, [&](IndexNode* n) {
-      firsts.push_back({index, model, n});
+  auto keep_best = [&](size_t n) {
+    if (firsts.size() <= n) return;
+    std::nth_element(firsts.begin(), firsts.begin() + static_cast<ptrdiff_t>(n), firsts.end(),
+                     before);
+    firsts.resize(n);
+  };
+  for (size_t i = 0; i < keys.size(); ++i) {
+    WalkModel(keys[i], {.max_depth = 0}, [&](const ModelState&, IndexNode* n) {
+      firsts.push_back({i, n->lookup_hash, n->key, n->references});
+      if (firsts.size() >= 2 * limit + 64) keep_best(limit);
     });
   }
-  const size_t keep = std::min(limit, firsts.size());
-  std::partial_sort(firsts.begin(), firsts.begin() + static_cast<ptrdiff_t>(keep), firsts.end(),
-                    [](const First& a, const First& b) {
-                      if (a.node->references != b.node->references) {
-                        return a.node->references > b.node->references;
-                      }
-                      return a.node->key < b.node->key;
-                    });
-  out.reserve(keep);
-  for (size_t i = 0; i < keep; ++i) {
-    const First& f = firsts[i];
-    PrefixSummary& s = out.emplace_back();
-    s.model = *f.model;
-    s.key = f.node->key;
-    s.references = f.node->references;
-    const std::span<const Token> t = f.node->tokens();
-    s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));
-    f.index->VisitSubtree(f.node, [&](IndexNode* n) {
-      ++s.blocks;
-      s.bytes += (n->payload != nullptr ? n->payload->size() : 0) +
-                 (n->lower != nullptr ? n->lower->seal().size : 0);
-      s.depth = std::max(s.depth, n->depth + 1);
-      s.last_access = std::max(s.last_access, n->last_access);
-    });
+  keep_best(limit);
+  std::sort(firsts.begin(), firsts.end(), before);
+
+  std::vector<PrefixSummary> out;
+  out.reserve(firsts.size());
+  for (const First& f : firsts) {
+    PrefixSummary s;
+    s.model = keys[f.model];
+    s.key = f.key;
+    s.references = f.references;
+    const bool whole = WalkModel(
+        keys[f.model], {.top_lookup_hash = f.lookup_hash}, [&](const ModelState&, IndexNode* n) {
+          if (n->depth == 0) {
+            const std::span<const Token> t = n->tokens();
+            s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));
+          }
+          ++s.blocks;
+          s.bytes += (n->payload != nullptr ? n->payload->size() : 0) +
+                     (n->lower != nullptr ? n->lower->seal().size : 0);
+          s.depth = std::max(s.depth, n->depth + 1);
+          s.last_access = std::max(s.last_access, n->last_access);
+        });
+    if (whole) out.push_back(std::move(s));  // a prefix evicted meanwhile is left out
   }
   return out;
 }

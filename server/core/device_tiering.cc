@@ -112,13 +112,14 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
   std::vector<BlockMove> moves;  // host or SSD -> GPU, one per block
   const PrefixIndex* index;
   uint32_t bt;
+  std::vector<BlockRef> expired;  // released after the lock
   {
     MutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     ModelState& m = **state;
     std::vector<IndexNode*> path;
-    MatchLocked(m, tokens, *hashes, &path);
+    MatchLocked(m, tokens, *hashes, &path, &expired);
     bt = m.layout.block_tokens;
     const size_t exact = ReadableBlocks(path, /*accept_lossy=*/false);
     out.withheld_tokens = (path.size() - exact) * bt;

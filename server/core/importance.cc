@@ -94,79 +94,86 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
           absl::StrCat("attention[", i, "] is ", attention[i], "; values must be finite and >= 0"));
     }
   }
-  // Average the rows (their sum scales the same) before taking the lock. An
-  // empty report is refused below; averaging its `rows` empty rows first would
-  // spin through num_layers (up to 2^32-1) iterations for a message of no bytes.
-  std::vector<float> mass;
-  if (!attention.empty() && attention.size() % rows == 0) {
-    const size_t per_row = attention.size() / rows;
-    mass.assign(per_row, 0.0f);
-    for (uint32_t r = 0; r < rows; ++r) {
-      for (size_t t = 0; t < per_row; ++t) mass[t] += attention[r * per_row + t];
+  // 1. Under the lock only what the report is checked against: the layout,
+  // the policy and, for a lease, the tokens it matched.
+  ModelLayout layout;
+  ImportancePolicy policy;
+  uint64_t incarnation = 0;
+  std::vector<Token> lease_tokens;
+  {
+    MutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    layout = (*state)->layout;
+    policy = (*state)->policy;
+    incarnation = (*state)->incarnation;
+    if (lease_id != 0) {
+      ExpireLeasesLocked(clock_->Now());
+      const Lease* lease = leases_.Find(lease_id);
+      // Another namespace's (tenant's) lease reads exactly as no lease.
+      if (lease == nullptr || lease->model.ns != model.ns) {
+        return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
+      }
+      if (lease->model != model) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lease_id ", lease_id, " belongs to another model"));
+      }
+      lease_tokens = lease->tokens;
     }
   }
-  // The tokens of a report without a lease are hashed before taking the lock.
-  BlockHashes hashes;
-  if (lease_id == 0) {
-    absl::StatusOr<BlockHashes> h = HashBlocks(model, tokens);
-    if (!h.ok()) return h.status();
-    hashes = *std::move(h);
-  }
-  MutexLock lock(&mu_);
-  auto state = FindModelLocked(model);
-  if (!state.ok()) return state.status();
-  ModelState& m = **state;
-  const absl::Time now = clock_->Now();
-  if (lease_id != 0) {
-    ExpireLeasesLocked(now);
-    const Lease* lease = leases_.Find(lease_id);
-    // Another namespace's (tenant's) lease reads exactly as no lease.
-    if (lease == nullptr || lease->model.ns != model.ns) {
-      return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
-    }
-    if (lease->model != model) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lease_id ", lease_id, " belongs to another model"));
-    }
-    tokens = lease->tokens;
-  }
+  if (lease_id != 0) tokens = lease_tokens;
+
+  // 2. Without the lock: the shape check, the per-token mass (rows summed),
+  // its scaling, and the tokens' hashes.
   const size_t n = tokens.size();
   // Rows per (layer, KV head): row r is layer r / num_kv_heads, head r % num_kv_heads.
-  const uint64_t head_rows = uint64_t{m.layout.num_layers} * m.layout.num_kv_heads;
-  const bool per_head = n > 0 && rows == m.layout.num_layers && m.layout.num_kv_heads > 1 &&
+  const uint64_t head_rows = uint64_t{layout.num_layers} * layout.num_kv_heads;
+  const bool per_head = n > 0 && rows == layout.num_layers && layout.num_kv_heads > 1 &&
                         attention.size() == head_rows * n;
   if (n == 0 || (attention.size() != uint64_t{rows} * n && !per_head)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attention has ", attention.size(), " values; expected num_layers (", rows, ") x tokens (",
-        n, ") = ", uint64_t{rows} * n, " or, per KV head, num_layers (", m.layout.num_layers,
-        ") x num_kv_heads (", m.layout.num_kv_heads, ") x tokens = ", head_rows * n,
+        n, ") = ", uint64_t{rows} * n, " or, per KV head, num_layers (", layout.num_layers,
+        ") x num_kv_heads (", layout.num_kv_heads, ") x tokens = ", head_rows * n,
         lease_id != 0 ? " for the lease" : "",
         n == 0 ? "; a report needs at least one token" : ""));
   }
-  if (per_head) {  // the token's mass sums every (layer, head) row
-    mass.assign(n, 0.0f);
-    for (uint64_t r = 0; r < head_rows; ++r) {
-      for (size_t t = 0; t < n; ++t) mass[t] += attention[r * n + t];
-    }
+  // The token's mass sums every row: per (layer, KV head), or per layer.
+  const uint64_t mass_rows = per_head ? head_rows : rows;
+  std::vector<float> mass(n, 0.0f);
+  for (uint64_t r = 0; r < mass_rows; ++r) {
+    for (size_t t = 0; t < n; ++t) mass[t] += attention[r * n + t];
   }
   // Scale to [0, 1] by the largest unprotected mass (ObserveAttention: the
   // sink would squash the rest).
-  const std::vector<float> observed = importance::ObserveAttention(mass, m.policy.params);
+  const std::vector<float> observed = importance::ObserveAttention(mass, policy.params);
   // Budget mode keeps activity per (layer, KV head), each row scaled by its own
   // largest unprotected mass.
   std::vector<float> observed_heads;
-  if (per_head && m.policy.mode == CompressionMode::kBudget) {
+  if (per_head && policy.mode == CompressionMode::kBudget) {
     observed_heads.reserve(head_rows * n);
     for (uint64_t r = 0; r < head_rows; ++r) {
       const std::vector<float> row =
-          importance::ObserveAttention(attention.subspan(r * n, n), m.policy.params);
+          importance::ObserveAttention(attention.subspan(r * n, n), policy.params);
       observed_heads.insert(observed_heads.end(), row.begin(), row.end());
     }
   }
+  absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
+  if (!hashes.ok()) return hashes.status();
 
+  // 3. Under the lock again: fold the report into the cached blocks.
+  std::vector<BlockRef> expired;  // released after the lock
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  if (m.incarnation != incarnation) {
+    return absl::AbortedError(absl::StrCat("model \"", model.model_id,
+                                           "\" was registered anew during the report; retry"));
+  }
+  const absl::Time now = clock_->Now();
   std::vector<IndexNode*> path;
-  if (lease_id != 0) hashes = BlockHashes::Of(m.index.hasher(), m.layout.block_tokens, tokens);
-  MatchLocked(m, tokens, hashes, &path);
+  MatchLocked(m, tokens, *hashes, &path, &expired);
   const uint32_t bt = m.layout.block_tokens;
   const ImportanceOptions& o = options_.importance;
   ReportResult result{.matched_tokens = path.size() * bt};

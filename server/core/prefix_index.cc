@@ -50,6 +50,12 @@ PrefixIndex::PrefixIndex(uint32_t block_tokens, std::shared_ptr<const BlockHashe
 }
 
 PrefixIndex::~PrefixIndex() {
+  for (Cursor* c : cursors_) {
+    c->index_ = nullptr;
+    c->top_ = nullptr;
+    c->next_ = nullptr;
+  }
+  cursors_.clear();
   Clear([](IndexNode*) {});
 }
 
@@ -165,6 +171,13 @@ void PrefixIndex::RemoveSubtree(IndexNode* node, absl::FunctionRef<void(IndexNod
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     IndexNode* n = *it;
     on_remove(n);  // its children are gone already; its parent is still there
+    for (Cursor* c : cursors_) {
+      if (c->top_ == n) {
+        c->next_ = nullptr;  // the walk's whole subtree is going
+      } else if (c->next_ == n) {
+        c->next_ = c->After(n, /*descend=*/false);  // n is a leaf by now
+      }
+    }
     Unlink(n);
     nodes_.erase(n->lookup_hash);
     DeleteNode(n);
@@ -193,6 +206,45 @@ void PrefixIndex::VisitChildren(const IndexNode* parent,
        c = c->next_sibling_) {
     visit(c);
   }
+}
+
+PrefixIndex::Cursor::Cursor(const PrefixIndex* index, const IndexNode* top, uint32_t max_depth)
+    : index_(index),
+      top_(top),
+      base_depth_(top == nullptr ? 0 : top->depth),
+      max_depth_(max_depth) {
+  next_ = top != nullptr ? const_cast<IndexNode*>(top) : index->root_.first_child_;
+  index_->cursors_.push_back(this);
+}
+
+PrefixIndex::Cursor::~Cursor() {
+  if (index_ == nullptr) return;
+  std::vector<Cursor*>& open = index_->cursors_;
+  open.erase(std::find(open.begin(), open.end(), this));
+}
+
+IndexNode* PrefixIndex::Cursor::After(const IndexNode* n, bool descend) const {
+  if (descend && n->first_child_ != nullptr && n->depth - base_depth_ < max_depth_) {
+    return n->first_child_;
+  }
+  // The next sibling of `n` or of its nearest ancestor that has one, never
+  // leaving the walk's subtree.
+  while (n != top_ && n != nullptr) {
+    if (n->next_sibling_ != nullptr) return n->next_sibling_;
+    n = n->parent;
+  }
+  return nullptr;
+}
+
+size_t PrefixIndex::Cursor::Step(size_t max_nodes, absl::FunctionRef<void(IndexNode*)> visit) {
+  size_t visited = 0;
+  while (next_ != nullptr && visited < max_nodes) {
+    IndexNode* n = next_;
+    visit(n);
+    next_ = After(n, /*descend=*/true);
+    ++visited;
+  }
+  return visited;
 }
 
 void PrefixIndex::VisitBelow(std::vector<IndexNode*> order,

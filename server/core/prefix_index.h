@@ -214,6 +214,48 @@ class PrefixIndex {
   // `visit` must not add or remove nodes.
   void VisitChildren(const IndexNode* parent, absl::FunctionRef<void(IndexNode*)> visit) const;
 
+  // A walk that its owner takes in steps, letting go of the lock between
+  // them, while others add and remove nodes: how the cache inspects, counts
+  // and checkpoints a million blocks without holding its lock for the whole
+  // tree. Parents come before their children (pre-order). A node present
+  // for the whole walk is visited exactly once; one added or removed during
+  // it may or may not be. Removing the node the walk would visit next moves
+  // the walk on to the node after it (the index tells its open cursors).
+  //
+  // Like the index, not thread-safe: create, Step and destroy a cursor under
+  // the lock that guards its index. A cursor may outlive its index (it is
+  // then done).
+  class Cursor {
+   public:
+    // Walks `top` and the nodes below it (top == nullptr: every node), down
+    // to `max_depth` levels below `top` (0: `top` alone; with top == nullptr,
+    // 0 is the first blocks alone).
+    static constexpr uint32_t kAllDepths = ~uint32_t{0};
+    explicit Cursor(const PrefixIndex* index, const IndexNode* top = nullptr,
+                    uint32_t max_depth = kAllDepths);
+    ~Cursor();
+    Cursor(const Cursor&) = delete;
+    Cursor& operator=(const Cursor&) = delete;
+
+    // Calls `visit` for up to `max_nodes` further nodes; returns how many.
+    // `visit` must not add or remove nodes.
+    size_t Step(size_t max_nodes, absl::FunctionRef<void(IndexNode*)> visit);
+    bool done() const { return next_ == nullptr; }
+    // The index walked, or nullptr once it is gone.
+    const PrefixIndex* index() const { return index_; }
+
+   private:
+    friend class PrefixIndex;
+    // The node after `n` in this walk; below `n` only when `descend`.
+    IndexNode* After(const IndexNode* n, bool descend) const;
+
+    const PrefixIndex* index_;
+    const IndexNode* top_;  // nullptr: the whole index
+    uint32_t base_depth_;   // depth of the walk's first level
+    uint32_t max_depth_;
+    IndexNode* next_ = nullptr;  // the next node to visit; nullptr: done
+  };
+
   // Chained key of a block given its parent's key (0 for the first block).
   uint64_t ChainKey(uint64_t parent_key, std::span<const Token> block) const {
     return hasher_->ChainKey(parent_key, block);
@@ -237,6 +279,8 @@ class PrefixIndex {
   IndexNode root_;
   // Every node, by lookup hash. The index owns the nodes.
   absl::flat_hash_map<uint64_t, IndexNode*> nodes_;
+  // The walks in progress (usually none); told of every removal.
+  mutable std::vector<Cursor*> cursors_;
 };
 
 inline std::span<const Token> IndexNode::tokens() const {

@@ -243,6 +243,108 @@ TEST_F(PrefixIndexTest, VisitsOneSubtreeOrOneLevel) {
   EXPECT_EQ(none, 0u);
 }
 
+// Walks `cursor` to its end, `step` nodes at a time; the paths visited.
+std::vector<std::vector<uint32_t>> WalkAll(PrefixIndex::Cursor& cursor, size_t step) {
+  std::vector<std::vector<uint32_t>> paths;
+  while (!cursor.done()) {
+    const size_t visited = cursor.Step(step, [&](IndexNode* n) { paths.push_back(PathOf(n)); });
+    EXPECT_GT(visited, 0u);
+    EXPECT_LE(visited, step);
+  }
+  return paths;
+}
+
+TEST_F(PrefixIndexTest, CursorWalksParentsFirstInBoundedSteps) {
+  Insert({1, 2, 3});
+  Insert({1, 2, 4});
+  Insert({1, 5});
+  Insert({6, 7});
+  using P = std::vector<uint32_t>;
+  PrefixIndex::Cursor all(&index_);
+  const std::vector<P> paths = WalkAll(all, 2);
+  EXPECT_THAT(paths, ::testing::UnorderedElementsAre(P{1}, P{1, 2}, P{1, 2, 3}, P{1, 2, 4}, P{1, 5},
+                                                     P{6}, P{6, 7}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const P parent(paths[i].begin(), paths[i].end() - 1);
+    if (parent.empty()) continue;
+    EXPECT_NE(std::find(paths.begin(), paths.begin() + static_cast<ptrdiff_t>(i), parent),
+              paths.begin() + static_cast<ptrdiff_t>(i))
+        << "a child came before its parent";
+  }
+  EXPECT_EQ(all.Step(5, [](IndexNode*) { ADD_FAILURE() << "visited past the end"; }), 0u);
+
+  PrefixIndex::Cursor firsts(&index_, nullptr, /*max_depth=*/0);
+  EXPECT_THAT(WalkAll(firsts, 1), ::testing::UnorderedElementsAre(P{1}, P{6}));
+  IndexNode* two = index_.FindChild(index_.FindChild(nullptr, Block(1)), Block(2));
+  PrefixIndex::Cursor below(&index_, two);
+  EXPECT_THAT(WalkAll(below, 1), ::testing::UnorderedElementsAre(P{1, 2}, P{1, 2, 3}, P{1, 2, 4}));
+  PrefixIndex::Cursor one_level(&index_, index_.FindChild(nullptr, Block(1)), 1);
+  EXPECT_THAT(WalkAll(one_level, 3), ::testing::UnorderedElementsAre(P{1}, P{1, 2}, P{1, 5}));
+}
+
+TEST_F(PrefixIndexTest, CursorSurvivesRemovalsAndAdditionsBetweenSteps) {
+  std::mt19937 gen(7);
+  auto rng = [&] { return static_cast<uint32_t>(gen()); };
+  // Random trees of 3-deep paths; remove random subtrees between steps (the
+  // node the cursor would visit next among them) and add new ones. Every
+  // node present from start to end is visited exactly once, nothing twice,
+  // nothing removed.
+  for (int round = 0; round < 200; ++round) {
+    std::set<std::vector<uint32_t>> before, removed, ever_removed, visited;
+    PrefixIndex index(kBt);
+    auto insert = [&](const std::vector<uint32_t>& ids) {
+      IndexNode* node = nullptr;
+      for (uint32_t id : ids) {
+        const std::vector<Token> block = Block(id);
+        IndexNode* child = index.FindChild(node, block);
+        if (child == nullptr) child = index.AddChild(node, block, payload_);
+        node = child;
+        removed.erase(PathOf(node));  // a new node where a removed one was
+      }
+    };
+    for (int i = 0; i < 30; ++i) insert({rng() % 4u, 10 + rng() % 3u, 20 + rng() % 3u});
+    index.VisitPostOrder([&](IndexNode* n) { before.insert(PathOf(n)); });
+    PrefixIndex::Cursor cursor(&index);
+    while (!cursor.done()) {
+      cursor.Step(1 + rng() % 3, [&](IndexNode* n) {
+        EXPECT_TRUE(visited.insert(PathOf(n)).second) << "visited twice";
+        EXPECT_FALSE(removed.contains(PathOf(n))) << "visited a removed node";
+      });
+      if (rng() % 2 == 0) {
+        std::vector<IndexNode*> all;
+        index.VisitPostOrder([&](IndexNode* n) { all.push_back(n); });
+        if (!all.empty()) {
+          index.RemoveSubtree(all[rng() % all.size()], [&](IndexNode* n) {
+            removed.insert(PathOf(n));
+            ever_removed.insert(PathOf(n));
+          });
+        }
+      }
+      if (rng() % 2 == 0) insert({rng() % 6u, 10 + rng() % 3u, 20 + rng() % 3u});
+    }
+    for (const auto& path : before) {
+      if (!ever_removed.contains(path)) {
+        EXPECT_TRUE(visited.contains(path)) << "missed a node";
+      }
+    }
+  }
+}
+
+TEST_F(PrefixIndexTest, CursorEndsWhenItsSubtreeOrIndexGoes) {
+  IndexNode* two = Insert({1, 2, 3});
+  IndexNode* first = index_.FindChild(nullptr, Block(1));
+  PrefixIndex::Cursor below(&index_, two->parent);
+  index_.RemoveSubtree(first, [](IndexNode*) {});
+  EXPECT_TRUE(below.done());
+
+  auto index = std::make_unique<PrefixIndex>(kBt);
+  index->AddChild(nullptr, Block(1), payload_);
+  PrefixIndex::Cursor outliving(index.get());
+  index.reset();
+  EXPECT_TRUE(outliving.done());
+  EXPECT_EQ(outliving.index(), nullptr);
+}
+
 TEST_F(PrefixIndexTest, KeysChainOverTheWholePrefix) {
   IndexNode* a = Insert({1, 3});
   IndexNode* b = Insert({2, 3});
