@@ -180,6 +180,7 @@ CheckpointServiceStatus CheckpointService::Status() const {
   s.started = started_;
   s.restore = restorer_.progress();
   s.in_progress = in_progress_.load();
+  s.writer_bytes = checkpointer_.writer_bytes();
   MutexLock lock(&mu_);
   s.last = last_;
   s.last_time = last_time_;

@@ -59,6 +59,7 @@ struct CheckpointServiceStatus {
   uint64_t failed = 0;
   std::string last_error;
   bool in_progress = false;
+  uint64_t writer_bytes = 0;  // host memory of the checkpoint being written
 };
 
 // What Verify() read.
