@@ -568,7 +568,8 @@ int Serve(const v1::ServerConfig& config) {
                           .mac_key = secret->Derive("checkpoint-mac")},
          .interval = absl::Seconds(c.interval_seconds()),
          .restore_on_start = c.restore_on_start(),
-         .lower_retained_share = c.ssd_retained_share()});
+         .lower_retained_share = c.ssd_retained_share(),
+         .after_run = [&trimmer] { trimmer.RequestTrim(); }});
     if (!opened.ok()) {
       spdlog::error("checkpoints: {}", opened.status().ToString());
       return 2;

@@ -101,6 +101,7 @@ absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
   in_progress_ = true;
   absl::StatusOr<CheckpointRun> run = checkpointer_.Run();
   in_progress_ = false;
+  if (options_.after_run) options_.after_run();
   MutexLock lock(&mu_);
   if (run.ok()) {
     ++ok_;

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,10 @@ struct CheckpointServiceOptions {
   // newest checkpoint may hold against new writes; past it, writes reuse the
   // oldest retained space (BlockStore::SetRetentionBudget). 1: never.
   double lower_retained_share = 0.10;
+  // Called after each checkpoint run, ok or not, with no lock held: the
+  // daemon asks its allocator to give the writer's freed buffers back to the
+  // OS (MallocTrimmer::RequestTrim). Empty: nothing.
+  std::function<void()> after_run;
 };
 
 struct CheckpointServiceStatus {
