@@ -29,10 +29,13 @@
 #include "server/config/config.h"
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
+#include "server/core/memory_breakdown.h"
 #include "server/core/slab_pool.h"
 #include "server/daemon_security.h"
 #include "server/http/http_server.h"
 #include "server/logging/logging.h"
+#include "server/memory/malloc_tuning.h"
+#include "server/memory/process_memory.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
@@ -314,6 +317,7 @@ absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig&
                                     : c.io_engine() == "threads" ? SsdIoEngine::kThreadPool
                                                                  : SsdIoEngine::kAuto,
                           .io_threads = c.io_threads(),
+                          .staging_cache_bytes = c.staging_cache_bytes(),
                           .epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
   absl::StatusOr<std::shared_ptr<BlockStore>> store = OpenSsdBlockStore(options);
   if (!store.ok()) {
@@ -445,6 +449,15 @@ int Serve(const v1::ServerConfig& config) {
     return 2;
   }
   spdlog::info("kvcached {} starting with config:\n{}", KVCACHE_VERSION, ConfigToJson(config));
+  // The allocator's tuning before any other thread exists (docs/operations.md,
+  // "Memory"); then a thread gives the free memory it keeps back to the OS.
+  const v1::MemoryConfig& memory = config.memory();
+  if (absl::Status s = ApplyMallocTuning({.mmap_threshold_bytes = memory.mmap_threshold_bytes(),
+                                          .arena_max = memory.malloc_arena_max()});
+      !s.ok()) {
+    spdlog::warn("memory: {}; running with glibc's defaults", s.ToString());
+  }
+  MallocTrimmer trimmer(absl::Milliseconds(memory.trim_interval_ms()));
 
   // The GPU tier first: the host pool registers its memory with its device.
   absl::StatusOr<std::shared_ptr<DeviceTier>> gpu = OpenGpuTier(config.gpu_tier());
@@ -555,7 +568,8 @@ int Serve(const v1::ServerConfig& config) {
                           .mac_key = secret->Derive("checkpoint-mac")},
          .interval = absl::Seconds(c.interval_seconds()),
          .restore_on_start = c.restore_on_start(),
-         .lower_retained_share = c.ssd_retained_share()});
+         .lower_retained_share = c.ssd_retained_share(),
+         .after_run = [&trimmer] { trimmer.RequestTrim(); }});
     if (!opened.ok()) {
       spdlog::error("checkpoints: {}", opened.status().ToString());
       return 2;
@@ -579,10 +593,37 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::error("{}", security.status().ToString());
     return 2;
   }
-  auto http = StartHttpEndpoint(
-      config, *metrics, security->access.get(),
-      std::make_shared<CacheStatusSource>(&cache, StatusIdentityOf(config.listen()),
-                                          ConfigToJson(config), events, stats_source));
+  // The daemon's memory, part by part (docs/operations.md, "Memory"): for the
+  // metrics, the status page and GetStats. The shared-memory server is
+  // started below; until then it counts no connections.
+  std::unique_ptr<ShmServer> shm_server;
+  std::atomic<const ShmServer*> shm_counted{nullptr};  // shm_server while it serves
+  auto memory_source = [&cache, &checkpoints, &shm_counted, &trimmer,
+                        capacity = config.host_tier().capacity_bytes()] {
+    const CacheStats stats = cache.GetStats();
+    MemoryInputs in{
+        .malloc = ReadMallocStats(),
+        .malloc_trims = trimmer.trims(),
+        .capacity_bytes = capacity,
+        .pool_reserved_bytes = stats.host_pool.reserved_bytes,
+        .metadata_bytes = stats.metadata_bytes,
+        .ssd_staging_bytes = stats.has_lower ? stats.lower_store.staging_bytes : 0,
+        .checkpoint_writer_bytes = checkpoints != nullptr ? checkpoints->Status().writer_bytes : 0,
+        .shm_connections = 0};
+    if (const ShmServer* shm = shm_counted.load(); shm != nullptr) {
+      in.shm_connections = static_cast<uint64_t>(shm->connections());
+    }
+    if (absl::StatusOr<ProcessMemory> process = ReadProcessMemory(); process.ok()) {
+      in.process = *process;
+    }
+    return BreakDownMemory(in);
+  };
+  metrics->AddCounterSource(
+      [memory_source](CounterVisitor& v) { memory_source().VisitCounters(v); });
+  auto status_source = std::make_shared<CacheStatusSource>(
+      &cache, StatusIdentityOf(config.listen()), ConfigToJson(config), events, stats_source);
+  status_source->SetMemorySource(memory_source);
+  auto http = StartHttpEndpoint(config, *metrics, security->access.get(), status_source);
   if (!http.ok()) {
     spdlog::error("{}", http.status().ToString());
     return 2;
@@ -621,7 +662,6 @@ int Serve(const v1::ServerConfig& config) {
       return 2;
     }
   }
-  std::unique_ptr<ShmServer> shm_server;
   if (const std::string shm_socket = ShmSocketPath(config.listen()); !shm_socket.empty()) {
     const v1::ShmConfig& shm = config.shm();
     // The budget outlives the server: the metrics read it while they serve.
@@ -651,6 +691,7 @@ int Serve(const v1::ServerConfig& config) {
       return 2;
     }
     shm_server = *std::move(started);
+    shm_counted = shm_server.get();
     spdlog::info("serving the shared-memory data plane on {}", shm_socket);
   }
 
@@ -678,6 +719,7 @@ int Serve(const v1::ServerConfig& config) {
   server_options.inflight = &inflight;
   server_options.tls = security->ServedTls();
   server_options.access = security->access.get();
+  server_options.memory = memory_source;
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -721,6 +763,7 @@ int Serve(const v1::ServerConfig& config) {
   // After the drain: the final checkpoint sees every committed append.
   if (checkpoints != nullptr) checkpoints->Shutdown(config.checkpoint().on_shutdown());
   server->reset();  // before the cache: in-flight fetches hold its blocks
+  shm_counted = nullptr;
   shm_server.reset();
   spdlog::info("kvcached stopped");
   return 0;

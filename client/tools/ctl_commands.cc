@@ -331,6 +331,19 @@ int RunStats(const Context& ctx) {
       << "integrity:          " << conflicting << " conflicting blocks in "
       << stats->conflicting_appends() << " appends, " << restored << " lossy blocks restored, "
       << corrupt << " corrupt blocks dropped\n";
+  if (stats->has_memory()) {
+    const v1::MemoryStats& m = stats->memory();
+    out << "\nMemory: own " << HumanBytes(m.own_bytes()) << " of a bound of "
+        << HumanBytes(m.bound_bytes()) << (m.own_bytes() > m.bound_bytes() ? " (OVER)" : "")
+        << " (rss " << HumanBytes(m.rss_bytes()) << " minus " << HumanBytes(m.shared_bytes())
+        << " of workers' shared memory); " << m.threads() << " threads, " << m.shm_connections()
+        << " shared-memory connections, " << m.malloc_trims() << " allocator trims\n";
+    Table parts({{"PART"}, {"BYTES", true}, {"SHARE%", true}});
+    for (const v1::MemoryStats::Part& p : m.parts()) {
+      parts.AddRow({p.name(), HumanBytes(p.bytes()), Percent(p.bytes(), m.own_bytes())});
+    }
+    parts.Print(out);
+  }
   return kExitOk;
 }
 

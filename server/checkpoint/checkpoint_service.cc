@@ -101,6 +101,7 @@ absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
   in_progress_ = true;
   absl::StatusOr<CheckpointRun> run = checkpointer_.Run();
   in_progress_ = false;
+  if (options_.after_run) options_.after_run();
   MutexLock lock(&mu_);
   if (run.ok()) {
     ++ok_;
@@ -180,6 +181,7 @@ CheckpointServiceStatus CheckpointService::Status() const {
   s.started = started_;
   s.restore = restorer_.progress();
   s.in_progress = in_progress_.load();
+  s.writer_bytes = checkpointer_.writer_bytes();
   MutexLock lock(&mu_);
   s.last = last_;
   s.last_time = last_time_;

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,10 @@ struct CheckpointServiceOptions {
   // newest checkpoint may hold against new writes; past it, writes reuse the
   // oldest retained space (BlockStore::SetRetentionBudget). 1: never.
   double lower_retained_share = 0.10;
+  // Called after each checkpoint run, ok or not, with no lock held: the
+  // daemon asks its allocator to give the writer's freed buffers back to the
+  // OS (MallocTrimmer::RequestTrim). Empty: nothing.
+  std::function<void()> after_run;
 };
 
 struct CheckpointServiceStatus {
@@ -59,6 +64,7 @@ struct CheckpointServiceStatus {
   uint64_t failed = 0;
   std::string last_error;
   bool in_progress = false;
+  uint64_t writer_bytes = 0;  // host memory of the checkpoint being written
 };
 
 // What Verify() read.

@@ -68,6 +68,11 @@ CheckpointWriter::CheckpointWriter(FileSystem* fs, std::string dir, uint64_t seq
 
 CheckpointWriter::~CheckpointWriter() { Abort(); }
 
+uint64_t CheckpointWriter::MemoryBytes() const {
+  return buffer_.capacity() + scratch_.capacity() +
+         (zstd_ != nullptr ? ZSTD_sizeof_CCtx(zstd_.get()) : 0);
+}
+
 int64_t CheckpointWriter::Now() const {
   if (options_.now_unix_ms) return options_.now_unix_ms();
   return std::chrono::duration_cast<std::chrono::milliseconds>(

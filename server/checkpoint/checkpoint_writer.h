@@ -93,6 +93,9 @@ class CheckpointWriter {
   uint64_t record_count() const { return record_count_; }
   // Bytes of the data file so far (header and frames, buffered ones included).
   uint64_t data_bytes() const { return offset_; }
+  // Host memory the writer holds: its write buffer, its compression scratch
+  // and the zstd context (docs/operations.md, "Memory").
+  uint64_t MemoryBytes() const;
 
  private:
   struct ZstdFree {

@@ -49,6 +49,7 @@ Checkpointer::Checkpointer(Cache* cache, FileSystem* fs, CheckpointerOptions opt
 absl::StatusOr<CheckpointRun> Checkpointer::Run() {
   MutexLock lock(&mu_);
   absl::StatusOr<CheckpointRun> run = RunLocked();
+  writer_bytes_.store(0, std::memory_order_relaxed);
   if (!run.ok()) {
     // The next run starts over from a full checkpoint: what the failed one
     // wrote is gone, and the map may describe neither.
@@ -114,6 +115,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
       batch.clear();
       run.gone_blocks += cache_->CaptureBlocks(
           model.key, std::span<const uint64_t>(model.blocks).subspan(first, n), &batch);
+      writer_bytes_.store(w.MemoryBytes(), std::memory_order_relaxed);
       for (const BlockImage& b : batch) {
         std::optional<StoredLocation> where;
         if (b.lower != nullptr && reattachable) where = lower->Locate(*b.lower);

@@ -28,6 +28,7 @@
 #ifndef KVCACHE_SERVER_CHECKPOINT_CHECKPOINTER_H_
 #define KVCACHE_SERVER_CHECKPOINT_CHECKPOINTER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -94,6 +95,10 @@ class Checkpointer {
   // again after a restart.
   void SeedPayloads(PayloadMap payloads) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Host memory the writer of the run in progress holds (its buffers and
+  // compression context, updated per batch of blocks); 0 between runs.
+  uint64_t writer_bytes() const { return writer_bytes_.load(std::memory_order_relaxed); }
+
  private:
   absl::StatusOr<CheckpointRun> RunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -106,6 +111,7 @@ class Checkpointer {
   bool have_previous_ ABSL_GUARDED_BY(mu_) = false;  // payloads_ describes the last commit
   PayloadMap payloads_ ABSL_GUARDED_BY(mu_);         // payloads by lookup hash, last commit
   uint64_t retention_mark_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> writer_bytes_{0};
 };
 
 }  // namespace kvcache::checkpoint

@@ -79,6 +79,26 @@ absl::Status ValidateGpuTier(const v1::GpuTierConfig& g) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateMemory(const v1::MemoryConfig& m) {
+  if (m.mmap_threshold_bytes() != 0) {
+    if (auto s = CheckRange("memory.mmap_threshold_bytes", m.mmap_threshold_bytes(), 4096,
+                            uint64_t{32} << 20);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (auto s = CheckRange("memory.malloc_arena_max", m.malloc_arena_max(), 0, 1024); !s.ok()) {
+    return s;
+  }
+  if (m.trim_interval_ms() != 0) {
+    if (auto s = CheckRange("memory.trim_interval_ms", m.trim_interval_ms(), 10, 3600000);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
   if (ssd.path().empty()) return absl::OkStatus();
   if (auto s = CheckRange("ssd_tier.region_bytes", ssd.region_bytes(), 1 << 20, uint64_t{1} << 30);
@@ -99,6 +119,11 @@ absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
                                                    "\"; it must be auto, io_uring or threads"));
   }
   if (auto s = CheckRange("ssd_tier.io_threads", ssd.io_threads(), 1, 256); !s.ok()) return s;
+  if (auto s = CheckRange("ssd_tier.staging_cache_bytes", ssd.staging_cache_bytes(), 0,
+                          uint64_t{1} << 30);
+      !s.ok()) {
+    return s;
+  }
   if (auto s = CheckRange("ssd_tier.admit_min_references", ssd.admit_min_references(), 1, 65535);
       !s.ok()) {
     return s;
@@ -296,6 +321,12 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (ssd->admit_min_references() == 0) ssd->set_admit_min_references(1);
   if (!ssd->has_promote_on_fetch()) ssd->set_promote_on_fetch(true);
   if (ssd->on_open_failure().empty()) ssd->set_on_open_failure("refuse");
+  if (!ssd->has_staging_cache_bytes()) ssd->set_staging_cache_bytes(uint64_t{8} << 20);
+
+  v1::MemoryConfig* memory = c->mutable_memory();
+  if (!memory->has_mmap_threshold_bytes()) memory->set_mmap_threshold_bytes(uint64_t{64} << 10);
+  if (!memory->has_malloc_arena_max()) memory->set_malloc_arena_max(4);
+  if (!memory->has_trim_interval_ms()) memory->set_trim_interval_ms(1000);
 
   v1::GpuTierConfig* gpu = c->mutable_gpu_tier();
   if (gpu->capacity_bytes() == 0) gpu->set_capacity_bytes(uint64_t{8} << 30);
@@ -543,6 +574,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
+  if (auto s = ValidateMemory(c.memory()); !s.ok()) return s;
   if (auto s = ValidateGpuTier(c.gpu_tier()); !s.ok()) return s;
   if (auto s = ValidateCheckpoint(c.checkpoint()); !s.ok()) return s;
   if (auto s = ValidateStatusPage(c.status_page()); !s.ok()) return s;

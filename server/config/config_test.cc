@@ -231,6 +231,21 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
        "checkpoint.ssd_retained_share"},
       {"unknown log format", [](auto& c) { c.mutable_logging()->set_format("xml"); },
        "logging.format"},
+      {"huge ssd staging cache",
+       [](auto& c) {
+         c.mutable_ssd_tier()->set_path("/var/lib/kvcached/ssd.bin");  // checked with a tier
+         c.mutable_ssd_tier()->set_staging_cache_bytes(uint64_t{2} << 30);
+       },
+       "ssd_tier.staging_cache_bytes"},
+      {"tiny mmap threshold", [](auto& c) { c.mutable_memory()->set_mmap_threshold_bytes(100); },
+       "memory.mmap_threshold_bytes"},
+      {"huge mmap threshold",
+       [](auto& c) { c.mutable_memory()->set_mmap_threshold_bytes(uint64_t{64} << 20); },
+       "memory.mmap_threshold_bytes"},
+      {"too many arenas", [](auto& c) { c.mutable_memory()->set_malloc_arena_max(5000); },
+       "memory.malloc_arena_max"},
+      {"trimming too often", [](auto& c) { c.mutable_memory()->set_trim_interval_ms(1); },
+       "memory.trim_interval_ms"},
       {"no listener",
        [](auto& c) {
          c.mutable_listen()->set_tcp_address("none");
@@ -505,6 +520,24 @@ TEST(ConfigTest, EvictionPolicyDefaultsAndExplicitZeros) {
 
 namespace kvcache {
 namespace {
+
+TEST(ConfigTest, MemoryDefaultsAndExplicitZeros) {
+  const v1::ServerConfig d = DefaultConfig();
+  EXPECT_EQ(d.ssd_tier().staging_cache_bytes(), uint64_t{8} << 20);
+  EXPECT_EQ(d.memory().mmap_threshold_bytes(), uint64_t{64} << 10);
+  EXPECT_EQ(d.memory().malloc_arena_max(), 4u);
+  EXPECT_EQ(d.memory().trim_interval_ms(), 1000u);
+  // 0 is a setting of its own for each: keep none, glibc's defaults, never.
+  auto c = ParseConfigJson(
+      R"({"ssd_tier": {"staging_cache_bytes": 0}, "memory": {"mmap_threshold_bytes": 0, )"
+      R"("malloc_arena_max": 0, "trim_interval_ms": 0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ssd_tier().staging_cache_bytes(), 0u);
+  EXPECT_EQ(c->memory().mmap_threshold_bytes(), 0u);
+  EXPECT_EQ(c->memory().malloc_arena_max(), 0u);
+  EXPECT_EQ(c->memory().trim_interval_ms(), 0u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
 
 TEST(ConfigTest, StatusPageDefaultsAndBounds) {
   const v1::StatusPageConfig d = DefaultConfig().status_page();

@@ -104,6 +104,9 @@ struct BlockStoreStats {
   // the checkpoint that listed those copies no longer re-attaches them.
   uint64_t retained_reused = 0;
   uint64_t reattached = 0;  // copies made live by ReattachBatch()
+  // Host memory the store itself holds outside the host pool: the SSD tier's
+  // bounce buffers (idle ones kept for reuse, and those of I/O in progress).
+  uint64_t staging_bytes = 0;
 };
 
 // Where a copy lives in a persistent store: enough, with its key and seal, to

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/core/memory_breakdown.h"
 #include "server/shm/mapping_budget.h"
 
 namespace kvcache {
@@ -314,6 +315,11 @@ TEST(MetricsTest, ExposesEveryDocumentedFamilyWithItsLabels) {
   absl::StatusOr<MappingBudget::Grant> grant = budget->Reserve("uid 1", 1 << 20);
   ASSERT_TRUE(grant.ok());
   metrics->AddCounterSource([budget](CounterVisitor& v) { budget->VisitCounters(v); });
+  metrics->AddCounterSource([](CounterVisitor& v) {
+    BreakDownMemory(
+        {.process = {.vm_rss_bytes = 300 << 20, .threads = 40}, .capacity_bytes = 256 << 20})
+        .VisitCounters(v);
+  });
   const std::string text = metrics->Render();
   EXPECT_THAT(text, HasSubstr("kvcached_shm_mapped_bytes 1048576\n"));
   EXPECT_THAT(text, HasSubstr("kvcached_shm_mappings 1\n"));

@@ -9,6 +9,25 @@
 
 namespace kvcache {
 
+void FillMemoryStats(const MemoryBreakdown& memory, v1::MemoryStats* out) {
+  out->set_rss_bytes(memory.process.vm_rss_bytes);
+  out->set_anonymous_bytes(memory.process.rss_anon_bytes);
+  out->set_file_bytes(memory.process.rss_file_bytes);
+  out->set_shared_bytes(memory.process.rss_shmem_bytes);
+  out->set_own_bytes(memory.own_bytes);
+  out->set_bound_bytes(memory.bound_bytes);
+  out->set_threads(memory.process.threads);
+  for (size_t i = 0; i < kMemoryParts; ++i) {
+    v1::MemoryStats::Part* part = out->add_parts();
+    part->set_name(std::string(MemoryPartName(static_cast<MemoryPart>(i))));
+    part->set_bytes(memory.parts[i]);
+  }
+  out->set_heap_in_use_bytes(memory.malloc.in_use_bytes);
+  out->set_heap_free_bytes(memory.malloc.free_bytes);
+  out->set_malloc_trims(memory.malloc_trims);
+  out->set_shm_connections(memory.shm_connections);
+}
+
 void FillStats(const CacheStats& stats, v1::GetStatsResponse* response) {
   for (const ModelStats& m : stats.models) {
     v1::ModelStats* out = response->add_models();
@@ -182,6 +201,7 @@ grpc::ServerUnaryReactor* AdminService::GetStats(grpc::CallbackServerContext* ct
       std::remove_if(models->begin(), models->end(),
                      [&](const v1::ModelStats& m) { return !caller->MaySee(m.namespace_()); }),
       models->end());
+  if (memory_) FillMemoryStats(memory_(), response->mutable_memory());
   if (rpc_tally_ != nullptr) {
     for (const RpcCount& c : rpc_tally_->Counts()) {
       v1::RpcCounters* out = response->add_rpcs();

@@ -6,6 +6,7 @@
 #define KVCACHE_SERVER_RPC_ADMIN_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "kvcache/v1/admin.grpc.pb.h"
 #include "server/checkpoint/checkpoint_service.h"
 #include "server/core/cache.h"
+#include "server/core/memory_breakdown.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
@@ -35,12 +37,19 @@ void FillCheckpointStatus(const checkpoint::CheckpointService& service, v1::Chec
 // A stats snapshot as GetStats answers it (without the per-method counts).
 void FillStats(const CacheStats& stats, v1::GetStatsResponse* out);
 
+// GetStatsResponse.memory from a breakdown.
+void FillMemoryStats(const MemoryBreakdown& memory, v1::MemoryStats* out);
+
+// The daemon's memory breakdown now (read at each GetStats).
+using MemorySource = std::function<MemoryBreakdown()>;
+
 // What the Admin service reads besides the cache; each may be null.
 struct AdminSources {
   checkpoint::CheckpointService* checkpoints = nullptr;  // null: checkpoints off
   const RpcTally* rpc_tally = nullptr;                   // GetStats' per-method counts
   const InflightCalls* inflight = nullptr;               // DumpMemory's calls (FillInflightCalls)
   AccessControl* access = nullptr;  // who may call what; null: everyone, everywhere
+  MemorySource memory;              // GetStats' memory; empty: not reported
 };
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -53,7 +62,8 @@ class AdminService final : public v1::Admin::CallbackService {
         checkpoints_(sources.checkpoints),
         rpc_tally_(sources.rpc_tally),
         inflight_(sources.inflight),
-        access_(sources.access) {}
+        access_(sources.access),
+        memory_(std::move(sources.memory)) {}
 
   grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx,
                                    const v1::WhoAmIRequest* request,
@@ -112,6 +122,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const RpcTally* const rpc_tally_;
   const InflightCalls* const inflight_;
   AccessControl* const access_;
+  const MemorySource memory_;
   // Block verifications running now (each on a thread of its own).
   std::atomic<int> verifications_{0};
 };

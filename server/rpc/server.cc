@@ -167,7 +167,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
                                      AdminSources{.checkpoints = options.checkpoints,
                                                   .rpc_tally = options.rpc_tally,
                                                   .inflight = options.inflight,
-                                                  .access = options.access});
+                                                  .access = options.access,
+                                                  .memory = options.memory});
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
   server->server_ = builder.BuildAndStart();

@@ -62,6 +62,8 @@ struct GrpcServerOptions {
   // Who may call what, in which namespaces; null: everyone, everywhere.
   // Outlives the server.
   AccessControl* access = nullptr;
+  // GetStats' memory breakdown; empty: not reported.
+  MemorySource memory;
 };
 
 class GrpcServer {

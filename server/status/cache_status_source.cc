@@ -18,6 +18,11 @@ CacheStatusSource::CacheStatusSource(const Cache* cache, StatusIdentity identity
       clock_(clock),
       costly_walk_(costly_walk) {}
 
+std::optional<MemoryBreakdown> CacheStatusSource::Memory() const {
+  if (!memory_) return std::nullopt;
+  return memory_();
+}
+
 CacheStats CacheStatusSource::Stats() const { return stats_ ? stats_() : cache_->GetStats(); }
 
 std::vector<PrefixSummary> CacheStatusSource::TopPrefixes(size_t limit) const {

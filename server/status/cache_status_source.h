@@ -38,9 +38,14 @@ class CacheStatusSource final : public StatusSource {
 
   static constexpr absl::Duration kTopPrefixesRefresh = absl::Seconds(5);
 
+  // Where Memory() reads the daemon's memory breakdown; unset: no Memory
+  // section. REQUIRES: called before the source is shared with a server.
+  void SetMemorySource(std::function<MemoryBreakdown()> memory) { memory_ = std::move(memory); }
+
   StatusIdentity Identity() const override { return identity_; }
   std::string ConfigJson() const override { return config_json_; }
   CacheStats Stats() const override;
+  std::optional<MemoryBreakdown> Memory() const override;
   std::vector<PrefixSummary> TopPrefixes(size_t limit) const override;
   std::vector<LoggedMessage> RecentErrors() const override;
   std::vector<LoggedMove> RecentMoves() const override;
@@ -53,6 +58,7 @@ class CacheStatusSource final : public StatusSource {
   const std::string config_json_;
   const std::shared_ptr<const EventLog> events_;
   const std::function<CacheStats()> stats_;
+  std::function<MemoryBreakdown()> memory_;
   Clock* const clock_;
   const absl::Duration costly_walk_;
   // The last costly TopPrefixes walk: when, for how many, and its answer.

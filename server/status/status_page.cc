@@ -348,6 +348,26 @@ HttpResponse ServeAttention(const StatusSource& source, const StatusPageOptions&
 
 }  // namespace
 
+// The daemon's own memory against its bound, and each part of it.
+void AppendMemory(const MemoryBreakdown& m, std::string* out) {
+  const double own = m.own_bytes > 0 ? static_cast<double>(m.own_bytes) : 1;
+  absl::StrAppend(out, "<section id=\"memory\"><h2>Memory</h2><p>Own memory ",
+                  BytesText(m.own_bytes), " of a bound of ", BytesText(m.bound_bytes),
+                  m.over_bound() ? " <strong>(over the bound)</strong>" : "", " (VmRSS ",
+                  BytesText(m.process.vm_rss_bytes), " minus ",
+                  BytesText(m.process.rss_shmem_bytes), " of workers' shared memory); ",
+                  m.process.threads, " threads, ", m.shm_connections,
+                  " shared-memory connections, ", m.malloc_trims,
+                  " allocator trims.</p><table><tr><th>part</th><th>bytes</th><th>share</th></tr>");
+  for (size_t i = 0; i < kMemoryParts; ++i) {
+    const std::string name(MemoryPartName(static_cast<MemoryPart>(i)));
+    absl::StrAppend(out, "<tr class=\"memory-part\" data-part=\"", name, "\">", Cell(name),
+                    "<td class=\"num\">", BytesText(m.parts[i]), "</td><td class=\"num\">",
+                    Percent(static_cast<double>(m.parts[i]) / own), "</td></tr>");
+  }
+  out->append("</table></section>\n");
+}
+
 std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions& options,
                              absl::Time now) {
   const CacheStats stats = source.Stats();
@@ -358,11 +378,15 @@ std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions
   std::string out = Head("kvcached status");
   out.append(
       "<nav id=\"sections\"><a href=\"#version\">version</a><a href=\"#tiers\">tiers</a><a "
-      "href=\"#models\">models</a><a href=\"#top-prefixes\">top prefixes</a><a "
+      "href=\"#memory\">memory</a><a href=\"#models\">models</a><a href=\"#top-prefixes\">top "
+      "prefixes</a><a "
       "href=\"#attention\">attention</a><a href=\"#recent-errors\">errors</a><a "
       "href=\"#recent-migrations\">tier moves</a><a href=\"#config\">config</a></nav>\n");
   AppendVersion(source.Identity(), now, &out);
   AppendTiers(stats, &out);
+  if (const std::optional<MemoryBreakdown> memory = source.Memory(); memory.has_value()) {
+    AppendMemory(*memory, &out);
+  }
   if (options.tenant_detail) {
     AppendModels(stats, &out);
     AppendTopPrefixes(top, options, now, &out);

@@ -48,6 +48,7 @@
 #include "server/core/cache_inspection.h"
 #include "server/core/cache_stats.h"
 #include "server/core/layout.h"
+#include "server/core/memory_breakdown.h"
 #include "server/http/http_server.h"
 #include "server/status/event_log.h"
 
@@ -71,6 +72,8 @@ class StatusSource {
   // The configuration in effect, as JSON text.
   virtual std::string ConfigJson() const = 0;
   virtual CacheStats Stats() const = 0;
+  // The daemon's memory, part by part (the "Memory" section); nullopt: none.
+  virtual std::optional<MemoryBreakdown> Memory() const { return std::nullopt; }
   // The `limit` prefixes used most (ties: more bytes first).
   virtual std::vector<PrefixSummary> TopPrefixes(size_t limit) const = 0;
   // Newest first.

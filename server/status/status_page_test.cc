@@ -71,6 +71,18 @@ class FakeSource final : public StatusSource {
   std::string ConfigJson() const override {
     return absl::StrCat("{\"listen\": {\"tcp_address\": \"", kHostile, "\"}}");
   }
+  std::optional<MemoryBreakdown> Memory() const override {
+    return BreakDownMemory({.process = {.vm_rss_bytes = memory_rss,
+                                        .rss_file_bytes = 20 << 20,
+                                        .rss_shmem_bytes = 64 << 20,
+                                        .threads = 40},
+                            .malloc = {.in_use_bytes = 30 << 20},
+                            .capacity_bytes = 1 << 30,
+                            .pool_reserved_bytes = 1 << 29,
+                            .metadata_bytes = 5 << 20,
+                            .shm_connections = 3});
+  }
+  uint64_t memory_rss = uint64_t{700} << 20;
   CacheStats Stats() const override {
     CacheStats s;
     s.host_pool.capacity_bytes = 1 << 30;
@@ -131,8 +143,8 @@ TEST(StatusPageTest, HasEverySection) {
   FakeSource source;
   const std::string page =
       RenderStatusPage(source, {}, absl::FromUnixSeconds(1'700'000'000 + 3 * 3600));
-  for (const char* id : {"version", "config", "tiers", "models", "top-prefixes", "recent-errors",
-                         "recent-migrations", "attention"}) {
+  for (const char* id : {"version", "config", "tiers", "memory", "models", "top-prefixes",
+                         "recent-errors", "recent-migrations", "attention"}) {
     EXPECT_THAT(page, HasSubstr(absl::StrCat("<section id=\"", id, "\">"))) << id;
   }
   EXPECT_THAT(page, HasSubstr("1.2.3"));
@@ -144,6 +156,21 @@ TEST(StatusPageTest, HasEverySection) {
   EXPECT_THAT(page, HasSubstr("id=\"top-prefixes-by-bytes\""));
   EXPECT_THAT(page, HasSubstr("/status/attention?ns=team&amp;model=%3Cscript%3E"));
   EXPECT_TRUE(absl::StartsWith(page, "<!DOCTYPE html>"));
+}
+
+TEST(StatusPageTest, ShowsTheDaemonsMemoryPartByPartAgainstItsBound) {
+  FakeSource source;
+  std::string page = RenderStatusPage(source, {}, absl::FromUnixSeconds(1'700'000'000));
+  for (size_t i = 0; i < kMemoryParts; ++i) {
+    const std::string name(MemoryPartName(static_cast<MemoryPart>(i)));
+    EXPECT_THAT(page, HasSubstr(absl::StrCat("data-part=\"", name, "\"")));
+  }
+  EXPECT_THAT(page, HasSubstr("Own memory 636.00 MiB of a bound of 1.16 GiB"));
+  EXPECT_THAT(page, HasSubstr("40 threads, 3 shared-memory connections"));
+  EXPECT_THAT(page, Not(HasSubstr("over the bound")));
+  source.memory_rss = uint64_t{1400} << 20;  // own 1336 MiB
+  page = RenderStatusPage(source, {}, absl::FromUnixSeconds(1'700'000'000));
+  EXPECT_THAT(page, HasSubstr("over the bound"));
 }
 
 TEST(StatusPageTest, DrawsTierBarsAtTheirUsage) {

@@ -63,7 +63,8 @@ class SsdBlockStore final : public BlockStore {
             .failed_writes = s.failed_writes,
             .retained_bytes = s.retained_bytes,
             .retained_reused = s.retained_reused,
-            .reattached = s.reattached};
+            .reattached = s.reattached,
+            .staging_bytes = s.staging_cached_bytes + s.staging_in_use_bytes};
   }
 
   bool persistent() const override { return true; }

@@ -357,6 +357,7 @@ BufferPool::~BufferPool() {
 BufferPool::Buffer BufferPool::Take(uint64_t bytes) {
   {
     MutexLock lock(&mu_);
+    in_use_bytes_ += bytes;
     if (auto it = free_.find(bytes); it != free_.end() && !it->second.empty()) {
       std::byte* data = it->second.back();
       it->second.pop_back();
@@ -365,12 +366,17 @@ BufferPool::Buffer BufferPool::Take(uint64_t bytes) {
     }
   }
   auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, bytes));
+  if (data == nullptr) {
+    MutexLock lock(&mu_);
+    in_use_bytes_ -= bytes;
+  }
   return Buffer(data, Deleter{this, bytes});
 }
 
 void BufferPool::Return(std::byte* data, uint64_t bytes) {
   {
     MutexLock lock(&mu_);
+    in_use_bytes_ -= bytes;
     if (cached_bytes_ + bytes <= cache_limit_bytes_) {
       free_[bytes].push_back(data);
       cached_bytes_ += bytes;
@@ -378,6 +384,16 @@ void BufferPool::Return(std::byte* data, uint64_t bytes) {
     }
   }
   std::free(data);
+}
+
+uint64_t BufferPool::cached_bytes() const {
+  MutexLock lock(&mu_);
+  return cached_bytes_;
+}
+
+uint64_t BufferPool::in_use_bytes() const {
+  MutexLock lock(&mu_);
+  return in_use_bytes_;
 }
 
 }  // namespace kvcache::ssd_internal

@@ -83,7 +83,9 @@ std::unique_ptr<IoEngine> MakeThreadPoolEngine(int fd, uint32_t threads);
 // up do their I/O with pread/pwrite themselves.
 std::unique_ptr<IoEngine> MakeIoUringEngine(int fd, uint32_t queue_depth);
 
-// Page-aligned buffers, kept for reuse up to `cache_limit_bytes`. Thread-safe.
+// Page-aligned bounce buffers (the SSD tier's staging), kept for reuse up to
+// `cache_limit_bytes` of idle ones; the rest are freed when given back.
+// Thread-safe.
 class BufferPool {
  public:
   struct Deleter {
@@ -101,13 +103,18 @@ class BufferPool {
   // A buffer of exactly `bytes` (a multiple of 4 KiB); nullptr when out of memory.
   Buffer Take(uint64_t bytes);
 
+  // Idle buffers kept for reuse, and buffers taken and not yet given back.
+  uint64_t cached_bytes() const;
+  uint64_t in_use_bytes() const;
+
  private:
   void Return(std::byte* data, uint64_t bytes);
 
   const uint64_t cache_limit_bytes_;
-  Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<uint64_t, std::vector<std::byte*>> free_ ABSL_GUARDED_BY(mu_);
   uint64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t in_use_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvcache::ssd_internal

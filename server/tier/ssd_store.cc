@@ -48,7 +48,6 @@ using ssd_internal::SsdSyscalls;
 
 constexpr uint64_t kMinRegionBytes = uint64_t{64} << 10;
 constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 30;
-constexpr uint64_t kBufferCacheBytes = uint64_t{64} << 20;  // idle bounce buffers kept
 
 void Log(absl::string_view what) {
   std::fprintf(stderr, "SsdStore: %.*s\n", static_cast<int>(what.size()), what.data());
@@ -64,7 +63,7 @@ class SsdStoreImpl final : public SsdStore {
         direct_io_(file.direct_io),
         engine_name_(std::move(engine_name)),
         engine_(std::move(engine)),
-        buffers_(kBufferCacheBytes),
+        buffers_(options.staging_cache_bytes),
         slots_(options.region_bytes, regions_),
         classes_(ssd_internal::MakeSizeClasses(options.region_bytes)) {}
 
@@ -206,6 +205,8 @@ class SsdStoreImpl final : public SsdStore {
     stats.read_bytes = read_bytes_.load(std::memory_order_relaxed);
     stats.checksum_failures = checksum_failures_.load(std::memory_order_relaxed);
     stats.io_errors = io_errors_.load(std::memory_order_relaxed);
+    stats.staging_cached_bytes = buffers_.cached_bytes();
+    stats.staging_in_use_bytes = buffers_.in_use_bytes();
     stats.direct_io = direct_io_;
     stats.engine = engine_name_;
     return stats;
@@ -625,6 +626,10 @@ absl::Status SsdStoreOptions::Validate() const {
   }
   if (absl::Status s = CheckRange("io_threads", io_threads, 1, 256); !s.ok()) return s;
   if (absl::Status s = CheckRange("queue_depth", queue_depth, 1, 4096); !s.ok()) return s;
+  if (staging_cache_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ssd_store.staging_cache_bytes is ", staging_cache_bytes, "; allowed: 0 .. 1073741824"));
+  }
   return absl::OkStatus();
 }
 

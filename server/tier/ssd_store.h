@@ -98,6 +98,10 @@ struct SsdStoreOptions {
   SsdIoEngine engine = SsdIoEngine::kAuto;
   uint32_t io_threads = 2;    // thread-pool engine: 1 .. 256
   uint32_t queue_depth = 64;  // io_uring ring entries (also ReadBatch's chunk): 1 .. 4096
+  // Every read and write goes through a page-aligned bounce buffer (the
+  // staging); idle ones are kept for reuse up to this many bytes, the rest
+  // freed. 0 .. 1 GiB.
+  uint64_t staging_cache_bytes = uint64_t{8} << 20;
   // Written into the header of every extent this store writes (and checked
   // when it is read). Give each process a new one (e.g. one more than the
   // newest epoch its checkpoint references), so that no header an earlier
@@ -184,21 +188,23 @@ struct SsdStoreStats {
   uint64_t reserved_bytes = 0;   // regions serving a class
   uint64_t allocated_bytes = 0;  // footprints of live extents (and writes in flight)
   uint64_t live_extents = 0;
-  uint64_t payload_bytes = 0;      // payload bytes of live extents
-  uint64_t writes = 0;             // successful writes
-  uint64_t write_bytes = 0;        // their payload bytes
-  uint64_t reads = 0;              // reads answered OK
-  uint64_t read_bytes = 0;         // their payload bytes
-  uint64_t checksum_failures = 0;  // DATA_LOSS answers (mismatch or short read)
-  uint64_t failed_writes = 0;      // RESOURCE_EXHAUSTED answers
-  uint64_t io_errors = 0;          // UNAVAILABLE answers (errno from the kernel)
-  uint64_t retained_bytes = 0;     // footprints of slots kept by retention (not live)
-  uint64_t retained_extents = 0;   // slots kept by retention
-  uint64_t retained_reused = 0;    // retained slots a Write() reused past the retention budget
-  uint64_t reattached = 0;         // extents made live by ReattachBatch
-  uint64_t reattach_failures = 0;  // ReattachBatch answers other than OK
-  bool direct_io = false;          // O_DIRECT in use
-  std::string engine;              // "io_uring" or "thread_pool", plus why when it fell back
+  uint64_t payload_bytes = 0;         // payload bytes of live extents
+  uint64_t writes = 0;                // successful writes
+  uint64_t write_bytes = 0;           // their payload bytes
+  uint64_t reads = 0;                 // reads answered OK
+  uint64_t read_bytes = 0;            // their payload bytes
+  uint64_t checksum_failures = 0;     // DATA_LOSS answers (mismatch or short read)
+  uint64_t failed_writes = 0;         // RESOURCE_EXHAUSTED answers
+  uint64_t io_errors = 0;             // UNAVAILABLE answers (errno from the kernel)
+  uint64_t retained_bytes = 0;        // footprints of slots kept by retention (not live)
+  uint64_t retained_extents = 0;      // slots kept by retention
+  uint64_t retained_reused = 0;       // retained slots a Write() reused past the retention budget
+  uint64_t reattached = 0;            // extents made live by ReattachBatch
+  uint64_t reattach_failures = 0;     // ReattachBatch answers other than OK
+  uint64_t staging_cached_bytes = 0;  // idle bounce buffers kept for reuse
+  uint64_t staging_in_use_bytes = 0;  // bounce buffers of reads and writes in progress
+  bool direct_io = false;             // O_DIRECT in use
+  std::string engine;                 // "io_uring" or "thread_pool", plus why when it fell back
 };
 
 class SsdStore {
