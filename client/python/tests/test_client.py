@@ -67,6 +67,9 @@ def test_package_metadata():
     assert isinstance(e, kvcache.ResourceExhausted) and e.code == 8 and e.message == "full"
     assert str(e) == "RESOURCE_EXHAUSTED: full"
     assert kvcache.block_checksum(b"") == kvcache.block_checksum(np.zeros(0, np.uint8))
+    pkg = os.path.dirname(kvcache.__file__)
+    assert os.path.exists(os.path.join(pkg, "py.typed"))
+    assert os.path.exists(os.path.join(pkg, "_kvcache.pyi"))
 
 
 def test_data_path_is_the_one_asked_for(client, data_path):
