@@ -25,6 +25,19 @@ BLOCK_BYTES = 2 * 2 * 2 * 16 * 64 * 2  # layers * (K, V) * heads * tokens * head
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
+class DLPackOnly:
+    """An array seen only through DLPack, as a torch CPU tensor is."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 def new_model(c):
     model = "py-" + uuid.uuid4().hex[:12]
     r = c.register_model(model, **LAYOUT)
@@ -105,6 +118,11 @@ def test_round_trip_byte_exact(client, dtype):
     ba = bytearray(kv.nbytes)
     client.fetch(model, list(map(int, tokens)), ba)
     assert bytes(ba) == kv.tobytes()
+    # Through DLPack (torch CPU tensors): the output and, again, the input.
+    out[:] = 0
+    client.fetch(model, tokens, DLPackOnly(out))
+    assert np.array_equal(out, kv)
+    assert client.append(model, tokens, DLPackOnly(kv)).deduplicated_blocks == 5
     # The same bytes again are deduplicated.
     again = client.append(model, tokens.tolist(), kv.tobytes())
     assert again.deduplicated_blocks == 5 and again.stored_blocks == 0
