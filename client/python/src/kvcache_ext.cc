@@ -185,8 +185,8 @@ struct PyLookupResult {
 };
 
 PyLookupResult Convert(const LookupResult& r) {
-  PyLookupResult out{r.matched_tokens, r.withheld_tokens, r.lease_id, UnixSeconds(r.lease_expires),
-                     {}};
+  PyLookupResult out{
+      r.matched_tokens, r.withheld_tokens, r.lease_id, UnixSeconds(r.lease_expires), {}};
   out.blocks.reserve(r.blocks.size());
   for (const v1::BlockDescriptor& b : r.blocks) {
     out.blocks.push_back({b.index(), b.key(), b.checksum(), b.bytes(), b.lossy()});
@@ -273,8 +273,8 @@ LookupOptions MakeLookupOptions(bool lease, double lease_ttl, bool accept_lossy,
 
 void RaiseStatus(const absl::Status& status) {
   nb::object errors = nb::module_::import_("kvcache.errors");
-  nb::object exc = errors.attr("_from_status")(static_cast<int>(status.code()),
-                                               std::string(status.message()));
+  nb::object exc =
+      errors.attr("_from_status")(static_cast<int>(status.code()), std::string(status.message()));
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
 }
 
@@ -391,15 +391,13 @@ NB_MODULE(_kvcache, m) {
   nb::class_<DataPathStats>(m, "DataPathStats", "How this client's data calls have travelled.")
       .def_ro("shared_memory", &DataPathStats::shared_memory,
               "data calls go over shared memory now")
-      .def_ro("shm_probes", &DataPathStats::shm_probes,
-              "attempts to open the shared-memory path")
+      .def_ro("shm_probes", &DataPathStats::shm_probes, "attempts to open the shared-memory path")
       .def_ro("grpc_fallbacks", &DataPathStats::grpc_fallbacks,
               "calls under data_path='auto' that went to gRPC instead")
       .def_ro("fallback_reason", &DataPathStats::fallback_reason,
               "why the last attempt failed; empty once one succeeded")
       .def("__repr__", [](const DataPathStats& s) {
-        return std::string("DataPathStats(shared_memory=") +
-               (s.shared_memory ? "True" : "False") +
+        return std::string("DataPathStats(shared_memory=") + (s.shared_memory ? "True" : "False") +
                ", shm_probes=" + std::to_string(s.shm_probes) +
                ", grpc_fallbacks=" + std::to_string(s.grpc_fallbacks) + ")";
       });
@@ -413,8 +411,7 @@ NB_MODULE(_kvcache, m) {
           "array",
           [](nb::handle self) {
             std::span<std::byte> bytes = nb::cast<const PyRegion&>(self).bytes();
-            return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(bytes.data(), {bytes.size()},
-                                                                 self);
+            return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(bytes.data(), {bytes.size()}, self);
           },
           "The region as a writable 1-D numpy uint8 array (no copy; it keeps the region "
           "alive). Slice it and .view() it as the model's dtype; fetch into and append from "
@@ -427,16 +424,16 @@ NB_MODULE(_kvcache, m) {
   nb::class_<PyClient>(m, "_Client")
       .def(
           "__init__",
-          [](PyClient* self, std::string target, std::string ns, double timeout,
-             int max_attempts, std::string_view data_path, std::string token,
-             std::string shm_socket, uint64_t max_message_bytes, int max_shm_connections,
-             uint64_t shm_staging_bytes, std::string tls_ca_file, std::string tls_cert_file,
-             std::string tls_key_file, std::string tls_server_name) {
-            ClientOptions o = MakeOptions(
-                std::move(target), std::move(ns), timeout, max_attempts, data_path,
-                std::move(token), std::move(shm_socket), max_message_bytes, max_shm_connections,
-                shm_staging_bytes, std::move(tls_ca_file), std::move(tls_cert_file),
-                std::move(tls_key_file), std::move(tls_server_name));
+          [](PyClient* self, std::string target, std::string ns, double timeout, int max_attempts,
+             std::string_view data_path, std::string token, std::string shm_socket,
+             uint64_t max_message_bytes, int max_shm_connections, uint64_t shm_staging_bytes,
+             std::string tls_ca_file, std::string tls_cert_file, std::string tls_key_file,
+             std::string tls_server_name) {
+            ClientOptions o = MakeOptions(std::move(target), std::move(ns), timeout, max_attempts,
+                                          data_path, std::move(token), std::move(shm_socket),
+                                          max_message_bytes, max_shm_connections, shm_staging_bytes,
+                                          std::move(tls_ca_file), std::move(tls_cert_file),
+                                          std::move(tls_key_file), std::move(tls_server_name));
             new (self) PyClient(o);
           },
           nb::arg("target"), nb::arg("namespace"), nb::arg("timeout"), nb::arg("max_attempts"),
@@ -480,8 +477,7 @@ NB_MODULE(_kvcache, m) {
              Tokens t(tokens);
              LookupOptions o =
                  MakeLookupOptions(lease, lease_ttl, accept_lossy, prefetch, prefetch_timeout);
-             return Convert(
-                 Unwrap(NoGil([&] { return client->Lookup(model_id, t.span(), o); })));
+             return Convert(Unwrap(NoGil([&] { return client->Lookup(model_id, t.span(), o); })));
            })
       .def("batch_lookup",
            [](const PyClient& c, std::string model_id, nb::handle sequences, bool lease,
@@ -494,8 +490,8 @@ NB_MODULE(_kvcache, m) {
              for (const Tokens& t : seqs) spans.push_back(t.span());
              LookupOptions o =
                  MakeLookupOptions(lease, lease_ttl, accept_lossy, prefetch, prefetch_timeout);
-             auto results = Unwrap(NoGil(
-                 [&] { return client->BatchLookup(model_id, std::span(spans), o); }));
+             auto results =
+                 Unwrap(NoGil([&] { return client->BatchLookup(model_id, std::span(spans), o); }));
              nb::list out;
              nb::object errors = nb::module_::import_("kvcache.errors");
              for (const absl::StatusOr<LookupResult>& r : results) {
@@ -546,8 +542,7 @@ NB_MODULE(_kvcache, m) {
             FetchOptions o;
             o.accept_lossy = accept_lossy;
             std::span<std::byte> bytes = Bytes(out);
-            return Unwrap(
-                NoGil([&] { return client->FetchLease(model_id, lease_id, bytes, o); }));
+            return Unwrap(NoGil([&] { return client->FetchLease(model_id, lease_id, bytes, o); }));
           },
           nb::arg("model_id"), nb::arg("lease_id"), nb::arg("out").noconvert(),
           nb::arg("accept_lossy"))
