@@ -38,10 +38,10 @@ def cxx_round(bench, target, duration, blocks_per_seq, working_set):
          "--duration", str(duration), "--no-verify", "--blocks-per-seq", str(blocks_per_seq),
          "--working-set", str(working_set), "--model", "bench-cxx"],
         check=True, capture_output=True, text=True).stdout
-    m = re.search(r"^fetch\s+\d+\s+[\d.]+\s+([\d.]+)", out, re.M)
+    m = re.search(r"^fetch\s+\d+\s+[\d.]+\s+([\d.]+)\s+([\d.]+)", out, re.M)
     if not m:
         sys.exit("cannot read kvcache-bench's output:\n" + out)
-    return float(m.group(1))
+    return float(m.group(1)), float(m.group(2))
 
 
 class PythonWorkload:
@@ -68,16 +68,19 @@ class PythonWorkload:
     def round(self, duration):
         fetch, model, dst, seqs = self.c.fetch, self.model, self.dst, self.seqs
         pick = random.Random(1).randrange
-        n = 0
+        clock = time.perf_counter
+        lat = []
         moved = 0
-        t0 = time.perf_counter()
+        t0 = clock()
         end = t0 + duration
         while True:
+            t = clock()
             moved += fetch(model, seqs[pick(len(seqs))], dst).nbytes
-            n += 1
-            if (n & 15) == 0 and time.perf_counter() >= end:
+            done = clock()
+            lat.append(done - t)
+            if done >= end:
                 break
-        return moved / (time.perf_counter() - t0) / 1e9
+        return moved / (clock() - t0) / 1e9, statistics.median(lat) * 1e3
 
 
 def main():
@@ -113,15 +116,23 @@ def main():
               f"{args.blocks_per_seq} blocks/seq, working set {args.working_set}, "
               f"{args.rounds} rounds of {args.duration:g}s each")
         print(f"load: {os.getloadavg()}")
-        cxx, pyr = [], []
+        cxx, pyr, cxx_p50, py_p50 = [], [], [], []
         for r in range(args.rounds):
-            cxx.append(cxx_round(args.cxx_bench, target, args.duration, args.blocks_per_seq,
-                                 args.working_set))
-            pyr.append(py.round(args.duration))
-            print(f"round {r + 1}: C++ {cxx[-1]:.3f} GB/s  Python {pyr[-1]:.3f} GB/s")
+            gbs, p50 = cxx_round(args.cxx_bench, target, args.duration, args.blocks_per_seq,
+                                 args.working_set)
+            cxx.append(gbs)
+            cxx_p50.append(p50)
+            gbs, p50 = py.round(args.duration)
+            pyr.append(gbs)
+            py_p50.append(p50)
+            print(f"round {r + 1}: C++ {cxx[-1]:.3f} GB/s (p50 {cxx_p50[-1]:.3f} ms)  "
+                  f"Python {pyr[-1]:.3f} GB/s (p50 {py_p50[-1]:.3f} ms)")
         mc, mp = statistics.median(cxx), statistics.median(pyr)
         print(f"median: C++ {mc:.3f} GB/s  Python {mp:.3f} GB/s  "
               f"Python/C++ = {mp / mc:.3f}")
+        lc, lp = statistics.median(cxx_p50), statistics.median(py_p50)
+        print(f"median p50 fetch latency ({args.blocks_per_seq} blocks): C++ {lc:.3f} ms  "
+              f"Python {lp:.3f} ms  C++/Python = {lc / lp:.3f}")
         print(f"load: {os.getloadavg()}")
         py.c.close()
     finally:
