@@ -348,3 +348,28 @@ def test_worker_killed_mid_call_leaves_daemon_serving(daemon, client, data_path)
     assert np.array_equal(out, kv)
     with kvcache.Client(daemon["target"], data_path=data_path) as fresh:
         assert fresh.lookup(model, tokens).matched_tokens == 4 * BLOCK_TOKENS
+
+
+def test_calls_release_the_gil(tmp_path):
+    """Python threads run while a call waits (here: for a daemon that is not there)."""
+    c = kvcache.Client("unix://" + str(tmp_path / "none.sock"), timeout=2, max_attempts=1)
+    failed = []
+
+    def wait():
+        try:
+            c.wait_for_ready(1.5)
+        except kvcache.Unavailable as e:
+            failed.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.1)
+    ticks = 0
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        time.sleep(0.005)
+        ticks += 1
+    assert t.is_alive() and ticks >= 20  # this thread ran while the call was blocked
+    t.join()
+    assert len(failed) == 1
+    c.close()
