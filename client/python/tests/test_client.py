@@ -373,3 +373,22 @@ def test_calls_release_the_gil(tmp_path):
     t.join()
     assert len(failed) == 1
     c.close()
+
+
+def test_stub_matches_the_extension():
+    """Every class and method of _kvcache.pyi exists in the extension, and the other way round."""
+    import ast
+
+    from kvcache import _kvcache
+
+    pkg = os.path.dirname(kvcache.__file__)
+    tree = ast.parse(open(os.path.join(pkg, "_kvcache.pyi")).read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            assert hasattr(_kvcache, node.name), node.name
+        elif isinstance(node, ast.ClassDef):
+            cls = getattr(_kvcache, node.name)
+            stubbed = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            public = {n for n in dir(cls) if not n.startswith("_")}
+            assert stubbed - set(dir(cls)) == set(), node.name
+            assert public - stubbed == set(), node.name
