@@ -20,6 +20,8 @@ packages=(
   chromium
   # the real-model evaluation's Python environment (numpy, gguf and the model come from PyPI)
   python3-venv python3-pip
+  # the kvcache Python package's extension (client/python; scikit-build-core and nanobind from PyPI)
+  python3-dev
 )
 
 missing=()
