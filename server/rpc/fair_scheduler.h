@@ -1,0 +1,167 @@
+// FairScheduler: fair admission of data-path work from both front doors.
+//
+// Append and fetch work arrives on two paths that the operating system would
+// otherwise share out by thread count: every shared-memory connection has a
+// daemon thread of its own, while gRPC's reactors run on a small callback
+// pool. Left alone, a shared-memory worker got 25 times the service of a gRPC
+// worker (issue 30). The scheduler admits each *step* of data-path work (a
+// shm fetch_into or append_from; one write of a gRPC Fetch, one message of a
+// gRPC Append and its commit) to one of `slots` slots
+// (limits.data_path_concurrency), and when steps wait it grants freed slots
+// round-robin: over the tenants with work waiting, then over the
+// connections (flows) of that tenant, then over a flow's steps in order. A
+// slot is held for one step, never for a stream.
+//
+// Two ways in:
+//   Acquire() blocks the calling thread until a slot is granted: for threads
+//     that belong to one connection (a shm session's).
+//   Submit() never blocks: when a slot is free and nothing waits the step runs
+//     at once on the calling thread (a gRPC callback thread); otherwise it is
+//     queued, and once granted it runs on one of `threads` "kv-fair" threads.
+//     A step must not block either: it does its work and starts the next
+//     reaction, and its slot is released when it returns (or earlier, by
+//     Slot::Release()).
+//
+// Work conservation: a step is queued only when every slot is taken, so one
+// path alone runs `slots` steps at once, and the queue orders only what
+// competes. With slots equal to the cores, each path gets about half the CPU
+// that data-path steps get when both are busy, whatever its thread count.
+//
+// Shutdown() fails every waiting step (UNAVAILABLE), and every later one, and
+// joins the kv-fair threads; slots held then stay valid until released.
+//
+// Thread-safe. Flows and slots must not outlive their scheduler.
+#ifndef KVCACHE_SERVER_RPC_FAIR_SCHEDULER_H_
+#define KVCACHE_SERVER_RPC_FAIR_SCHEDULER_H_
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/clock.h"
+#include "server/core/counter_visitor.h"
+#include "server/core/mutex.h"
+
+namespace kvcache {
+
+// The front door a step came through; a label of the metrics.
+enum class DataPathKind : uint8_t { kSharedMemory = 0, kGrpc = 1 };
+inline constexpr int kDataPathKinds = 2;
+std::string_view DataPathName(DataPathKind path);  // "shm", "grpc"
+
+struct FairSchedulerOptions {
+  // Steps that run at once (limits.data_path_concurrency); >= 1.
+  uint32_t slots = 2;
+  // kv-fair threads that run Submit()ted steps granted after a wait; >= 1.
+  uint32_t threads = 2;
+  Clock* clock = SystemClock::Get();  // what wait times are measured with
+};
+
+class FairScheduler {
+ public:
+  class Flow;
+
+  // One held slot; gives it back on destruction or Release(). Move-only.
+  class Slot {
+   public:
+    Slot() = default;
+    Slot(Slot&& other) noexcept { *this = std::move(other); }
+    Slot& operator=(Slot&& other) noexcept;
+    ~Slot() { Release(); }
+    void Release();
+    bool held() const { return scheduler_ != nullptr; }
+
+   private:
+    friend class FairScheduler;
+    Slot(FairScheduler* scheduler, DataPathKind path) : scheduler_(scheduler), path_(path) {}
+    FairScheduler* scheduler_ = nullptr;
+    DataPathKind path_ = DataPathKind::kSharedMemory;
+  };
+
+  using Step = absl::AnyInvocable<void(absl::StatusOr<Slot>) &&>;
+
+  // Counters since start, and what is in flight and waiting now.
+  struct PathStats {
+    uint64_t admitted = 0;  // steps granted a slot
+    uint64_t queued = 0;    // of those, steps that waited for it
+    absl::Duration waited;  // their waits, summed
+    // Waited steps by wait: at most 100 us, 1 ms, 10 ms, 100 ms, 1 s, more.
+    std::array<uint64_t, 6> waits_by_bucket{};
+    uint32_t in_flight = 0;
+    uint32_t waiting = 0;
+  };
+  struct Stats {
+    uint32_t slots = 0;
+    std::array<PathStats, kDataPathKinds> paths;
+  };
+
+  explicit FairScheduler(const FairSchedulerOptions& options);
+  ~FairScheduler();  // Shutdown()
+  FairScheduler(const FairScheduler&) = delete;
+  FairScheduler& operator=(const FairScheduler&) = delete;
+
+  // The flow of connection `connection` of `tenant` on `path`: the same one
+  // for as long as someone holds it. Cheap enough to call per stream.
+  std::shared_ptr<Flow> Join(std::string_view tenant, std::string_view connection,
+                             DataPathKind path);
+
+  // Blocks until `flow` is granted a slot; UNAVAILABLE once shut down.
+  // REQUIRES: `flow` came from this scheduler.
+  absl::StatusOr<Slot> Acquire(const std::shared_ptr<Flow>& flow);
+
+  // Runs `step` with a slot: now, on this thread, when one is free and nothing
+  // waits; else on a kv-fair thread once granted. After Shutdown() `step`
+  // runs with UNAVAILABLE (here, or on the thread that shuts down). Never
+  // blocks. REQUIRES: `flow` came from this scheduler.
+  void Submit(const std::shared_ptr<Flow>& flow, Step step);
+
+  // Idempotent. Waiting steps fail, later ones too; joins the kv-fair threads.
+  void Shutdown();
+
+  Stats stats() const;
+  // kvcached_data_path_* (docs/metrics.md).
+  void VisitCounters(CounterVisitor& visitor) const;
+
+ private:
+  struct Tenant;
+  struct Waiter;
+
+  void Release(DataPathKind path);
+  // Hands free slots to waiting steps, round-robin.
+  void GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `waiter` behind its flow's earlier ones.
+  void EnqueueLocked(Waiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountAdmittedLocked(DataPathKind path, absl::Duration waited, bool queued)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Leave(Flow* flow);
+  void RunGranted();
+
+  const uint32_t slots_;
+  Clock* const clock_;
+  mutable Mutex mu_;
+  std::condition_variable_any work_;  // a granted step for the kv-fair threads
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<PathStats, kDataPathKinds> paths_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::weak_ptr<Flow>> flows_ ABSL_GUARDED_BY(mu_);
+  std::deque<Tenant*> ring_ ABSL_GUARDED_BY(mu_);     // tenants with steps waiting
+  std::deque<Waiter*> granted_ ABSL_GUARDED_BY(mu_);  // Submit()ted, granted, not yet run
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_RPC_FAIR_SCHEDULER_H_
