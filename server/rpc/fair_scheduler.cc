@@ -129,6 +129,15 @@ void FairScheduler::EnqueueLocked(Waiter* waiter) {
 }
 
 void FairScheduler::GrantLocked() {
+  while (in_flight_ < slots_ && !continuing_.empty()) {
+    Waiter* w = continuing_.front();
+    continuing_.pop_front();
+    const DataPathKind path = w->flow->path;
+    --paths_[static_cast<int>(path)].waiting;
+    CountAdmittedLocked(path, clock_->Now() - w->since, true);
+    granted_.push_back(w);
+    work_.notify_one();
+  }
   while (in_flight_ < slots_ && !ring_.empty()) {
     Tenant* t = ring_.front();
     ring_.pop_front();
@@ -166,7 +175,7 @@ absl::StatusOr<FairScheduler::Slot> FairScheduler::Acquire(const std::shared_ptr
     mu_.Unlock();
     return absl::UnavailableError("the daemon is shutting down");
   }
-  if (in_flight_ < slots_ && ring_.empty()) {
+  if (in_flight_ < slots_ && ring_.empty() && continuing_.empty()) {
     CountAdmittedLocked(path, absl::ZeroDuration(), false);
     mu_.Unlock();
     return Slot(this, path);
@@ -181,7 +190,7 @@ absl::StatusOr<FairScheduler::Slot> FairScheduler::Acquire(const std::shared_ptr
   return Slot(this, path);
 }
 
-void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step) {
+void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step, bool continues) {
   const DataPathKind path = flow->path;
   mu_.Lock();
   if (stopping_) {
@@ -189,7 +198,7 @@ void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step) {
     std::move(step)(absl::UnavailableError("the daemon is shutting down"));
     return;
   }
-  if (in_flight_ < slots_ && ring_.empty()) {
+  if (in_flight_ < slots_ && continuing_.empty() && (continues || ring_.empty())) {
     CountAdmittedLocked(path, absl::ZeroDuration(), false);
     mu_.Unlock();
     std::move(step)(Slot(this, path));
@@ -199,7 +208,12 @@ void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step) {
   w->flow = flow;
   w->since = clock_->Now();
   w->step = std::move(step);
-  EnqueueLocked(w);
+  if (continues) {
+    continuing_.push_back(w);
+    ++paths_[static_cast<int>(path)].waiting;
+  } else {
+    EnqueueLocked(w);
+  }
   mu_.Unlock();
 }
 
@@ -253,6 +267,8 @@ void FairScheduler::Shutdown() {
         if (t->flows == 0) tenants_.erase(t->name);
       }
       ring_.clear();
+      failed.insert(failed.end(), continuing_.begin(), continuing_.end());
+      continuing_.clear();
       for (PathStats& p : paths_) p.waiting = 0;
     }
     work_.notify_all();

@@ -125,7 +125,14 @@ class FairScheduler {
   // waits; else on a kv-fair thread once granted. After Shutdown() `step`
   // runs with UNAVAILABLE (here, or on the thread that shuts down). Never
   // blocks. REQUIRES: `flow` came from this scheduler.
-  void Submit(const std::shared_ptr<Flow>& flow, Step step);
+  //
+  // `continues`: the step continues an operation whose first step was
+  // admitted (the next write of a Fetch, the next message of an Append): it
+  // is granted the next free slot ahead of the round-robin, so that an
+  // operation of several steps waits its turn once, like a shm request of
+  // one step. Each stream has at most one step waiting, so this cannot
+  // starve the round-robin.
+  void Submit(const std::shared_ptr<Flow>& flow, Step step, bool continues = false);
 
   // Idempotent. Waiting steps fail, later ones too; joins the kv-fair threads.
   void Shutdown();
@@ -157,8 +164,9 @@ class FairScheduler {
   std::array<PathStats, kDataPathKinds> paths_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::weak_ptr<Flow>> flows_ ABSL_GUARDED_BY(mu_);
-  std::deque<Tenant*> ring_ ABSL_GUARDED_BY(mu_);     // tenants with steps waiting
-  std::deque<Waiter*> granted_ ABSL_GUARDED_BY(mu_);  // Submit()ted, granted, not yet run
+  std::deque<Tenant*> ring_ ABSL_GUARDED_BY(mu_);        // tenants with steps waiting
+  std::deque<Waiter*> continuing_ ABSL_GUARDED_BY(mu_);  // granted before the ring
+  std::deque<Waiter*> granted_ ABSL_GUARDED_BY(mu_);     // Submit()ted, granted, not yet run
   std::vector<std::thread> threads_;
 };
 
