@@ -129,15 +129,6 @@ void FairScheduler::EnqueueLocked(Waiter* waiter) {
 }
 
 void FairScheduler::GrantLocked() {
-  while (in_flight_ < slots_ && !continuing_.empty()) {
-    Waiter* w = continuing_.front();
-    continuing_.pop_front();
-    const DataPathKind path = w->flow->path;
-    --paths_[static_cast<int>(path)].waiting;
-    CountAdmittedLocked(path, clock_->Now() - w->since, true);
-    granted_.push_back(w);
-    work_.notify_one();
-  }
   while (in_flight_ < slots_ && !ring_.empty()) {
     Tenant* t = ring_.front();
     ring_.pop_front();
@@ -158,8 +149,7 @@ void FairScheduler::GrantLocked() {
     --paths_[static_cast<int>(f->path)].waiting;
     CountAdmittedLocked(f->path, clock_->Now() - w->since, true);
     if (w->step) {
-      granted_.push_back(w);
-      work_.notify_one();
+      granted_.push_back(w);  // the caller runs it or wakes a kv-fair thread
     } else {
       w->granted = true;
       w->cv.notify_one();
@@ -175,7 +165,7 @@ absl::StatusOr<FairScheduler::Slot> FairScheduler::Acquire(const std::shared_ptr
     mu_.Unlock();
     return absl::UnavailableError("the daemon is shutting down");
   }
-  if (in_flight_ < slots_ && ring_.empty() && continuing_.empty()) {
+  if (in_flight_ < slots_ && ring_.empty()) {
     CountAdmittedLocked(path, absl::ZeroDuration(), false);
     mu_.Unlock();
     return Slot(this, path);
@@ -198,7 +188,7 @@ void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step, bool co
     std::move(step)(absl::UnavailableError("the daemon is shutting down"));
     return;
   }
-  if (in_flight_ < slots_ && continuing_.empty() && (continues || ring_.empty())) {
+  if (continues || (in_flight_ < slots_ && ring_.empty())) {
     CountAdmittedLocked(path, absl::ZeroDuration(), false);
     mu_.Unlock();
     std::move(step)(Slot(this, path));
@@ -208,20 +198,34 @@ void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step, bool co
   w->flow = flow;
   w->since = clock_->Now();
   w->step = std::move(step);
-  if (continues) {
-    continuing_.push_back(w);
-    ++paths_[static_cast<int>(path)].waiting;
-  } else {
-    EnqueueLocked(w);
-  }
+  EnqueueLocked(w);
   mu_.Unlock();
 }
 
+// Whether this thread is running a granted step from within Release().
+thread_local bool running_granted_inline = false;
+
 void FairScheduler::Release(DataPathKind path) {
-  MutexLock lock(&mu_);
-  --in_flight_;
-  --paths_[static_cast<int>(path)].in_flight;
-  GrantLocked();
+  Waiter* mine = nullptr;
+  {
+    MutexLock lock(&mu_);
+    --in_flight_;
+    --paths_[static_cast<int>(path)].in_flight;
+    GrantLocked();
+    // The releasing thread runs one granted step itself (a wake-up of a
+    // kv-fair thread costs more than the step, on a busy machine), unless it
+    // is running one already: the chain is one step deep, not a recursion.
+    if (!granted_.empty() && !running_granted_inline && !stopping_) {
+      mine = granted_.front();
+      granted_.pop_front();
+    }
+    for (size_t i = 0; i < granted_.size(); ++i) work_.notify_one();
+  }
+  if (mine == nullptr) return;
+  running_granted_inline = true;
+  std::move(mine->step)(Slot(this, mine->flow->path));
+  running_granted_inline = false;
+  delete mine;
 }
 
 void FairScheduler::RunGranted() {
@@ -267,8 +271,6 @@ void FairScheduler::Shutdown() {
         if (t->flows == 0) tenants_.erase(t->name);
       }
       ring_.clear();
-      failed.insert(failed.end(), continuing_.begin(), continuing_.end());
-      continuing_.clear();
       for (PathStats& p : paths_) p.waiting = 0;
     }
     work_.notify_all();

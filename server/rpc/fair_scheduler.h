@@ -17,7 +17,8 @@
 //     that belong to one connection (a shm session's).
 //   Submit() never blocks: when a slot is free and nothing waits the step runs
 //     at once on the calling thread (a gRPC callback thread); otherwise it is
-//     queued, and once granted it runs on one of `threads` "kv-fair" threads.
+//     queued, and once granted it runs on the thread that freed the slot
+//     (one step, after its own), or on one of `threads` "kv-fair" threads.
 //     A step must not block either: it does its work and starts the next
 //     reaction, and its slot is released when it returns (or earlier, by
 //     Slot::Release()).
@@ -128,10 +129,10 @@ class FairScheduler {
   //
   // `continues`: the step continues an operation whose first step was
   // admitted (the next write of a Fetch, the next message of an Append): it
-  // is granted the next free slot ahead of the round-robin, so that an
-  // operation of several steps waits its turn once, like a shm request of
-  // one step. Each stream has at most one step waiting, so this cannot
-  // starve the round-robin.
+  // runs at once, on this thread, over the limit if every slot is taken, and
+  // counts, so that new steps wait until in-flight steps are below the limit
+  // again. An operation of several steps thus waits its turn once, like a
+  // shm request of one step, and never hops threads after that.
   void Submit(const std::shared_ptr<Flow>& flow, Step step, bool continues = false);
 
   // Idempotent. Waiting steps fail, later ones too; joins the kv-fair threads.
@@ -164,9 +165,8 @@ class FairScheduler {
   std::array<PathStats, kDataPathKinds> paths_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::weak_ptr<Flow>> flows_ ABSL_GUARDED_BY(mu_);
-  std::deque<Tenant*> ring_ ABSL_GUARDED_BY(mu_);        // tenants with steps waiting
-  std::deque<Waiter*> continuing_ ABSL_GUARDED_BY(mu_);  // granted before the ring
-  std::deque<Waiter*> granted_ ABSL_GUARDED_BY(mu_);     // Submit()ted, granted, not yet run
+  std::deque<Tenant*> ring_ ABSL_GUARDED_BY(mu_);     // tenants with steps waiting
+  std::deque<Waiter*> granted_ ABSL_GUARDED_BY(mu_);  // Submit()ted, granted, not yet run
   std::vector<std::thread> threads_;
 };
 
