@@ -13,9 +13,24 @@ std::string_view DataPathName(DataPathKind path) {
 struct FairScheduler::Tenant {
   std::string name;
   int flows = 0;
-  std::deque<Flow*> ready;  // its flows with steps waiting, in turn
+  std::deque<Flow*> ready;  // its flows with steps waiting, least recently served first
   bool in_ring = false;
+  uint64_t served = 0;  // the grant that last went to one of its flows (0: none)
 };
+
+namespace {
+
+// Inserts `x` into `queue`, kept in order of `served` (the grant each was
+// last served by), after those served as recently: a flow or tenant coming
+// back after a while goes ahead of those that were served since.
+template <typename T>
+void InsertByService(std::deque<T*>& queue, T* x) {
+  auto it = queue.end();
+  while (it != queue.begin() && (*std::prev(it))->served > x->served) --it;
+  queue.insert(it, x);
+}
+
+}  // namespace
 
 class FairScheduler::Flow {
  public:
@@ -26,7 +41,8 @@ class FairScheduler::Flow {
   const DataPathKind path;
   // Guarded by the scheduler's mu_.
   std::deque<Waiter*> waiting;
-  bool ready = false;  // in tenant->ready
+  bool ready = false;   // in tenant->ready
+  uint64_t served = 0;  // the grant that last went to it (0: none)
 };
 
 struct FairScheduler::Waiter {
@@ -120,11 +136,11 @@ void FairScheduler::EnqueueLocked(Waiter* waiter) {
   ++paths_[static_cast<int>(f->path)].waiting;
   if (!f->ready) {
     f->ready = true;
-    f->tenant->ready.push_back(f);
+    InsertByService(f->tenant->ready, f);
   }
   if (!f->tenant->in_ring) {
     f->tenant->in_ring = true;
-    ring_.push_back(f->tenant);
+    InsertByService(ring_, f->tenant);
   }
 }
 
@@ -136,6 +152,7 @@ void FairScheduler::GrantLocked() {
     t->ready.pop_front();
     Waiter* w = f->waiting.front();
     f->waiting.pop_front();
+    f->served = t->served = ++grants_;
     if (!f->waiting.empty()) {
       t->ready.push_back(f);
     } else {

@@ -12,6 +12,14 @@
 // connections (flows) of that tenant, then over a flow's steps in order. A
 // slot is held for one step, never for a stream.
 //
+// The turn order is least recently served first, at both levels: a tenant or
+// flow that starts waiting goes behind those served longer ago than it was,
+// and ahead of those served since. Flows that wait all the time are thus
+// served in rotation, and a flow that was away (a gRPC stream's write and
+// the client's next call take longer than a shm round trip) is not sent to
+// the back of the line for it. A waiting flow is passed by each other flow
+// at most once, so nothing starves.
+//
 // Two ways in:
 //   Acquire() blocks the calling thread until a slot is granted: for threads
 //     that belong to one connection (a shm session's).
@@ -162,6 +170,7 @@ class FairScheduler {
   std::condition_variable_any work_;  // a granted step for the kv-fair threads
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t grants_ ABSL_GUARDED_BY(mu_) = 0;  // grants after a wait, numbered
   std::array<PathStats, kDataPathKinds> paths_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::weak_ptr<Flow>> flows_ ABSL_GUARDED_BY(mu_);

@@ -75,6 +75,38 @@ TEST(FairSchedulerTest, GrantsRoundRobinOverTenantsThenConnections) {
   EXPECT_THAT(rec.Wait(), ElementsAre("a1", "b", "a2", "b", "a1", "a1"));
 }
 
+TEST(FairSchedulerTest, AFlowThatWasAwayGoesAheadOfThoseServedSince) {
+  FairScheduler scheduler({.slots = 1});
+  auto away = scheduler.Join("A", "away", DataPathKind::kGrpc);
+  auto p = scheduler.Join("A", "p", DataPathKind::kSharedMemory);
+  auto q = scheduler.Join("A", "q", DataPathKind::kSharedMemory);
+  {
+    absl::StatusOr<FairScheduler::Slot> held = scheduler.Acquire(p);
+    ASSERT_TRUE(held.ok());
+    Recorder rec;
+    rec.Expect(3);
+    scheduler.Submit(away, rec.Step("away"));
+    scheduler.Submit(p, rec.Step("p"));
+    scheduler.Submit(q, rec.Step("q"));
+    held->Release();
+    EXPECT_THAT(rec.Wait(), ElementsAre("away", "p", "q"));
+  }
+  // p and q come back first, but `away` was served before both.
+  while (scheduler.stats().paths[0].in_flight + scheduler.stats().paths[1].in_flight > 0) {
+    std::this_thread::yield();  // the last step's slot is given back as it returns
+  }
+  absl::StatusOr<FairScheduler::Slot> held = scheduler.Acquire(p);
+  ASSERT_TRUE(held.ok());
+  Recorder rec;
+  rec.Expect(4);
+  scheduler.Submit(p, rec.Step("p"));
+  scheduler.Submit(q, rec.Step("q"));
+  scheduler.Submit(away, rec.Step("away"));
+  scheduler.Submit(p, rec.Step("p"));
+  held->Release();
+  EXPECT_THAT(rec.Wait(), ElementsAre("away", "p", "q", "p"));
+}
+
 TEST(FairSchedulerTest, TheSameConnectionIsOneFlow) {
   FairScheduler scheduler({.slots = 1});
   auto x = scheduler.Join("A", "peer", DataPathKind::kGrpc);
