@@ -138,6 +138,7 @@ class StreamLifecycle {
   // From OnDone: stops the timer (waiting out a running OnIdle) and gives
   // the slot back if Finish did not.
   void End() {
+    if (ran_step_) service_->options_.fair->EndOperation(flow_);
     if (watch_ != 0) service_->watchdog_.Unwatch(watch_);
     ReleaseSlot();
   }

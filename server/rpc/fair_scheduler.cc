@@ -144,12 +144,44 @@ void FairScheduler::EnqueueLocked(Waiter* waiter) {
   }
 }
 
+uint32_t FairScheduler::ShmLimitLocked() const {
+  const uint64_t g = grpc_operations_;
+  if (g == 0 || slots_ == 1) return slots_;
+  const uint64_t s =
+      std::max<uint64_t>(1, paths_[static_cast<int>(DataPathKind::kSharedMemory)].waiting +
+                                paths_[static_cast<int>(DataPathKind::kSharedMemory)].in_flight);
+  const uint64_t reserve = std::min<uint64_t>(slots_ - 1, (slots_ * g + (g + s) / 2) / (g + s));
+  return slots_ - static_cast<uint32_t>(reserve);
+}
+
+bool FairScheduler::MayRunLocked(DataPathKind path) const {
+  if (in_flight_ >= slots_) return false;
+  return path != DataPathKind::kSharedMemory ||
+         paths_[static_cast<int>(path)].in_flight < ShmLimitLocked();
+}
+
 void FairScheduler::GrantLocked() {
   while (in_flight_ < slots_ && !ring_.empty()) {
-    Tenant* t = ring_.front();
-    ring_.pop_front();
-    Flow* f = t->ready.front();
-    t->ready.pop_front();
+    // The first tenant in turn with a flow that may run now, and its first
+    // such flow (shm flows are passed over while shm is at its share).
+    const bool shm_may_run = MayRunLocked(DataPathKind::kSharedMemory);
+    size_t ti = 0, fi = 0;
+    bool found = false;
+    for (; ti < ring_.size() && !found; ++ti) {
+      const std::deque<Flow*>& ready = ring_[ti]->ready;
+      for (fi = 0; fi < ready.size(); ++fi) {
+        if (shm_may_run || ready[fi]->path != DataPathKind::kSharedMemory) {
+          found = true;
+          break;
+        }
+      }
+    }
+    if (!found) break;
+    --ti;
+    Tenant* t = ring_[ti];
+    ring_.erase(ring_.begin() + static_cast<std::ptrdiff_t>(ti));
+    Flow* f = t->ready[fi];
+    t->ready.erase(t->ready.begin() + static_cast<std::ptrdiff_t>(fi));
     Waiter* w = f->waiting.front();
     f->waiting.pop_front();
     f->served = t->served = ++grants_;
@@ -182,7 +214,7 @@ absl::StatusOr<FairScheduler::Slot> FairScheduler::Acquire(const std::shared_ptr
     mu_.Unlock();
     return absl::UnavailableError("the daemon is shutting down");
   }
-  if (in_flight_ < slots_ && ring_.empty()) {
+  if (ring_.empty() && MayRunLocked(path)) {
     CountAdmittedLocked(path, absl::ZeroDuration(), false);
     mu_.Unlock();
     return Slot(this, path);
@@ -200,12 +232,18 @@ absl::StatusOr<FairScheduler::Slot> FairScheduler::Acquire(const std::shared_ptr
 void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step, bool continues) {
   const DataPathKind path = flow->path;
   mu_.Lock();
+  if (!continues && path == DataPathKind::kGrpc) ++grpc_operations_;
   if (stopping_) {
     mu_.Unlock();
     std::move(step)(absl::UnavailableError("the daemon is shutting down"));
     return;
   }
-  if (continues || (in_flight_ < slots_ && ring_.empty())) {
+  // Nothing waits that may run now: shm steps may wait while shm is at its
+  // share, and then do not hold a gRPC step back.
+  const bool none_eligible_waits =
+      ring_.empty() || (paths_[static_cast<int>(DataPathKind::kGrpc)].waiting == 0 &&
+                        !MayRunLocked(DataPathKind::kSharedMemory));
+  if (continues || (MayRunLocked(path) && none_eligible_waits)) {
     CountAdmittedLocked(path, absl::ZeroDuration(), false);
     mu_.Unlock();
     std::move(step)(Slot(this, path));
@@ -221,6 +259,14 @@ void FairScheduler::Submit(const std::shared_ptr<Flow>& flow, Step step, bool co
 
 // Whether this thread is running a granted step from within Release().
 thread_local bool running_granted_inline = false;
+
+void FairScheduler::EndOperation(const std::shared_ptr<Flow>& flow) {
+  if (flow->path != DataPathKind::kGrpc) return;
+  MutexLock lock(&mu_);
+  --grpc_operations_;
+  GrantLocked();  // shm's share may have grown
+  for (size_t i = 0; i < granted_.size(); ++i) work_.notify_one();
+}
 
 void FairScheduler::Release(DataPathKind path) {
   Waiter* mine = nullptr;
@@ -303,7 +349,10 @@ void FairScheduler::Shutdown() {
 
 FairScheduler::Stats FairScheduler::stats() const {
   MutexLock lock(&mu_);
-  return {.slots = slots_, .paths = paths_};
+  return {.slots = slots_,
+          .grpc_operations = grpc_operations_,
+          .shm_limit = ShmLimitLocked(),
+          .paths = paths_};
 }
 
 void FairScheduler::VisitCounters(CounterVisitor& visitor) const {
@@ -312,6 +361,13 @@ void FairScheduler::VisitCounters(CounterVisitor& visitor) const {
       {"kvcached_data_path_slots",
        "Data-path steps that may run at once (limits.data_path_concurrency)", CounterType::kGauge},
       {}, s.slots);
+  visitor.Visit({"kvcached_data_path_grpc_operations",
+                 "gRPC Append and Fetch streams admitted and not yet ended", CounterType::kGauge},
+                {}, static_cast<double>(s.grpc_operations));
+  visitor.Visit({"kvcached_data_path_shm_limit",
+                 "Slots shared-memory steps may hold now (their share beside gRPC's operations)",
+                 CounterType::kGauge},
+                {}, s.shm_limit);
   static constexpr std::string_view kLe[] = {"0.0001", "0.001", "0.01", "0.1", "1", "+Inf"};
   for (int i = 0; i < kDataPathKinds; ++i) {
     const PathStats& p = s.paths[i];

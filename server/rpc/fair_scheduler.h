@@ -113,6 +113,8 @@ class FairScheduler {
   };
   struct Stats {
     uint32_t slots = 0;
+    uint64_t grpc_operations = 0;  // gRPC streams admitted, not yet ended
+    uint32_t shm_limit = 0;        // slots shm steps may hold now
     std::array<PathStats, kDataPathKinds> paths;
   };
 
@@ -143,6 +145,10 @@ class FairScheduler {
   // shm request of one step, and never hops threads after that.
   void Submit(const std::shared_ptr<Flow>& flow, Step step, bool continues = false);
 
+  // The gRPC operation (stream) of `flow` whose first step was Submit()ted
+  // has ended. REQUIRES: once per first step, at the stream's end.
+  void EndOperation(const std::shared_ptr<Flow>& flow);
+
   // Idempotent. Waiting steps fail, later ones too; joins the kv-fair threads.
   void Shutdown();
 
@@ -155,6 +161,12 @@ class FairScheduler {
   struct Waiter;
 
   void Release(DataPathKind path);
+  // How many slots shm steps may hold now: all of them while no gRPC
+  // operation is in flight; else slots x s/(g+s) rounded, at least 1, for g
+  // gRPC operations and s shm flows waiting or running.
+  uint32_t ShmLimitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a step of `path` may take a slot now.
+  bool MayRunLocked(DataPathKind path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands free slots to waiting steps, round-robin.
   void GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `waiter` behind its flow's earlier ones.
@@ -171,6 +183,7 @@ class FairScheduler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t grants_ ABSL_GUARDED_BY(mu_) = 0;  // grants after a wait, numbered
+  uint64_t grpc_operations_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<PathStats, kDataPathKinds> paths_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::weak_ptr<Flow>> flows_ ABSL_GUARDED_BY(mu_);
