@@ -31,10 +31,16 @@
 //     reaction, and its slot is released when it returns (or earlier, by
 //     Slot::Release()).
 //
-// Work conservation: a step is queued only when every slot is taken, so one
-// path alone runs `slots` steps at once, and the queue orders only what
-// competes. With slots equal to the cores, each path gets about half the CPU
-// that data-path steps get when both are busy, whatever its thread count.
+// Work conservation: a gRPC step is queued only when every slot is taken, a
+// shm step also while shm holds its share of the slots (below), so one path
+// alone runs `slots` steps at once, and the queue orders only what competes.
+//
+// The shm share: most of a gRPC operation's cost is outside its steps
+// (HTTP/2, the socket, the client). So a gRPC stream counts as an operation
+// from its first step to EndOperation(), and while g operations are in flight
+// and s shm flows wait or run, shm steps hold at most round(slots x s/(g+s))
+// slots, at least 1. A stalled stream counts until it ends; it cannot shrink
+// the share to 0.
 //
 // Shutdown() fails every waiting step (UNAVAILABLE), and every later one, and
 // joins the kv-fair threads; slots held then stay valid until released.

@@ -107,6 +107,39 @@ TEST(FairSchedulerTest, AFlowThatWasAwayGoesAheadOfThoseServedSince) {
   EXPECT_THAT(rec.Wait(), ElementsAre("away", "p", "q", "p"));
 }
 
+TEST(FairSchedulerTest, ShmHoldsItsShareOfTheSlotsWhileGrpcOperationsRun) {
+  FairScheduler scheduler({.slots = 2});
+  auto g = scheduler.Join("t", "grpc", DataPathKind::kGrpc);
+  auto s1 = scheduler.Join("t", "shm1", DataPathKind::kSharedMemory);
+  auto s2 = scheduler.Join("t", "shm2", DataPathKind::kSharedMemory);
+  // A gRPC operation starts (its first step runs and returns; the stream
+  // goes on): shm may now hold one slot of two.
+  scheduler.Submit(g, [](absl::StatusOr<FairScheduler::Slot> slot) { ASSERT_TRUE(slot.ok()); });
+  EXPECT_EQ(scheduler.stats().grpc_operations, 1u);
+  EXPECT_EQ(scheduler.stats().shm_limit, 1u);
+  absl::StatusOr<FairScheduler::Slot> first = scheduler.Acquire(s1);
+  ASSERT_TRUE(first.ok());
+  absl::Notification second_granted;
+  std::thread second([&] {
+    absl::StatusOr<FairScheduler::Slot> slot = scheduler.Acquire(s2);
+    EXPECT_TRUE(slot.ok());
+    second_granted.Notify();
+  });
+  while (scheduler.stats().paths[0].waiting == 0) std::this_thread::yield();
+  EXPECT_FALSE(second_granted.HasBeenNotified());  // a slot is free, but not shm's
+  // A gRPC stream's first step is not held back by shm waiting for its share.
+  bool ran = false;
+  scheduler.Submit(g, [&](absl::StatusOr<FairScheduler::Slot> slot) { ran = slot.ok(); });
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(scheduler.stats().grpc_operations, 2u);
+  scheduler.EndOperation(g);
+  EXPECT_FALSE(second_granted.HasBeenNotified());
+  scheduler.EndOperation(g);  // no gRPC operation left: shm may use both
+  ASSERT_TRUE(second_granted.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  second.join();
+  EXPECT_EQ(scheduler.stats().shm_limit, 2u);
+}
+
 TEST(FairSchedulerTest, TheSameConnectionIsOneFlow) {
   FairScheduler scheduler({.slots = 1});
   auto x = scheduler.Join("A", "peer", DataPathKind::kGrpc);
