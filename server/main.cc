@@ -37,6 +37,7 @@
 #include "server/memory/malloc_tuning.h"
 #include "server/memory/process_memory.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/fair_scheduler.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
 #include "server/shm/shm_server.h"
@@ -593,6 +594,14 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::error("{}", security.status().ToString());
     return 2;
   }
+  // Admission of data-path steps from both front doors (fair_scheduler.h).
+  // Shared with the metrics, which may scrape after the servers are gone; it
+  // outlives both servers (declared before them).
+  auto fair = std::make_shared<FairScheduler>(
+      FairSchedulerOptions{.slots = limits.data_path_concurrency(), .threads = 2});
+  metrics->AddCounterSource([fair](CounterVisitor& v) { fair->VisitCounters(v); });
+  spdlog::info("data-path admission: {} steps at once (limits.data_path_concurrency)",
+               limits.data_path_concurrency());
   // The daemon's memory, part by part (docs/operations.md, "Memory"): for the
   // metrics, the status page and GetStats. The shared-memory server is
   // started below; until then it counts no connections.
@@ -684,7 +693,8 @@ int Serve(const v1::ServerConfig& config) {
                                      .copy_threads = shm.copy_threads(),
                                      .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
                                      .inflight = &inflight,
-                                     .access = security->access.get()},
+                                     .access = security->access.get(),
+                                     .fair = fair.get()},
                                     &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
@@ -720,6 +730,7 @@ int Serve(const v1::ServerConfig& config) {
   server_options.tls = security->ServedTls();
   server_options.access = security->access.get();
   server_options.memory = memory_source;
+  server_options.cache_service.fair = fair.get();
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());

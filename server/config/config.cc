@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -292,6 +293,12 @@ void ApplyDefaults(v1::ServerConfig* c) {
     limits->set_max_streams_per_client(limits->max_concurrent_streams());
   }
   if (limits->max_concurrent_unary() == 0) limits->set_max_concurrent_unary(64);
+  if (limits->data_path_concurrency() == 0) {
+    // Half the cores: the other half is left to what a step does not
+    // count (gRPC's transport, the sockets); docs/benchmarks.md, "Both data
+    // paths at once", has the measurements behind it.
+    limits->set_data_path_concurrency(std::max(1u, std::thread::hardware_concurrency() / 2));
+  }
   if (limits->grpc_memory_quota_bytes() == 0) {
     limits->set_grpc_memory_quota_bytes(uint64_t{1} << 30);
   }
@@ -503,6 +510,10 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   if (auto s = CheckRange("limits.max_concurrent_unary", l.max_concurrent_unary(), 1, 100000);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("limits.data_path_concurrency", l.data_path_concurrency(), 1, 1024);
       !s.ok()) {
     return s;
   }

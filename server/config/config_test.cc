@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/config/calibration_file.h"
@@ -32,6 +33,8 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.limits().stream_idle_timeout_ms(), 30000u);
   EXPECT_EQ(c.limits().max_streams_per_client(), c.limits().max_concurrent_streams());
   EXPECT_EQ(c.limits().max_concurrent_unary(), 64u);
+  EXPECT_EQ(c.limits().data_path_concurrency(),
+            std::max(1u, std::thread::hardware_concurrency() / 2));
   EXPECT_EQ(c.limits().grpc_memory_quota_bytes(), uint64_t{1} << 30);
   EXPECT_EQ(c.limits().keepalive_time_ms(), 30000u);
   EXPECT_EQ(c.limits().keepalive_timeout_ms(), 10000u);
@@ -286,6 +289,9 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"unary limit too high",
        [](auto& c) { c.mutable_limits()->set_max_concurrent_unary(200000); },
        "limits.max_concurrent_unary"},
+      {"data path concurrency too high",
+       [](auto& c) { c.mutable_limits()->set_data_path_concurrency(5000); },
+       "limits.data_path_concurrency"},
       {"memory quota below one message",
        [](auto& c) { c.mutable_limits()->set_grpc_memory_quota_bytes(1 << 20); },
        "limits.grpc_memory_quota_bytes"},

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "server/core/memory_breakdown.h"
+#include "server/rpc/fair_scheduler.h"
 #include "server/shm/mapping_budget.h"
 
 namespace kvcache {
@@ -320,7 +321,11 @@ TEST(MetricsTest, ExposesEveryDocumentedFamilyWithItsLabels) {
         {.process = {.vm_rss_bytes = 300 << 20, .threads = 40}, .capacity_bytes = 256 << 20})
         .VisitCounters(v);
   });
+  auto fair = std::make_shared<FairScheduler>(FairSchedulerOptions{.slots = 3});
+  metrics->AddCounterSource([fair](CounterVisitor& v) { fair->VisitCounters(v); });
   const std::string text = metrics->Render();
+  EXPECT_THAT(text, HasSubstr("kvcached_data_path_slots 3\n"));
+  EXPECT_THAT(text, HasSubstr("kvcached_data_path_waits_total{path=\"grpc\",le=\"+Inf\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("kvcached_shm_mapped_bytes 1048576\n"));
   EXPECT_THAT(text, HasSubstr("kvcached_shm_mappings 1\n"));
   const std::vector<Sample> samples = ParseSamples(text);

@@ -113,9 +113,32 @@ class StreamLifecycle {
     holds_slot_ = false;
     service_->streams_.Release(peer_);
   }
+  // Runs `step` as one data-path step of this stream's connection: now, on
+  // this thread, when the FairScheduler has a slot free (or there is none),
+  // else on a kv-fair thread once admitted, with UNAVAILABLE at shutdown.
+  // Never blocks. The slot is given back as `step` returns.
+  // Every step after the stream's first continues its operation
+  // (FairScheduler::Submit): it waits only for a free slot, not for a turn.
+  void RunStep(absl::AnyInvocable<void(absl::Status) &&> step) {
+    FairScheduler* fair = service_->options_.fair;
+    if (fair == nullptr) return std::move(step)(absl::OkStatus());
+    if (flow_ == nullptr) {
+      flow_ = fair->Join(caller_.principal().tenant, peer_, DataPathKind::kGrpc);
+    }
+    // Set before Submit: once the step starts a read or write, the next
+    // reaction (even OnDone, deleting this) may run on another thread.
+    const bool continues = std::exchange(ran_step_, true);
+    fair->Submit(
+        flow_,
+        [step = std::move(step)](absl::StatusOr<FairScheduler::Slot> slot) mutable {
+          std::move(step)(slot.status());
+        },
+        continues);
+  }
   // From OnDone: stops the timer (waiting out a running OnIdle) and gives
   // the slot back if Finish did not.
   void End() {
+    if (ran_step_) service_->options_.fair->EndOperation(flow_);
     if (watch_ != 0) service_->watchdog_.Unwatch(watch_);
     ReleaseSlot();
   }
@@ -147,6 +170,8 @@ class StreamLifecycle {
   std::string peer_;
   Caller caller_ = Caller::Anonymous();
   TenantStreamSlot tenant_slot_;
+  std::shared_ptr<FairScheduler::Flow> flow_;  // once a step ran
+  bool ran_step_ = false;
   std::function<void()> release_;
   bool holds_slot_ = false;
   StreamWatchdog::Id watch_ = 0;
@@ -365,12 +390,18 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (session_ == nullptr) {
         return Done(absl::InvalidArgumentError("append stream had no header"));
       }
-      return Commit();
+      return lifecycle_.RunStep([this](absl::Status admitted) {
+        if (!admitted.ok()) return Done(admitted);
+        Commit();
+      });
     }
     lifecycle_.Progress();
-    absl::Status status = Handle();
-    if (!status.ok()) return Done(status);
-    StartRead(&request_);
+    lifecycle_.RunStep([this](absl::Status admitted) {
+      if (!admitted.ok()) return Done(admitted);
+      absl::Status status = Handle();
+      if (!status.ok()) return Done(status);
+      StartRead(&request_);
+    });
   }
 
   void OnDone() override {
@@ -569,22 +600,31 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (service_->options_.inflight != nullptr) {
       inflight_ = service_->options_.inflight->Register("Fetch", request_id_, lifecycle_.peer());
     }
-    absl::Status status;
-    {
-      MutexLock lock(&plan_mu_);
-      status = Prepare(raw_request);
-    }
-    if (!status.ok()) {
-      Done(status);
+    // The request is gRPC's only until this returns: parse it now.
+    absl::StatusOr<v1::FetchRequest> request = Parse(raw_request);
+    if (!request.ok()) {
+      Done(request.status());
       return;
     }
-    WriteNext();
+    lifecycle_.RunStep([this, request = *std::move(request)](absl::Status admitted) {
+      if (!admitted.ok()) return Done(admitted);
+      absl::Status status;
+      {
+        MutexLock lock(&plan_mu_);
+        status = Prepare(request);
+      }
+      if (!status.ok()) return Done(status);
+      WriteNext();
+    });
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) return Done(lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off")));
     lifecycle_.Progress();
-    WriteNext();
+    lifecycle_.RunStep([this](absl::Status admitted) {
+      if (!admitted.ok()) return Done(admitted);
+      WriteNext();
+    });
   }
 
   void OnDone() override {
@@ -604,12 +644,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  absl::Status Prepare(const grpc::ByteBuffer* raw_request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_) {
+  static absl::StatusOr<v1::FetchRequest> Parse(const grpc::ByteBuffer* raw_request) {
     v1::FetchRequest request;
     grpc::ByteBuffer copy(*raw_request);  // shares the slices
     grpc::Status parsed = grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&copy, &request);
     if (!parsed.ok()) return absl::InvalidArgumentError("FetchRequest does not parse");
+    return request;
+  }
+
+  absl::Status Prepare(const v1::FetchRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_) {
     model_ = ModelField({request.namespace_(), request.model_id()});
     auto key = ScopedModelKey(lifecycle_.caller(), request.namespace_(), request.model_id());
     if (!key.ok()) return key.status();
@@ -653,23 +696,48 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     current_ = FetchBlock();
   }
 
+  // Sends the next chunk, or finishes. It starts the write (or Finish) only
+  // after letting go of plan_mu_: on a kv-fair thread, outside any
+  // reaction, the next reaction (and OnDone, which deletes the reactor) may
+  // run as soon as the write is started.
   void WriteNext() ABSL_LOCKS_EXCLUDED(plan_mu_) {
+    absl::Status end;
+    const Next next = EncodeNext(&end);
+    if (next == Next::kEnd) return Done(end);
+    if (next == Next::kWrite) return StartWrite(&buffer_);
+    // The last chunk goes out with the status in one batch (one write, no
+    // further reaction); the slot is free once it is handed to gRPC.
+    status_ = absl::OkStatus();
+    finished_with_write_ = true;
+    lifecycle_.ReleaseSlot();
+    StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  enum class Next { kWrite, kWriteLast, kEnd };
+  // Encodes the next chunk into buffer_ and says whether it is the last; or
+  // ends the stream with `*end` (OK when there was nothing left to send).
+  Next EncodeNext(absl::Status* end) ABSL_LOCKS_EXCLUDED(plan_mu_) {
     MutexLock lock(&plan_mu_);
     if (plan_released_) {
-      return Done(lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off")));
+      *end = lifecycle_.BrokeOff(absl::CancelledError("fetch stream broke off"));
+      return Next::kEnd;
     }
-    if (block_ >= plan_.blocks.size()) return Done(absl::OkStatus());
+    if (block_ >= plan_.blocks.size()) return Next::kEnd;
     if (offset_ == 0) {
       // Compression switched off since planning: off means lossless for
       // fetches in flight too.
       if (plan_.blocks[block_]->compressed() && !plan_.MaySendLossy()) {
-        return Done(absl::AbortedError(
+        *end = absl::AbortedError(
             "compression was switched off for this model while the fetch streamed; lossy "
-            "blocks are no longer sent: retry the fetch"));
+            "blocks are no longer sent: retry the fetch");
+        return Next::kEnd;
       }
       // What this block goes out as: stored bytes, or decoded ones.
       absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan_.blocks[block_], accept_int8_);
-      if (!sent.ok()) return Done(sent.status());
+      if (!sent.ok()) {
+        *end = sent.status();
+        return Next::kEnd;
+      }
       current_ = *std::move(sent);
     }
     const BlockRef& block = current_.bytes;
@@ -688,13 +756,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       ++block_;
       offset_ = 0;
     }
-    if (block_ < plan_.blocks.size()) return StartWrite(&buffer_);
-    // The last chunk goes out with the status in one batch (one write, no
-    // further reaction); the slot is free once it is handed to gRPC.
-    status_ = absl::OkStatus();
-    finished_with_write_ = true;
-    lifecycle_.ReleaseSlot();
-    StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
+    return block_ < plan_.blocks.size() ? Next::kWrite : Next::kWriteLast;
   }
 
   void Done(const absl::Status& status) {

@@ -11,9 +11,12 @@
 // against max_concurrent_streams and, per peer, max_streams_per_client;
 // Lookup, BatchLookup, Evict, ReportAttention and PlaceOnDevice against max_concurrent_unary. A
 // stream that makes no progress for stream_idle_timeout_ms is cancelled with DEADLINE_EXCEEDED and
-// gives back its slot, its append session and its blocks. A Fetch holds a reference only to blocks
-// not yet handed to gRPC (and gRPC to those it has not yet sent), so a slow reader pins only what
-// is in flight.
+// gives back its slot, its append session and its blocks. With a FairScheduler,
+// each Append message (and its commit) and each Fetch write is a data-path
+// step: it runs on the callback thread when a slot is free, else on a kv-fair
+// thread once admitted; no callback thread waits for a slot. A Fetch holds a reference only to
+// blocks not yet handed to gRPC (and gRPC to those it has not yet sent), so a slow reader pins only
+// what is in flight.
 //
 // Thread-safe; the Cache and RpcObserver must outlive the service.
 #ifndef KVCACHE_SERVER_RPC_CACHE_SERVICE_H_
@@ -31,6 +34,7 @@
 #include "server/rpc/call_limits.h"
 #include "server/rpc/call_log.h"
 #include "server/rpc/deadline_timer.h"
+#include "server/rpc/fair_scheduler.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/stream_watchdog.h"
@@ -48,6 +52,10 @@ struct CacheServiceOptions {
   InflightCalls* inflight = nullptr;  // where Append and Fetch register; null: nowhere
   // Who may call what, in which namespaces; null: everyone, everywhere.
   AccessControl* access = nullptr;
+  // Admits each Append message and Fetch write as a data-path step
+  // (limits.data_path_concurrency), shared with the shared-memory plane;
+  // null: no admission. Outlives the service.
+  FairScheduler* fair = nullptr;
 };
 
 using CacheServiceBase =

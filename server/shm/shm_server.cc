@@ -187,7 +187,8 @@ void ShmServer::Serve(Connection* connection) {
                        {.peer = absl::StrCat("shm:pid=", peer.pid, ",uid=", peer.uid),
                         .inflight = options_.inflight,
                         .uid = peer.uid,
-                        .access = options_.access},
+                        .access = options_.access,
+                        .fair = options_.fair},
                        budget_.get());
     ServeRequests(*connection, session);
   }  // the session's regions unmap here

@@ -82,6 +82,9 @@ struct ShmServerOptions {
   InflightCalls* inflight = nullptr;
   // Who may call what, by the peer's uid; null: everyone, everywhere.
   AccessControl* access = nullptr;
+  // Admission of fetch_into and append_from (ShmPeer::fair); null: none.
+  // Outlives the server.
+  FairScheduler* fair = nullptr;
 };
 
 class ShmServer {

@@ -1,6 +1,7 @@
 #include "server/shm/shm_session.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -118,6 +119,21 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
         return slot.status();
       }
       stream = *std::move(slot);
+    }
+    // ... and waits for a data-path slot, so that this thread's turns are
+    // shared fairly with the gRPC streams and the other connections.
+    FairScheduler::Slot step;
+    if (moves_kv && who_.fair != nullptr) {
+      const std::string& tenant = caller->principal().tenant;
+      if (flow_ == nullptr || flow_tenant_ != tenant) {
+        static std::atomic<uint64_t> connections{0};
+        flow_ = who_.fair->Join(tenant, absl::StrCat(who_.peer, "#", connections.fetch_add(1)),
+                                DataPathKind::kSharedMemory);
+        flow_tenant_ = tenant;
+      }
+      absl::StatusOr<FairScheduler::Slot> slot = who_.fair->Acquire(flow_);
+      if (!slot.ok()) return slot.status();
+      step = *std::move(slot);
     }
     if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {
       return absl::InvalidArgumentError(

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "kvcache/v1/shm.pb.h"
 #include "server/core/cache.h"
+#include "server/rpc/fair_scheduler.h"
 #include "server/rpc/inflight_calls.h"
 #include "server/rpc/rpc_observer.h"
 #include "server/rpc/unix_socket.h"
@@ -60,6 +61,11 @@ struct ShmPeer {
   // Admits each request as the principal `uid` names; null: everyone,
   // everywhere. Outlives the session.
   AccessControl* access = nullptr;
+  // Admits each fetch_into and append_from as a data-path step
+  // (limits.data_path_concurrency), shared with the gRPC Fetch and Append;
+  // the session's thread waits for a slot. Null: no admission. Outlives
+  // the session.
+  FairScheduler* fair = nullptr;
 };
 
 class ShmSession {
@@ -124,6 +130,9 @@ class ShmSession {
   };
   absl::flat_hash_map<uint64_t, Attached> regions_;
   std::optional<std::string> connection_tenant_;  // whose connection slot is held
+  // This connection's place in who_.fair's queue, as a flow of `flow_tenant_`.
+  std::shared_ptr<FairScheduler::Flow> flow_;
+  std::string flow_tenant_;
   TenantStreamSlot connection_slot_;
   bool refused_ = false;
   uint64_t mapped_bytes_ = 0;

@@ -38,20 +38,23 @@ absl::StatusOr<v1::DType> ParseDType(const std::string& name) {
 
 size_t DTypeSize(v1::DType dtype) { return dtype == v1::DTYPE_FP32 ? 4 : 2; }
 
-absl::StatusOr<std::unique_ptr<Client>> ConnectClient(const BenchOptions& opts) {
+absl::StatusOr<std::unique_ptr<Client>> ConnectClient(const BenchOptions& opts,
+                                                      std::string_view transport_override) {
+  const std::string transport =
+      transport_override.empty() ? opts.transport : std::string(transport_override);
   ClientOptions o;
-  o.target = opts.target;
+  o.target = transport == "grpc" && !opts.grpc_target.empty() ? opts.grpc_target : opts.target;
   o.ns = opts.ns;
   o.token = opts.token;
   o.timeout = absl::Seconds(opts.timeout_s);
-  if (opts.transport == "grpc") o.data_path = DataPath::kGrpc;
-  if (opts.transport == "shm") o.data_path = DataPath::kSharedMemory;
+  if (transport == "grpc") o.data_path = DataPath::kGrpc;
+  if (transport == "shm") o.data_path = DataPath::kSharedMemory;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o);
   if (!client.ok()) return client.status();
   if (absl::Status s = (*client)->WaitForReady(absl::Seconds(10)); !s.ok()) return s;
-  if (opts.transport == "shm" && !(*client)->UsesSharedMemory()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--transport shm: ", opts.target, " offers no shared-memory data plane"));
+  if (transport == "shm" && !(*client)->UsesSharedMemory()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--transport ", opts.transport, ": ", o.target, " offers no shared-memory data plane"));
   }
   return client;
 }

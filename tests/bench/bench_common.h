@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,8 +34,10 @@ struct BenchOptions {
   // How data calls travel: "grpc", "shm" (the shared-memory data plane,
   // with each thread's buffers in a SharedRegion: no client-side copy) or
   // "auto" (the client's default: shared memory for unix:// targets, through
-  // its staging region).
+  // its staging region) or "both" (load modes: half the clients on shared
+  // memory, half on gRPC, at once; reported per path with fairness ratios).
   std::string transport = "auto";
+  std::string grpc_target;  // --transport both: the gRPC clients' target (empty: --target)
   double duration_s = 10;
   double timeout_s = 30;
   uint64_t seed = 0;  // 0: derived from the clock, so runs do not share blocks
@@ -61,7 +64,9 @@ absl::StatusOr<v1::DType> ParseDType(const std::string& name);
 size_t DTypeSize(v1::DType dtype);
 
 // Connects and waits for the daemon; the error says where it looked.
-absl::StatusOr<std::unique_ptr<Client>> ConnectClient(const BenchOptions& opts);
+// `transport` overrides opts.transport (for --transport both, "shm" or "grpc").
+absl::StatusOr<std::unique_ptr<Client>> ConnectClient(const BenchOptions& opts,
+                                                      std::string_view transport = {});
 
 // The tokens of sequence `seq_key`: `n` ids, distinct between sequences.
 std::vector<uint32_t> SequenceTokens(uint64_t seq_key, size_t n);

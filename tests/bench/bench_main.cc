@@ -33,10 +33,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--transport", o.transport,
-                 "grpc, shm (shared memory, buffers in SharedRegions; same host only) or auto "
-                 "(shared memory for unix:// targets, through the client's staging region)")
-      ->check(CLI::IsMember({"grpc", "shm", "auto"}))
+                 "grpc, shm (shared memory, buffers in SharedRegions; same host only), auto "
+                 "(shared memory for unix:// targets, through the client's staging region) or "
+                 "both (load modes: --clients/2 on shm and as many on grpc at once, reported "
+                 "per path with the fairness ratios)")
+      ->check(CLI::IsMember({"grpc", "shm", "auto", "both"}))
       ->capture_default_str();
+  app.add_option("--grpc-target", o.grpc_target,
+                 "--transport both: where the gRPC clients connect (default: --target)");
   app.add_flag("--shared-client", o.shared_client,
                "all threads share one Client (one channel) instead of one each");
   app.add_option("--duration", o.duration_s, "seconds to run (load modes)")
@@ -89,6 +93,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.verify = false;
+  }
+  if (o.transport == "both" && (o.mode == "trace" || o.clients < 2 || o.clients % 2 != 0)) {
+    std::fprintf(stderr,
+                 "kvcache-bench: --transport both needs a load mode and an even --clients\n");
+    return 2;
   }
   // A trace's model has its own layout, so it must not collide with the load modes'.
   if (o.mode == "trace" && model_opt->count() == 0) o.model = "trace-model";

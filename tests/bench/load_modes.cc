@@ -6,6 +6,11 @@
 //   fetches (verifying every byte) or looks up a random one of them.
 // mixed: each op is an append of a new sequence (replacing the thread's
 //   oldest), a lookup or a fetch, drawn with the --mix weights.
+// --transport both: threads [0, N/2) use shared memory, [N/2, N) gRPC, at
+//   once; each path gets its own table, then the fairness lines: per-worker
+//   throughput (all ops) of the slower path over the faster's, and the ratio
+//   of their fetch p99s (the rule of issue 30: >= 0.5 and <= 3).
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <random>
@@ -20,6 +25,12 @@
 
 namespace kvcache::bench {
 namespace {
+
+// The data path of client thread `thread`.
+std::string_view ThreadTransport(const BenchOptions& opts, int thread) {
+  if (opts.transport != "both") return opts.transport;
+  return thread < opts.clients / 2 ? "shm" : "grpc";
+}
 
 struct ThreadResult {
   OpStats append, lookup, fetch;
@@ -47,7 +58,7 @@ class LoadRunner {
     std::span<std::byte> append;
     std::span<std::byte> fetch;
   };
-  absl::StatusOr<Buffers> MakeBuffers(Client& client) const;
+  absl::StatusOr<Buffers> MakeBuffers(Client& client, int thread) const;
   absl::Status Append(Client& client, uint64_t seq_key, std::span<std::byte> kv, ThreadResult* r);
   void Lookup(Client& client, uint64_t seq_key, ThreadResult* r);
   void Fetch(Client& client, uint64_t seq_key, std::span<std::byte> out, ThreadResult* r);
@@ -58,11 +69,11 @@ class LoadRunner {
   std::atomic<bool> stop_{false};
 };
 
-absl::StatusOr<LoadRunner::Buffers> LoadRunner::MakeBuffers(Client& client) const {
+absl::StatusOr<LoadRunner::Buffers> LoadRunner::MakeBuffers(Client& client, int thread) const {
   const uint64_t seq_bytes = uint64_t{opts_.blocks_per_seq} * block_bytes_;
   Buffers b;
   std::span<std::byte> all;
-  if (opts_.transport == "shm") {
+  if (ThreadTransport(opts_, thread) == "shm") {
     absl::StatusOr<std::shared_ptr<SharedRegion>> region = client.CreateSharedRegion(2 * seq_bytes);
     if (!region.ok()) return region.status();
     b.region = *std::move(region);
@@ -136,7 +147,7 @@ void LoadRunner::Fetch(Client& client, uint64_t seq_key, std::span<std::byte> ou
 void LoadRunner::Run(Client& client, int thread, absl::Barrier* ready, absl::Barrier* start,
                      ThreadResult* r) {
   std::mt19937_64 rng(run_key_ + thread);
-  absl::StatusOr<Buffers> buffers = MakeBuffers(client);
+  absl::StatusOr<Buffers> buffers = MakeBuffers(client, thread);
   if (!buffers.ok()) {
     r->setup_error = absl::StrCat("buffers: ", buffers.status().ToString());
     ready->Block();
@@ -190,6 +201,31 @@ void LoadRunner::Run(Client& client, int thread, absl::Barrier* ready, absl::Bar
       Fetch(client, key, buffers->fetch, r);
     }
   }
+}
+
+// Per path: its table, its per-worker throughput and fetch p99; then the
+// ratios of the slower path to the faster.
+void PrintFairness(ThreadResult (&paths)[2], int workers_per_path, double seconds) {
+  const char* names[2] = {"shm", "grpc"};
+  double per_worker[2], p99[2];
+  for (int i = 0; i < 2; ++i) {
+    ThreadResult& p = paths[i];
+    std::printf("path %s (%d workers):\n", names[i], workers_per_path);
+    PrintOpTable({{"append", &p.append}, {"lookup", &p.lookup}, {"fetch", &p.fetch}}, seconds);
+    const double ops = p.append.count() + p.lookup.count() + p.fetch.count();
+    per_worker[i] = ops / seconds / workers_per_path;
+    p99[i] = p.fetch.PercentileMs(0.99);
+  }
+  for (int i = 0; i < 2; ++i) {
+    std::printf("per-path %s: %.1f ops/s per worker, fetch p99 %.3f ms\n", names[i], per_worker[i],
+                p99[i]);
+  }
+  const double hi = std::max(per_worker[0], per_worker[1]);
+  const double p99_lo = std::min(p99[0], p99[1]);
+  std::printf("fairness: per-worker throughput ratio (slower/faster) %.3f (rule >= 0.5)\n",
+              hi > 0 ? std::min(per_worker[0], per_worker[1]) / hi : 0.0);
+  std::printf("fairness: fetch p99 ratio (slower/faster) %.2fx (rule <= 3)\n",
+              p99_lo > 0 ? std::max(p99[0], p99[1]) / p99_lo : 0.0);
 }
 
 }  // namespace
@@ -276,8 +312,9 @@ int RunLoad(const BenchOptions& opts) {
       opts.blocks_per_seq, opts.blocks_per_seq * block_bytes / 1048576.0);
 
   std::vector<std::unique_ptr<Client>> clients;
-  for (int i = 0; i < opts.clients && !opts.shared_client; ++i) {
-    absl::StatusOr<std::unique_ptr<Client>> c = ConnectClient(opts);
+  const bool both = opts.transport == "both";
+  for (int i = 0; i < opts.clients && (!opts.shared_client || both); ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> c = ConnectClient(opts, ThreadTransport(opts, i));
     if (!c.ok()) {
       std::fprintf(stderr, "kvcache-bench: %s\n", c.status().ToString().c_str());
       return 1;
@@ -297,7 +334,7 @@ int RunLoad(const BenchOptions& opts) {
   absl::Barrier start(opts.clients + 1);
   std::vector<std::thread> threads;
   for (int i = 0; i < opts.clients; ++i) {
-    Client& c = opts.shared_client ? **main_client : *clients[i];
+    Client& c = opts.shared_client && !both ? **main_client : *clients[i];
     threads.emplace_back([&, i, cptr = &c] { runner.Run(*cptr, i, &ready, &start, &results[i]); });
   }
   ready.Block();
@@ -310,10 +347,18 @@ int RunLoad(const BenchOptions& opts) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
 
   ThreadResult total;
-  for (const ThreadResult& r : results) {
+  ThreadResult per_path[2];  // --transport both: shm, grpc
+  for (size_t i = 0; i < results.size(); ++i) {
+    const ThreadResult& r = results[i];
     if (!r.setup_error.empty()) {
       std::fprintf(stderr, "kvcache-bench: %s\n", r.setup_error.c_str());
       return 1;
+    }
+    if (both) {
+      ThreadResult& p = per_path[ThreadTransport(opts, static_cast<int>(i)) == "shm" ? 0 : 1];
+      p.append.Merge(r.append);
+      p.lookup.Merge(r.lookup);
+      p.fetch.Merge(r.fetch);
     }
     total.append.Merge(r.append);
     total.lookup.Merge(r.lookup);
@@ -324,6 +369,7 @@ int RunLoad(const BenchOptions& opts) {
   std::printf("elapsed %.2fs\n", seconds);
   PrintOpTable({{"append", &total.append}, {"lookup", &total.lookup}, {"fetch", &total.fetch}},
                seconds);
+  if (both) PrintFairness(per_path, opts.clients / 2, seconds);
   if (total.lookup.count() + total.fetch.count() > 0) {
     std::printf("partial hits (sequence partly evicted): %llu\n",
                 static_cast<unsigned long long>(total.partial));

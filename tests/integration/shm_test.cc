@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -425,6 +426,27 @@ TEST_F(ShmTest, SixteenWorkersVerifyEveryByteForTwentySeconds) {
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("WRONG BYTES")));
   EXPECT_THAT(out, HasSubstr("fetch"));
+  EXPECT_TRUE(WaitUnmapped(daemon_->pid(), "kvcache-region"));
+}
+
+// Both front doors at once through the daemon's fair admission
+// (limits.data_path_concurrency): every byte right on both, and neither path
+// starved. The fairness rule itself (>= 0.5) is the soak's to check
+// (tests/soak/soak.sh --check-fairness): a short run on a busy CI machine is
+// too noisy for it; this floor catches a path that gets almost nothing.
+TEST_F(ShmTest, BothDataPathsAtOnceAreServedAndVerified) {
+  auto [code, out] =
+      Bench(daemon_->unix_target(),
+            "mixed --transport both --clients 8 --duration 4 --layers 4 --kv-heads 4 "
+            "--head-dim 64 --block-tokens 16 --blocks-per-seq 4 --working-set 8");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG BYTES")));
+  EXPECT_THAT(out, HasSubstr("path shm (4 workers)"));
+  EXPECT_THAT(out, HasSubstr("path grpc (4 workers)"));
+  const size_t at = out.find("per-worker throughput ratio (slower/faster) ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const double ratio = std::strtod(out.c_str() + at + 44, nullptr);
+  EXPECT_GT(ratio, 0.1) << out;
   EXPECT_TRUE(WaitUnmapped(daemon_->pid(), "kvcache-region"));
 }
 #endif  // KVCACHE_BENCH_BINARY
