@@ -36,10 +36,10 @@ std::vector<Token> Sequence(uint32_t s) {
 TEST(WalkLatencyTest, LookupP99StaysUnderOneMillisecondWhileStatusAndCheckpointsWalk) {
   const ModelLayout layout{1, 1, 4, DType::kFp16, kBlockTokens};  // 256-byte blocks
   const uint64_t block_bytes = layout.BlockBytes();
-  auto pool = SlabPool::Create({.capacity_bytes = (uint64_t{kSequences} * kSequenceBlocks + 65536) *
-                                                  block_bytes,
-                                .slab_bytes = 4 << 20,
-                                .min_class_bytes = 64});
+  auto pool = SlabPool::Create(
+      {.capacity_bytes = (uint64_t{kSequences} * kSequenceBlocks + 65536) * block_bytes,
+       .slab_bytes = 4 << 20,
+       .min_class_bytes = 64});
   ASSERT_TRUE(pool.ok()) << pool.status();
   SystemClock clock;
   Cache cache(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock);
@@ -117,8 +117,10 @@ TEST(WalkLatencyTest, LookupP99StaysUnderOneMillisecondWhileStatusAndCheckpoints
   std::sort(micros.begin(), micros.end());
   const double p50 = micros[micros.size() / 2];
   const double p99 = micros[micros.size() * 99 / 100];
-  std::printf("walked: %zu lookups: p50 %.0f us, p99 %.0f us, max %.0f us; %d status polls, %d checkpoints\n",
-              micros.size(), p50, p99, micros.back(), status_polls.load(), checkpoints.load());
+  std::printf(
+      "walked: %zu lookups: p50 %.0f us, p99 %.0f us, max %.0f us; %d status polls, %d "
+      "checkpoints\n",
+      micros.size(), p50, p99, micros.back(), status_polls.load(), checkpoints.load());
   EXPECT_LT(p99, 1000.0) << "p50 " << p50 << " us";
 }
 
