@@ -294,10 +294,11 @@ void ApplyDefaults(v1::ServerConfig* c) {
   }
   if (limits->max_concurrent_unary() == 0) limits->set_max_concurrent_unary(64);
   if (limits->data_path_concurrency() == 0) {
-    // Half the cores: the other half is left to what a step does not
-    // count (gRPC's transport, the sockets); docs/benchmarks.md, "Both data
-    // paths at once", has the measurements behind it.
-    limits->set_data_path_concurrency(std::max(1u, std::thread::hardware_concurrency() / 2));
+    // One step per core: fewer serialize a shared-memory step that waits on
+    // the SSD tier behind the others, more let shared-memory workers crowd
+    // out gRPC ones; docs/benchmarks.md, "Both data paths at once", has the
+    // measurements behind it.
+    limits->set_data_path_concurrency(std::max(1u, std::thread::hardware_concurrency()));
   }
   if (limits->grpc_memory_quota_bytes() == 0) {
     limits->set_grpc_memory_quota_bytes(uint64_t{1} << 30);

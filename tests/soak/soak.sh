@@ -23,6 +23,8 @@
 #   --capacity-mib M       host tier (default 256)
 #   --ssd-mib M            SSD tier (default 512)
 #   --checkpoint-every S   seconds between checkpoints (default 60)
+#   --data-path-concurrency N
+#                          limits.data_path_concurrency (default: the daemon's)
 #   --check-fairness       also fail on the fairness rule above
 #   --report FILE          also write the report (markdown) to FILE
 #   --keep DIR             keep the daemon's log, the generators' output and
@@ -35,7 +37,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
 build=$repo/build duration=600 workers=64 capacity_mib=256 ssd_mib=512
-checkpoint_every=60 check_fairness=0 report="" keep=""
+checkpoint_every=60 check_fairness=0 report="" keep="" slots=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
@@ -45,6 +47,7 @@ while (($#)); do
     --capacity-mib) capacity_mib=$2; shift 2 ;;
     --ssd-mib) ssd_mib=$2; shift 2 ;;
     --checkpoint-every) checkpoint_every=$2; shift 2 ;;
+    --data-path-concurrency) slots=$2; shift 2 ;;
     --check-fairness) check_fairness=1; shift ;;
     --report) report=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
@@ -74,16 +77,19 @@ tcp_port=${ports[0]} metrics_port=${ports[1]}
 capacity=$((capacity_mib << 20))
 
 "$py" - "$work" "$tcp_port" "$metrics_port" "$capacity" "$((ssd_mib << 20))" \
-  "$checkpoint_every" >"$work/kvcached.json" <<'EOF' || fail "cannot write the soak's config"
+  "$checkpoint_every" "$slots" >"$work/kvcached.json" <<'EOF' || fail "cannot write the soak's config"
 import json, sys
-work, tcp, metrics, capacity, ssd, every = sys.argv[1:]
-print(json.dumps({
+work, tcp, metrics, capacity, ssd, every, slots = sys.argv[1:]
+config = {
     "listen": {"tcp_address": f"127.0.0.1:{tcp}", "unix_socket": f"{work}/k.sock",
                "metrics_address": f"127.0.0.1:{metrics}"},
     "host_tier": {"capacity_bytes": capacity},
     "ssd_tier": {"path": f"{work}/ssd.bin", "capacity_bytes": ssd},
     "checkpoint": {"dir": f"{work}/checkpoints", "interval_seconds": int(every)},
-}, indent=2))
+}
+if int(slots) > 0:
+    config["limits"] = {"data_path_concurrency": int(slots)}
+print(json.dumps(config, indent=2))
 EOF
 metrics_url=http://127.0.0.1:$metrics_port/metrics
 start_kvcached "$work/kvcached.json" "$metrics_url" "$work/k.sock"
