@@ -325,7 +325,8 @@ TEST(MetricsTest, ExposesEveryDocumentedFamilyWithItsLabels) {
   metrics->AddCounterSource([fair](CounterVisitor& v) { fair->VisitCounters(v); });
   const std::string text = metrics->Render();
   EXPECT_THAT(text, HasSubstr("kvcached_data_path_slots 3\n"));
-  EXPECT_THAT(text, HasSubstr("kvcached_data_path_waits_total{path=\"grpc\",le=\"+Inf\"} 0\n"));
+  EXPECT_THAT(text,
+              HasSubstr("kvcached_data_path_waits_total{path=\"grpc\",max_seconds=\"+Inf\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("kvcached_shm_mapped_bytes 1048576\n"));
   EXPECT_THAT(text, HasSubstr("kvcached_shm_mappings 1\n"));
   const std::vector<Sample> samples = ParseSamples(text);

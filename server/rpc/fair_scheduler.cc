@@ -386,10 +386,11 @@ void FairScheduler::VisitCounters(CounterVisitor& visitor) const {
     uint64_t cumulative = 0;
     for (size_t b = 0; b < p.waits_by_bucket.size(); ++b) {
       cumulative += p.waits_by_bucket[b];
-      visitor.Visit({"kvcached_data_path_waits_total",
-                     "Data-path steps that waited for a slot at most `le` seconds (cumulative)",
-                     CounterType::kCounter},
-                    {{"path", path}, {"le", kLe[b]}}, static_cast<double>(cumulative));
+      visitor.Visit(
+          {"kvcached_data_path_waits_total",
+           "Data-path steps that waited for a slot at most `max_seconds` seconds (cumulative)",
+           CounterType::kCounter},
+          {{"path", path}, {"max_seconds", kLe[b]}}, static_cast<double>(cumulative));
     }
     visitor.Visit(
         {"kvcached_data_path_in_flight", "Data-path steps holding a slot now", CounterType::kGauge},
