@@ -32,7 +32,7 @@ def version_supported(version: str) -> bool:
 def get_logger() -> logging.Logger:
     try:
         from vllm.logger import init_logger
-        return init_logger("kvcache.vllm")
+        return init_logger("vllm.kvcache")  # under "vllm": printed by vLLM's handler
     except Exception:  # pragma: no cover (older layouts)
         return logging.getLogger("kvcache.vllm")
 
