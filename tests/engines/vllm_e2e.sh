@@ -8,8 +8,10 @@
 #   prefix        vLLM's in-process prefix cache (prompts served once untimed, then timed)
 #   example-A/B   vLLM's ExampleConnector: A computes and writes files, a fresh B loads them
 #   kvcache-A/B   kvcache.vllm: A computes and stores in kvcached, a fresh B loads from it
+#   kvcache-down  kvcache.vllm pointed at a socket no daemon serves: every request a miss,
+#                 nothing raised into vLLM, the same outputs (the circuit breaker's path)
 # and prints a table of TTFT medians (vLLM's first_token_latency) and whether every output
-# equals the recompute run's; exits 1 if one does not, or if kvcache-B got no external hits.
+# equals the recompute run's; exits 1 if one does not, if kvcache-B got no external hits or kvcache-down got any.
 #
 # Usage: tests/engines/vllm_e2e.sh [--build BUILD_DIR] [--prompts N] [--prefix-tokens N]
 #                                  [--out DIR] [--no-setup] [--help]
@@ -75,17 +77,20 @@ step example-A example --kv-dir "$out/kv-example"
 step example-B example --kv-dir "$out/kv-example"
 step kvcache-A kvcache --target "unix://$sock"
 step kvcache-B kvcache --target "unix://$sock"
+step kvcache-down kvcache --target "unix://$sockdir/nobody.sock"
 
 echo "vllm_e2e: results in $out"
 cd "$out"
 status=0
 "$py" "$root/tests/engines/vllm_e2e.py" --summarize recompute.json prefix.json example-A.json \
-  example-B.json kvcache-A.json kvcache-B.json || status=1
+  example-B.json kvcache-A.json kvcache-B.json kvcache-down.json || status=1
 "$py" - <<'PY' || status=1
 import json
 r = json.load(open("kvcache-B.json"))
 hits = r["counters"].get("vllm:external_prefix_cache_hits", 0)
 print(f"kvcache-B: {hits} tokens from kvcached (vLLM's external prefix cache hits)")
-raise SystemExit(0 if hits > 0 else 1)
+down = json.load(open("kvcache-down.json"))["counters"].get("vllm:external_prefix_cache_hits", 0)
+print(f"kvcache-down: {down} tokens from kvcached (must be 0)")
+raise SystemExit(0 if hits > 0 and down == 0 else 1)
 PY
 exit $status

@@ -163,11 +163,14 @@ class KvcacheConnector(KVConnectorBase_V1):
         memo = self._lookups.get(request.request_id)
         if memo is None or memo[0] != mid:
             self.stats["lookups"] += 1
+            t0 = time.perf_counter()
             hit = self._call("lookup", lambda c: c.lookup(mid, prompt))
             cached = hit.matched_tokens if isinstance(hit, kvcache.LookupResult) else 0
             if hit is None:  # daemon trouble: a miss, and no save planned on its word
                 cached = -1
             self._lookups[request.request_id] = (mid, cached)
+            logger.info("kvcache.vllm: lookup of %s (%d tokens): %d cached, %.2f ms",
+                        request.request_id, len(prompt), cached, (time.perf_counter() - t0) * 1e3)
         cached = self._lookups[request.request_id][1]
         n = external_tokens(len(prompt), max(cached, 0), num_computed_tokens, self._block_size,
                             self._cfg.min_load_tokens)
@@ -286,6 +289,7 @@ class KvcacheConnector(KVConnectorBase_V1):
         n_total = len(t.tokens) // self._block_size  # blocks from token 0
         out = self._staging_bytes(n_total)
         res = self._call("fetch", lambda c: c.fetch(t.model_id, t.tokens, out))
+        t_fetch = time.perf_counter() - t0
         got = res.matched_tokens // self._block_size if isinstance(res, kvcache.FetchResult) else 0
         got = min(got, n_total)
         usable = max(0, got - t.first_block)
@@ -300,8 +304,9 @@ class KvcacheConnector(KVConnectorBase_V1):
                 layer.index_copy_(0, idx, src[:, l])
         self.stats["loaded_tokens"] += usable * self._block_size
         self.stats["load_s"] += time.perf_counter() - t0
-        logger.info("kvcache.vllm: loaded %d tokens of %s in %.1f ms",
-                    usable * self._block_size, t.req_id, (time.perf_counter() - t0) * 1e3)
+        logger.info("kvcache.vllm: loaded %d tokens of %s in %.1f ms (fetch %.1f ms, %d MiB)",
+                    usable * self._block_size, t.req_id, (time.perf_counter() - t0) * 1e3,
+                    t_fetch * 1e3, out.nbytes >> 20)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads finish in start_load_kv, before the forward
