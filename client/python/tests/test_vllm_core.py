@@ -173,6 +173,9 @@ def test_config_from_extra_validates():
         ConnectorConfig.from_extra({"timeout_s": 0})
     with pytest.raises(ValueError):
         ConnectorConfig.from_extra({"data_path": "carrier-pigeon"})
+    with pytest.raises(ValueError):
+        ConnectorConfig.from_extra({"max_attempts": 0})
+    assert ConnectorConfig().max_attempts == 1  # a down daemon: one failed connect, a miss
 
 
 def test_model_id_and_shape_are_accepted_by_kvcached(daemon):

@@ -124,6 +124,7 @@ class KvcacheConnector(KVConnectorBase_V1):
             if self._client is None:
                 self._client = kvcache.Client(self._cfg.target, namespace=self._cfg.namespace,
                                               token=self._cfg.token, timeout=self._cfg.timeout_s,
+                                              max_attempts=self._cfg.max_attempts,
                                               data_path=self._cfg.data_path)
             out = fn(self._client, *args, **kwargs)
             self._breaker.record_success()
