@@ -10,6 +10,7 @@
 #   kvcache-A/B   kvcache.vllm: A computes and stores in kvcached, a fresh B loads from it
 #   kvcache-down  kvcache.vllm pointed at a socket no daemon serves: every request a miss,
 #                 nothing raised into vLLM, the same outputs (the circuit breaker's path)
+# after the connector's worker-side tests against the daemon (test_vllm_connector.py),
 # and prints a table of TTFT medians (vLLM's first_token_latency) and whether every output
 # equals the recompute run's; exits 1 if one does not, if kvcache-B got no external hits or kvcache-down got any.
 #
@@ -60,6 +61,11 @@ daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$sockdir"' EXIT
 for _ in $(seq 200); do [ -S "$sock.shm" ] && break; sleep 0.05; done
 [ -S "$sock.shm" ] || { cat "$out/kvcached.log" >&2; echo "vllm_e2e: kvcached did not start" >&2; exit 1; }
+
+echo "vllm_e2e: the connector's worker side against kvcached (test_vllm_connector.py)"
+KVCACHED="$build/server/kvcached" PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -q -p no:cacheprovider \
+  "$root/tests/engines/test_vllm_connector.py" 2>&1 | tail -3
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "vllm_e2e: test_vllm_connector.py failed" >&2; exit 1; }
 
 export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}

@@ -80,3 +80,18 @@ def request_extras(request: Any) -> tuple[Optional[str], Optional[str], bool]:
     return (getattr(request, "cache_salt", None),
             getattr(lora, "lora_name", None) if lora is not None else None,
             bool(getattr(request, "mm_features", None)))
+
+
+def prefer_recompute_on_load_failure(vllm_config: Any, logger: logging.Logger) -> None:
+    """Makes a failed or short load a recompute, not a failed request.
+
+    vLLM 0.32's default kv_load_failure_policy "fail" finishes a request with an error when
+    get_block_ids_with_load_errors names its blocks; for a cache a lost block is a miss. The
+    scheduler reads the policy after constructing the connector, so setting it here works.
+    """
+    ktc = vllm_config.kv_transfer_config
+    if getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
+        logger.warning("kvcache.vllm: kv_load_failure_policy %r set to 'recompute': a block "
+                       "the cache cannot deliver is recomputed, never an error",
+                       ktc.kv_load_failure_policy)
+        ktc.kv_load_failure_policy = "recompute"

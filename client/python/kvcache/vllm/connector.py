@@ -73,6 +73,8 @@ class KvcacheConnector(KVConnectorBase_V1):
         self._registered: set = set()
         self._identity: Optional[EngineIdentity] = None
         self._layer_names: list = []
+        if not self._is_worker:
+            _compat.prefer_recompute_on_load_failure(vllm_config, logger)
         version = _compat.vllm_version()
         if not _compat.version_supported(version):
             logger.warning("kvcache.vllm: vLLM %s is outside the tested range %s", version,
