@@ -64,8 +64,9 @@ def run(args):
     elif args.mode == "kvcache":
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvcacheConnector", kv_connector_module_path="kvcache.vllm",
-            kv_role="kv_both", kv_load_failure_policy="recompute",
-            kv_connector_extra_config={"target": args.target})
+            kv_role="kv_both", kv_connector_extra_config={"target": args.target})
+        # kv_load_failure_policy left at vLLM's "fail": the connector must turn it to
+        # "recompute" itself (the wrapper checks its warning).
     llm = LLM(model=args.model, dtype="bfloat16", enforce_eager=True,
               max_model_len=args.prefix_tokens + 256, enable_prefix_caching=args.mode == "prefix",
               disable_log_stats=False, seed=0, **kw)

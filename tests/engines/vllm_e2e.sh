@@ -95,8 +95,10 @@ import json
 r = json.load(open("kvcache-B.json"))
 hits = r["counters"].get("vllm:external_prefix_cache_hits", 0)
 print(f"kvcache-B: {hits} tokens from kvcached (vLLM's external prefix cache hits)")
+policy = "kv_load_failure_policy 'fail' set to 'recompute'" in open("kvcache-B.log").read()
+print(f"kvcache-B: the connector turned vLLM's kv_load_failure_policy to 'recompute': {policy}")
 down = json.load(open("kvcache-down.json"))["counters"].get("vllm:external_prefix_cache_hits", 0)
 print(f"kvcache-down: {down} tokens from kvcached (must be 0)")
-raise SystemExit(0 if hits > 0 and down == 0 else 1)
+raise SystemExit(0 if hits > 0 and down == 0 and policy else 1)
 PY
 exit $status
