@@ -10,6 +10,7 @@ that skips vLLM's local prefix, and a daemon that is down (every load a load err
 exception, the breaker opens).
 """
 
+import gc
 import os
 import subprocess
 import tempfile
@@ -47,8 +48,21 @@ def target():
         assert proc.poll() is None and time.monotonic() < deadline, "kvcached did not start"
         time.sleep(0.05)
     yield "unix://" + sock
+    for c in _made:  # the daemon drains open shared-memory connections before exiting
+        c.shutdown()
+        c._staging = c._kv_layers = None
+        c.__dict__.pop("_region", None)
+    _made.clear()
+    gc.collect()
     proc.terminate()
-    proc.wait(10)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+_made = []
 
 
 def make_connector(target, threshold=3):
@@ -73,6 +87,7 @@ def make_connector(target, threshold=3):
               for _ in range(LAYERS)]
     c._kv_layers = [t.view(NUM_BLOCKS, -1).view(torch.uint8) for t in layers]
     c._staging = c._make_staging(torch)
+    _made.append(c)
     return c, layers
 
 
