@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import kvcache
-from kvcache.vllm._core import CircuitBreaker, ConnectorConfig, EngineIdentity, model_id, \
-    register_shape
+from kvcache.vllm._core import CircuitBreaker, ConnectorConfig, EngineIdentity, base_id, \
+    key_suffix, model_id, register_shape
 from kvcache.vllm.connector import KvcacheConnector, KvcacheConnectorMetadata, _Transfer
 
 BS, LAYERS, HEADS, HEAD = 16, 3, 2, 8
@@ -76,6 +76,7 @@ def make_connector(target, threshold=3):
     c._client = None
     c._registered = set()
     c._identity = IDENT
+    c._base = base_id(IDENT)
     c._register_args = register_shape(IDENT)
     c._block_size = BS
     c._max_blocks = 8
@@ -102,7 +103,7 @@ PROMPT = list(range(1000, 1000 + 4 * BS + 5))
 
 
 def test_save_then_load_into_other_blocks_and_short_loads(target):
-    mid = model_id(IDENT, cache_salt="roundtrip")
+    mid = key_suffix(cache_salt="roundtrip")
     c, layers = make_connector(target)
     assert hasattr(c, "_region")  # staging is a shared region: the daemon's one copy
     saved = [3, 5, 7]  # the prompt's first 3 blocks sit in vLLM blocks 3, 5, 7
@@ -133,18 +134,19 @@ def test_save_then_load_into_other_blocks_and_short_loads(target):
         assert torch.equal(t[[10, 11, 6]], w)
 
     # Another salt (another identity) sees nothing: every block a load error.
-    other = model_id(IDENT, cache_salt="someone-else")
+    other = key_suffix(cache_salt="someone-else")
     run_step(d, [_Transfer("r5", other, PROMPT[:2 * BS], 0, (10, 11), False)])
     assert d.get_block_ids_with_load_errors() == {10, 11}
 
 
 def test_save_skips_blocks_already_cached(target):
-    mid = model_id(IDENT, cache_salt="append-from")
+    mid = key_suffix(cache_salt="append-from")
     c, layers = make_connector(target)
     run_step(c, [_Transfer("a", mid, PROMPT[:2 * BS], 0, (1, 2), True)])
     run_step(c, [_Transfer("b", mid, PROMPT[:4 * BS], 2, (3, 4), True)])  # blocks 2, 3
     with kvcache.Client(target) as k:
-        assert k.lookup(mid, PROMPT).matched_tokens == 4 * BS
+        assert k.lookup(model_id(IDENT, cache_salt="append-from"), PROMPT).matched_tokens \
+            == 4 * BS
     d, dl = make_connector(target)
     run_step(d, [_Transfer("c", mid, PROMPT[:4 * BS], 0, (5, 6, 7, 8), False)])
     assert d.get_block_ids_with_load_errors() == set()
@@ -154,7 +156,7 @@ def test_save_skips_blocks_already_cached(target):
 
 def test_a_down_daemon_is_load_errors_and_skipped_saves_never_an_exception(tmp_path):
     c, layers = make_connector(f"unix://{tmp_path}/nobody.sock", threshold=2)
-    mid = model_id(IDENT)
+    mid = key_suffix()
     run_step(c, [_Transfer("x", mid, PROMPT[:2 * BS], 0, (1, 2), True)])  # skipped save
     run_step(c, [_Transfer("y", mid, PROMPT[:2 * BS], 0, (3, 4), False)])
     assert c.get_block_ids_with_load_errors() == {3, 4}
@@ -164,3 +166,23 @@ def test_a_down_daemon_is_load_errors_and_skipped_saves_never_an_exception(tmp_p
     assert c.get_block_ids_with_load_errors() == {5, 6}
     assert time.perf_counter() - t0 < 0.05
     assert c.stats["saved_blocks"] == 0
+
+
+def test_each_tensor_parallel_rank_keeps_its_own_heads(target):
+    """The scheduler sends a key suffix; each worker stores under its own rank's base id."""
+    import dataclasses
+    r0, l0 = make_connector(target)
+    r1, l1 = make_connector(target)
+    r1._identity = dataclasses.replace(IDENT, tp_rank=1, tp_size=2)
+    r1._base = base_id(r1._identity)
+    r0._identity = dataclasses.replace(IDENT, tp_rank=0, tp_size=2)
+    r0._base = base_id(r0._identity)
+    sfx = key_suffix(cache_salt="tp")
+    run_step(r0, [_Transfer("t", sfx, PROMPT[:BS], 0, (1,), True)])
+    run_step(r1, [_Transfer("t", sfx, PROMPT[:BS], 0, (2,), True)])
+    run_step(r0, [_Transfer("u", sfx, PROMPT[:BS], 0, (3,), False)])
+    run_step(r1, [_Transfer("u", sfx, PROMPT[:BS], 0, (4,), False)])
+    assert r0.get_block_ids_with_load_errors() == set() == r1.get_block_ids_with_load_errors()
+    for a, b in zip(l0, l1):
+        assert torch.equal(a[3], a[1]) and torch.equal(b[4], b[2])
+        assert not torch.equal(a[3], b[2])  # rank 0 did not get rank 1's heads

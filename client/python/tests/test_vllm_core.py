@@ -13,8 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from kvcache.vllm._core import (CircuitBreaker, ConnectorConfig, EngineIdentity, external_tokens,
-                                load_plan, loadable_tokens, model_id, register_shape, save_plan)
+from kvcache.vllm._core import (CircuitBreaker, ConnectorConfig, EngineIdentity, base_id,
+                                external_tokens, key_suffix, load_plan, loadable_tokens,
+                                model_id, register_shape, save_plan)
 
 # SmolLM2-135M on vLLM's CPU backend: 30 layers, 3 KV heads, head 64, block 128, bf16:
 # a layer's block is [3 heads, 128 tokens, 128 = K|V] bf16 = 98,304 bytes.
@@ -61,6 +62,15 @@ def test_salt_and_lora_separate_keys_without_leaking_the_salt():
     lora = model_id(SMOL, lora_name="adapter")
     assert lora != plain and lora != model_id(SMOL, lora_name="adapter2")
     assert model_id(SMOL, cache_salt="") == plain  # no salt = no suffix
+
+
+def test_workers_compose_the_id_from_their_own_base_and_the_schedulers_suffix():
+    sfx = key_suffix(cache_salt="s", lora_name="l")
+    assert model_id(SMOL, cache_salt="s", lora_name="l") == base_id(SMOL) + sfx
+    rank1 = dataclasses.replace(SMOL, tp_rank=1, tp_size=2)
+    rank0 = dataclasses.replace(SMOL, tp_size=2)
+    assert base_id(rank1) + sfx != base_id(rank0) + sfx
+    assert key_suffix() == ""
 
 
 def test_register_shape_matches_the_vllm_block_bytes():

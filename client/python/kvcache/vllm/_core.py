@@ -52,19 +52,30 @@ class EngineIdentity:
 
 def model_id(identity: EngineIdentity, *, cache_salt: Optional[str] = None,
              lora_name: Optional[str] = None) -> str:
-    """The kvcached model id a request's KV is stored under.
+    """The kvcached model id a request's KV is stored under: base_id + key_suffix.
 
     Readable prefix (model's last path part, rank) for operators, then the identity's
     digest; a request's cache_salt and LoRA adapter each add a suffix, so they never share
     blocks with requests without them (the salt itself is hashed, never sent in clear).
     """
+    return base_id(identity) + key_suffix(cache_salt=cache_salt, lora_name=lora_name)
+
+
+def base_id(identity: EngineIdentity) -> str:
+    """The model id of requests with neither salt nor LoRA (the identity alone)."""
     short = identity.model.rstrip("/").split("/")[-1][:48] or "model"
-    mid = f"vllm/{short}/tp{identity.tp_rank}of{identity.tp_size}/{identity.digest()}"
+    return f"vllm/{short}/tp{identity.tp_rank}of{identity.tp_size}/{identity.digest()}"
+
+
+def key_suffix(*, cache_salt: Optional[str] = None, lora_name: Optional[str] = None) -> str:
+    """The per-request part of the model id. The scheduler sends it to the workers, and
+    each worker puts it after its own base_id: tensor-parallel ranks keep their heads apart."""
+    out = ""
     if lora_name:
-        mid += "/lora-" + hashlib.sha256(lora_name.encode()).hexdigest()[:16]
+        out += "/lora-" + hashlib.sha256(lora_name.encode()).hexdigest()[:16]
     if cache_salt:
-        mid += "/salt-" + hashlib.sha256(cache_salt.encode()).hexdigest()[:16]
-    return mid
+        out += "/salt-" + hashlib.sha256(cache_salt.encode()).hexdigest()[:16]
+    return out
 
 
 def register_shape(identity: EngineIdentity) -> dict:

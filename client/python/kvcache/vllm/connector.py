@@ -26,8 +26,8 @@ import kvcache
 
 from . import _compat
 from ._compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
-from ._core import (CircuitBreaker, ConnectorConfig, EngineIdentity, external_tokens,
-                    load_plan, model_id, register_shape, save_plan)
+from ._core import (CircuitBreaker, ConnectorConfig, EngineIdentity, base_id, external_tokens,
+                    key_suffix, load_plan, register_shape, save_plan)
 
 logger = _compat.get_logger()
 
@@ -38,7 +38,7 @@ _EXPECTED = (kvcache.NotFound, kvcache.FailedPrecondition)
 @dataclass
 class _Transfer:
     req_id: str
-    model_id: str
+    suffix: str  #: key_suffix of the request; the worker prepends its own base_id
     tokens: list  #: the prompt tokens the moved blocks cover (whole blocks, from token 0)
     first_block: int  #: first block (within the request) that moves
     block_ids: tuple  #: vLLM block ids of the blocks that move
@@ -54,7 +54,7 @@ class KvcacheConnectorMetadata(KVConnectorMetadata):
 class _Pending:
     """A request whose prompt is still being prefilled (chunked prefill), to save later."""
 
-    model_id: str
+    suffix: str
     prompt: list
     block_ids: list
     cached_tokens: int
@@ -72,6 +72,7 @@ class KvcacheConnector(KVConnectorBase_V1):
         self._client: Optional[kvcache.Client] = None
         self._registered: set = set()
         self._identity: Optional[EngineIdentity] = None
+        self._base = ""
         self._layer_names: list = []
         if not self._is_worker:
             _compat.prefer_recompute_on_load_failure(vllm_config, logger)
@@ -102,7 +103,7 @@ class KvcacheConnector(KVConnectorBase_V1):
         max_len = int(vllm_config.model_config.max_model_len)
         self._max_blocks = -(-max_len // self._block_size)
         # Scheduler state.
-        self._lookups: dict = {}  # req_id -> (model_id, cached tokens in kvcached)
+        self._lookups: dict = {}  # req_id -> (key suffix, cached tokens in kvcached)
         self._loads: dict = {}  # req_id -> external tokens to load
         self._local: dict = {}  # req_id -> vLLM's local prefix hit when we were asked
         self._pending: dict = {}  # req_id -> _Pending
@@ -113,8 +114,9 @@ class KvcacheConnector(KVConnectorBase_V1):
         self.stats = {"lookups": 0, "hits": 0, "hit_tokens": 0, "loaded_tokens": 0,
                       "saved_blocks": 0, "errors": 0, "load_s": 0.0, "save_s": 0.0}
         if self._identity:
+            self._base = base_id(self._identity)
             logger.info("kvcache.vllm: %s role, target %s, model id %s", role, self._cfg.target,
-                        model_id(self._identity))
+                        self._base)
 
     # --- the daemon, behind the breaker -------------------------------------------------
 
@@ -142,13 +144,14 @@ class KvcacheConnector(KVConnectorBase_V1):
                            type(e).__name__, e, self._breaker.state)
             return None
 
-    def _model_for(self, request: Any) -> Optional[str]:
+    def _suffix_for(self, request: Any) -> Optional[str]:
+        """The request's key_suffix, or None when it must not be cached."""
         if self._identity is None:
             return None
         salt, lora, multimodal = _compat.request_extras(request)
         if multimodal:
             return None  # image/audio inputs change KV without changing token ids
-        return model_id(self._identity, cache_salt=salt, lora_name=lora)
+        return key_suffix(cache_salt=salt, lora_name=lora)
 
     def _ensure_registered(self, client: kvcache.Client, mid: str) -> None:
         if mid not in self._registered:
@@ -159,19 +162,20 @@ class KvcacheConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
         prompt = list(request.prompt_token_ids or [])
-        mid = self._model_for(request)
+        suffix = self._suffix_for(request)
         self._local[request.request_id] = num_computed_tokens
-        if mid is None or len(prompt) <= self._block_size:
+        if suffix is None or len(prompt) <= self._block_size:
             return 0, False
+        mid = self._base + suffix  # the scheduler asks what rank 0 holds
         memo = self._lookups.get(request.request_id)
-        if memo is None or memo[0] != mid:
+        if memo is None or memo[0] != suffix:
             self.stats["lookups"] += 1
             t0 = time.perf_counter()
             hit = self._call("lookup", lambda c: c.lookup(mid, prompt))
             cached = hit.matched_tokens if isinstance(hit, kvcache.LookupResult) else 0
             if hit is None:  # daemon trouble: a miss, and no save planned on its word
                 cached = -1
-            self._lookups[request.request_id] = (mid, cached)
+            self._lookups[request.request_id] = (suffix, cached)
             logger.info("kvcache.vllm: lookup of %s (%d tokens): %d cached, %.2f ms",
                         request.request_id, len(prompt), cached, (time.perf_counter() - t0) * 1e3)
         cached = self._lookups[request.request_id][1]
@@ -193,18 +197,18 @@ class KvcacheConnector(KVConnectorBase_V1):
             local = self._local.pop(req.req_id, 0)
             if memo is None:
                 continue
-            mid, cached = memo
+            suffix, cached = memo
             prompt = list(req.prompt_token_ids or [])
             block_ids = list(req.block_ids[0])
             n_ext = self._loads.pop(req.req_id, 0)
             if n_ext:
                 plan = load_plan(block_ids, local, n_ext, bs)
-                meta.transfers.append(_Transfer(req.req_id, mid, prompt[:plan.tokens(bs)],
+                meta.transfers.append(_Transfer(req.req_id, suffix, prompt[:plan.tokens(bs)],
                                                 plan.first_block, plan.block_ids, False))
             if cached < 0:
                 continue  # the daemon failed this request's lookup: don't save on a guess
             done = req.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(req.req_id, 0)
-            pending = _Pending(mid, prompt, block_ids, cached)
+            pending = _Pending(suffix, prompt, block_ids, cached)
             if not self._plan_save(meta, req.req_id, pending, done):
                 self._pending[req.req_id] = pending
         cached_reqs = scheduler_output.scheduled_cached_reqs
@@ -230,7 +234,7 @@ class KvcacheConnector(KVConnectorBase_V1):
             return False
         plan = save_plan(p.block_ids, len(p.prompt), done, p.cached_tokens, self._block_size)
         if plan is not None:
-            meta.transfers.append(_Transfer(req_id, p.model_id,
+            meta.transfers.append(_Transfer(req_id, p.suffix,
                                             p.prompt[:plan.tokens(self._block_size)],
                                             plan.first_block, plan.block_ids, True))
         return True
@@ -291,7 +295,8 @@ class KvcacheConnector(KVConnectorBase_V1):
         t0 = time.perf_counter()
         n_total = len(t.tokens) // self._block_size  # blocks from token 0
         out = self._staging_bytes(n_total)
-        res = self._call("fetch", lambda c: c.fetch(t.model_id, t.tokens, out))
+        mid = self._base + t.suffix  # this rank's own heads
+        res = self._call("fetch", lambda c: c.fetch(mid, t.tokens, out))
         t_fetch = time.perf_counter() - t0
         got = res.matched_tokens // self._block_size if isinstance(res, kvcache.FetchResult) else 0
         got = min(got, n_total)
@@ -337,9 +342,11 @@ class KvcacheConnector(KVConnectorBase_V1):
         kv = self._staging_bytes(n)
         start = t.first_block * self._block_size
 
+        mid = self._base + t.suffix  # this rank's own heads
+
         def append(c):
-            self._ensure_registered(c, t.model_id)
-            return c.append(t.model_id, t.tokens, kv, start_token=start)
+            self._ensure_registered(c, mid)
+            return c.append(mid, t.tokens, kv, start_token=start)
 
         res = self._call("append", append)
         if isinstance(res, kvcache.AppendResult):
