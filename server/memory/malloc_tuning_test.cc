@@ -27,7 +27,25 @@ TEST(MallocTuningOptionsTest, NamesTheFieldOutOfRange) {
   EXPECT_THAT(s.message(), testing::HasSubstr("memory.malloc_arena_max"));
 }
 
-#if defined(__GLIBC__)
+// A sanitizer's allocator replaces glibc's: mallopt() then refuses, and the
+// daemon warns and runs with the sanitizer's allocator (server/main.cc).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KVCACHE_SANITIZER_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KVCACHE_SANITIZER_ALLOCATOR 1
+#endif
+#endif
+
+#if defined(__GLIBC__) && defined(KVCACHE_SANITIZER_ALLOCATOR)
+TEST(MallocTuningTest, UnderASanitizersAllocatorTuningIsRefusedWithAnError) {
+  absl::Status s = ApplyMallocTuning({.mmap_threshold_bytes = uint64_t{64} << 10, .arena_max = 4});
+  EXPECT_TRUE(absl::IsInternal(s)) << s;
+  EXPECT_THAT(s.message(), testing::HasSubstr("mallopt"));
+}
+#endif
+
+#if defined(__GLIBC__) && !defined(KVCACHE_SANITIZER_ALLOCATOR)
 TEST(MallocTuningTest, LargeAllocationsGoBackToTheOsWhenFreed) {
   ASSERT_TRUE(ApplyMallocTuning({.mmap_threshold_bytes = uint64_t{64} << 10, .arena_max = 4}).ok());
   // 256 buffers of 128 KiB, each above the threshold: each its own mapping.
@@ -49,6 +67,9 @@ TEST(MallocTuningTest, LargeAllocationsGoBackToTheOsWhenFreed) {
   EXPECT_LT(ReadMallocStats().mapped_bytes, held.mapped_bytes);
 }
 
+#endif
+
+#if defined(__GLIBC__)
 TEST(MallocTrimmerTest, TrimsWhenAskedAndCountsIt) {
   MallocTrimmer trimmer(absl::ZeroDuration());
   EXPECT_EQ(trimmer.trims(), 0u);
@@ -67,6 +88,10 @@ TEST(MallocTrimmerTest, TrimsPeriodically) {
   EXPECT_GE(trimmer.trims(), 3u);
 }
 
+#endif
+
+// What glibc gives back; a sanitizer's allocator keeps its own.
+#if defined(__GLIBC__) && !defined(KVCACHE_SANITIZER_ALLOCATOR)
 TEST(MallocTrimmerTest, GivesBackFreeArenaMemory) {
   // 32 MiB of small chunks (below any mmap threshold), then every one freed
   // but one in 64: the free runs between the survivors stay in the heap
