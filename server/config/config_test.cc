@@ -33,8 +33,7 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.limits().stream_idle_timeout_ms(), 30000u);
   EXPECT_EQ(c.limits().max_streams_per_client(), c.limits().max_concurrent_streams());
   EXPECT_EQ(c.limits().max_concurrent_unary(), 64u);
-  EXPECT_EQ(c.limits().data_path_concurrency(),
-            std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(c.limits().data_path_concurrency(), std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_EQ(c.limits().grpc_memory_quota_bytes(), uint64_t{1} << 30);
   EXPECT_EQ(c.limits().keepalive_time_ms(), 30000u);
   EXPECT_EQ(c.limits().keepalive_timeout_ms(), 10000u);
