@@ -176,7 +176,7 @@ class KvcacheConnector(KVConnectorBase_V1):
             if hit is None:  # daemon trouble: a miss, and no save planned on its word
                 cached = -1
             self._lookups[request.request_id] = (suffix, cached)
-            logger.info("kvcache.vllm: lookup of %s (%d tokens): %d cached, %.2f ms",
+            logger.debug("kvcache.vllm: lookup of %s (%d tokens): %d cached, %.2f ms",
                         request.request_id, len(prompt), cached, (time.perf_counter() - t0) * 1e3)
         cached = self._lookups[request.request_id][1]
         n = external_tokens(len(prompt), max(cached, 0), num_computed_tokens, self._block_size,
