@@ -159,3 +159,20 @@ def test_a_state_still_held_is_never_overwritten(daemon):
     del s1
     s3 = cache[p1]  # written into s1's buffer
     assert bytes(s3.llama_state) == kept and bytes(s2.llama_state) == second
+
+
+def test_a_prompt_too_short_to_load_does_not_use_up_the_breakers_trial_call(daemon):
+    """After the cooldown one trial call is let through; a lookup that never reaches the
+    daemon must leave it for the next one, or the cache would stay off for good."""
+    llm = make_llm()
+    cache = KvcacheLlamaCache(llm, daemon["target"], block_tokens=T, failure_threshold=1,
+                              cooldown_s=0.0, timeout=1.0)
+    llm.set_cache(cache)
+    daemon["proc"].kill()
+    daemon["proc"].wait()
+    llm.create_completion(prompt(llm), max_tokens=2, temperature=0.0)  # fails: breaker opens
+    assert cache.counters.errors >= 1 and cache._breaker.state == "half-open"
+    with pytest.raises(KeyError):
+        cache[[1, 2, 3]]  # shorter than a block: answered without the daemon
+    assert [1, 2, 3] not in cache
+    assert cache._breaker.allow()  # the trial call is still there

@@ -133,7 +133,7 @@ class KvcacheLlamaCache(BaseLlamaCache):
 
     def __contains__(self, key: Sequence[int]) -> bool:
         n = self._loadable(key)
-        if n == 0 or not self._ensure_registered():
+        if n < self.min_hit_tokens or not self._may_call_daemon():
             return False
         try:
             hit = self._client.lookup(self.model_id, _tokens(key)[:n]).matched_tokens
@@ -150,7 +150,7 @@ class KvcacheLlamaCache(BaseLlamaCache):
         started = time.perf_counter()
         self.counters.lookups += 1
         n = self._loadable(key)
-        if n < self.min_hit_tokens or not self._ensure_registered():
+        if n < self.min_hit_tokens or not self._may_call_daemon():
             raise KeyError("kvcache.llama_cpp: miss")
         tokens = _tokens(key)[:n]
         local = Llama.longest_token_prefix(self._llm._input_ids.tolist(), key)
@@ -191,7 +191,7 @@ class KvcacheLlamaCache(BaseLlamaCache):
 
     def __setitem__(self, key: Sequence[int], value: LlamaState) -> None:
         """Stores the whole blocks of ``value``'s KV that kvcached does not hold yet."""
-        if self._layout is None or not self._ensure_registered():
+        if self._layout is None:
             return
         started = time.perf_counter()
         try:
@@ -209,6 +209,8 @@ class KvcacheLlamaCache(BaseLlamaCache):
         if whole == 0:
             return
         tokens = tokens[:whole * self.block_tokens]
+        if not self._may_call_daemon():
+            return
         try:
             have = self._client.lookup(self.model_id, tokens).matched_tokens // self.block_tokens
             if have < whole:
@@ -263,9 +265,15 @@ class KvcacheLlamaCache(BaseLlamaCache):
 
     def _loadable(self, key: Sequence[int]) -> int:
         """Tokens of ``key`` a hit may cover: whole blocks, short of the last token."""
-        if self._layout is None or not self._breaker.allow():
+        if self._layout is None:
             return 0
         return (len(key) - 1) // self.block_tokens * self.block_tokens if len(key) else 0
+
+    def _may_call_daemon(self) -> bool:
+        """Asks the breaker, then registers the model once. Call it only right before a
+        daemon call whose outcome is recorded: in half-open state it hands out the one
+        trial call."""
+        return self._breaker.allow() and self._ensure_registered()
 
     def _ensure_registered(self) -> bool:
         if self._registered:
