@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves kvcached's lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED,
-# server/core/mutex.h; KVCACHE_GPU_GUARDED_BY and friends, gpu/include/kvcache/gpu/mutex.h):
+# server/common/mutex.h; KVCACHE_GPU_GUARDED_BY and friends, gpu/include/kvcache/gpu/mutex.h):
 # every non-test source file of the server, the client, the shared wire helpers
 # and the GPU tier library is compiled by clang-14 with -Wthread-safety
 # -Werror=thread-safety. GCC ignores the annotations, so without this pass they
@@ -30,7 +30,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 python3 - "$root" <<'EOF'
 import os, re, sys
 root = sys.argv[1]
-wrappers = {"server/core/mutex.h", "gpu/include/kvcache/gpu/mutex.h"}
+wrappers = {"server/common/mutex.h", "gpu/include/kvcache/gpu/mutex.h"}
 plain = re.compile(r"\bstd::(recursive_timed_|recursive_|timed_|shared_timed_|shared_)?mutex\b"
                    r"|\bstd::condition_variable\b(?!_any)")
 found = []
@@ -49,7 +49,7 @@ for top in ("server", "client", "proto", "gpu"):
                     found.append(f"{rel}:{number}: {line.strip()}")
 if found:
     print("thread_safety_check: plain std:: mutexes, which the analysis cannot see; use "
-          "kvcache::Mutex (server/core/mutex.h), kvcache::gpu::Mutex "
+          "kvcache::Mutex (server/common/mutex.h), kvcache::gpu::Mutex "
           "(gpu/include/kvcache/gpu/mutex.h) or absl::Mutex, and annotate what it guards:",
           file=sys.stderr)
     print("\n".join(found), file=sys.stderr)

@@ -353,10 +353,10 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(std::string_view model_id,
                                                         std::span<const uint32_t> tokens,
-                                                        bool accept_compressed,
+                                                        bool lossy_as_stored,
                                                         const FetchOptions& options) override {
     return WithReregistration(
-        model_id, [&] { return FetchBlocksOnce(model_id, tokens, accept_compressed, options); });
+        model_id, [&] { return FetchBlocksOnce(model_id, tokens, lossy_as_stored, options); });
   }
 
   absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,
@@ -767,7 +767,7 @@ class ClientImpl final : public Client {
                                           const AppendOptions& options);
   absl::StatusOr<std::vector<FetchedBlock>> FetchBlocksOnce(std::string_view model_id,
                                                             std::span<const uint32_t> tokens,
-                                                            bool accept_compressed,
+                                                            bool lossy_as_stored,
                                                             const FetchOptions& options);
   // One Append call: the header, then `kv` in chunks that borrow its bytes.
   grpc::Status StreamAppend(const v1::AppendRequest& header_msg, std::span<const std::byte> kv,
@@ -1031,10 +1031,10 @@ grpc::Status ClientImpl::FetchOnce(grpc::ClientContext* ctx, const v1::FetchRequ
 // A FetchBlocks block's first chunk: its encoding must be one the fetch
 // asked for, and its declared size one the layout allows.
 absl::Status CheckFetchedBlock(const v1::FetchResponse& msg, const LayoutInfo& layout,
-                               bool accept_compressed) {
+                               bool lossy_as_stored) {
   const bool asked = msg.encoding() == v1::BLOCK_ENCODING_RAW ||
                      msg.encoding() == v1::BLOCK_ENCODING_DEQUANTIZED ||
-                     (accept_compressed && msg.encoding() == v1::BLOCK_ENCODING_COMPRESSED);
+                     (lossy_as_stored && msg.encoding() == v1::BLOCK_ENCODING_COMPRESSED);
   if (!asked) {
     return absl::DataLossError(absl::StrCat("Fetch: block ", msg.block_index(),
                                             " arrived in encoding ", msg.encoding(),
@@ -1060,14 +1060,18 @@ absl::Status CheckFetchedBlock(const v1::FetchResponse& msg, const LayoutInfo& l
 }
 
 absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
-    std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
+    std::string_view model_id, std::span<const uint32_t> tokens, bool lossy_as_stored,
     const FetchOptions& options) {
+  if (lossy_as_stored && !options.accept_lossy) {
+    return absl::InvalidArgumentError(
+        "FetchBlocks: lossy_as_stored needs FetchOptions::accept_lossy (the lossy opt-in)");
+  }
   v1::FetchRequest req;
   req.set_namespace_(ns_);
   req.set_model_id(std::string(model_id));
   req.mutable_tokens()->Add(tokens.begin(), tokens.end());
-  req.set_accept_int8(accept_compressed);
   req.set_accept_lossy(options.accept_lossy);
+  req.set_lossy_as_stored(lossy_as_stored);
   // The layout bounds what a block may declare, before anything is reserved.
   absl::StatusOr<LayoutInfo> layout = GetLayout(model_id, /*refresh=*/false);
   if (!layout.ok()) return layout.status();
@@ -1089,7 +1093,7 @@ absl::StatusOr<std::vector<FetchedBlock>> ClientImpl::FetchBlocksOnce(
                                                   ", got block ", msg.block_index()));
           break;
         }
-        if (absl::Status s = CheckFetchedBlock(msg, *layout, accept_compressed); !s.ok()) {
+        if (absl::Status s = CheckFetchedBlock(msg, *layout, lossy_as_stored); !s.ok()) {
           data = s;
           if (s.code() == absl::StatusCode::kFailedPrecondition) ForgetLayout(model_id);
           break;

@@ -419,7 +419,7 @@ TEST_F(ClientTest, FetchRefusesBadStreams) {
 
 TEST_F(ClientTest, FetchBlocksReturnsEachVerifiedBlock) {
   auto c = Connect();
-  auto r = c->FetchBlocks("m", Tokens(60), /*accept_compressed=*/false);
+  auto r = c->FetchBlocks("m", Tokens(60), /*lossy_as_stored=*/false);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 3u);
   for (uint32_t b = 0; b < 3; ++b) {
@@ -443,15 +443,16 @@ TEST_F(ClientTest, FetchBlocksRefusesBadStreams) {
 TEST_F(ClientTest, FetchBlocksRefusesEncodingsItDidNotAskFor) {
   auto c = Connect();
   fake_.fetch_encoding = v1::BLOCK_ENCODING_COMPRESSED;
-  auto unasked = c->FetchBlocks("m", Tokens(48), /*accept_compressed=*/false);
+  auto unasked = c->FetchBlocks("m", Tokens(48), /*lossy_as_stored=*/false);
   EXPECT_EQ(unasked.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(unasked.status().message()), ::testing::HasSubstr("did not ask for"));
-  auto asked = c->FetchBlocks("m", Tokens(48), /*accept_compressed=*/true);
+  auto asked = c->FetchBlocks("m", Tokens(48), /*lossy_as_stored=*/true, {.accept_lossy = true});
   ASSERT_TRUE(asked.ok()) << asked.status();
   EXPECT_EQ((*asked)[0].encoding, v1::BLOCK_ENCODING_COMPRESSED);
 
   fake_.fetch_encoding = 7;  // no such encoding
-  EXPECT_EQ(c->FetchBlocks("m", Tokens(48), true).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(c->FetchBlocks("m", Tokens(48), true, {.accept_lossy = true}).status().code(),
+            absl::StatusCode::kDataLoss);
   fake_.fetch_encoding = v1::BLOCK_ENCODING_DEQUANTIZED;  // what a fetch without it may get
   EXPECT_TRUE(c->FetchBlocks("m", Tokens(48), false).ok());
 }
@@ -472,11 +473,11 @@ TEST_F(ClientTest, FetchBlocksRefusesSizesTheLayoutDoesNotAllow) {
   // A compressed block may exceed the raw size by its header and scales, no more.
   fake_.fetch_encoding = v1::BLOCK_ENCODING_COMPRESSED;
   fake_.declared_block_bytes = uint64_t{1} << 50;
-  auto huge = c->FetchBlocks("m", Tokens(48), true);
+  auto huge = c->FetchBlocks("m", Tokens(48), true, {.accept_lossy = true});
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(huge.status().message()), ::testing::HasSubstr("declares"));
   fake_.declared_block_bytes = 0;
-  EXPECT_TRUE(c->FetchBlocks("m", Tokens(48), true).ok());
+  EXPECT_TRUE(c->FetchBlocks("m", Tokens(48), true, {.accept_lossy = true}).ok());
 }
 
 TEST_F(ClientTest, FetchIntoSmallBufferIsInvalidArgument) {

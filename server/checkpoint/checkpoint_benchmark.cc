@@ -59,8 +59,9 @@
 #include "server/checkpoint/checkpointer.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/restorer.h"
+#include "server/common/clock.h"
+#include "server/common/splitmix64.h"
 #include "server/core/cache.h"
-#include "server/core/clock.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/slab_pool.h"
 #include "spdlog/spdlog.h"
@@ -115,13 +116,6 @@ void CleanUp() {
   std::exit(1);
 }
 
-uint64_t SplitMix(uint64_t& state) {
-  uint64_t x = (state += 0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
-  return x ^ (x >> 31);
-}
-
 // IEEE binary16 of `f` (mantissa truncated; no overflow at these magnitudes).
 uint16_t ToHalf(float f) {
   uint32_t x;
@@ -151,7 +145,7 @@ class KvGenerator {
   void Fill(std::span<std::byte> out, uint64_t seed) const {
     uint64_t state = seed * 0x2545f4914f6cdd1d + 1;
     for (size_t i = 0; i + 8 <= out.size(); i += 8) {
-      uint64_t word = SplitMix(state);
+      uint64_t word = SplitMix64Next(state);
       if (kvlike_) {
         uint64_t halves = 0;
         for (int k = 0; k < 4; ++k)

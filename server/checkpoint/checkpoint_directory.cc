@@ -9,6 +9,7 @@
 #include "server/checkpoint/checkpoint_files.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/checkpoint_reader.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache::checkpoint {
 
@@ -211,12 +212,12 @@ absl::StatusOr<PruneReport> CheckpointDirectory::Prune(uint32_t keep) const {
     if (kept.contains(info.sequence)) {
       report.kept.push_back(info.sequence);
     } else if (info.state != CheckpointState::kUnsupported) {
-      if (absl::Status s = DeleteCheckpoint(info.sequence); !s.ok()) return s;
+      KVCACHE_RETURN_IF_ERROR(DeleteCheckpoint(info.sequence));
       report.deleted.push_back(info.sequence);
     }
   }
   if (!report.deleted.empty()) {
-    if (absl::Status s = fs_->SyncDir(dir_); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(fs_->SyncDir(dir_));
   }
   return report;
 }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache::checkpoint {
 
@@ -103,7 +104,7 @@ absl::StatusOr<bool> CheckpointReader::ReadNext(Record* record) {
   pos_ += frame_bytes;
   offset_ += frame_bytes;
   if ((header->flags & kFlagEnd) != 0) {
-    if (absl::Status s = CheckEnd(*header, stored, offset); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(CheckEnd(*header, stored, offset));
     done_ = true;
     return false;
   }

@@ -34,8 +34,8 @@
 #include "server/checkpoint/checkpointer.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/restorer.h"
+#include "server/common/mutex.h"
 #include "server/core/cache.h"
-#include "server/core/mutex.h"
 
 namespace kvcache::checkpoint {
 

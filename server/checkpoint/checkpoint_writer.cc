@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/manifest.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache::checkpoint {
 
@@ -32,8 +33,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(FileS
                                                                            std::string dir,
                                                                            uint64_t sequence,
                                                                            WriterOptions options) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
-  if (absl::Status s = fs->CreateDir(dir); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(options.Validate());
+  KVCACHE_RETURN_IF_ERROR(fs->CreateDir(dir));
   if (fs->Exists(JoinPath(dir, ManifestFileName(sequence)))) {
     return absl::AlreadyExistsError(
         absl::StrCat("checkpoint ", sequence, " already exists in ", dir));
@@ -45,7 +46,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(FileS
   writer->file_ = *std::move(file);
   writer->created_unix_ms_ = writer->Now();
   const auto header = EncodeDataHeader(DataHeader{sequence, writer->created_unix_ms_, writer->id_});
-  if (absl::Status s = writer->Emit(header); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(writer->Emit(header));
   return writer;
 }
 
@@ -96,7 +97,7 @@ absl::Status CheckpointWriter::Emit(std::span<const std::byte> bytes) {
   XXH3_64bits_update(file_hash_.get(), bytes.data(), bytes.size());
   offset_ += bytes.size();
   if (buffer_.size() + bytes.size() > options_.buffer_bytes) {
-    if (absl::Status s = Flush(); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(Flush());
     if (bytes.size() >= options_.buffer_bytes) {
       absl::Status s = file_->Append(bytes);
       return s.ok() ? s : Fail(std::move(s));
@@ -111,7 +112,7 @@ absl::Status CheckpointWriter::WriteFrame(uint8_t type, uint8_t flags, uint32_t 
   FrameHeader header{
       static_cast<uint32_t>(stored.size()), uncompressed, type, flags, record_count_, 0};
   header.tag = frame_mac_.Tag(header, offset_, stored);
-  if (absl::Status s = Emit(EncodeFrameHeader(header)); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(Emit(EncodeFrameHeader(header)));
   return Emit(stored);
 }
 
@@ -154,8 +155,8 @@ absl::StatusOr<RecordLocation> CheckpointWriter::Append(uint8_t type,
 absl::Status CheckpointWriter::SealDataFile() {
   std::byte count[8];
   PutU64(count, record_count_);
-  if (absl::Status s = WriteFrame(0, kFlagEnd, sizeof(count), count); !s.ok()) return s;
-  if (absl::Status s = Flush(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(WriteFrame(0, kFlagEnd, sizeof(count), count));
+  KVCACHE_RETURN_IF_ERROR(Flush());
   if (absl::Status s = file_->Sync(); !s.ok()) return Fail(std::move(s));
   absl::Status s = file_->Close();
   file_.reset();
@@ -181,14 +182,14 @@ absl::Status CheckpointWriter::WriteManifest(const nlohmann::json& summary,
   const std::string tmp = JoinPath(dir_, ManifestTempFileName(sequence_));
   absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(tmp);
   if (!file.ok()) return file.status();
-  if (absl::Status s = (*file)->Append(std::as_bytes(std::span(text))); !s.ok()) return s;
-  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
-  if (absl::Status s = (*file)->Close(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR((*file)->Append(std::as_bytes(std::span(text))));
+  KVCACHE_RETURN_IF_ERROR((*file)->Sync());
+  KVCACHE_RETURN_IF_ERROR((*file)->Close());
   if (absl::Status s = fs_->Rename(tmp, JoinPath(dir_, ManifestFileName(sequence_))); !s.ok()) {
     return s;
   }
   manifest_renamed_ = true;
-  if (absl::Status s = fs_->SyncDir(dir_); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(fs_->SyncDir(dir_));
   *info = CheckpointInfo{sequence_,
                          CheckpointState::kComplete,
                          "",

@@ -38,8 +38,8 @@
 #include "server/checkpoint/checkpoint_mac.h"
 #include "server/checkpoint/file_system.h"
 #include "server/checkpoint/records.h"
+#include "server/common/mutex.h"
 #include "server/core/cache.h"
-#include "server/core/mutex.h"
 
 namespace kvcache::checkpoint {
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache::checkpoint {
 namespace {
@@ -16,7 +17,7 @@ class FaultyWritableFile final : public WritableFile {
       : fs_(fs), base_(std::move(base)), path_(std::move(path)) {}
 
   absl::Status Append(std::span<const std::byte> data) override {
-    if (absl::Status s = fs_->Change("write", path_); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(fs_->Change("write", path_));
     if (fs_->ShouldFail(FaultKind::kShortWrite, path_)) {
       (void)base_->Append(data.first(data.size() / 2));
       return absl::UnavailableError(absl::StrCat("write ", path_, ": short write, ",
@@ -35,7 +36,7 @@ class FaultyWritableFile final : public WritableFile {
   }
 
   absl::Status Sync() override {
-    if (absl::Status s = fs_->Change("fdatasync", path_); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(fs_->Change("fdatasync", path_));
     if (fs_->ShouldFail(FaultKind::kSyncFails, path_)) {
       return ErrnoToStatus(EIO, "fdatasync (injected)", path_);
     }
@@ -86,7 +87,7 @@ bool FaultInjectingFileSystem::ShouldFail(FaultKind kind, const std::string& pat
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingFileSystem::NewWritableFile(
     const std::string& path) {
-  if (absl::Status s = Change("open for writing", path); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(Change("open for writing", path));
   const bool existed = base_->Exists(path);
   absl::StatusOr<std::unique_ptr<WritableFile>> base = base_->NewWritableFile(path);
   if (!base.ok()) return base.status();
@@ -99,7 +100,7 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingFileSystem::NewWrita
 }
 
 absl::Status FaultInjectingFileSystem::Rename(const std::string& from, const std::string& to) {
-  if (absl::Status s = Change("rename", from); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(Change("rename", from));
   if (ShouldFail(FaultKind::kRenameFails, from)) {
     return ErrnoToStatus(EIO, absl::StrCat("rename to ", to, " (injected) of"), from);
   }
@@ -116,7 +117,7 @@ absl::Status FaultInjectingFileSystem::Rename(const std::string& from, const std
 }
 
 absl::Status FaultInjectingFileSystem::Delete(const std::string& path) {
-  if (absl::Status s = Change("unlink", path); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(Change("unlink", path));
   absl::Status s = base_->Delete(path);
   absl::MutexLock lock(&mu_);
   written_.erase(path);
@@ -124,7 +125,7 @@ absl::Status FaultInjectingFileSystem::Delete(const std::string& path) {
 }
 
 absl::Status FaultInjectingFileSystem::CreateDir(const std::string& path) {
-  if (absl::Status s = Change("mkdir", path); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(Change("mkdir", path));
   return base_->CreateDir(path);
 }
 
@@ -140,7 +141,7 @@ std::string WithoutTrailingSlash(std::string dir) {
 }  // namespace
 
 absl::Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
-  if (absl::Status s = Change("fsync directory", path); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(Change("fsync directory", path));
   absl::Status s = base_->SyncDir(path);
   if (!s.ok()) return s;
   const std::string dir = WithoutTrailingSlash(path);
@@ -200,7 +201,7 @@ absl::Status FaultInjectingFileSystem::LoseUnsyncedWrites() {
   // its bookkeeping under the old name.
   for (auto it = renames.rbegin(); it != renames.rend(); ++it) {
     if (!base_->Exists(it->to)) continue;  // deleted since (deletes are durable)
-    if (absl::Status s = base_->Rename(it->to, it->from); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(base_->Rename(it->to, it->from));
     if (auto w = written.find(it->to); w != written.end()) {
       Written moved = w->second;
       written.erase(w);
@@ -210,9 +211,9 @@ absl::Status FaultInjectingFileSystem::LoseUnsyncedWrites() {
   for (const auto& [path, w] : written) {
     if (!base_->Exists(path)) continue;
     if (w.new_entry) {
-      if (absl::Status s = base_->Delete(path); !s.ok()) return s;
+      KVCACHE_RETURN_IF_ERROR(base_->Delete(path));
     } else if (w.durable < w.size) {
-      if (absl::Status s = Truncate(path, w.durable); !s.ok()) return s;
+      KVCACHE_RETURN_IF_ERROR(Truncate(path, w.durable));
     }
   }
   return absl::OkStatus();
@@ -234,8 +235,8 @@ absl::Status FaultInjectingFileSystem::WriteAll(const std::string& path,
                                                 std::span<const std::byte> bytes) {
   absl::StatusOr<std::unique_ptr<WritableFile>> file = base_->NewWritableFile(path);
   if (!file.ok()) return file.status();
-  if (absl::Status s = (*file)->Append(bytes); !s.ok()) return s;
-  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR((*file)->Append(bytes));
+  KVCACHE_RETURN_IF_ERROR((*file)->Sync());
   return (*file)->Close();
 }
 

@@ -11,6 +11,7 @@
 
 #include "server/checkpoint/checkpoint_test_util.h"
 #include "server/checkpoint/fault_injecting_file_system.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache::checkpoint {
 namespace {
@@ -32,8 +33,8 @@ std::vector<std::byte> ReadWhole(FileSystem* fs, const std::string& path) {
 absl::Status WriteWhole(FileSystem* fs, const std::string& path, std::span<const std::byte> bytes) {
   auto file = fs->NewWritableFile(path);
   if (!file.ok()) return file.status();
-  if (absl::Status s = (*file)->Append(bytes); !s.ok()) return s;
-  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR((*file)->Append(bytes));
+  KVCACHE_RETURN_IF_ERROR((*file)->Sync());
   return (*file)->Close();
 }
 

@@ -12,6 +12,7 @@
 #include "server/checkpoint/checkpoint_directory.h"
 #include "server/checkpoint/checkpoint_reader.h"
 #include "server/checkpoint/records.h"
+#include "server/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kvcache::checkpoint {
@@ -307,7 +308,7 @@ absl::Status Restorer::ReattachLower(CheckpointReader& reader) {
       return s;
     }
     v1::CheckpointLowerIndex index;
-    if (absl::Status s = Parse(record, &index); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(Parse(record, &index));
     for (const v1::CheckpointLowerIndex::Entry& e : index.entries()) {
       if (e.model() >= keys.size()) return absl::DataLossError("a lower-index entry of no model");
       const v1::CheckpointLowerCopy& l = e.location();
@@ -432,7 +433,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
     switch (type) {
       case RecordType::kModel: {
         v1::CheckpointModel m;
-        if (absl::Status s = Parse(record, &m); !s.ok()) return s;
+        KVCACHE_RETURN_IF_ERROR(Parse(record, &m));
         absl::StatusOr<ModelImage> image = DecodeModel(m);
         if (!image.ok()) return image.status();
         model.reset();
@@ -450,7 +451,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
       }
       case RecordType::kBlock: {
         v1::CheckpointBlock b;
-        if (absl::Status s = Parse(record, &b); !s.ok()) return s;
+        KVCACHE_RETURN_IF_ERROR(Parse(record, &b));
         if (!model.has_value()) {
           if (b.has_host_copy()) pending.emplace();  // skip its payload record too
           break;

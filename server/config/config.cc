@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/common/status_macros.h"
 #include "server/core/layout.h"
 
 namespace kvcache {
@@ -19,8 +20,8 @@ namespace {
 absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi);
 
 absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
-  if (auto s = CheckRange("checkpoint.keep", c.keep(), 1, 1000); !s.ok()) return s;
-  if (auto s = CheckRange("checkpoint.full_every", c.full_every(), 1, 1000); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("checkpoint.keep", c.keep(), 1, 1000));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("checkpoint.full_every", c.full_every(), 1, 1000));
   if (c.zstd_level() < 0 || c.zstd_level() > 19) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint.zstd_level is ", c.zstd_level(), "; it must be in [0, 19]"));
@@ -119,7 +120,7 @@ absl::Status ValidateSsdTier(const v1::SsdTierConfig& ssd) {
     return absl::InvalidArgumentError(absl::StrCat("ssd_tier.io_engine is \"", ssd.io_engine(),
                                                    "\"; it must be auto, io_uring or threads"));
   }
-  if (auto s = CheckRange("ssd_tier.io_threads", ssd.io_threads(), 1, 256); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("ssd_tier.io_threads", ssd.io_threads(), 1, 256));
   if (auto s = CheckRange("ssd_tier.staging_cache_bytes", ssd.staging_cache_bytes(), 0,
                           uint64_t{1} << 30);
       !s.ok()) {
@@ -162,14 +163,14 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
   for (auto [field, value] : {std::pair<std::string_view, double>{"alpha", i.alpha()},
                               {"beta", i.beta()},
                               {"gamma", i.gamma()}}) {
-    if (auto s = CheckUnit(field, value, true); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(CheckUnit(field, value, true));
   }
   if (i.alpha() + i.beta() + i.gamma() <= 0) {
     return absl::InvalidArgumentError("importance.alpha, beta and gamma are all 0");
   }
-  if (auto s = CheckUnit("target_mass", i.target_mass(), false); !s.ok()) return s;
-  if (auto s = CheckUnit("target_bytes", i.target_bytes(), false); !s.ok()) return s;
-  if (auto s = CheckUnit("pressure_watermark", i.pressure_watermark(), false); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckUnit("target_mass", i.target_mass(), false));
+  KVCACHE_RETURN_IF_ERROR(CheckUnit("target_bytes", i.target_bytes(), false));
+  KVCACHE_RETURN_IF_ERROR(CheckUnit("pressure_watermark", i.pressure_watermark(), false));
   if (auto s = CheckRange("importance.sink_tokens", i.sink_tokens(), 0, 1 << 20); !s.ok()) {
     return s;
   }
@@ -205,7 +206,7 @@ absl::Status ValidateImportance(const v1::ImportanceConfig& i) {
                      " calibration samples, so more could never be reached)"));
   }
   for (uint32_t layer : i.novelty_layers()) {
-    if (auto s = CheckRange("importance.novelty_layers[]", layer, 0, 1023); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(CheckRange("importance.novelty_layers[]", layer, 0, 1023));
   }
   return absl::OkStatus();
 }
@@ -226,7 +227,7 @@ absl::Status ValidateSecurity(const v1::SecurityConfig& s) {
     return st;
   }
   for (const std::string& ns : s.shared_namespaces()) {
-    if (absl::Status st = ValidateIdentifier("security.shared_namespaces", ns); !st.ok()) return st;
+    KVCACHE_RETURN_IF_ERROR(ValidateIdentifier("security.shared_namespaces", ns));
   }
   if (!s.has_require_block_checksums()) {
     // Unset reads as false: integrity would be off by omission.
@@ -484,8 +485,8 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckRange("limits.max_models", l.max_models(), 1, 1 << 20); !s.ok()) return s;
-  if (auto s = CheckRange("limits.max_leases", l.max_leases(), 1, 1 << 24); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("limits.max_models", l.max_models(), 1, 1 << 20));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("limits.max_leases", l.max_leases(), 1, 1 << 24));
   if (auto s = CheckRange("limits.max_lease_tokens", l.max_lease_tokens(),
                           l.max_tokens_per_request(), uint64_t{1} << 34);
       !s.ok()) {
@@ -585,11 +586,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       !s.ok()) {
     return s;
   }
-  if (auto s = ValidateSsdTier(c.ssd_tier()); !s.ok()) return s;
-  if (auto s = ValidateMemory(c.memory()); !s.ok()) return s;
-  if (auto s = ValidateGpuTier(c.gpu_tier()); !s.ok()) return s;
-  if (auto s = ValidateCheckpoint(c.checkpoint()); !s.ok()) return s;
-  if (auto s = ValidateStatusPage(c.status_page()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(ValidateSsdTier(c.ssd_tier()));
+  KVCACHE_RETURN_IF_ERROR(ValidateMemory(c.memory()));
+  KVCACHE_RETURN_IF_ERROR(ValidateGpuTier(c.gpu_tier()));
+  KVCACHE_RETURN_IF_ERROR(ValidateCheckpoint(c.checkpoint()));
+  KVCACHE_RETURN_IF_ERROR(ValidateStatusPage(c.status_page()));
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
       level != "error") {
@@ -619,7 +620,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64));
   if (auto s = CheckRange("shm.hello_timeout_ms", shm.hello_timeout_ms(), 100, 600000); !s.ok()) {
     return s;
   }
@@ -629,7 +630,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = CheckRange("shm.drain_timeout_ms", shm.drain_timeout_ms(), 1, 600000); !s.ok()) {
     return s;
   }
-  if (auto s = CheckRange("shm.max_mappings", shm.max_mappings(), 1, 1 << 20); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("shm.max_mappings", shm.max_mappings(), 1, 1 << 20));
   if (auto s = CheckRange("shm.max_mapped_bytes", shm.max_mapped_bytes(), 4096, uint64_t{1} << 47);
       !s.ok()) {
     return s;
@@ -644,7 +645,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
       !s.ok()) {
     return s;
   }
-  if (auto s = ValidateSecurity(c.security()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(ValidateSecurity(c.security()));
   if (const std::string& secret = c.security().secret_file(); !secret.empty()) {
     std::string dir = c.checkpoint().dir();
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -669,7 +670,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   if (auto s = CheckRange("drain_timeout_seconds", c.drain_timeout_seconds(), 1, 3600); !s.ok()) {
     return s;
   }
-  if (auto s = ValidateCache(c.cache()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(ValidateCache(c.cache()));
   return ValidateImportance(c.importance());
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -53,7 +54,7 @@ struct AppendSession::HashState {
 absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     const ModelKey& model, std::vector<Token> tokens, uint64_t start_token,
     const AppendHints& request_hints, std::vector<uint64_t> block_checksums) {
-  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
   if (request_hints.ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("hints.ttl_seconds must not be negative");
   }

@@ -9,6 +9,8 @@
 #include <xxh_x86dispatch.h>
 #endif
 
+#include "server/common/splitmix64.h"
+
 namespace kvcache {
 namespace {
 
@@ -21,12 +23,6 @@ uint64_t HashBlock(std::span<const Token> block, const BlockHasher::Secret& secr
 #else
   return XXH3_64bits_withSecret(block.data(), block.size_bytes(), secret.data(), secret.size());
 #endif
-}
-
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer: a bijection
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
-  return x ^ (x >> 31);
 }
 
 // An XXH3 secret of good quality from a 256-bit key.
@@ -52,13 +48,13 @@ std::shared_ptr<const BlockHasher> BlockHasher::Unkeyed() {
 uint64_t BlockHasher::LookupHash(uint64_t parent_hash, std::span<const Token> block) const {
   // Mix is a bijection: distinct (parent, block hash) pairs collide only
   // when their XORs do.
-  return Mix(parent_hash ^ HashBlock(block, lookup_secret_));
+  return SplitMix64Finalize(parent_hash ^ HashBlock(block, lookup_secret_));
 }
 
 uint64_t BlockHasher::ChainKey(uint64_t parent_key, std::span<const Token> block) const {
   // Offset from LookupHash's chaining, so that even under equal secrets the
   // two would differ.
-  return Mix(parent_key ^ HashBlock(block, chain_secret_) ^ 0x9e3779b97f4a7c15);
+  return SplitMix64Finalize(parent_key ^ HashBlock(block, chain_secret_) ^ kSplitMix64Gamma);
 }
 
 }  // namespace kvcache

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache {
 
@@ -60,10 +61,10 @@ absl::StatusOr<ModelState*> Cache::FindModelLocked(const ModelKey& model) const 
 }
 
 absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, ModelLayout layout) {
-  if (auto s = ValidateIdentifier("namespace", model.ns); !s.ok()) return s;
-  if (auto s = ValidateIdentifier("model_id", model.model_id); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(ValidateIdentifier("namespace", model.ns));
+  KVCACHE_RETURN_IF_ERROR(ValidateIdentifier("model_id", model.model_id));
   if (layout.block_tokens == 0) layout.block_tokens = kDefaultBlockTokens;
-  if (auto s = layout.Validate(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(layout.Validate());
   const SlabPoolStats pool = pool_->GetStats();
   if (pool_->RoundedSize(layout.BlockBytes()) > pool.capacity_bytes) {
     return absl::ResourceExhaustedError(
@@ -291,8 +292,8 @@ size_t Cache::ExactBlocks(std::span<const TieredBlock> blocks) {
 
 absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<const Token> tokens,
                                            const LeaseRequest& lease, bool accept_lossy) {
-  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
-  if (auto s = CheckLeaseTtl(lease.ttl); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
+  KVCACHE_RETURN_IF_ERROR(CheckLeaseTtl(lease.ttl));
   // Hashing, and copying the tokens a lease keeps, need no lock.
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
@@ -397,7 +398,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<c
 
 absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<const Token> tokens,
                                            bool accept_lossy, size_t max_blocks, LoadFor load_for) {
-  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
   FetchPlan plan;
@@ -482,7 +483,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
 
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
                                                std::span<const Token> tokens) {
-  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
   std::vector<BlockRef> dropped;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/core/block_move.h"
 #include "server/core/cache.h"
 
@@ -83,7 +84,7 @@ absl::Status Cache::RestoreModel(const ModelImage& image) {
   if (!registered.ok()) return registered.status();
   if (!registered->created)
     return absl::OkStatus();  // a worker registered it first: its policy stands
-  if (absl::Status s = image.policy.Validate(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(image.policy.Validate());
   MutexLock lock(&mu_);
   absl::StatusOr<ModelState*> m = FindModelLocked(image.key);
   if (!m.ok()) return m.status();

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/common/counter_visitor.h"
 #include "server/core/block_store.h"
-#include "server/core/counter_visitor.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/prefetcher.h"

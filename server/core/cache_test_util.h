@@ -16,6 +16,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/common/splitmix64.h"
+#include "server/common/status_macros.h"
 #include "server/core/cache.h"
 
 namespace kvcache {
@@ -54,13 +56,6 @@ inline std::vector<Token> Seq(const Ids& ids, uint32_t extra = 0) {
   return tokens;
 }
 
-inline uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
-  return x ^ (x >> 31);
-}
-
 inline uint64_t PrefixKey(std::span<const Token> tokens, size_t block) {
   uint64_t key = 0;
   for (size_t b = 0; b <= block; ++b)
@@ -70,10 +65,10 @@ inline uint64_t PrefixKey(std::span<const Token> tokens, size_t block) {
 
 inline std::vector<std::byte> Pattern(const TestModel& m, std::span<const Token> tokens,
                                       size_t block) {
-  const uint64_t key = PrefixKey(tokens, block) ^ Mix(m.salt);
+  const uint64_t key = PrefixKey(tokens, block) ^ SplitMix64(m.salt);
   std::vector<std::byte> out(m.layout.BlockBytes());
   for (size_t i = 0; i < out.size(); i += 8) {
-    const uint64_t word = Mix(key + i);
+    const uint64_t word = SplitMix64(key + i);
     std::memcpy(out.data() + i, &word, std::min<size_t>(8, out.size() - i));
   }
   return out;
@@ -101,7 +96,7 @@ inline absl::Status WriteInChunks(AppendSession& session, std::span<const std::b
   static constexpr size_t kChunks[] = {1, 7, 333, 4093, 64, 100003, 5};
   for (size_t i = 0; !kv.empty(); ++i) {
     const size_t n = std::min(kv.size(), kChunks[i % std::size(kChunks)]);
-    if (absl::Status s = session.Write(kv.first(n)); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(session.Write(kv.first(n)));
     kv = kv.subspan(n);
   }
   return absl::OkStatus();
@@ -118,7 +113,7 @@ inline absl::StatusOr<AppendResult> Append(Cache& cache, const TestModel& m,
                         checksums ? Checksums(m, tokens, first) : std::vector<uint64_t>{});
   if (!session.ok()) return session.status();
   const size_t count = (tokens.size() - start_token) / kBt;
-  if (absl::Status s = WriteInChunks(**session, Kv(m, tokens, first, count)); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(WriteInChunks(**session, Kv(m, tokens, first, count)));
   return (*session)->Commit();
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/core/block_move.h"
 #include "server/core/cache.h"
 
@@ -100,8 +101,8 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
         "this kvcached has no GPU tier (gpu_tier.kind is off, or no device was usable at "
         "start-up); fetch the blocks instead");
   }
-  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
-  if (auto s = CheckLeaseTtl(lease_ttl); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
+  KVCACHE_RETURN_IF_ERROR(CheckLeaseTtl(lease_ttl));
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
 

@@ -26,7 +26,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/core/clock.h"
+#include "server/common/clock.h"
 #include "server/core/prefix_index.h"
 
 namespace kvcache {

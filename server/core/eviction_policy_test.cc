@@ -15,7 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/core/clock.h"
+#include "server/common/clock.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "server/common/status_macros.h"
 #include "server/importance/block_codec.h"
 
 namespace kvcache {
@@ -18,10 +19,10 @@ std::vector<uint32_t> KeptTokens(const importance::CompressedBlockView& view) {
 
 }  // namespace
 
-absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool accept_compressed) {
+absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool as_stored) {
   FetchBlock out{.bytes = stored};
   if (!stored->compressed()) return out;  // the worker verifies raw bytes itself
-  if (accept_compressed) {
+  if (as_stored) {
     // Sent as stored, with the checksum of the stored bytes: the worker verifies.
     absl::StatusOr<importance::CompressedBlockView> view =
         importance::ParseCompressedBlock(stored->data());
@@ -41,7 +42,7 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool acce
   if (!view.ok()) return view.status();
   out.kept_tokens = KeptTokens(*view);
   BlockRef decoded = BlockPayload::FromHeap(view->shape.raw_bytes());
-  if (absl::Status s = importance::DecodeBlock(*view, decoded->mutable_data()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(importance::DecodeBlock(*view, decoded->mutable_data()));
   const uint64_t checksum = Checksum(decoded->data());
   if (checksum != stored->decoded_checksum()) {
     return absl::DataLossError(

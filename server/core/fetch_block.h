@@ -37,7 +37,7 @@ struct FetchBlock {
 
 // DATA_LOSS when a compressed payload does not parse, does not match its
 // checksum, or decodes to other bytes than when it was made (memory corruption).
-absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool accept_compressed);
+absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool as_stored);
 
 }  // namespace kvcache
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/core/block_move.h"
 #include "server/core/cache.h"
 #include "server/importance/block_codec.h"
@@ -47,7 +48,7 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
   }
   if (update.target_mass) next.target_mass = *update.target_mass;
   if (update.target_bytes) next.target_bytes = *update.target_bytes;
-  if (auto s = next.Validate(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(next.Validate());
 
   PolicyChange change{.previous_mode = m.policy.mode};
   m.policy = next;
@@ -86,7 +87,7 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
                                                     uint64_t lease_id,
                                                     std::span<const float> attention,
                                                     uint32_t num_layers) {
-  if (auto s = CheckTokenCount(tokens.size()); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
   const uint32_t rows = std::max<uint32_t>(num_layers, 1);
   for (size_t i = 0; i < attention.size(); ++i) {
     if (!std::isfinite(attention[i]) || attention[i] < 0) {

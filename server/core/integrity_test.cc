@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/common/status_macros.h"
 #include "server/core/cache.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
@@ -68,7 +69,7 @@ class IntegrityTest : public ::testing::Test {
     if (!session.ok()) return session.status();
     const size_t skip = start_token / kBt * kBlockFloats;
     std::vector<float> part(kv.begin() + skip, kv.end());
-    if (absl::Status s = (*session)->Write(Bytes(part)); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR((*session)->Write(Bytes(part)));
     return (*session)->Commit();
   }
   void AppendAll() { ASSERT_TRUE(Append(tokens_, kv_).ok()); }

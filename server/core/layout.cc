@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache {
 
@@ -42,9 +43,9 @@ absl::Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uin
 }  // namespace
 
 absl::Status ModelLayout::Validate() const {
-  if (auto s = CheckRange("num_layers", num_layers, 1, 1024); !s.ok()) return s;
-  if (auto s = CheckRange("num_kv_heads", num_kv_heads, 1, 1024); !s.ok()) return s;
-  if (auto s = CheckRange("head_dim", head_dim, 1, 4096); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("num_layers", num_layers, 1, 1024));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("num_kv_heads", num_kv_heads, 1, 1024));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("head_dim", head_dim, 1, 4096));
   if (DTypeBytes(dtype) == 0) {
     return absl::InvalidArgumentError("layout.dtype must be fp16, bf16 or fp32");
   }

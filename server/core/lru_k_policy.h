@@ -86,7 +86,7 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
-#include "server/core/clock.h"
+#include "server/common/clock.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/prefix_index.h"
 

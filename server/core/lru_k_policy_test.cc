@@ -14,7 +14,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/core/clock.h"
+#include "server/common/clock.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"

@@ -6,7 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 namespace {

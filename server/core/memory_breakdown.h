@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "server/core/counter_visitor.h"
+#include "server/common/counter_visitor.h"
 #include "server/memory/malloc_tuning.h"
 #include "server/memory/process_memory.h"
 

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/core/counter_visitor.h"
-#include "server/core/mutex.h"
+#include "server/common/counter_visitor.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

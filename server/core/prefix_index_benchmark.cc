@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "server/common/splitmix64.h"
 #include "server/core/cache.h"
 #include "server/core/prefix_index.h"
 
@@ -48,19 +49,12 @@ constexpr uint64_t kSystemPromptTokens = 2 << 10;
 constexpr uint32_t kSystemPrompts = 64;
 uint64_t g_index_blocks = uint64_t{1} << 20;
 
-uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
-  return x ^ (x >> 31);
-}
-
 // Sequence `s`: system prompt s % 64, then tokens of its own.
 std::vector<Token> Sequence(uint64_t s) {
   std::vector<Token> tokens(kPromptTokens);
   for (uint64_t t = 0; t < kPromptTokens; ++t) {
     const uint64_t seed = t < kSystemPromptTokens ? (s % kSystemPrompts) << 32 : (s + 1000) << 32;
-    tokens[t] = static_cast<Token>(Mix(seed + t) % 128000);
+    tokens[t] = static_cast<Token>(SplitMix64(seed + t) % 128000);
   }
   return tokens;
 }
@@ -140,7 +134,7 @@ std::unique_ptr<World> Build(uint32_t block_tokens) {
 
   // Prompts: 256 of each kind, spread over the cached sequences.
   for (uint64_t i = 0; i < 256; ++i) {
-    const uint64_t s = Mix(i) % w->sequences;
+    const uint64_t s = SplitMix64(i) % w->sequences;
     w->prompts[0].push_back(Sequence(s));
     std::vector<Token> partial = Sequence(s);
     partial[kPromptTokens / 2] ^= 0x40000000;

@@ -57,7 +57,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
+#include "server/common/status_macros.h"
 
 #if defined(__has_include) && __has_include(<sanitizer/asan_interface.h>)
 #include <sanitizer/asan_interface.h>  // no-op macros unless built with ASan
@@ -756,7 +757,7 @@ bool CompactionPlan::Contains(const std::byte* data) const {
 
 absl::StatusOr<std::unique_ptr<SlabPool>> SlabPool::Create(
     const SlabPoolOptions& options, std::shared_ptr<HostMemoryRegistrar> registrar) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(options.Validate());
   return std::unique_ptr<SlabPool>(new SlabPoolImpl(options, std::move(registrar)));
 }
 

@@ -63,7 +63,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/core/counter_visitor.h"
+#include "server/common/counter_visitor.h"
 
 namespace kvcache {
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvcache/kernels/convert.h"
+#include "server/common/status_macros.h"
 #include "server/importance/block_codec.h"
 #include "server/importance/block_codec_internal.h"
 
@@ -351,7 +352,7 @@ uint64_t DecodeGroup(const BlockShape& shape, int kv, const std::byte* in, const
 
 absl::StatusOr<uint64_t> CompressedSizeV2(const BlockShape& shape,
                                           std::span<const TokenPrecision> precision) {
-  if (absl::Status st = CheckShapeAndMap(shape, precision); !st.ok()) return st;
+  KVCACHE_RETURN_IF_ERROR(CheckShapeAndMap(shape, precision));
   Counts4 totals;
   const uint64_t total = EncodingBytes(
       shape, [&](uint64_t i) { return static_cast<uint8_t>(precision[i]); }, &totals);

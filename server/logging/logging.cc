@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 #include "server/logging/log_format.h"
 
 namespace kvcache {

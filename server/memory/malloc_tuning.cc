@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -25,7 +26,7 @@ absl::Status MallocTuningOptions::Validate() const {
 }
 
 absl::Status ApplyMallocTuning(const MallocTuningOptions& options) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(options.Validate());
 #if defined(__GLIBC__)
   if (options.mmap_threshold_bytes != 0 &&
       mallopt(M_MMAP_THRESHOLD, static_cast<int>(options.mmap_threshold_bytes)) != 1) {

@@ -24,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

@@ -5,7 +5,7 @@
 // RpcObserver interface as calls finish; cache gauges and counters are read
 // from a CacheStats snapshot at scrape time, so the core is never asked for
 // numbers nobody reads. The snapshot reports them through a CounterVisitor
-// (server/core/counter_visitor.h), which groups its samples into families by
+// (server/common/counter_visitor.h), which groups its samples into families by
 // name: this module names no cache counter itself, only the importance score
 // histogram. Names and labels are listed in docs/metrics.md.
 //
@@ -22,8 +22,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/common/counter_visitor.h"
 #include "server/core/cache_stats.h"
-#include "server/core/counter_visitor.h"
 #include "server/http/http_server.h"
 #include "server/rpc/rpc_observer.h"
 

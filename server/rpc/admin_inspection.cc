@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/call_log.h"
 #include "server/rpc/proto_convert.h"

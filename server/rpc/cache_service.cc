@@ -12,8 +12,8 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/mutex.h"
 #include "server/core/fetch_block.h"
-#include "server/core/mutex.h"
 #include "server/rpc/append_decoder.h"
 #include "server/rpc/await_prefetches.h"
 #include "server/rpc/cache_calls.h"
@@ -665,8 +665,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, request.max_chunk_bytes());
     }
-    // Lossy KV only to a worker that opted in; accept_int8 implies it.
-    const bool accept_lossy = request.accept_lossy() || request.accept_int8();
+    // Lossy KV only to a worker that opted in.
+    if (request.lossy_as_stored() && !request.accept_lossy()) {
+      return absl::InvalidArgumentError(
+          "lossy_as_stored needs accept_lossy: lossy blocks are sent only to a worker that opts "
+          "in");
+    }
+    const bool accept_lossy = request.accept_lossy();
     absl::StatusOr<FetchPlan> plan;
     if (request.lease_id() != 0) {
       if (!request.tokens().empty()) {
@@ -678,7 +683,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     if (!plan.ok()) return plan.status();
     plan_ = *std::move(plan);
-    accept_int8_ = request.accept_int8();
+    lossy_as_stored_ = request.lossy_as_stored();
     if (plan_.withheld_tokens != 0) {
       ctx_->AddTrailingMetadata("kvcache-withheld-tokens", absl::StrCat(plan_.withheld_tokens));
     }
@@ -733,7 +738,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         return Next::kEnd;
       }
       // What this block goes out as: stored bytes, or decoded ones.
-      absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan_.blocks[block_], accept_int8_);
+      absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan_.blocks[block_], lossy_as_stored_);
       if (!sent.ok()) {
         *end = sent.status();
         return Next::kEnd;
@@ -773,7 +778,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Mutex plan_mu_;
   bool plan_released_ ABSL_GUARDED_BY(plan_mu_) = false;
   FetchPlan plan_ ABSL_GUARDED_BY(plan_mu_);
-  bool accept_int8_ = false;
+  bool lossy_as_stored_ = false;
   FetchBlock current_ ABSL_GUARDED_BY(plan_mu_);  // the block being sent
   uint64_t chunk_bytes_ = 0;
   size_t block_ = 0;

@@ -23,7 +23,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

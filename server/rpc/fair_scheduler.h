@@ -65,9 +65,9 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/core/clock.h"
-#include "server/core/counter_visitor.h"
-#include "server/core/mutex.h"
+#include "server/common/clock.h"
+#include "server/common/counter_visitor.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

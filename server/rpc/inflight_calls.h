@@ -28,8 +28,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "kvcache/v1/admin.pb.h"
-#include "server/core/clock.h"
-#include "server/core/mutex.h"
+#include "server/common/clock.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

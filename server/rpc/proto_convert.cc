@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache {
 
@@ -53,8 +54,8 @@ v1::ModelLayout ToProto(const ModelLayout& layout) {
 absl::StatusOr<ModelKey> ToModelKey(std::string_view ns, std::string_view model_id) {
   ModelKey key{.ns = ns.empty() ? std::string(kDefaultNamespace) : std::string(ns),
                .model_id = std::string(model_id)};
-  if (auto s = ValidateIdentifier("namespace", key.ns); !s.ok()) return s;
-  if (auto s = ValidateIdentifier("model_id", key.model_id); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(ValidateIdentifier("namespace", key.ns));
+  KVCACHE_RETURN_IF_ERROR(ValidateIdentifier("model_id", key.model_id));
   return key;
 }
 

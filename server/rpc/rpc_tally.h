@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 #include "server/rpc/rpc_observer.h"
 
 namespace kvcache {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "server/common/status_macros.h"
 #include "server/rpc/unix_acceptor.h"
 #include "server/rpc/unix_socket.h"
 
@@ -108,8 +109,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   }
   // The TCP port first: a start that cannot have it must not touch the socket.
   if (!options.tcp_address.empty()) {
-    if (absl::Status s = CheckTcpAddressFree(options.tcp_address); !s.ok()) return s;
-    if (absl::Status s = CheckTlsFiles(options.tls); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(CheckTcpAddressFree(options.tcp_address));
+    KVCACHE_RETURN_IF_ERROR(CheckTlsFiles(options.tls));
   }
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   if (!options.unix_socket.empty()) {

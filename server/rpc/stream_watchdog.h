@@ -27,8 +27,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
-#include "server/core/clock.h"
-#include "server/core/mutex.h"
+#include "server/common/clock.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

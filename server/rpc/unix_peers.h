@@ -31,8 +31,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/core/clock.h"
-#include "server/core/mutex.h"
+#include "server/common/clock.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

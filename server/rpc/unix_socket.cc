@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache {
 
@@ -73,7 +74,7 @@ absl::Status ClaimUnixSocketPath(const std::string& path, const char* setting) {
 
 absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path, int64_t gid,
                                             const char* setting) {
-  if (absl::Status s = ClaimUnixSocketPath(path, setting); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(ClaimUnixSocketPath(path, setting));
   UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!listener.valid()) {
     return absl::InternalError(absl::StrCat(setting, ": socket(): ", ErrnoText(errno)));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/security/access_policy.h"
 
 namespace kvcache {
@@ -35,7 +36,7 @@ AccessControl::AccessControl(AccessControlOptions options)
 absl::StatusOr<std::unique_ptr<AccessControl>> AccessControl::Create(AccessControlOptions options) {
   std::unique_ptr<AccessControl> access(new AccessControl(std::move(options)));
   if (access->enabled()) {
-    if (absl::Status s = access->Reload(); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(access->Reload());
   }
   return access;
 }
@@ -148,7 +149,7 @@ absl::StatusOr<Caller> AccessControl::Authorize(Principal principal, std::string
         std::string(method), ": it acts on the whole daemon, for admins of every namespace"));
   }
   if (access == Access::kData && principal.role != Role::kAdmin) {
-    if (absl::Status s = ChargeRequest(principal.tenant); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(ChargeRequest(principal.tenant));
   }
   return Caller(std::move(principal), shared_);
 }

@@ -32,8 +32,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "server/core/clock.h"
-#include "server/core/mutex.h"
+#include "server/common/clock.h"
+#include "server/common/mutex.h"
 #include "server/security/caller.h"
 #include "server/security/principals_file.h"
 

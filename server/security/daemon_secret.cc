@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache {
 namespace {
@@ -82,7 +83,7 @@ absl::StatusOr<DaemonSecret> DaemonSecret::LoadOrCreate(const std::string& path)
   if (path.empty()) return absl::InvalidArgumentError("security.secret_file is empty");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0 && errno == ENOENT) {
-    if (auto s = WriteNewSecret(path, Random().bytes_); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(WriteNewSecret(path, Random().bytes_));
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   }
   if (fd < 0) return ErrnoStatus(errno, "cannot open the daemon secret", path);

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace kvcache {
 
@@ -39,7 +40,7 @@ absl::StatusOr<std::unique_ptr<TlsMirror>> TlsMirror::Start(const TlsFiles& file
                                             " for the TLS files: ", std::strerror(errno)));
   }
   std::unique_ptr<TlsMirror> mirror(new TlsMirror(files, dir_template));
-  if (absl::Status s = mirror->Install(*material); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(mirror->Install(*material));
   mirror->thread_ = std::thread([m = mirror.get()] { m->Loop(); });
   return mirror;
 }
@@ -80,7 +81,7 @@ absl::Status TlsMirror::Install(const TlsMaterial& material) {
        {std::pair<const char*, const std::string*>{"cert.pem", &material.cert_chain},
         {"key.pem", &material.private_key},
         {"ca.pem", &material.client_ca}}) {
-    if (absl::Status s = WriteFile(absl::StrCat(gen_dir, "/", name), *bytes); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR(WriteFile(absl::StrCat(gen_dir, "/", name), *bytes));
   }
   // The swap: a new link renamed over `current`, so gRPC sees either set whole.
   const std::string link = dir_ + "/current";

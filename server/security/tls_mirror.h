@@ -19,7 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 #include "server/security/tls_files.h"
 
 namespace kvcache {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

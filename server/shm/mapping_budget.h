@@ -19,8 +19,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "server/core/counter_visitor.h"
-#include "server/core/mutex.h"
+#include "server/common/counter_visitor.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 

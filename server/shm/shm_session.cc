@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/status_macros.h"
 #include "server/core/fetch_block.h"
 #include "server/rpc/cache_calls.h"
 #include "server/rpc/call_auth.h"
@@ -107,7 +108,7 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
       caller = who_.access->AdmitSession(credentials, method, &principal_);
     }
     if (!caller.ok()) return caller.status();
-    if (absl::Status held = HoldConnectionSlot(*caller); !held.ok()) return held;
+    KVCACHE_RETURN_IF_ERROR(HoldConnectionSlot(*caller));
     // A fetch_into or append_from holds one of its tenant's stream slots
     // while it runs, as a gRPC Fetch or Append stream does
     // (security.tenant_limits.max_concurrent_streams).
@@ -393,7 +394,7 @@ absl::StatusOr<v1::AppendResponse> ShmSession::AppendFrom(const Caller& caller,
   }
   for (uint64_t at = 0; at < source->size(); at += kAppendPieceBytes) {
     const uint64_t n = std::min<uint64_t>(kAppendPieceBytes, source->size() - at);
-    if (absl::Status s = (*session)->Write(source->subspan(at, n)); !s.ok()) return s;
+    KVCACHE_RETURN_IF_ERROR((*session)->Write(source->subspan(at, n)));
   }
   auto result = (*session)->Commit();
   if (!result.ok()) return result.status();

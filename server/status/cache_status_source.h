@@ -18,9 +18,9 @@
 #include <memory>
 #include <string>
 
+#include "server/common/clock.h"
+#include "server/common/mutex.h"
 #include "server/core/cache.h"
-#include "server/core/clock.h"
-#include "server/core/mutex.h"
 #include "server/status/event_log.h"
 #include "server/status/status_page.h"
 

@@ -23,8 +23,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "server/common/mutex.h"
 #include "server/core/cache_stats.h"
-#include "server/core/mutex.h"
 
 namespace kvcache {
 

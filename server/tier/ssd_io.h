@@ -22,7 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 #include "server/tier/ssd_store.h"
 
 namespace kvcache::ssd_internal {

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "server/common/status_macros.h"
 #include "server/tier/ssd_io.h"
 #include "server/tier/ssd_layout.h"
 #include "xxhash.h"
@@ -624,8 +625,8 @@ absl::Status SsdStoreOptions::Validate() const {
         absl::StrCat("ssd_store.capacity_bytes is ", capacity_bytes,
                      "; it must hold at least one region (region_bytes ", region_bytes, ")"));
   }
-  if (absl::Status s = CheckRange("io_threads", io_threads, 1, 256); !s.ok()) return s;
-  if (absl::Status s = CheckRange("queue_depth", queue_depth, 1, 4096); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(CheckRange("io_threads", io_threads, 1, 256));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("queue_depth", queue_depth, 1, 4096));
   if (staging_cache_bytes > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ssd_store.staging_cache_bytes is ", staging_cache_bytes, "; allowed: 0 .. 1073741824"));
@@ -637,7 +638,7 @@ namespace ssd_internal {
 
 absl::StatusOr<std::unique_ptr<SsdStore>> OpenSsdStore(const SsdStoreOptions& options,
                                                        const SsdSyscalls& syscalls) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(options.Validate());
   absl::StatusOr<SsdFile> file =
       OpenSsdFile(options.path, options.capacity_bytes, options.direct_io, syscalls);
   if (!file.ok()) return file.status();

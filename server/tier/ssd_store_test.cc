@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/common/status_macros.h"
 #include "server/tier/ssd_io.h"
 #include "server/tier/ssd_layout.h"
 #include "xxhash.h"
@@ -68,7 +69,7 @@ absl::StatusOr<SsdRef> WriteBlock(SsdStore& store, uint64_t key, uint64_t size) 
 // Reads `extent` and checks it against Pattern(key, size).
 absl::Status ReadAndCheck(SsdStore& store, const SsdExtent& extent) {
   std::vector<std::byte> out(extent.size());
-  if (absl::Status s = store.Read(extent, out); !s.ok()) return s;
+  KVCACHE_RETURN_IF_ERROR(store.Read(extent, out));
   if (out != Pattern(extent.key(), extent.size())) return absl::InternalError("wrong bytes");
   return absl::OkStatus();
 }

@@ -6,16 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/common/splitmix64.h"
 
 namespace kvcache::bench {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 uint64_t BlockSeed(uint64_t seq_key, uint64_t block) {
   return SplitMix64(seq_key ^ SplitMix64(block + 0x5151));

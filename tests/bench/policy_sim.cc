@@ -50,7 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "server/core/clock.h"
+#include "server/common/clock.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/lru_k_policy.h"
 #include "server/core/prefix_index.h"

@@ -19,7 +19,7 @@
 //   grpc-raw    Fetch over gRPC into a heap buffer (the remote path)
 //   shm-lossy   Fetch(accept_lossy) of the quantized copy over shared memory:
 //               the daemon decodes INT8 to fp16 as it copies
-//   grpc-int8   FetchBlocks(accept_compressed) over gRPC: the compressed bytes
+//   grpc-int8   FetchBlocks(lossy_as_stored) over gRPC: the compressed bytes
 //               move, then the client decodes them (decode_ms, included in ms)
 //   memcpy      a memcpy of the prefix's bytes between two pre-faulted
 //               buffers: what copying it into an engine's own tensors costs
@@ -45,6 +45,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "bench_common.h"
+#include "server/common/splitmix64.h"
 #include "server/importance/block_codec.h"
 
 namespace kvcache::bench {
@@ -81,9 +82,7 @@ double MsSince(absl::Time t0) { return absl::ToDoubleMilliseconds(absl::Now() - 
 void FillKv(uint64_t seed, std::span<std::byte> out) {
   uint64_t x = seed;
   for (size_t i = 0; i + 1 < out.size(); i += 2) {
-    x += 0x9E3779B97F4A7C15ull;
-    uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 31;
+    const uint64_t z = SplitMix64Next(x);
     const uint16_t h =
         static_cast<uint16_t>(((z & 1) << 15) | ((9 + (z >> 1) % 8) << 10) | ((z >> 8) & 0x3FF));
     std::memcpy(out.data() + i, &h, 2);
@@ -239,7 +238,7 @@ absl::Status TtftFetch::MeasurePrefix(uint32_t prefix) {
 
     t0 = absl::Now();
     absl::StatusOr<std::vector<FetchedBlock>> fb =
-        grpc_->FetchBlocks(int8_model_, tokens, /*accept_compressed=*/true);
+        grpc_->FetchBlocks(int8_model_, tokens, /*lossy_as_stored=*/true, {.accept_lossy = true});
     const absl::Time t1 = absl::Now();
     if (!fb.ok()) return fb.status();
     if (fb->size() != blocks) {

@@ -8,7 +8,7 @@ nil, calibration off, the policy's sinks, window, decay and weights), registers 
 (FP16), appends the prefix's whole blocks with their XXH3-64 checksums, sends the attention
 report with ReportAttention, sets the policy with Admin.UpdateModelPolicy, waits for a
 compaction pass that started after every block was cold to finish (the daemon's
-kvcached_compaction_passes_total), and fetches the prefix twice: with accept_int8 (the stored
+kvcached_compaction_passes_total), and fetches the prefix twice: with lossy_as_stored (the stored
 KVQ1 bytes, so the precision maps and stored sizes) and with accept_lossy (the decoded KV it
 serves). Every block's checksum is verified (libxxhash), each KVQ1 block must decode to exactly
 the bytes the lossy fetch sent, and kept_tokens must list the tokens with an entry not pruned.
@@ -284,7 +284,8 @@ def serve_through_daemon(kvcached, stubs_dir, tokens, cache, report, policy, lay
             "bytes_saved", "attention_reports", "calibrations", "corrupt_blocks",
             "int8_entries", "int4_entries", "pruned_entries", "budget_overruns")}
 
-        stored = _fetch(cache_stub, pb, tokens, layout, xxh3, accept_int8=True)
+        stored = _fetch(cache_stub, pb, tokens, layout, xxh3, accept_lossy=True,
+                        lossy_as_stored=True)
         lossy = _fetch(cache_stub, pb, tokens, layout, xxh3, accept_lossy=True)
         if len(stored) != len(blocks) or len(lossy) != len(blocks):
             raise DaemonPathError(f"fetched {len(stored)} / {len(lossy)} blocks of {len(blocks)}")

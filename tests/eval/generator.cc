@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvcache/kernels/convert.h"
+#include "server/common/splitmix64.h"
 #include "tests/eval/parallel.h"
 
 namespace kvcache::eval {
@@ -43,15 +44,8 @@ class Rng {
   double spare_ = 0;
 };
 
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 uint64_t StreamSeed(uint64_t seed, uint64_t kind, uint64_t a, uint64_t b) {
-  return SplitMix(SplitMix(SplitMix(seed ^ (kind << 56)) ^ a) ^ (b * 0x100000001B3ull));
+  return SplitMix64(SplitMix64(SplitMix64(seed ^ (kind << 56)) ^ a) ^ (b * 0x100000001B3ull));
 }
 
 // The Exp(1) quantile of a standard normal z: -ln(1 - Phi(z)), stable in the tail.

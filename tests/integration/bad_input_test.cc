@@ -358,6 +358,24 @@ TEST_F(BadInputTest, EachBadRequestGetsItsErrorAndChangesNothing) {
          grpc::Status s = reader->Finish();
          return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
        }},
+      {"fetch lossy_as_stored without the lossy opt-in", absl::StatusCode::kInvalidArgument,
+       "needs accept_lossy",
+       [&](Client&, auto& stub) {
+         grpc::ClientContext ctx;
+         v1::FetchRequest req;
+         req.set_model_id("m");
+         for (uint32_t t : cached_) req.add_tokens(t);
+         req.set_lossy_as_stored(true);
+         auto reader = stub.Fetch(&ctx, req);
+         v1::FetchResponse r;
+         while (reader->Read(&r)) {
+         }
+         grpc::Status s = reader->Finish();
+         return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+       }},
+      {"client FetchBlocks lossy_as_stored without the lossy opt-in",
+       absl::StatusCode::kInvalidArgument, "accept_lossy",
+       [&](Client& c, auto&) { return c.FetchBlocks("m", cached_, true).status(); }},
   };
   const std::string before = Snapshot();
   for (const BadCase& c : cases) {

@@ -142,7 +142,8 @@ TEST_F(ImportanceDaemonTest, QuantizeAtRuntimeServesDequantizedKvWithinBound) {
 
   // The stored format, on request: about half the bytes, verified by its own
   // checksum, and decoding it here gives exactly what the daemon's decode sent.
-  absl::StatusOr<std::vector<FetchedBlock>> packed = client_->FetchBlocks(kModel, tokens_, true);
+  absl::StatusOr<std::vector<FetchedBlock>> packed =
+      client_->FetchBlocks(kModel, tokens_, /*lossy_as_stored=*/true, {.accept_lossy = true});
   ASSERT_TRUE(packed.ok()) << packed.status();
   ASSERT_EQ(packed->size(), kBlocks);
   uint64_t wire = 0;

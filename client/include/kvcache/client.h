@@ -253,11 +253,12 @@ class Client {
                                                  std::span<std::byte> out,
                                                  const FetchOptions& options = {}) = 0;
 
-  // Fetches the cached prefix of `tokens` block by block, each as sent. With
-  // `accept_compressed`, blocks the importance policy compressed arrive in the
-  // compressed block format (docs/api.md, about half the bytes); with only
-  // options.accept_lossy they arrive decoded to the model's layout; with
-  // neither the stream ends before the first of them. Needs the model's
+  // Fetches the cached prefix of `tokens` block by block, each as sent. Blocks
+  // the importance policy compressed come only with options.accept_lossy (the
+  // one lossy opt-in): decoded to the model's layout, or, with
+  // `lossy_as_stored` too, in the compressed block format (docs/api.md, about
+  // half the bytes). Without accept_lossy the stream ends before the first of
+  // them, and `lossy_as_stored` is INVALID_ARGUMENT. Needs the model's
   // layout (cached, or one ListModels call). DATA_LOSS for a block whose
   // bytes do not match its checksum, a stream out of order, a block in an
   // encoding the call did not ask for, or a compressed block declaring more
@@ -266,7 +267,7 @@ class Client {
   // layout's. Every refusal comes before memory is reserved for the block.
   // Not retried.
   virtual absl::StatusOr<std::vector<FetchedBlock>> FetchBlocks(
-      std::string_view model_id, std::span<const uint32_t> tokens, bool accept_compressed,
+      std::string_view model_id, std::span<const uint32_t> tokens, bool lossy_as_stored,
       const FetchOptions& options = {}) = 0;
 
   virtual absl::StatusOr<EvictResult> EvictPrefix(std::string_view model_id,

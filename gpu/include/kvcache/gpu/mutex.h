@@ -2,7 +2,7 @@
 // its own thread-safety annotation macros.
 //
 // gpu/ builds standalone with CUDA and CMake only (no Abseil), so it cannot
-// use server/core/mutex.h or absl/base/thread_annotations.h. This is the same
+// use server/common/mutex.h or absl/base/thread_annotations.h. This is the same
 // wrapper: a std::mutex (which ThreadSanitizer understands natively) whose
 // Lock/Unlock/AssertHeld carry Clang's capability attributes, so fields marked
 // KVCACHE_GPU_GUARDED_BY(mu_) and helpers marked

@@ -6,8 +6,8 @@
 // ThreadSanitizer annotations (TSan cannot see absl::Mutex and reports false
 // races) and with deadlock detection on (a large constant cost per lock);
 // TSan understands std::mutex natively.
-#ifndef KVCACHE_SERVER_CORE_MUTEX_H_
-#define KVCACHE_SERVER_CORE_MUTEX_H_
+#ifndef KVCACHE_SERVER_COMMON_MUTEX_H_
+#define KVCACHE_SERVER_COMMON_MUTEX_H_
 
 #include <atomic>
 #include <cstdio>
@@ -75,4 +75,4 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_CORE_MUTEX_H_
+#endif  // KVCACHE_SERVER_COMMON_MUTEX_H_

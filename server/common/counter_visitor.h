@@ -11,8 +11,8 @@
 //
 // Names, help and labels are views: valid only during the call. A visitor
 // that keeps them copies them. A visitor is used by one thread at a time.
-#ifndef KVCACHE_SERVER_CORE_COUNTER_VISITOR_H_
-#define KVCACHE_SERVER_CORE_COUNTER_VISITOR_H_
+#ifndef KVCACHE_SERVER_COMMON_COUNTER_VISITOR_H_
+#define KVCACHE_SERVER_COMMON_COUNTER_VISITOR_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -64,4 +64,4 @@ class CounterVisitor {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_CORE_COUNTER_VISITOR_H_
+#endif  // KVCACHE_SERVER_COMMON_COUNTER_VISITOR_H_

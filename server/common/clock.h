@@ -1,11 +1,11 @@
 // Clock: where the core reads time, so tests can move it by hand.
-#ifndef KVCACHE_SERVER_CORE_CLOCK_H_
-#define KVCACHE_SERVER_CORE_CLOCK_H_
+#ifndef KVCACHE_SERVER_COMMON_CLOCK_H_
+#define KVCACHE_SERVER_COMMON_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 
@@ -47,4 +47,4 @@ class ManualClock final : public Clock {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_CORE_CLOCK_H_
+#endif  // KVCACHE_SERVER_COMMON_CLOCK_H_

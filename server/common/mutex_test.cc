@@ -1,6 +1,6 @@
 // Mutex: AssertHeld() checks the caller in debug builds (the thread-safety
 // analysis trusts it, so a wrong assertion must not pass silently).
-#include "server/core/mutex.h"
+#include "server/common/mutex.h"
 
 #include <gtest/gtest.h>
 
