@@ -10,7 +10,6 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -25,27 +24,28 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/checkpoint/checkpoint_service.h"
-#include "server/config/calibration_file.h"
 #include "server/config/config.h"
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/memory_breakdown.h"
 #include "server/core/slab_pool.h"
-#include "server/daemon_security.h"
+#include "server/daemon/config_translation.h"
+#include "server/daemon/daemon_security.h"
+#include "server/daemon/endpoints.h"
+#include "server/daemon/maintenance.h"
+#include "server/daemon/tiers.h"
+#include "server/frontdoor/fair_scheduler.h"
 #include "server/http/http_server.h"
 #include "server/logging/logging.h"
 #include "server/memory/malloc_tuning.h"
 #include "server/memory/process_memory.h"
 #include "server/metrics/metrics.h"
-#include "server/rpc/fair_scheduler.h"
 #include "server/rpc/rpc_tally.h"
 #include "server/rpc/server.h"
 #include "server/shm/shm_server.h"
 #include "server/status/cache_status_source.h"
 #include "server/status/event_log.h"
 #include "server/status/status_page.h"
-#include "server/tier/gpu_device_tier.h"
-#include "server/tier/ssd_block_store.h"
 
 #ifndef KVCACHE_VERSION
 #define KVCACHE_VERSION "dev"
@@ -105,16 +105,6 @@ void ApplyFlags(const Flags& f, v1::ServerConfig* c) {
   if (!f.log_format.empty()) c->mutable_logging()->set_format(f.log_format);
 }
 
-std::string Enabled(const std::string& value) { return value == kDisabled ? "" : value; }
-
-// listen.shm_socket, or the gRPC socket's path + ".shm" when it is unset;
-// empty when disabled.
-std::string ShmSocketPath(const v1::ListenConfig& listen) {
-  if (!listen.shm_socket().empty()) return Enabled(listen.shm_socket());
-  const std::string grpc_socket = Enabled(listen.unix_socket());
-  return grpc_socket.empty() ? "" : grpc_socket + ".shm";
-}
-
 // The signals the daemon handles by sigwait() on the main thread: SIGTERM and
 // SIGINT stop it, SIGHUP reloads the principals file.
 sigset_t HandledSignals() {
@@ -124,271 +114,6 @@ sigset_t HandledSignals() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);  // reloads the principals file
   return signals;
-}
-
-ImportanceOptions ImportanceFromConfig(const v1::ImportanceConfig& c) {
-  ImportanceOptions o;
-  ImportancePolicy& p = o.default_policy;
-  p.mode = ParseCompressionMode(c.default_mode()).value_or(CompressionMode::kOff);
-  p.params.alpha = c.alpha();
-  p.params.beta = c.beta();
-  p.params.gamma = c.gamma();
-  p.params.sink_tokens = c.sink_tokens();
-  p.params.recent_window = c.recent_window();
-  p.params.decay_tau = c.decay_tau();
-  p.target_mass = c.target_mass();
-  p.target_bytes = c.target_bytes();
-  o.activity_half_life_seconds = c.activity_half_life_seconds();
-  o.cold_after = absl::Seconds(c.cold_after_seconds());
-  o.pressure_watermark = c.pressure_watermark();
-  o.max_blocks_per_pass = c.max_blocks_per_pass();
-  o.novelty_layers.assign(c.novelty_layers().begin(), c.novelty_layers().end());
-  o.calibration_samples = kCalibrationSamples;
-  o.calibration_min_samples = c.calibration_min_samples();
-  o.calibration_max_step = c.calibration_max_step();
-  return o;
-}
-
-// The eviction policy cache.eviction_policy names (validated: lru or lru_k).
-std::unique_ptr<EvictionPolicy> EvictionPolicyFromConfig(const v1::CacheConfig& c, Clock* clock) {
-  if (c.eviction_policy() == "lru") return NewLruPolicy();
-  LruKOptions o;
-  o.correlated_period = absl::Milliseconds(c.lru_k().correlated_period_ms());
-  o.retained_history = c.lru_k().retained_history();
-  return NewLruKPolicy(o, clock);
-}
-
-// Saves the weights calibration applied into `saved` and, when the config
-// names a calibration file, writes it.
-void PersistCalibration(const std::vector<CalibrationOutcome>& outcomes,
-                        const v1::ImportanceConfig& config, v1::CalibratedWeights* saved) {
-  bool changed = false;
-  for (const CalibrationOutcome& c : outcomes) {
-    if (!c.applied) continue;
-    v1::CalibratedWeights::Model* entry = nullptr;
-    for (auto& m : *saved->mutable_models()) {
-      if (m.namespace_() == c.model.ns && m.model_id() == c.model.model_id) entry = &m;
-    }
-    if (entry == nullptr) {
-      entry = saved->add_models();
-      entry->set_namespace_(c.model.ns);
-      entry->set_model_id(c.model.model_id);
-    }
-    entry->set_alpha(c.after.alpha);
-    entry->set_beta(c.after.beta);
-    entry->set_gamma(c.after.gamma);
-    changed = true;
-  }
-  if (!changed || config.calibration_file().empty()) return;
-  if (absl::Status s = SaveCalibrationFile(config.calibration_file(), *saved); !s.ok()) {
-    spdlog::warn("calibration: {}", s.ToString());
-  }
-}
-
-// Runs the periodic work until `stopping`: lease expiry every second,
-// compaction, pool compaction and calibration at their configured intervals.
-void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
-                    const v1::HostTierConfig& host, v1::CalibratedWeights calibrated,
-                    const std::atomic<bool>& stopping) {
-  const absl::Duration compaction_every = absl::Milliseconds(config.compaction_interval_ms());
-  const absl::Duration pool_compaction_every = absl::Milliseconds(host.compaction_interval_ms());
-  const PoolCompactionOptions pool_compaction{
-      .plan = {.max_span_occupancy = host.compaction_max_span_occupancy(),
-               .max_bytes = host.compaction_max_bytes_per_pass()}};
-  absl::Time next_pool_compaction = absl::Now() + pool_compaction_every;
-  const absl::Duration calibration_every = absl::Seconds(config.calibration_interval_seconds());
-  absl::Time next_expiry = absl::Now();
-  absl::Time next_compaction = absl::Now() + compaction_every;
-  absl::Time next_calibration = absl::Now() + calibration_every;
-  while (!stopping.load()) {
-    const absl::Time now = absl::Now();
-    if (now >= next_expiry) {
-      cache.ExpireLeases();
-      next_expiry = now + absl::Seconds(1);
-    }
-    if (now >= next_compaction) {
-      const CompactionResult r = cache.Compact();
-      if (r.corrupt_blocks > 0) {
-        spdlog::error(
-            "compaction: {} blocks did not match their checksums (memory corruption) and were "
-            "dropped",
-            r.corrupt_blocks);
-      }
-      if (r.compressed_blocks > 0) {
-        spdlog::info(
-            "compaction: {} blocks compressed ({} INT8 and {} pruned tokens), {} bytes "
-            "saved{}",
-            r.compressed_blocks, r.int8_tokens, r.pruned_tokens, r.bytes_saved,
-            r.under_pressure ? ", under memory pressure" : "");
-      }
-      next_compaction = absl::Now() + compaction_every;
-    }
-    if (pool_compaction_every > absl::ZeroDuration() && now >= next_pool_compaction) {
-      const PoolCompactionResult r = cache.CompactPool(pool_compaction);
-      if (r.mismatched_blocks > 0) {
-        spdlog::error(
-            "pool compaction: {} blocks did not match their checksums (memory corruption); "
-            "left in place",
-            r.mismatched_blocks);
-      }
-      if (r.moved_blocks > 0) {
-        spdlog::debug("pool compaction: {} blocks ({} bytes) moved out of {} sparse spans",
-                      r.moved_blocks, r.moved_bytes, r.draining_spans);
-      }
-      next_pool_compaction = absl::Now() + pool_compaction_every;
-    }
-    if (calibration_every > absl::ZeroDuration() && now >= next_calibration) {
-      const std::vector<CalibrationOutcome> outcomes = cache.Calibrate();
-      for (const CalibrationOutcome& c : outcomes) {
-        spdlog::info(
-            "calibration of {}: {} samples, weights {:.3f}/{:.3f}/{:.3f} -> {:.3f}/{:.3f}/{:.3f} "
-            "(fit {:.3f}/{:.3f}/{:.3f}), score-attention correlation {:.3f} -> {:.3f}{}",
-            c.model.ToString(), c.samples, c.before.alpha, c.before.beta, c.before.gamma,
-            c.after.alpha, c.after.beta, c.after.gamma, c.fitted.alpha, c.fitted.beta,
-            c.fitted.gamma, c.correlation_before, c.correlation_after,
-            c.applied ? "" : " (not applied: too few samples or no fit)");
-      }
-      PersistCalibration(outcomes, config, &calibrated);
-      next_calibration = absl::Now() + calibration_every;
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-}
-
-// The migration log's logger (a rotating file), or null when it is off.
-std::shared_ptr<spdlog::logger> OpenMigrationLog(const v1::LoggingConfig& c) {
-  if (c.migration_log().empty()) return nullptr;
-  try {
-    auto log = spdlog::rotating_logger_mt(kMigrationLoggerName, c.migration_log(),
-                                          c.migration_log_max_bytes(), /*max_files=*/3);
-    log->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %v", spdlog::pattern_time_type::utc);
-    log->flush_on(spdlog::level::info);
-    return log;
-  } catch (const spdlog::spdlog_ex& e) {
-    spdlog::error("migration log {}: {}; moves are not logged", c.migration_log(), e.what());
-    return nullptr;
-  }
-}
-
-// Writes the moves since the last call to the migration log and the status
-// page's event log.
-void WriteMoves(Cache& cache, spdlog::logger* log, EventLog* events) {
-  for (const MoveRecord& m : cache.DrainMoves()) {
-    if (events != nullptr) events->AddMove(m);
-    if (log == nullptr) continue;
-    log->info("key={:016x} from={} to={} reason={} bytes={} us={}", m.key, m.from, m.to, m.reason,
-              m.bytes, absl::ToInt64Microseconds(m.took));
-  }
-}
-
-// Demotes cold host blocks to the lower tier whenever the host is past its
-// high watermark, drops GPU tier copies past its own, and writes the moves to
-// the migration log, until `stopping`.
-void RunMigrator(Cache& cache, spdlog::logger* migration_log, EventLog* events,
-                 const std::atomic<bool>& stopping) {
-  while (!stopping.load()) {
-    WriteMoves(cache, migration_log, events);
-    if (!cache.NeedsMigration()) {
-      absl::SleepFor(absl::Milliseconds(20));
-      continue;
-    }
-    const absl::Time start = absl::Now();
-    const MigrationResult r = cache.Migrate();
-    spdlog::debug(
-        "migration: {} blocks ({} bytes) demoted to ssd, {} clean host copies dropped, {} "
-        "evicted ({} not admitted), {} gpu copies dropped in {:.1f} ms",
-        r.demoted_blocks, r.demoted_bytes, r.clean_drops, r.evicted_blocks, r.refused_blocks,
-        r.device_drops, absl::ToDoubleMilliseconds(absl::Now() - start));
-    if (r.demoted_blocks + r.clean_drops + r.evicted_blocks + r.device_drops == 0) {
-      absl::SleepFor(absl::Milliseconds(20));  // nothing movable now (all leased or in use)
-    }
-  }
-  WriteMoves(cache, migration_log, events);
-}
-
-// The SSD tier of ssd_tier, or null when it is off. An error when it cannot be
-// opened and on_open_failure is "refuse".
-absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig& c) {
-  if (c.path().empty()) return nullptr;
-  SsdStoreOptions options{.path = c.path(),
-                          .capacity_bytes = c.capacity_bytes(),
-                          .region_bytes = c.region_bytes(),
-                          .direct_io = c.direct_io(),
-                          .engine = c.io_engine() == "io_uring"  ? SsdIoEngine::kIoUring
-                                    : c.io_engine() == "threads" ? SsdIoEngine::kThreadPool
-                                                                 : SsdIoEngine::kAuto,
-                          .io_threads = c.io_threads(),
-                          .staging_cache_bytes = c.staging_cache_bytes(),
-                          .epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
-  absl::StatusOr<std::shared_ptr<BlockStore>> store = OpenSsdBlockStore(options);
-  if (!store.ok()) {
-    if (c.on_open_failure() == "skip") {
-      spdlog::error("ssd tier: {}; running without it (ssd_tier.on_open_failure is skip)",
-                    store.status().ToString());
-      return nullptr;
-    }
-    return absl::Status(store.status().code(),
-                        absl::StrCat("ssd tier at ", c.path(), ": ", store.status().message()));
-  }
-  const SsdStoreStats s = SsdStatsOf(**store);
-  spdlog::info("ssd tier: {} bytes at {}, {} I/O, engine {}", s.capacity_bytes, c.path(),
-               s.direct_io ? "direct" : "buffered (the file system refused O_DIRECT)", s.engine);
-  return store;
-}
-
-// The GPU tier of gpu_tier, or null when it is off. An error when its device
-// is not usable and on_unavailable is "refuse".
-absl::StatusOr<std::shared_ptr<DeviceTier>> OpenGpuTier(const v1::GpuTierConfig& c) {
-  if (c.kind().empty()) return nullptr;
-  absl::StatusOr<std::shared_ptr<DeviceTier>> tier =
-      OpenGpuDeviceTier({.kind = c.kind(),
-                         .device = static_cast<int>(c.device()),
-                         .capacity_bytes = c.capacity_bytes(),
-                         .arena_bytes = c.arena_bytes(),
-                         .slab_bytes = c.slab_bytes(),
-                         .min_block_bytes = c.min_block_bytes()});
-  if (!tier.ok()) {
-    if (c.on_unavailable() == "skip") {
-      spdlog::error("{}; running without it (gpu_tier.on_unavailable is skip)",
-                    tier.status().ToString());
-      return nullptr;
-    }
-    return tier.status();
-  }
-  spdlog::info("gpu tier: {} bytes of {} ({}), slabs of {} bytes", c.capacity_bytes(), c.kind(),
-               (*tier)->device_description(), c.slab_bytes());
-  return tier;
-}
-
-CheckpointCounters CheckpointCountersOf(const checkpoint::CheckpointServiceStatus& s) {
-  CheckpointCounters c{.enabled = true,
-                       .ok = s.ok,
-                       .failed = s.failed,
-                       .in_progress = s.in_progress,
-                       .restore_state = std::string(checkpoint::RestoreStateName(s.restore.state)),
-                       .restored_blocks = s.restore.restored_blocks,
-                       .restore_skipped_blocks = s.restore.present_blocks +
-                                                 s.restore.orphan_blocks + s.restore.lost_blocks +
-                                                 s.restore.skipped_blocks,
-                       .restore_failed_checkpoints = s.restore.failed_checkpoints,
-                       .reattached_copies = s.restore.reattached_copies,
-                       .reattach_failures = s.restore.reattach_failures};
-  c.started_unix_seconds = absl::ToDoubleSeconds(s.started - absl::UnixEpoch());
-  if (s.last.has_value()) {
-    c.last_success_unix_seconds = absl::ToDoubleSeconds(s.last_time - absl::UnixEpoch());
-    c.last_duration_seconds = absl::ToDoubleSeconds(s.last->duration);
-    c.last_bytes = s.last->data_bytes;
-  }
-  return c;
-}
-
-// The status page's event log, fed the default logger's warnings and errors
-// from now on (and the tier moves, by the migrator). Called before any thread
-// that logs has started: a logger's sinks are not guarded.
-std::shared_ptr<EventLog> AttachEventLog(const v1::StatusPageConfig& c) {
-  auto events = std::make_shared<EventLog>(c.recent_events());
-  spdlog::default_logger()->sinks().push_back(NewEventLogSink(events));
-  return events;
 }
 
 // What the status page says of this daemon.
@@ -408,39 +133,6 @@ StatusIdentity StatusIdentityOf(const v1::ListenConfig& listen) {
     id.listen_addresses.push_back("shm:" + shm);
   }
   return id;
-}
-
-// The read-only HTTP endpoint on listen.metrics_address: /metrics and, with
-// status_page.enabled, the status pages. Null when the address is "none".
-absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpEndpoint(
-    const v1::ServerConfig& config, const Metrics& metrics, AccessControl* access,
-    std::shared_ptr<const StatusSource> status) {
-  const std::string address = Enabled(config.listen().metrics_address());
-  if (address.empty()) return nullptr;
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start({.address = address});
-  if (!server.ok()) {
-    return absl::Status(server.status().code(),
-                        absl::StrCat("listen.metrics_address: ", server.status().message()));
-  }
-  metrics.ServeOn(**server);
-  spdlog::info("metrics on http://{}/metrics", address);
-  if (config.status_page().enabled()) {
-    StatusPageOptions options{.show_tokens = config.status_page().show_tokens()};
-    if (access != nullptr && access->enabled()) {
-      // Per-tenant detail for admins of every namespace only (docs/security.md).
-      options.may_see_detail = [access](const HttpRequest& request) {
-        return access->Admit(CredentialsOfAuthorization(request.authorization), "StatusPageDetail")
-            .ok();
-      };
-    }
-    ServeStatusPages(**server, std::move(status), std::move(options));
-    spdlog::info("status page on http://{}/status{}{}", address,
-                 config.status_page().show_tokens() ? " (showing token ids)" : "",
-                 access != nullptr && access->enabled()
-                     ? " (per-tenant detail for admins' bearer tokens only)"
-                     : "");
-  }
-  return server;
 }
 
 int Serve(const v1::ServerConfig& config) {
@@ -471,56 +163,20 @@ int Serve(const v1::ServerConfig& config) {
     pinner = (*gpu)->HostPinner();
     spdlog::info("host tier: memory is page-locked with the gpu tier's device as it is mapped");
   }
-  SlabPoolOptions pool_options{.capacity_bytes = config.host_tier().capacity_bytes(),
-                               .slab_bytes = config.host_tier().slab_bytes(),
-                               .min_class_bytes = config.host_tier().min_class_bytes()};
-  auto pool = SlabPool::Create(pool_options, std::move(pinner));
+  auto pool = SlabPool::Create(HostPoolOptionsFromConfig(config.host_tier()), std::move(pinner));
   if (!pool.ok()) {
     spdlog::error("host tier: {}", pool.status().ToString());
     return 2;
   }
-  v1::CalibratedWeights calibrated;
-  if (const std::string& path = config.importance().calibration_file(); !path.empty()) {
-    absl::StatusOr<v1::CalibratedWeights> loaded = LoadCalibrationFile(path);
-    if (loaded.ok()) {
-      calibrated = *std::move(loaded);
-      spdlog::info("calibration: starting from the weights of {} models in {}",
-                   calibrated.models_size(), path);
-    } else if (!absl::IsNotFound(loaded.status())) {
-      // The file only carries what calibration learned; it never keeps the
-      // daemon down. The next save replaces it.
-      spdlog::error(
-          "calibration: ignoring the calibration file {}: {}; every model starts from the "
-          "configured weights (importance.alpha/beta/gamma), and the file is replaced when "
-          "calibration next saves",
-          path, std::string(loaded.status().message()));
-    }
-  }
+  v1::CalibratedWeights calibrated = LoadCalibratedWeights(config.importance());
   absl::StatusOr<DaemonSecret> secret = LoadDaemonSecret(config);
   if (!secret.ok()) {
     spdlog::error("{}", secret.status().ToString());
     return 2;
   }
   const v1::LimitsConfig& limits = config.limits();
-  CacheOptions cache_options{
-      .max_tokens_per_request = limits.max_tokens_per_request(),
-      .default_lease_ttl = absl::Milliseconds(limits.default_lease_ttl_ms()),
-      .max_lease_ttl = absl::Milliseconds(limits.max_lease_ttl_ms()),
-      .max_models = limits.max_models(),
-      .max_leases = limits.max_leases(),
-      .max_lease_tokens = limits.max_lease_tokens(),
-      .append_staging_bytes =
-          static_cast<uint64_t>(config.host_tier().append_staging_fraction() *
-                                static_cast<double>(config.host_tier().capacity_bytes())),
-      .max_metadata_bytes =
-          static_cast<uint64_t>(config.host_tier().metadata_fraction() *
-                                static_cast<double>(config.host_tier().capacity_bytes())),
-      .max_protected_ranges = limits.max_protected_ranges(),
-      .max_namespace_bytes = config.security().tenant_limits().max_cached_bytes(),
-      .namespace_share = TenantShare(config.security()),
-      .max_fetch_heap_bytes = limits.max_fetch_heap_bytes(),
-      .importance = ImportanceFromConfig(config.importance()),
-      .block_hash_keys = BlockHashKeysFrom(*secret)};
+  CacheOptions cache_options = CacheOptionsFromConfig(config);
+  cache_options.block_hash_keys = BlockHashKeysFrom(*secret);
   for (const v1::CalibratedWeights::Model& m : calibrated.models()) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
@@ -530,15 +186,6 @@ int Serve(const v1::ServerConfig& config) {
     spdlog::error("{}", ssd.status().ToString());
     return 2;
   }
-  const v1::SsdTierConfig& ssd_config = config.ssd_tier();
-  cache_options.tiers = {.host_high_watermark = config.host_tier().high_watermark(),
-                         .host_low_watermark = config.host_tier().low_watermark(),
-                         .lower_admit_min_references = ssd_config.admit_min_references(),
-                         .lower_write_bytes_per_second = ssd_config.max_write_bytes_per_second(),
-                         .promote_on_fetch = ssd_config.promote_on_fetch(),
-                         .device_high_watermark = config.gpu_tier().high_watermark(),
-                         .device_low_watermark = config.gpu_tier().low_watermark()};
-  cache_options.require_block_checksums = config.security().require_block_checksums();
   std::unique_ptr<EvictionPolicy> policy =
       EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
   spdlog::info("eviction policy: {} (each tier ranks its blocks with its own)", policy->name());

@@ -24,8 +24,8 @@
 #include "absl/status/statusor.h"
 #include "server/common/counter_visitor.h"
 #include "server/core/cache_stats.h"
+#include "server/frontdoor/rpc_observer.h"
 #include "server/http/http_server.h"
-#include "server/rpc/rpc_observer.h"
 
 namespace kvcache {
 

@@ -16,7 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "server/core/memory_breakdown.h"
-#include "server/rpc/fair_scheduler.h"
+#include "server/frontdoor/fair_scheduler.h"
 #include "server/shm/mapping_budget.h"
 
 namespace kvcache {

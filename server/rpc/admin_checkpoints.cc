@@ -3,8 +3,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/frontdoor/call_log.h"
 #include "server/rpc/admin_service.h"
-#include "server/rpc/call_log.h"
+#include "server/rpc/grpc_call.h"
 #include "server/rpc/status_convert.h"
 
 namespace kvcache {

@@ -11,9 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/common/mutex.h"
+#include "server/frontdoor/call_log.h"
+#include "server/frontdoor/call_scope.h"
+#include "server/frontdoor/proto_convert.h"
 #include "server/rpc/admin_service.h"
-#include "server/rpc/call_log.h"
-#include "server/rpc/proto_convert.h"
+#include "server/rpc/grpc_call.h"
 #include "server/rpc/status_convert.h"
 
 namespace kvcache {

@@ -1,10 +1,11 @@
 // AdminService: the log level at runtime (SetLogLevel; docs/logging.md).
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/frontdoor/call_log.h"
 #include "server/logging/log_event.h"
 #include "server/logging/logging.h"
 #include "server/rpc/admin_service.h"
-#include "server/rpc/call_log.h"
+#include "server/rpc/grpc_call.h"
 
 namespace kvcache {
 

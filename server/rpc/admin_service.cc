@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
-#include "server/rpc/call_log.h"
-#include "server/rpc/proto_convert.h"
+#include "server/frontdoor/call_log.h"
+#include "server/frontdoor/call_scope.h"
+#include "server/frontdoor/proto_convert.h"
+#include "server/rpc/grpc_call.h"
 #include "server/rpc/status_convert.h"
 
 namespace kvcache {

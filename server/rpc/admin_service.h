@@ -15,9 +15,9 @@
 #include "server/checkpoint/checkpoint_service.h"
 #include "server/core/cache.h"
 #include "server/core/memory_breakdown.h"
+#include "server/frontdoor/inflight_calls.h"
+#include "server/frontdoor/rpc_observer.h"
 #include "server/rpc/call_auth.h"
-#include "server/rpc/inflight_calls.h"
-#include "server/rpc/rpc_observer.h"
 #include "server/rpc/rpc_tally.h"
 
 namespace kvcache {

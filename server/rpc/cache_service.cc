@@ -14,11 +14,13 @@
 #include "absl/time/clock.h"
 #include "server/common/mutex.h"
 #include "server/core/fetch_block.h"
+#include "server/frontdoor/cache_calls.h"
+#include "server/frontdoor/call_scope.h"
+#include "server/frontdoor/proto_convert.h"
 #include "server/rpc/append_decoder.h"
 #include "server/rpc/await_prefetches.h"
-#include "server/rpc/cache_calls.h"
 #include "server/rpc/call_auth.h"
-#include "server/rpc/proto_convert.h"
+#include "server/rpc/grpc_call.h"
 #include "server/rpc/status_convert.h"
 
 namespace kvcache {

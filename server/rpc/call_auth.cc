@@ -5,7 +5,6 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "server/rpc/proto_convert.h"
 #include "server/rpc/unix_acceptor.h"
 
 namespace kvcache {
@@ -40,13 +39,6 @@ absl::StatusOr<Caller> AdmitCall(AccessControl* access, const grpc::ServerContex
                                  std::string_view method) {
   if (access == nullptr || !access->enabled()) return Caller::Anonymous();
   return access->Admit(CredentialsOf(ctx), method);
-}
-
-absl::StatusOr<ModelKey> ScopedModelKey(const Caller& caller, std::string_view ns,
-                                        std::string_view model_id) {
-  absl::StatusOr<std::string> scoped = caller.NamespaceOf(ns);
-  if (!scoped.ok()) return scoped.status();
-  return ToModelKey(*scoped, model_id);
 }
 
 }  // namespace kvcache

@@ -1,8 +1,8 @@
 // call_auth: a gRPC call's credentials, for AccessControl (server/security).
 //
 // Every handler of the Cache and Admin services starts with AdmitCall(); the
-// namespace it then acts on comes from ScopedModelKey(), never from the
-// request alone.
+// namespace it then acts on comes from ScopedModelKey()
+// (server/frontdoor/call_scope.h), never from the request alone.
 #ifndef KVCACHE_SERVER_RPC_CALL_AUTH_H_
 #define KVCACHE_SERVER_RPC_CALL_AUTH_H_
 
@@ -11,7 +11,6 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "server/core/layout.h"
 #include "server/security/access_control.h"
 
 namespace kvcache {
@@ -27,12 +26,6 @@ Credentials CredentialsOf(const grpc::ServerContextBase& ctx);
 // `access` admits every caller as the anonymous admin.
 absl::StatusOr<Caller> AdmitCall(AccessControl* access, const grpc::ServerContextBase& ctx,
                                  std::string_view method);
-
-// The model a request naming (`ns`, `model_id`) acts on for `caller`:
-// PERMISSION_DENIED for a namespace the caller may not use, INVALID_ARGUMENT
-// for a malformed name.
-absl::StatusOr<ModelKey> ScopedModelKey(const Caller& caller, std::string_view ns,
-                                        std::string_view model_id);
 
 }  // namespace kvcache
 

@@ -16,7 +16,7 @@
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/slab_pool.h"
-#include "server/rpc/inflight_calls.h"
+#include "server/frontdoor/inflight_calls.h"
 #include "server/rpc/server.h"
 
 namespace kvcache {

@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "server/common/mutex.h"
-#include "server/rpc/rpc_observer.h"
+#include "server/frontdoor/rpc_observer.h"
 
 namespace kvcache {
 

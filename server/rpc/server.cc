@@ -21,8 +21,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "server/common/status_macros.h"
+#include "server/frontdoor/unix_socket.h"
 #include "server/rpc/unix_acceptor.h"
-#include "server/rpc/unix_socket.h"
 
 namespace kvcache {
 

@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "server/rpc/unix_socket.h"
+#include "server/frontdoor/unix_socket.h"
 
 namespace kvcache {
 

@@ -18,7 +18,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kvcache/shm_frame.h"
-#include "server/rpc/server.h"
 
 namespace kvcache {
 

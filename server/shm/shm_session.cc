@@ -9,10 +9,10 @@
 #include "absl/time/clock.h"
 #include "server/common/status_macros.h"
 #include "server/core/fetch_block.h"
-#include "server/rpc/cache_calls.h"
-#include "server/rpc/call_auth.h"
-#include "server/rpc/call_log.h"
-#include "server/rpc/proto_convert.h"
+#include "server/frontdoor/cache_calls.h"
+#include "server/frontdoor/call_log.h"
+#include "server/frontdoor/call_scope.h"
+#include "server/frontdoor/proto_convert.h"
 
 namespace kvcache {
 namespace {

@@ -1,8 +1,8 @@
 // The daemon's security as its config sets it up (docs/security.md): who may
 // call (AccessControl) and the TLS files gRPC reads (TlsMirror), with the
 // start-up and SIGHUP log lines an operator reads.
-#ifndef KVCACHE_SERVER_DAEMON_SECURITY_H_
-#define KVCACHE_SERVER_DAEMON_SECURITY_H_
+#ifndef KVCACHE_SERVER_DAEMON_DAEMON_SECURITY_H_
+#define KVCACHE_SERVER_DAEMON_DAEMON_SECURITY_H_
 
 #include <functional>
 #include <memory>
@@ -48,4 +48,4 @@ struct DaemonSecurity {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_DAEMON_SECURITY_H_
+#endif  // KVCACHE_SERVER_DAEMON_DAEMON_SECURITY_H_

@@ -46,8 +46,8 @@
 // joins the kv-fair threads; slots held then stay valid until released.
 //
 // Thread-safe. Flows and slots must not outlive their scheduler.
-#ifndef KVCACHE_SERVER_RPC_FAIR_SCHEDULER_H_
-#define KVCACHE_SERVER_RPC_FAIR_SCHEDULER_H_
+#ifndef KVCACHE_SERVER_FRONTDOOR_FAIR_SCHEDULER_H_
+#define KVCACHE_SERVER_FRONTDOOR_FAIR_SCHEDULER_H_
 
 #include <array>
 #include <condition_variable>
@@ -200,4 +200,4 @@ class FairScheduler {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_FAIR_SCHEDULER_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_FAIR_SCHEDULER_H_

@@ -1,4 +1,4 @@
-#include "server/rpc/proto_convert.h"
+#include "server/frontdoor/proto_convert.h"
 
 #include <string>
 

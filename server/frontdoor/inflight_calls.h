@@ -12,8 +12,8 @@
 // its Handle was destroyed.
 //
 // Thread-safe. The InflightCalls must outlive every Handle it returned.
-#ifndef KVCACHE_SERVER_RPC_INFLIGHT_CALLS_H_
-#define KVCACHE_SERVER_RPC_INFLIGHT_CALLS_H_
+#ifndef KVCACHE_SERVER_FRONTDOOR_INFLIGHT_CALLS_H_
+#define KVCACHE_SERVER_FRONTDOOR_INFLIGHT_CALLS_H_
 
 #include <google/protobuf/repeated_ptr_field.h>
 
@@ -109,4 +109,4 @@ void FillInflightCalls(const InflightCalls& calls, absl::Time now,
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_INFLIGHT_CALLS_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_INFLIGHT_CALLS_H_

@@ -1,4 +1,4 @@
-#include "server/daemon_security.h"
+#include "server/daemon/daemon_security.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>

@@ -1,11 +1,11 @@
-#include "server/rpc/cache_calls.h"
+#include "server/frontdoor/cache_calls.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "server/rpc/call_auth.h"
-#include "server/rpc/proto_convert.h"
+#include "server/frontdoor/call_scope.h"
+#include "server/frontdoor/proto_convert.h"
 
 namespace kvcache {
 

@@ -1,7 +1,7 @@
 // Unix-socket helpers shared by the daemon's listeners (the gRPC socket and
 // the shared-memory data plane's socket).
-#ifndef KVCACHE_SERVER_RPC_UNIX_SOCKET_H_
-#define KVCACHE_SERVER_RPC_UNIX_SOCKET_H_
+#ifndef KVCACHE_SERVER_FRONTDOOR_UNIX_SOCKET_H_
+#define KVCACHE_SERVER_FRONTDOOR_UNIX_SOCKET_H_
 
 #include <sys/types.h>
 
@@ -60,4 +60,4 @@ absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path, int64_t gid
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_UNIX_SOCKET_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_UNIX_SOCKET_H_

@@ -1,6 +1,6 @@
 // Request ids and the call log: ids are 16 hex digits, models are named as
 // the cache names them, and a failed call is one event with its fields.
-#include "server/rpc/call_log.h"
+#include "server/frontdoor/call_log.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,11 +1,9 @@
-#include "server/rpc/call_log.h"
+#include "server/frontdoor/call_log.h"
 
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "server/logging/log_event.h"
-#include "server/rpc/status_convert.h"
 
 namespace kvcache {
 namespace {
@@ -30,17 +28,6 @@ spdlog::level::level_enum LevelOf(absl::StatusCode code) {
 }
 
 }  // namespace
-
-std::string RequestIdOf(const grpc::CallbackServerContext& ctx) {
-  const auto& metadata = ctx.client_metadata();
-  auto it = metadata.find(kRequestIdHeader);
-  if (it == metadata.end() || it->second.empty()) return NewRequestId();
-  std::string id(it->second.data(), std::min(it->second.size(), kMaxRequestIdBytes));
-  for (char& c : id) {
-    if (c < 0x21 || c > 0x7e) c = '?';
-  }
-  return id;
-}
 
 std::string ModelField(const ModelRef& model) {
   if (model.model_id.empty()) return "";
@@ -76,26 +63,6 @@ void LogCallDone(const CallOutcome& call) {
 void ReportCallDone(RpcObserver* observer, const CallOutcome& call) {
   observer->OnRpcDone(call.method, call.status.code(), call.latency, call.bytes);
   LogCallDone(call);
-}
-
-void FinishUnaryCall(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
-                     RpcObserver* observer, std::string_view method, absl::Time start,
-                     const absl::Status& status, const ModelRef& model) {
-  const absl::Duration latency = absl::Now() - start;
-  const std::string request_id = RequestIdOf(*ctx);
-  ctx->AddTrailingMetadata(kRequestIdHeader, request_id);
-  observer->OnRpcDone(method, status.code(), latency, 0);
-  if (ShouldLogCall(status.code())) {
-    const std::string peer = ctx->peer();
-    const std::string model_field = ModelField(model);
-    LogCallDone({.method = method,
-                 .request_id = request_id,
-                 .peer = peer,
-                 .model = model_field,
-                 .status = status,
-                 .latency = latency});
-  }
-  reactor->Finish(ToGrpcStatus(status));
 }
 
 }  // namespace kvcache

@@ -1,4 +1,4 @@
-#include "server/rpc/unix_socket.h"
+#include "server/frontdoor/unix_socket.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>

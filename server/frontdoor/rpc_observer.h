@@ -1,7 +1,7 @@
 // RpcObserver: how the RPC layer reports each finished call, so the metrics
 // module can count it without the RPC layer linking a metrics library.
-#ifndef KVCACHE_SERVER_RPC_RPC_OBSERVER_H_
-#define KVCACHE_SERVER_RPC_RPC_OBSERVER_H_
+#ifndef KVCACHE_SERVER_FRONTDOOR_RPC_OBSERVER_H_
+#define KVCACHE_SERVER_FRONTDOOR_RPC_OBSERVER_H_
 
 #include <string_view>
 
@@ -35,4 +35,4 @@ class NullRpcObserver final : public RpcObserver {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_RPC_OBSERVER_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_RPC_OBSERVER_H_

@@ -1,4 +1,4 @@
-#include "server/rpc/fair_scheduler.h"
+#include "server/frontdoor/fair_scheduler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Translation between kvcache.v1 messages and core types. No cache logic.
-#ifndef KVCACHE_SERVER_RPC_PROTO_CONVERT_H_
-#define KVCACHE_SERVER_RPC_PROTO_CONVERT_H_
+#ifndef KVCACHE_SERVER_FRONTDOOR_PROTO_CONVERT_H_
+#define KVCACHE_SERVER_FRONTDOOR_PROTO_CONVERT_H_
 
 #include <optional>
 #include <string_view>
@@ -37,4 +37,4 @@ inline std::span<const Token> TokensOf(const google::protobuf::RepeatedField<uin
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_PROTO_CONVERT_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_PROTO_CONVERT_H_

@@ -1,4 +1,4 @@
-#include "server/rpc/inflight_calls.h"
+#include "server/frontdoor/inflight_calls.h"
 
 #include <algorithm>
 

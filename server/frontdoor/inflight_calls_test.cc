@@ -1,6 +1,6 @@
 // InflightCalls: registering, counting bytes, unregistering, the oldest-first
 // snapshot, and many threads at once.
-#include "server/rpc/inflight_calls.h"
+#include "server/frontdoor/inflight_calls.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,11 +1,12 @@
 // Request ids and the log line of each finished call.
 //
-// Every call has a request id: the client's `x-request-id` metadata (the C++
-// client sends one on every call), or one the daemon makes up when it sent
-// none. The daemon echoes it in the trailing metadata `x-request-id` and
-// writes it in the call's log line, so a client's error names the line that
-// explains it. The shared-memory data plane carries no metadata: its calls
-// get an id from the daemon, which their error messages name.
+// Every call has a request id: over gRPC the client's `x-request-id` metadata
+// (the C++ client sends one on every call; server/rpc/grpc_call.h reads it), or
+// one the daemon makes up when it sent none. The daemon echoes it in the
+// trailing metadata `x-request-id` and writes it in the call's log line, so a
+// client's error names the line that explains it. The shared-memory data
+// plane carries no metadata: its calls get an id from the daemon, which their
+// error messages name.
 //
 // One event per finished call (LogCallDone): a failed call at info (the
 // caller's mistake: INVALID_ARGUMENT, NOT_FOUND, CANCELLED, ...), warn
@@ -14,10 +15,8 @@
 // debug. docs/logging.md lists the fields.
 //
 // Thread-safe.
-#ifndef KVCACHE_SERVER_RPC_CALL_LOG_H_
-#define KVCACHE_SERVER_RPC_CALL_LOG_H_
-
-#include <grpcpp/server_context.h>
+#ifndef KVCACHE_SERVER_FRONTDOOR_CALL_LOG_H_
+#define KVCACHE_SERVER_FRONTDOOR_CALL_LOG_H_
 
 #include <cstdint>
 #include <string>
@@ -26,16 +25,13 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kvcache/request_id.h"  // kRequestIdHeader, NewRequestId
-#include "server/rpc/rpc_observer.h"
+#include "server/frontdoor/rpc_observer.h"
 
 namespace kvcache {
 
 // The longest client id kept; a longer one is cut to this.
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
-// The client's x-request-id (characters outside printable ASCII become '?'),
-// or a new id when it sent none or an empty one.
-std::string RequestIdOf(const grpc::CallbackServerContext& ctx);
 // A model as a request names it.
 struct ModelRef {
   std::string_view ns;
@@ -64,13 +60,6 @@ void LogCallDone(const CallOutcome& call);
 // a streaming call ends.
 void ReportCallDone(RpcObserver* observer, const CallOutcome& call);
 
-// Finishes a unary call with `status`: echoes its request id in the trailers,
-// reports it to `observer`, logs it and calls reactor->Finish. `model` as in
-// CallOutcome. From any thread, once per call.
-void FinishUnaryCall(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
-                     RpcObserver* observer, std::string_view method, absl::Time start,
-                     const absl::Status& status, const ModelRef& model = {});
-
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_CALL_LOG_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_CALL_LOG_H_

@@ -1,8 +1,8 @@
 // Cache calls shared by the daemon's two front doors (the gRPC service and
 // the shared-memory data plane): a request message in, the cache's answer as
 // a response message out. No cache logic; the Cache decides.
-#ifndef KVCACHE_SERVER_RPC_CACHE_CALLS_H_
-#define KVCACHE_SERVER_RPC_CACHE_CALLS_H_
+#ifndef KVCACHE_SERVER_FRONTDOOR_CACHE_CALLS_H_
+#define KVCACHE_SERVER_FRONTDOOR_CACHE_CALLS_H_
 
 #include <memory>
 #include <span>
@@ -62,4 +62,4 @@ v1::AppendResponse ToProto(const AppendResult& result);
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_RPC_CACHE_CALLS_H_
+#endif  // KVCACHE_SERVER_FRONTDOOR_CACHE_CALLS_H_

@@ -1,0 +1,27 @@
+// The lower tiers kvcached opens at start-up from its config: the SSD tier
+// (ssd_tier) and the GPU tier (gpu_tier). Each is optional; a tier that is
+// configured but cannot be opened stops the start, or is skipped with an
+// error logged when its on_open_failure / on_unavailable says "skip".
+#ifndef KVCACHE_SERVER_DAEMON_TIERS_H_
+#define KVCACHE_SERVER_DAEMON_TIERS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kvcache/v1/config.pb.h"
+#include "server/core/block_store.h"
+#include "server/core/device_tier.h"
+
+namespace kvcache {
+
+// The SSD tier of ssd_tier, or null when it is off. An error when it cannot be
+// opened and on_open_failure is "refuse".
+absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig& c);
+
+// The GPU tier of gpu_tier, or null when it is off. An error when its device
+// is not usable and on_unavailable is "refuse".
+absl::StatusOr<std::shared_ptr<DeviceTier>> OpenGpuTier(const v1::GpuTierConfig& c);
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_DAEMON_TIERS_H_
