@@ -153,7 +153,7 @@ int Serve(const v1::ServerConfig& config) {
   MallocTrimmer trimmer(absl::Milliseconds(memory.trim_interval_ms()));
 
   // The GPU tier first: the host pool registers its memory with its device.
-  absl::StatusOr<std::shared_ptr<DeviceTier>> gpu = OpenGpuTier(config.gpu_tier());
+  absl::StatusOr<std::shared_ptr<DeviceTier>> gpu = GpuTierFromConfig(config.gpu_tier());
   if (!gpu.ok()) {
     spdlog::error("{}", gpu.status().ToString());
     return 2;
@@ -181,7 +181,7 @@ int Serve(const v1::ServerConfig& config) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
   }
-  absl::StatusOr<std::shared_ptr<BlockStore>> ssd = OpenSsdTier(config.ssd_tier());
+  absl::StatusOr<std::shared_ptr<Tier>> ssd = SsdTierFromConfig(config.ssd_tier());
   if (!ssd.ok()) {
     spdlog::error("{}", ssd.status().ToString());
     return 2;

@@ -18,7 +18,7 @@
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/restorer.h"
 #include "server/core/cache_test_util.h"
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 
 namespace kvcache::checkpoint {
 namespace {
@@ -311,7 +311,7 @@ TEST_F(CheckpointCacheTest, BlocksOnlyInAVolatileLowerTierAreLeftOut) {
   auto pool = SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab});
   ASSERT_TRUE(pool.ok());
   source_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_,
-                                    MemoryBlockStore::Create(uint64_t{64} << 20), NewLruPolicy());
+                                    MemoryTier::Create(uint64_t{64} << 20), NewLruPolicy());
   ASSERT_NO_FATAL_FAILURE(Fill(*source_, Big(), 40));  // 8 KiB blocks: past the host tier
   for (int i = 0; i < 20 && source_->NeedsMigration(); ++i) source_->Migrate();
   const CacheStats stats = source_->GetStats();

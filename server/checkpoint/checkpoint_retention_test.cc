@@ -14,7 +14,7 @@
 #include "server/checkpoint/checkpointer.h"
 #include "server/checkpoint/fault_injecting_file_system.h"
 #include "server/core/cache_test_util.h"
-#include "server/tier/ssd_block_store.h"
+#include "server/tier/ssd_tier.h"
 
 namespace kvcache::checkpoint {
 namespace {
@@ -52,7 +52,7 @@ class CheckpointRetentionTest : public ::testing::Test {
     ssd.capacity_bytes = kSsdBytes;
     ssd.region_bytes = 64 << 10;
     ssd.direct_io = false;
-    auto lower = OpenSsdBlockStore(ssd);
+    auto lower = OpenSsdTier(ssd);
     ASSERT_TRUE(lower.ok()) << lower.status();
     lower_ = *std::move(lower);
     auto pool =
@@ -89,13 +89,13 @@ class CheckpointRetentionTest : public ::testing::Test {
     fs_.ClearFaults();
   }
 
-  BlockStoreStats Lower() const { return lower_->GetStats(); }
+  TierStats Lower() const { return lower_->GetStats(); }
   TierCounters Tiers() const { return cache_->GetStats().tiers; }
 
   ManualClock clock_;
   std::string dir_;
   FaultInjectingFileSystem fs_{DefaultFileSystem()};
-  std::shared_ptr<BlockStore> lower_;
+  std::shared_ptr<Tier> lower_;
   std::unique_ptr<Cache> cache_;
   std::unique_ptr<CheckpointService> service_;
   std::unique_ptr<Checkpointer> checkpointer_;
@@ -121,7 +121,7 @@ TEST_F(CheckpointRetentionTest, FailingCheckpointsRetainNoMoreThanTheLastCommitL
     ASSERT_NO_FATAL_FAILURE(AppendSequences(next, 30));  // 120 blocks: the SSD tier turns over
     next += 30;
     EXPECT_GT(Tiers().demotions, demotions + 60);
-    const BlockStoreStats lower = Lower();
+    const TierStats lower = Lower();
     EXPECT_LE(lower.retained_bytes, listed * kFootprint);
     EXPECT_EQ(Tiers().lower_write_failures, 0u) << "retained space filled the tier";
   }
@@ -150,7 +150,7 @@ TEST_F(CheckpointRetentionTest, ACommitListingTheWholeTierGivesWayPastItsShare) 
     ASSERT_NO_FATAL_FAILURE(FailedCheckpoint());
     ASSERT_NO_FATAL_FAILURE(AppendSequences(next, 30));
     next += 30;
-    const BlockStoreStats lower = Lower();
+    const TierStats lower = Lower();
     EXPECT_LE(lower.retained_bytes, kSsdBytes / 10 + kFootprint);
     EXPECT_GE(lower.allocated_bytes, kSsdBytes * 3 / 4) << "the tier holds too little";
     EXPECT_EQ(Tiers().lower_write_failures, 0u);

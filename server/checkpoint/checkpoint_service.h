@@ -45,7 +45,7 @@ struct CheckpointServiceOptions {
   bool restore_on_start = true;
   // Share of the lower (SSD) tier's capacity that space retained for the
   // newest checkpoint may hold against new writes; past it, writes reuse the
-  // oldest retained space (BlockStore::SetRetentionBudget). 1: never.
+  // oldest retained space (Tier::SetRetentionBudget). 1: never.
   double lower_retained_share = 0.10;
   // Called after each checkpoint run, ok or not, with no lock held: the
   // daemon asks its allocator to give the writer's freed buffers back to the

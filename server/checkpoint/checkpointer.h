@@ -16,8 +16,8 @@
 // Before the manifest is committed the lower tier is synced; its freed space
 // is retained from one checkpoint to the next, within the lower tier's
 // retention budget, so that the copies the newest checkpoint refers to are
-// not overwritten (BlockStore::SetRetention). A failed run tells the lower
-// tier (BlockStore::CheckpointFailed), which frees what it retained for it.
+// not overwritten (Tier::SetRetention). A failed run tells the lower
+// tier (Tier::CheckpointFailed), which frees what it retained for it.
 //
 // Every `full_every`-th checkpoint (and the first) writes every payload; the
 // others write only payloads not in the previous checkpoint's map and refer

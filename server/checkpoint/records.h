@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "kvcache/v1/checkpoint.pb.h"
 #include "server/core/block_image.h"
-#include "server/core/block_store.h"
+#include "server/core/tier.h"
 
 namespace kvcache::checkpoint {
 

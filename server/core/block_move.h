@@ -34,9 +34,9 @@
 #include <cstdint>
 
 #include "server/core/block.h"
-#include "server/core/block_store.h"
 #include "server/core/model_registry.h"
 #include "server/core/prefix_index.h"
+#include "server/core/tier.h"
 #include "server/core/tiered_block.h"
 
 namespace kvcache {

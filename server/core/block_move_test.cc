@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 
 namespace kvcache {
 namespace {
@@ -43,7 +43,7 @@ class BlockMoveTest : public ::testing::Test {
   ModelRegistry models_{8};
   ModelState* model_ = nullptr;
   IndexNode* node_ = nullptr;
-  std::shared_ptr<MemoryBlockStore> ssd_ = MemoryBlockStore::Create(1 << 20);
+  std::shared_ptr<MemoryTier> ssd_ = MemoryTier::Create(1 << 20);
 };
 
 TEST_F(BlockMoveTest, AnUnchangedBlockIsFoundAgain) {

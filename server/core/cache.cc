@@ -10,9 +10,8 @@
 namespace kvcache {
 
 Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
-             std::unique_ptr<EvictionPolicy> policy, Clock* clock,
-             std::shared_ptr<BlockStore> lower, std::unique_ptr<EvictionPolicy> lower_policy,
-             std::shared_ptr<DeviceTier> device)
+             std::unique_ptr<EvictionPolicy> policy, Clock* clock, std::shared_ptr<Tier> lower,
+             std::unique_ptr<EvictionPolicy> lower_policy, std::shared_ptr<DeviceTier> device)
     : options_(options),
       pool_(std::move(pool)),
       clock_(clock),

@@ -35,7 +35,7 @@
 // the prefix of an append in flight). When nothing is evictable the append
 // fails with RESOURCE_EXHAUSTED and what was stored stays as it was.
 //
-// Tiers (docs/tiers.md). With a lower tier (a BlockStore: the SSD), host
+// Tiers (docs/tiers.md). With a lower tier (a Tier: the SSD), host
 // memory is the upper tier and blocks move between the two instead of
 // leaving: the migrator (Migrate) and an append that finds the pool full
 // demote the host block the host policy picks (written to the lower tier
@@ -392,8 +392,7 @@ class Cache {
   // `lower_policy` (REQUIRES: non-null with `lower`). `device` (may be null)
   // is the GPU tier above it.
   Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
-        std::unique_ptr<EvictionPolicy> policy, Clock* clock,
-        std::shared_ptr<BlockStore> lower = nullptr,
+        std::unique_ptr<EvictionPolicy> policy, Clock* clock, std::shared_ptr<Tier> lower = nullptr,
         std::unique_ptr<EvictionPolicy> lower_policy = nullptr,
         std::shared_ptr<DeviceTier> device = nullptr);
   ~Cache();
@@ -620,7 +619,7 @@ class Cache {
   // Forgets the other names RestoreBlock remembered (a restore is over).
   void EndRestore();
   // The lower tier (null: one tier), for the checkpoint's re-attachment.
-  const std::shared_ptr<BlockStore>& lower_tier() const { return lower_; }
+  const std::shared_ptr<Tier>& lower_tier() const { return lower_; }
 
  private:
   friend class AppendSession;
@@ -839,7 +838,7 @@ class Cache {
   const CacheOptions options_;
   const std::unique_ptr<SlabPool> pool_;
   Clock* const clock_;
-  const std::shared_ptr<BlockStore> lower_;   // null: one tier
+  const std::shared_ptr<Tier> lower_;         // null: one tier
   const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
   // Runs background promotions; null without a lower tier. Destroyed first.
   std::unique_ptr<Prefetcher> prefetcher_;

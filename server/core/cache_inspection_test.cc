@@ -9,7 +9,7 @@
 
 #include "server/core/cache.h"
 #include "server/core/cache_test_util.h"
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 
 namespace kvcache::cache_test {
 namespace {
@@ -154,7 +154,7 @@ TEST_F(CacheInspectionTest, VerifyReadsLowerCopiesWhenAsked) {
   auto pool =
       SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
   ASSERT_TRUE(pool.ok());
-  auto lower = MemoryBlockStore::Create(4 << 20);
+  auto lower = MemoryTier::Create(4 << 20);
   cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_, lower,
                                    NewLruPolicy());
   Register(Big());  // 8 KiB blocks: 32 fit the host

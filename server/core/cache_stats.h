@@ -20,11 +20,11 @@
 
 #include "absl/time/time.h"
 #include "server/common/counter_visitor.h"
-#include "server/core/block_store.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/prefetcher.h"
 #include "server/core/slab_pool.h"
+#include "server/core/tier.h"
 
 namespace kvcache {
 
@@ -190,10 +190,10 @@ struct CacheStats {
   uint64_t lease_tokens = 0;         // tokens held by live leases
   // The lower tier, when there is one.
   bool has_lower = false;
-  BlockStoreStats lower_store;
+  TierStats lower_store;
   // The GPU tier, when there is one.
   bool has_device = false;
-  BlockStoreStats device_store;
+  TierStats device_store;
   TierCounters tiers;
   PrefetchStats prefetch;
   CheckpointCounters checkpoint;

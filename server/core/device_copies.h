@@ -18,8 +18,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
-#include "server/core/block_store.h"
 #include "server/core/prefix_index.h"
+#include "server/core/tier.h"
 
 namespace kvcache {
 

@@ -1,6 +1,6 @@
 // DeviceTier: the GPU tier above host memory (docs/tiers.md, "The GPU tier").
 //
-// A DeviceTier is a BlockStore whose copies live in device memory, carved
+// A DeviceTier is a Tier whose copies live in device memory, carved
 // from a few large arenas. It adds what same-host workers need to reach those
 // copies without a host round trip: the arenas' IPC handles (each exported
 // once, mapped once per worker session) and each copy's slot in them, so a
@@ -15,11 +15,11 @@
 // Integrity: Write() verifies the bytes it is given against the payload's
 // checksum before they reach the device, and Read() (device to host)
 // verifies them again on the way back (DATA_LOSS on a mismatch), as every
-// BlockStore does. A worker's own device-to-device copy is not re-hashed by
+// Tier does. A worker's own device-to-device copy is not re-hashed by
 // the daemon; see docs/tiers.md for what the worker can check.
 //
-// Every implementation passes the BlockStore behaviour suite
-// (server/tier/block_store_test.cc). Thread-safety: as BlockStore.
+// Every implementation passes the Tier behaviour suite
+// (server/tier/tier_behaviour_test.cc). Thread-safety: as Tier.
 #ifndef KVCACHE_SERVER_CORE_DEVICE_TIER_H_
 #define KVCACHE_SERVER_CORE_DEVICE_TIER_H_
 
@@ -29,8 +29,8 @@
 #include <string_view>
 #include <vector>
 
-#include "server/core/block_store.h"
 #include "server/core/slab_pool.h"
+#include "server/core/tier.h"
 
 namespace kvcache {
 
@@ -52,7 +52,7 @@ struct DeviceArena {
   std::string ipc_handle;
 };
 
-class DeviceTier : public BlockStore {
+class DeviceTier : public Tier {
  public:
   // "cuda" or "host_stand_in" (the host-memory stand-in for a device that
   // tests and machines without a GPU use); a worker opens the arenas with a

@@ -75,7 +75,7 @@ absl::StatusOr<StoredRef> Cache::WriteDevice(uint64_t key, const BlockPayload& p
 
 bool Cache::DeviceNeedsMigration() const {
   if (device_ == nullptr) return false;
-  const BlockStoreStats s = device_->GetStats();
+  const TierStats s = device_->GetStats();
   return static_cast<double>(s.allocated_bytes) >
          options_.tiers.device_high_watermark * static_cast<double>(s.capacity_bytes);
 }

@@ -39,8 +39,8 @@
 #include "absl/time/time.h"
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
-#include "server/core/block_store.h"
 #include "server/core/layout.h"
+#include "server/core/tier.h"
 #include "server/core/token_state.h"
 
 namespace kvcache {

@@ -1,11 +1,11 @@
-// The Cache over two tiers: host memory and a lower tier (a MemoryBlockStore
+// The Cache over two tiers: host memory and a lower tier (a MemoryTier
 // standing in for the SSD). Demotion, promotion, admission, the lower tier's
 // own eviction, leases across tiers, and corrupt copies that must never be
 // served.
 #include <thread>
 
 #include "server/core/cache_test_util.h"
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 
 namespace kvcache {
 namespace cache_test {
@@ -22,7 +22,7 @@ class TierTest : public CacheTest, public ::testing::WithParamInterface<std::str
     auto pool = SlabPool::Create(
         {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
-    lower_ = MemoryBlockStore::Create(lower_bytes);
+    lower_ = MemoryTier::Create(lower_bytes);
     cache_ = std::make_unique<Cache>(options, *std::move(pool), NewPolicy(), &clock_, lower_,
                                      NewPolicy());
   }
@@ -55,7 +55,7 @@ class TierTest : public CacheTest, public ::testing::WithParamInterface<std::str
     while (cache_->NeedsMigration()) cache_->Migrate();
   }
 
-  std::shared_ptr<MemoryBlockStore> lower_;
+  std::shared_ptr<MemoryTier> lower_;
 };
 
 TEST_P(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {

@@ -13,8 +13,8 @@
 #include <cstdint>
 
 #include "server/core/block.h"
-#include "server/core/block_store.h"
 #include "server/core/prefix_index.h"
+#include "server/core/tier.h"
 
 namespace kvcache {
 

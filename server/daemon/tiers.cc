@@ -4,11 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/tier/gpu_device_tier.h"
-#include "server/tier/ssd_block_store.h"
+#include "server/tier/ssd_tier.h"
 
 namespace kvcache {
 
-absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig& c) {
+absl::StatusOr<std::shared_ptr<Tier>> SsdTierFromConfig(const v1::SsdTierConfig& c) {
   if (c.path().empty()) return nullptr;
   SsdStoreOptions options{.path = c.path(),
                           .capacity_bytes = c.capacity_bytes(),
@@ -20,7 +20,7 @@ absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig&
                           .io_threads = c.io_threads(),
                           .staging_cache_bytes = c.staging_cache_bytes(),
                           .epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
-  absl::StatusOr<std::shared_ptr<BlockStore>> store = OpenSsdBlockStore(options);
+  absl::StatusOr<std::shared_ptr<Tier>> store = OpenSsdTier(options);
   if (!store.ok()) {
     if (c.on_open_failure() == "skip") {
       spdlog::error("ssd tier: {}; running without it (ssd_tier.on_open_failure is skip)",
@@ -36,7 +36,7 @@ absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig&
   return store;
 }
 
-absl::StatusOr<std::shared_ptr<DeviceTier>> OpenGpuTier(const v1::GpuTierConfig& c) {
+absl::StatusOr<std::shared_ptr<DeviceTier>> GpuTierFromConfig(const v1::GpuTierConfig& c) {
   if (c.kind().empty()) return nullptr;
   absl::StatusOr<std::shared_ptr<DeviceTier>> tier =
       OpenGpuDeviceTier({.kind = c.kind(),

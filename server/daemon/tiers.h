@@ -9,18 +9,18 @@
 
 #include "absl/status/statusor.h"
 #include "kvcache/v1/config.pb.h"
-#include "server/core/block_store.h"
 #include "server/core/device_tier.h"
+#include "server/core/tier.h"
 
 namespace kvcache {
 
 // The SSD tier of ssd_tier, or null when it is off. An error when it cannot be
 // opened and on_open_failure is "refuse".
-absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdTier(const v1::SsdTierConfig& c);
+absl::StatusOr<std::shared_ptr<Tier>> SsdTierFromConfig(const v1::SsdTierConfig& c);
 
 // The GPU tier of gpu_tier, or null when it is off. An error when its device
 // is not usable and on_unavailable is "refuse".
-absl::StatusOr<std::shared_ptr<DeviceTier>> OpenGpuTier(const v1::GpuTierConfig& c);
+absl::StatusOr<std::shared_ptr<DeviceTier>> GpuTierFromConfig(const v1::GpuTierConfig& c);
 
 }  // namespace kvcache
 

@@ -17,7 +17,7 @@
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 #include "server/core/slab_pool.h"
 #include "server/rpc/server.h"
 
@@ -31,9 +31,9 @@ constexpr uint64_t kSlab = uint64_t{64} << 10;
 constexpr uint32_t kSequences = 12;  // 4 blocks each: 48 blocks over a 32-block host tier
 
 // A lower tier whose reads wait while the gate is closed.
-class GatedStore final : public BlockStore {
+class GatedStore final : public Tier {
  public:
-  explicit GatedStore(std::shared_ptr<BlockStore> inner) : inner_(std::move(inner)) {}
+  explicit GatedStore(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
   absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) override {
     return inner_->Write(key, payload);
   }
@@ -41,14 +41,14 @@ class GatedStore final : public BlockStore {
     if (closed_.load()) open_.WaitForNotification();
     return inner_->Read(copy, out);
   }
-  BlockStoreStats GetStats() const override { return inner_->GetStats(); }
+  TierStats GetStats() const override { return inner_->GetStats(); }
   void Close() { closed_ = true; }
   void Open() {
     if (!opened_.exchange(true)) open_.Notify();
   }
 
  private:
-  std::shared_ptr<BlockStore> inner_;
+  std::shared_ptr<Tier> inner_;
   std::atomic<bool> closed_{false};
   std::atomic<bool> opened_{false};
   absl::Notification open_;
@@ -60,7 +60,7 @@ class PrefetchWaitServiceTest : public ::testing::Test {
     auto pool =
         SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
-    store_ = std::make_shared<GatedStore>(MemoryBlockStore::Create(uint64_t{8} << 20));
+    store_ = std::make_shared<GatedStore>(MemoryTier::Create(uint64_t{8} << 20));
     cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(),
                                      SystemClock::Get(), store_, NewLruPolicy());
     socket_ = ::testing::TempDir() + "/prefetch_wait_test." + std::to_string(::getpid());

@@ -17,7 +17,7 @@
 #include "kvcache/gpu/arena_mappings.h"
 #include "kvcache/gpu/device_memory.h"
 #include "server/core/cache.h"
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 #include "server/tier/gpu_device_tier.h"
 
 namespace kvcache {
@@ -69,8 +69,8 @@ class DeviceCacheTest : public ::testing::Test {
     auto pool = SlabPool::Create(
         {.capacity_bytes = host_slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
-    std::shared_ptr<BlockStore> store;
-    if (lower) store = MemoryBlockStore::Create(uint64_t{64} << 20);
+    std::shared_ptr<Tier> store;
+    if (lower) store = MemoryTier::Create(uint64_t{64} << 20);
     cache_ = std::make_unique<Cache>(options_, *std::move(pool), NewLruPolicy(), &clock_, store,
                                      lower ? NewLruPolicy() : nullptr, device_);
     ASSERT_TRUE(cache_->RegisterModel(kModel, kLayout).ok());

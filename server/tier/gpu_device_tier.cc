@@ -79,7 +79,7 @@ class GpuDeviceTier final : public DeviceTier, public std::enable_shared_from_th
     return absl::OkStatus();
   }
 
-  BlockStoreStats GetStats() const override {
+  TierStats GetStats() const override {
     const gpu::GpuBlockPoolStats p = pool_->Stats();
     return {.kind = "gpu",
             .capacity_bytes = p.allocator.capacity_bytes,

@@ -1,4 +1,4 @@
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
 
 #include <cstring>
 #include <vector>
@@ -31,8 +31,7 @@ class MemoryCopy final : public StoredCopy {
   mutable std::vector<std::byte> bytes_;  // mutable: Corrupt() flips bytes
 };
 
-class MemoryStore final : public MemoryBlockStore,
-                          public std::enable_shared_from_this<MemoryStore> {
+class MemoryStore final : public MemoryTier, public std::enable_shared_from_this<MemoryStore> {
  public:
   explicit MemoryStore(uint64_t capacity) { stats_.capacity_bytes = capacity; }
 
@@ -47,7 +46,7 @@ class MemoryStore final : public MemoryBlockStore,
       }
       if (stats_.allocated_bytes + footprint > stats_.capacity_bytes) {
         ++stats_.failed_writes;
-        return absl::ResourceExhaustedError("memory block store is full");
+        return absl::ResourceExhaustedError("memory tier is full");
       }
       stats_.allocated_bytes += footprint;
       stats_.payload_bytes += payload.size();
@@ -82,9 +81,9 @@ class MemoryStore final : public MemoryBlockStore,
     return absl::OkStatus();
   }
 
-  BlockStoreStats GetStats() const override {
+  TierStats GetStats() const override {
     MutexLock lock(&mu_);
-    BlockStoreStats s = stats_;
+    TierStats s = stats_;
     s.kind = "memory";
     return s;
   }
@@ -116,7 +115,7 @@ class MemoryStore final : public MemoryBlockStore,
 
  private:
   mutable Mutex mu_;
-  BlockStoreStats stats_ ABSL_GUARDED_BY(mu_);
+  TierStats stats_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<const MemoryCopy*>> by_key_
       ABSL_GUARDED_BY(mu_);
 };
@@ -125,7 +124,7 @@ MemoryCopy::~MemoryCopy() { store_->Release(this, footprint(), seal().size); }
 
 }  // namespace
 
-std::shared_ptr<MemoryBlockStore> MemoryBlockStore::Create(uint64_t capacity_bytes) {
+std::shared_ptr<MemoryTier> MemoryTier::Create(uint64_t capacity_bytes) {
   return std::make_shared<MemoryStore>(capacity_bytes);
 }
 

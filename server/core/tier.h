@@ -1,4 +1,4 @@
-// BlockStore: a tier below host memory (the SSD tier) that keeps copies of
+// Tier: a tier below host memory (the SSD tier) that keeps copies of
 // sealed blocks, so the cache can hold more than DRAM.
 //
 // The cache demotes a cold block by writing its payload to the store and
@@ -34,7 +34,7 @@
 // checkpoint then fails to re-attach that copy (docs/checkpoints.md, "How
 // retention and the SSD tier interact").
 //
-// A volatile store (MemoryBlockStore) keeps the defaults: not persistent,
+// A volatile store (MemoryTier) keeps the defaults: not persistent,
 // Locate() nullopt, ReattachBatch() UNIMPLEMENTED, Sync() OK, retention a
 // no-op.
 //
@@ -43,12 +43,12 @@
 // The cache drops a block that fails (a miss, counted), never serves it.
 //
 // Every implementation passes the behaviour suite in
-// server/tier/block_store_test.cc.
+// server/tier/tier_behaviour_test.cc.
 //
 // Thread-safety: every method may be called concurrently. The store must
 // outlive its copies.
-#ifndef KVCACHE_SERVER_CORE_BLOCK_STORE_H_
-#define KVCACHE_SERVER_CORE_BLOCK_STORE_H_
+#ifndef KVCACHE_SERVER_CORE_TIER_H_
+#define KVCACHE_SERVER_CORE_TIER_H_
 
 #include <cstdint>
 #include <memory>
@@ -84,7 +84,7 @@ class StoredCopy {
 
 using StoredRef = std::shared_ptr<const StoredCopy>;
 
-struct BlockStoreStats {
+struct TierStats {
   std::string kind;  // "ssd", "memory"
   uint64_t capacity_bytes = 0;
   uint64_t allocated_bytes = 0;  // footprints of live copies
@@ -120,7 +120,7 @@ struct StoredLocation {
   uint64_t epoch = 0;
 };
 
-// One copy to re-attach (BlockStore::ReattachBatch).
+// One copy to re-attach (Tier::ReattachBatch).
 struct ReattachRequest {
   uint64_t key = 0;         // the block's chain key, as written
   BlockSeal seal;           // the seal the copy was written with
@@ -136,9 +136,9 @@ struct StoredRead {
   absl::Status status;       // set by ReadBatch
 };
 
-class BlockStore {
+class Tier {
  public:
-  virtual ~BlockStore() = default;
+  virtual ~Tier() = default;
 
   // Writes a copy of the sealed `payload` under `key`. RESOURCE_EXHAUSTED
   // when there is no room (the caller frees copies and retries; space held by
@@ -159,7 +159,7 @@ class BlockStore {
     for (StoredRead& r : reads) r.status = Read(*r.copy, r.out);
   }
 
-  virtual BlockStoreStats GetStats() const = 0;
+  virtual TierStats GetStats() const = 0;
 
   // True when copies outlive the process (Locate() and ReattachBatch() work).
   virtual bool persistent() const { return false; }
@@ -192,7 +192,7 @@ class BlockStore {
   virtual void ReattachBatch(std::span<ReattachRequest> requests) {
     for (ReattachRequest& r : requests) {
       r.copy = nullptr;
-      r.status = absl::UnimplementedError("this block store is not persistent");
+      r.status = absl::UnimplementedError("this tier is not persistent");
     }
   }
 
@@ -231,4 +231,4 @@ class BlockStore {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_CORE_BLOCK_STORE_H_
+#endif  // KVCACHE_SERVER_CORE_TIER_H_

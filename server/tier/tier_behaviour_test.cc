@@ -1,8 +1,6 @@
-// The behaviour suite every BlockStore passes (server/core/block_store.h):
-// the heap-backed MemoryBlockStore, the SSD tier over a real file and the GPU
+// The behaviour suite every Tier passes (server/core/tier.h):
+// the heap-backed MemoryTier, the SSD tier over a real file and the GPU
 // tier on the host-memory stand-in for a device.
-#include "server/core/block_store.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,9 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "server/core/memory_block_store.h"
+#include "server/core/memory_tier.h"
+#include "server/core/tier.h"
 #include "server/tier/gpu_device_tier.h"
-#include "server/tier/ssd_block_store.h"
+#include "server/tier/ssd_tier.h"
 
 namespace kvcache {
 namespace {
@@ -41,19 +40,19 @@ BlockRef MakePayload(uint64_t size, uint64_t seed, bool compressed = false) {
 // restart.
 struct MemoryStoreFactory {
   static constexpr bool kPersistent = false;
-  static std::shared_ptr<BlockStore> Make(const std::string&, uint64_t /*epoch*/ = 1) {
-    return MemoryBlockStore::Create(kCapacity);
+  static std::shared_ptr<Tier> Make(const std::string&, uint64_t /*epoch*/ = 1) {
+    return MemoryTier::Create(kCapacity);
   }
 };
 
 struct SsdStoreFactory {
   static constexpr bool kPersistent = true;
-  static std::shared_ptr<BlockStore> Make(const std::string& path, uint64_t epoch = 1) {
+  static std::shared_ptr<Tier> Make(const std::string& path, uint64_t epoch = 1) {
     SsdStoreOptions options{.path = path,
                             .capacity_bytes = kCapacity,
                             .region_bytes = uint64_t{1} << 20,
                             .epoch = epoch};
-    auto store = OpenSsdBlockStore(options);
+    auto store = OpenSsdTier(options);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *store : nullptr;
   }
@@ -61,7 +60,7 @@ struct SsdStoreFactory {
 
 struct GpuStandInFactory {
   static constexpr bool kPersistent = false;
-  static std::shared_ptr<BlockStore> Make(const std::string&, uint64_t /*epoch*/ = 1) {
+  static std::shared_ptr<Tier> Make(const std::string&, uint64_t /*epoch*/ = 1) {
     auto tier = OpenGpuDeviceTier({.kind = "host_stand_in",
                                    .capacity_bytes = kCapacity,
                                    .arena_bytes = kCapacity / 2,
@@ -73,10 +72,10 @@ struct GpuStandInFactory {
 };
 
 template <typename Factory>
-class BlockStoreTest : public ::testing::Test {
+class TierBehaviourTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = ::testing::TempDir() + "/block_store_test_" +
+    path_ = ::testing::TempDir() + "/tier_behaviour_test_" +
             std::to_string(reinterpret_cast<uintptr_t>(this)) + ".bin";
     std::filesystem::remove(path_);
     store_ = Factory::Make(path_);
@@ -88,13 +87,13 @@ class BlockStoreTest : public ::testing::Test {
   }
 
   std::string path_;
-  std::shared_ptr<BlockStore> store_;
+  std::shared_ptr<Tier> store_;
 };
 
 using Factories = ::testing::Types<MemoryStoreFactory, SsdStoreFactory, GpuStandInFactory>;
-TYPED_TEST_SUITE(BlockStoreTest, Factories);
+TYPED_TEST_SUITE(TierBehaviourTest, Factories);
 
-TYPED_TEST(BlockStoreTest, ACopyReadsBackExactlyWithItsSeal) {
+TYPED_TEST(TierBehaviourTest, ACopyReadsBackExactlyWithItsSeal) {
   for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{100} << 10}) {
     const BlockRef p = MakePayload(size, size, /*compressed=*/size == 4096);
     auto copy = this->store_->Write(size * 7, *p);
@@ -111,7 +110,7 @@ TYPED_TEST(BlockStoreTest, ACopyReadsBackExactlyWithItsSeal) {
   }
 }
 
-TYPED_TEST(BlockStoreTest, CopiesCountAgainstCapacityUntilTheLastReferenceDrops) {
+TYPED_TEST(TierBehaviourTest, CopiesCountAgainstCapacityUntilTheLastReferenceDrops) {
   const BlockRef p = MakePayload(64 << 10, 1);
   std::vector<StoredRef> copies;
   while (true) {
@@ -124,7 +123,7 @@ TYPED_TEST(BlockStoreTest, CopiesCountAgainstCapacityUntilTheLastReferenceDrops)
     ASSERT_LT(copies.size(), 1000u) << "the store never filled";
   }
   ASSERT_GT(copies.size(), 10u);
-  const BlockStoreStats full = this->store_->GetStats();
+  const TierStats full = this->store_->GetStats();
   EXPECT_EQ(full.live_copies, copies.size());
   EXPECT_LE(full.allocated_bytes, full.capacity_bytes);
   EXPECT_GE(full.failed_writes, 1u);
@@ -139,7 +138,7 @@ TYPED_TEST(BlockStoreTest, CopiesCountAgainstCapacityUntilTheLastReferenceDrops)
   EXPECT_TRUE(std::equal(out.begin(), out.end(), p->data().begin()));
 }
 
-TYPED_TEST(BlockStoreTest, ReadBatchSetsEveryStatus) {
+TYPED_TEST(TierBehaviourTest, ReadBatchSetsEveryStatus) {
   std::vector<BlockRef> payloads;
   std::vector<StoredRef> copies;
   for (int i = 0; i < 12; ++i) {
@@ -162,7 +161,7 @@ TYPED_TEST(BlockStoreTest, ReadBatchSetsEveryStatus) {
   EXPECT_EQ(this->store_->GetStats().reads, copies.size());
 }
 
-TYPED_TEST(BlockStoreTest, ConcurrentWritersAndReadersSeeOnlyTheirBytes) {
+TYPED_TEST(TierBehaviourTest, ConcurrentWritersAndReadersSeeOnlyTheirBytes) {
   std::atomic<int> bad{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
@@ -187,14 +186,14 @@ TYPED_TEST(BlockStoreTest, ConcurrentWritersAndReadersSeeOnlyTheirBytes) {
   EXPECT_EQ(this->store_->GetStats().live_copies, 0u);
 }
 
-TYPED_TEST(BlockStoreTest, SyncSucceeds) {
+TYPED_TEST(TierBehaviourTest, SyncSucceeds) {
   const BlockRef p = MakePayload(10000, 3);
   auto copy = this->store_->Write(3, *p);
   ASSERT_TRUE(copy.ok());
   EXPECT_TRUE(this->store_->Sync().ok());
 }
 
-TYPED_TEST(BlockStoreTest, PersistenceIsWhatTheStoreSays) {
+TYPED_TEST(TierBehaviourTest, PersistenceIsWhatTheStoreSays) {
   EXPECT_EQ(this->store_->persistent(), TypeParam::kPersistent);
   const BlockRef p = MakePayload(10000, 4);
   auto copy = this->store_->Write(4, *p);
@@ -216,7 +215,7 @@ TYPED_TEST(BlockStoreTest, PersistenceIsWhatTheStoreSays) {
   EXPECT_EQ(this->store_->GetStats().reattached, 0u);
 }
 
-TYPED_TEST(BlockStoreTest, NothingReattachesThatWasNeverWritten) {
+TYPED_TEST(TierBehaviourTest, NothingReattachesThatWasNeverWritten) {
   // A volatile store re-attaches nothing; a persistent one refuses a
   // location that is no slot of its layout.
   ReattachRequest request{.key = 1, .seal = {.size = 100, .checksum = 1}};
@@ -227,7 +226,7 @@ TYPED_TEST(BlockStoreTest, NothingReattachesThatWasNeverWritten) {
   EXPECT_EQ(request.copy, nullptr);
 }
 
-TYPED_TEST(BlockStoreTest, PersistentCopiesSurviveARestart) {
+TYPED_TEST(TierBehaviourTest, PersistentCopiesSurviveARestart) {
   if (!TypeParam::kPersistent) {
     // A volatile store's copies end with it: it has no location to record.
     BlockRef payload = MakePayload(1000, 1, /*compressed=*/false);
@@ -274,7 +273,7 @@ TYPED_TEST(BlockStoreTest, PersistentCopiesSurviveARestart) {
     ASSERT_TRUE(this->store_->Read(*r.copy, out).ok()) << i;
     EXPECT_TRUE(std::equal(out.begin(), out.end(), payloads[i]->data().begin())) << i;
   }
-  const BlockStoreStats stats = this->store_->GetStats();
+  const TierStats stats = this->store_->GetStats();
   EXPECT_EQ(stats.reattached, checkpoint.size() - 1);
   EXPECT_EQ(stats.live_copies, checkpoint.size() - 1);
   // This process writes with its own epoch.
@@ -284,7 +283,7 @@ TYPED_TEST(BlockStoreTest, PersistentCopiesSurviveARestart) {
   for (ReattachRequest& r : checkpoint) r.copy.reset();
 }
 
-TYPED_TEST(BlockStoreTest, RetentionHoldsFreedSpaceUntilReleased) {
+TYPED_TEST(TierBehaviourTest, RetentionHoldsFreedSpaceUntilReleased) {
   const BlockRef p = MakePayload(20000, 6);
   auto copy = this->store_->Write(6, *p);
   ASSERT_TRUE(copy.ok());
@@ -292,7 +291,7 @@ TYPED_TEST(BlockStoreTest, RetentionHoldsFreedSpaceUntilReleased) {
   this->store_->SetRetention(true);
   const uint64_t mark = this->store_->CheckpointStarted();
   copy->reset();  // while a checkpoint is being taken: it may list the copy
-  BlockStoreStats stats = this->store_->GetStats();
+  TierStats stats = this->store_->GetStats();
   EXPECT_EQ(stats.live_copies, 0u);
   EXPECT_EQ(stats.allocated_bytes, 0u);
   EXPECT_EQ(stats.retained_bytes, TypeParam::kPersistent ? footprint : 0u);
@@ -314,7 +313,7 @@ TYPED_TEST(BlockStoreTest, RetentionHoldsFreedSpaceUntilReleased) {
 
 // Retained space is not room while within the budget, and is the first
 // room past it (a volatile store retains nothing: freed space is room).
-TYPED_TEST(BlockStoreTest, RetainedSpacePastTheBudgetServesWrites) {
+TYPED_TEST(TierBehaviourTest, RetainedSpacePastTheBudgetServesWrites) {
   const BlockRef p = MakePayload(64 << 10, 8);
   std::vector<StoredRef> copies;
   while (true) {
@@ -332,7 +331,7 @@ TYPED_TEST(BlockStoreTest, RetainedSpacePastTheBudgetServesWrites) {
   this->store_->SetRetentionBudget(0);
   auto past = this->store_->Write(1001, *p);
   ASSERT_TRUE(past.ok()) << past.status();
-  BlockStoreStats stats = this->store_->GetStats();
+  TierStats stats = this->store_->GetStats();
   EXPECT_EQ(stats.retained_bytes, 0u);
   EXPECT_EQ(stats.retained_reused, TypeParam::kPersistent ? 1u : 0u);
   // A failed checkpoint keeps what the committed one may list.
@@ -346,7 +345,7 @@ TYPED_TEST(BlockStoreTest, RetainedSpacePastTheBudgetServesWrites) {
 
 // The SSD tier in particular: a byte flipped on disk, in the payload or the
 // header, is DATA_LOSS and counted.
-class SsdBlockStoreTest : public BlockStoreTest<SsdStoreFactory> {
+class SsdTierTest : public TierBehaviourTest<SsdStoreFactory> {
  protected:
   void FlipByteAt(uint64_t offset) {
     std::FILE* f = std::fopen(path_.c_str(), "r+b");
@@ -360,7 +359,7 @@ class SsdBlockStoreTest : public BlockStoreTest<SsdStoreFactory> {
   }
 };
 
-TEST_F(SsdBlockStoreTest, CorruptionOnDiskIsDataLoss) {
+TEST_F(SsdTierTest, CorruptionOnDiskIsDataLoss) {
   const BlockRef p = MakePayload(20000, 5);
   auto a = store_->Write(1, *p);
   auto b = store_->Write(2, *p);

@@ -1,4 +1,4 @@
-// SsdBlockStore: the SSD tier as the cache sees it, a BlockStore over an
+// SsdTier: the SSD tier as the cache sees it, a Tier over an
 // SsdStore (ssd_store.h: a preallocated file of checksummed extents).
 //
 // Each StoredCopy holds its SsdRef, so the extent stays allocated as long as
@@ -10,28 +10,28 @@
 // epoch; ReattachBatch(), Sync() and retention are SsdStore's (ssd_store.h).
 //
 // Thread-safe, as SsdStore.
-#ifndef KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
-#define KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
+#ifndef KVCACHE_SERVER_TIER_SSD_TIER_H_
+#define KVCACHE_SERVER_TIER_SSD_TIER_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "server/core/block_store.h"
+#include "server/core/tier.h"
 #include "server/tier/ssd_store.h"
 
 namespace kvcache {
 
 // Opens the SSD tier. Errors as SsdStore::Open.
-absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdBlockStore(const SsdStoreOptions& options);
+absl::StatusOr<std::shared_ptr<Tier>> OpenSsdTier(const SsdStoreOptions& options);
 
 // The SsdStore's own statistics (engine, direct I/O, regions), for the
-// start-up log and the metrics; REQUIRES: `store` came from OpenSsdBlockStore.
-SsdStoreStats SsdStatsOf(const BlockStore& store);
+// start-up log and the metrics; REQUIRES: `store` came from OpenSsdTier.
+SsdStoreStats SsdStatsOf(const Tier& store);
 
 // Where a copy lives in the file (tests and tools that inspect the file);
-// REQUIRES: `copy` came from an OpenSsdBlockStore store.
+// REQUIRES: `copy` came from an OpenSsdTier store.
 const SsdExtent& SsdExtentOf(const StoredCopy& copy);
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_TIER_SSD_BLOCK_STORE_H_
+#endif  // KVCACHE_SERVER_TIER_SSD_TIER_H_

@@ -1,4 +1,4 @@
-// MemoryBlockStore: a BlockStore in heap memory, with a hard capacity.
+// MemoryTier: a Tier in heap memory, with a hard capacity.
 //
 // It stands in for a lower tier where no device is at hand: the cache's tier
 // logic (demotion, promotion, corruption handling) is tested through it, and
@@ -6,21 +6,21 @@
 // written under a key, so tests can make a read fail on purpose.
 //
 // Thread-safe.
-#ifndef KVCACHE_SERVER_CORE_MEMORY_BLOCK_STORE_H_
-#define KVCACHE_SERVER_CORE_MEMORY_BLOCK_STORE_H_
+#ifndef KVCACHE_SERVER_CORE_MEMORY_TIER_H_
+#define KVCACHE_SERVER_CORE_MEMORY_TIER_H_
 
 #include <cstdint>
 #include <memory>
 
-#include "server/core/block_store.h"
+#include "server/core/tier.h"
 
 namespace kvcache {
 
-class MemoryBlockStore : public BlockStore {
+class MemoryTier : public Tier {
  public:
   // A store that holds at most `capacity_bytes` of copies (each copy's
   // footprint is its size rounded up to 4 KiB).
-  static std::shared_ptr<MemoryBlockStore> Create(uint64_t capacity_bytes);
+  static std::shared_ptr<MemoryTier> Create(uint64_t capacity_bytes);
 
   // Flips the byte at `offset` of every live copy written under `key` (those
   // shorter are left alone): the next read of one answers DATA_LOSS. Returns
@@ -30,4 +30,4 @@ class MemoryBlockStore : public BlockStore {
 
 }  // namespace kvcache
 
-#endif  // KVCACHE_SERVER_CORE_MEMORY_BLOCK_STORE_H_
+#endif  // KVCACHE_SERVER_CORE_MEMORY_TIER_H_

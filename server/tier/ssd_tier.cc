@@ -1,4 +1,4 @@
-#include "server/tier/ssd_block_store.h"
+#include "server/tier/ssd_tier.h"
 
 #include <optional>
 #include <utility>
@@ -23,9 +23,9 @@ class SsdCopy final : public StoredCopy {
   SsdRef extent_;
 };
 
-class SsdBlockStore final : public BlockStore {
+class SsdTier final : public Tier {
  public:
-  explicit SsdBlockStore(std::shared_ptr<SsdStore> store) : store_(std::move(store)) {}
+  explicit SsdTier(std::shared_ptr<SsdStore> store) : store_(std::move(store)) {}
 
   absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) override {
     absl::StatusOr<SsdRef> extent = store_->Write(key, payload.data(), payload.checksum());
@@ -48,7 +48,7 @@ class SsdBlockStore final : public BlockStore {
     store_->ReadBatch(requests);
   }
 
-  BlockStoreStats GetStats() const override {
+  TierStats GetStats() const override {
     const SsdStoreStats s = store_->GetStats();
     return {.kind = "ssd",
             .capacity_bytes = s.capacity_bytes,
@@ -114,18 +114,18 @@ class SsdBlockStore final : public BlockStore {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<BlockStore>> OpenSsdBlockStore(const SsdStoreOptions& options) {
+absl::StatusOr<std::shared_ptr<Tier>> OpenSsdTier(const SsdStoreOptions& options) {
   absl::StatusOr<std::unique_ptr<SsdStore>> store = SsdStore::Open(options);
   if (!store.ok()) return store.status();
-  return std::make_shared<SsdBlockStore>(std::shared_ptr<SsdStore>(*std::move(store)));
+  return std::make_shared<SsdTier>(std::shared_ptr<SsdStore>(*std::move(store)));
 }
 
 const SsdExtent& SsdExtentOf(const StoredCopy& copy) {
   return static_cast<const SsdCopy&>(copy).extent();
 }
 
-SsdStoreStats SsdStatsOf(const BlockStore& store) {
-  return static_cast<const SsdBlockStore&>(store).store().GetStats();
+SsdStoreStats SsdStatsOf(const Tier& store) {
+  return static_cast<const SsdTier&>(store).store().GetStats();
 }
 
 }  // namespace kvcache
