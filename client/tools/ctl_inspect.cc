@@ -21,6 +21,18 @@ std::string Ms(uint64_t ms) {
   return absl::FormatDuration(absl::Milliseconds(static_cast<int64_t>(ms)));
 }
 
+// "lease:2 fetch:1" (reasons in a fixed order), or "-" when nothing is pinned.
+std::string PinnedBy(const v1::ModelMemory& m) {
+  std::vector<std::string> parts;
+  for (const char* reason : {"lease", "fetch", "append", "move", "checkpoint", "inspect"}) {
+    auto it = m.pinned_blocks().find(reason);
+    if (it != m.pinned_blocks().end() && it->second != 0) {
+      parts.push_back(absl::StrCat(reason, ":", it->second));
+    }
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, " ");
+}
+
 }  // namespace
 
 int RunVerify(const Context& ctx, const VerifyArgs& args) {
@@ -156,6 +168,7 @@ int RunDump(const Context& ctx, const DumpArgs& args) {
                 {"BUDGET", true},
                 {"LEASED", true},
                 {"REFERENCED", true},
+                {"PINNED BY"},
                 {"PINNED TOK", true},
                 {"METADATA", true}});
   for (const v1::ModelMemory& m : dump->models()) {
@@ -164,8 +177,8 @@ int RunDump(const Context& ctx, const DumpArgs& args) {
                    HumanBytes(m.lower_bytes()), absl::StrCat(m.device_blocks()),
                    absl::StrCat(m.raw_blocks()), absl::StrCat(m.int8_blocks()),
                    absl::StrCat(m.budget_blocks()), absl::StrCat(m.leased_blocks()),
-                   absl::StrCat(m.referenced_blocks()), absl::StrCat(m.pinned_tokens()),
-                   HumanBytes(m.metadata_bytes())});
+                   absl::StrCat(m.referenced_blocks()), PinnedBy(m),
+                   absl::StrCat(m.pinned_tokens()), HumanBytes(m.metadata_bytes())});
   }
   if (models.empty()) {
     out << "no models\n";

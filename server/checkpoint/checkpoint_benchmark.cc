@@ -296,7 +296,7 @@ class Readers {
         auto plan = cache_->PrepareFetch(kModel, tokens);
         if (plan.ok() && plan->matched_tokens == tokens.size()) {
           size_t offset = 0;
-          for (const BlockRef& block : plan->blocks) {
+          for (const PinnedBlock& block : plan->blocks) {
             std::span<const std::byte> bytes = block->data();
             std::memcpy(buffer.data() + offset, bytes.data(), bytes.size());
             offset += bytes.size();

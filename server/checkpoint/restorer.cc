@@ -462,7 +462,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
           if (auto it = lower->find(image->lookup_hash);
               it != lower->end() && it->second->key() == image->key &&
               it->second->seal().checksum == image->seal.checksum) {
-            image->lower = it->second;
+            image->lower = PinnedCopy(it->second, PinReason::kCheckpoint);
           }
         }
         if (b.has_host_copy()) {
@@ -497,7 +497,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
         absl::StatusOr<BlockRef> host = cache_->AllocateRestoredPayload(bytes.size());
         if (host.ok()) {
           std::memcpy((*host)->mutable_data().data(), bytes.data(), bytes.size());
-          image.host = *std::move(host);
+          image.host = PinnedBlock(*std::move(host), PinReason::kCheckpoint);
         }
         const uint64_t lookup_hash = image.lookup_hash;
         const uint64_t checksum = image.seal.checksum;

@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   }
   std::vector<TieredBlock> pinned;
   pinned.reserve(path.size());
-  for (IndexNode* n : path) pinned.push_back(TakeBlock(*n));
+  for (IndexNode* n : path) pinned.push_back(TakeBlock(*n, PinReason::kAppend));
   using Plan = AppendSession::BlockPlan;
   std::vector<Plan> plan(num_blocks);
   std::vector<uint64_t> keys(num_blocks);
@@ -358,6 +358,10 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     }
   }
   IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
+  // The blocks this commit stores (or makes exact again), pinned for the
+  // append until its budgets are enforced below, so that pass never evicts them.
+  std::vector<PinnedBlock> storing;
+  storing.reserve(num_blocks_);
   for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
     const uint64_t j = i - start_block_;
     BlockRef& payload = new_blocks_[j];
@@ -376,6 +380,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
         const uint64_t old_size = cached_seal.size;
         cache_->ForgetCompressionLocked(m, cached);
         m.bytes = m.bytes - old_size + payload->size();
+        storing.emplace_back(payload, PinReason::kAppend);
         if (cached->payload != nullptr) {
           cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + payload->size();
           unused.push_back(std::exchange(cached->payload, std::move(payload)));
@@ -404,6 +409,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     }
     IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
     if (child == nullptr) break;  // a token-hash collision: stop caching here
+    storing.emplace_back(payload, PinReason::kAppend);
     child->expires = expires;
     child->priority = hints_.priority;
     child->workload = static_cast<uint8_t>(hints_.workload);
@@ -430,9 +436,10 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   cache_->payload_bytes_ += result.stored_bytes;
   result.cached_tokens = node == nullptr ? 0 : uint64_t{node->depth + 1} * bt;
   // The new blocks are committed: their memory is no longer staging. Evict
-  // what keeps the staging free (never this append's blocks: it still holds them).
+  // what keeps the staging free (never this append's blocks: `storing` pins them).
   cache_->ReleaseClaimsLocked(*this);
   cache_->EnforceBudgetsLocked(&unused);
+  storing.clear();
   new_blocks_.clear();
   status_ = absl::FailedPreconditionError("append already committed");
   return result;

@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 
+#include "server/core/pin.h"
 #include "server/core/slab_pool.h"
 
 namespace kvcache {
@@ -84,6 +85,9 @@ class BlockPayload {
   void set_compressed(bool compressed) { compressed_ = compressed; }
   bool compressed() const { return compressed_; }
 
+  // Who besides the index holds this payload (pin.h).
+  const PinCounts& pins() const { return pins_; }
+
   BlockSeal seal() const {
     return {.size = size_,
             .checksum = checksum_,
@@ -108,9 +112,12 @@ class BlockPayload {
   uint64_t raw_checksum_ = 0;
   uint64_t decoded_checksum_ = 0;
   bool compressed_ = false;
+  PinCounts pins_;
 };
 
 using BlockRef = std::shared_ptr<BlockPayload>;
+// A reference to a host payload that pins it (pin.h).
+using PinnedBlock = PinnedRef<BlockPayload>;
 
 }  // namespace kvcache
 

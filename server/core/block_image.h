@@ -42,8 +42,10 @@ struct BlockImage {
   uint32_t depth = 0;
   std::vector<Token> tokens;  // block_tokens of them
   BlockSeal seal;
-  BlockRef host;    // the host copy, or null
-  StoredRef lower;  // the lower-tier copy, or null; at least one of the two is set
+  // The host copy and the lower-tier copy, each possibly null (not both);
+  // pinned while a checkpoint captures them.
+  PinnedBlock host;
+  PinnedCopy lower;
   absl::Time expires = absl::InfiniteFuture();
   absl::Time last_access = absl::InfinitePast();
   int32_t priority = 0;

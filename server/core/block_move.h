@@ -47,25 +47,26 @@ class BlockMove {
 
   // Claims `node`'s copies as they are now: its host copy and its lower
   // copy, each possibly null (not both).
-  static BlockMove Claim(const IndexNode& node) {
+  static BlockMove Claim(const IndexNode& node, PinReason why = PinReason::kMove) {
     BlockMove m;
     m.index_ = node.index;
     m.lookup_hash_ = node.lookup_hash;
     m.key_ = node.key;
-    m.host_ = node.payload;
-    m.lower_ = node.lower;
+    m.host_ = PinnedBlock(node.payload, why);
+    m.lower_ = PinnedCopy(node.lower, why);
     m.seal_ = node.seal();
     return m;
   }
   // Claims the copy a reader took (a lease's or a fetch's block): the host
   // copy, or the lower copy when it had none.
-  static BlockMove Claim(const PrefixIndex* index, const TieredBlock& block) {
+  static BlockMove Claim(const PrefixIndex* index, const TieredBlock& block,
+                         PinReason why = PinReason::kMove) {
     BlockMove m;
     m.index_ = index;
     m.lookup_hash_ = block.lookup_hash;
     m.key_ = block.key;
-    m.host_ = block.host;
-    m.lower_ = block.host == nullptr ? block.lower : nullptr;
+    m.host_ = PinnedBlock(block.host.ref(), why);
+    m.lower_ = PinnedCopy(block.host == nullptr ? block.lower.ref() : nullptr, why);
     m.seal_ = block.seal();
     return m;
   }
@@ -77,8 +78,8 @@ class BlockMove {
   // promoted meanwhile: the move's copy must then be discarded.
   IndexNode* Refind(const ModelRegistry& models) const {
     IndexNode* n = Find(models);
-    if (n == nullptr || n->payload != host_) return nullptr;
-    if (host_ == nullptr && n->lower != lower_) return nullptr;
+    if (n == nullptr || !(host_ == n->payload)) return nullptr;
+    if (host_ == nullptr && !(lower_ == n->lower)) return nullptr;
     return n;
   }
   // The node, if it still holds the claimed bytes (the same seal) in some
@@ -99,8 +100,8 @@ class BlockMove {
   bool claimed() const { return index_ != nullptr; }
   const PrefixIndex* index() const { return index_; }
   uint64_t key() const { return key_; }
-  const BlockRef& host() const { return host_; }     // null: the block was lower-only
-  const StoredRef& lower() const { return lower_; }  // the SSD copy, or null
+  const PinnedBlock& host() const { return host_; }   // null: the block was lower-only
+  const PinnedCopy& lower() const { return lower_; }  // the SSD copy, or null
   const BlockSeal& seal() const { return seal_; }
 
   // Lets go of the claimed copies (the ones the index no longer holds are
@@ -116,8 +117,8 @@ class BlockMove {
   const PrefixIndex* index_ = nullptr;
   uint64_t lookup_hash_ = 0;
   uint64_t key_ = 0;
-  BlockRef host_;
-  StoredRef lower_;
+  PinnedBlock host_;
+  PinnedCopy lower_;
   BlockSeal seal_;
 };
 

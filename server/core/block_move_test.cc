@@ -130,7 +130,7 @@ TEST_F(BlockMoveTest, ALowerOnlyClaimNeedsTheSameLowerCopyAndNoHostCopy) {
 }
 
 TEST_F(BlockMoveTest, AReadersBlockClaimsTheCopyTheReaderHolds) {
-  TieredBlock taken = TieredBlock::Of(*node_);
+  TieredBlock taken = TieredBlock::Of(*node_, PinReason::kFetch);
   const BlockMove move = BlockMove::Claim(&index(), taken);
   EXPECT_EQ(move.host(), taken.host);
   EXPECT_EQ(move.Refind(models_), node_);

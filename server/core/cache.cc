@@ -205,10 +205,10 @@ bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
 }
 
 bool Cache::EvictHostLeafLocked(std::vector<BlockRef>* dropped) {
-  // Evictable: a leaf that only the index references (use_count is exact
-  // here: new references are only taken under mu_).
+  // Evictable: a leaf nothing pins (exact here: pins are only taken under
+  // mu_).
   IndexNode* victim = policy_->PickVictim(
-      [](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1; });
+      [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); });
   if (victim == nullptr) return false;
   LogMoveLocked(*victim, "host", "none", "evicted", victim->payload->size());
   ModelState& state = *models_.OfIndex(victim->index);
@@ -229,7 +229,8 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
     mu_.AssertHeld();  // the lambda runs under the lock
     for (; counted < dropped->size(); ++counted) {
       const BlockRef& b = (*dropped)[counted];
-      if (b != nullptr && b.use_count() == 1) freeing += b->footprint();
+      // Out of the index: freed on release unless something pins it.
+      if (b != nullptr && !b->pins().pinned()) freeing += b->footprint();
     }
     const uint64_t held = pool.allocated_bytes - std::min(pool.allocated_bytes, freeing);
     return held - std::min(held, staged_bytes_);
@@ -315,7 +316,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   if (lease.acquire && !path.empty()) {
     std::vector<TieredBlock> leased;
     leased.reserve(path.size());
-    for (IndexNode* n : path) leased.push_back(TakeBlock(*n));
+    for (IndexNode* n : path) leased.push_back(TakeBlock(*n, PinReason::kLease));
     auto made = CreateLeaseLocked(model, &m.index, std::move(lease_tokens), result.matched_tokens,
                                   std::move(leased), lease.ttl);
     if (!made.ok()) return made.status();
@@ -412,7 +413,7 @@ absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<cons
     std::vector<IndexNode*> path;
     MatchLocked(m, tokens, *hashes, &path, &expired);
     blocks.reserve(path.size());
-    for (IndexNode* n : path) blocks.push_back(TakeBlock(*n));
+    for (IndexNode* n : path) blocks.push_back(TakeBlock(*n, PinReason::kFetch));
     plan = MakePlan(m, &blocks, accept_lossy, max_blocks);
     index = &m.index;
   }
@@ -449,7 +450,12 @@ FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
     }
   }
   plan.blocks.reserve(blocks.size());
-  for (TieredBlock& b : blocks) plan.blocks.push_back(std::move(b.host));
+  for (TieredBlock& b : blocks) {
+    // A lease's blocks are pinned for the lease; the plan's, for the fetch.
+    plan.blocks.push_back(b.host.reason() == PinReason::kFetch
+                              ? std::move(b.host)
+                              : PinnedBlock(b.host.ref(), PinReason::kFetch));
+  }
   return plan;
 }
 
@@ -567,7 +573,7 @@ absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming
   while (used + incoming > quota) {
     IndexNode* victim = policy_->PickVictim([&](const IndexNode& n) {
       mu_.AssertHeld();  // the policy calls this under the lock
-      if (!n.is_leaf() || n.payload.use_count() != 1) return false;
+      if (!n.is_leaf() || n.payload->pins().pinned()) return false;
       const ModelState* owner = models_.OfIndex(n.index);
       return owner != nullptr && owner->key.ns == ns;
     });

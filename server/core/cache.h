@@ -254,8 +254,8 @@ struct LookupResult {
 struct FetchPlan {
   ModelLayout layout;
   uint64_t matched_tokens = 0;
-  uint64_t withheld_tokens = 0;  // lossy cached tokens not in the plan (not accepted)
-  std::vector<BlockRef> blocks;
+  uint64_t withheld_tokens = 0;     // lossy cached tokens not in the plan (not accepted)
+  std::vector<PinnedBlock> blocks;  // pinned until sent (PinReason::kFetch)
   std::shared_ptr<const std::atomic<uint64_t>> lossless_epoch;  // the model's
   uint64_t epoch = 0;                                           // when planned
 
@@ -624,7 +624,9 @@ class Cache {
  private:
   friend class AppendSession;
 
-  static TieredBlock TakeBlock(const IndexNode& n) { return TieredBlock::Of(n); }
+  static TieredBlock TakeBlock(const IndexNode& n, PinReason why) {
+    return TieredBlock::Of(n, why);
+  }
 
   // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
   // inspect (under the lock) into its vector (cache_inspection.cc).

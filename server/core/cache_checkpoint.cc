@@ -62,7 +62,7 @@ size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> loo
     // A claim with no commit (block_move.h): the copy goes to the
     // checkpoint file, and the claim's references keep the copies readable
     // (and the block out of the movers' hands) until the batch is written.
-    BlockMove claim = BlockMove::Claim(*n);
+    BlockMove claim = BlockMove::Claim(*n, PinReason::kCheckpoint);
     b.seal = claim.seal();
     b.host = claim.host();
     b.lower = claim.lower();
@@ -152,9 +152,9 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (image.host == nullptr && image.lower == nullptr) return RestoreOutcome::kLost;
   if (image.host != nullptr) image.host->SealAs(image.seal);
   const bool in_host = image.host != nullptr;
-  IndexNode* node = m.index.AddChild(parent, image.tokens, std::move(image.host));
+  IndexNode* node = m.index.AddChild(parent, image.tokens, image.host.Unpin());
   if (node == nullptr) return RestoreOutcome::kPresent;  // a lookup-hash collision
-  node->lower = std::move(image.lower);
+  node->lower = image.lower.Unpin();
   node->expires = image.expires;
   node->last_access = image.last_access;
   node->priority = image.priority;

@@ -151,7 +151,7 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
           ++total.skipped_blocks;
           continue;
         }
-        batch.push_back({.move = BlockMove::Claim(*n),
+        batch.push_back({.move = BlockMove::Claim(*n, PinReason::kInspect),
                          .model = m->key,
                          .raw_bytes = m->layout.BlockBytes(),
                          .depth = n->depth,
@@ -171,7 +171,7 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
         if (!problem.empty()) findings.push_back({"host", std::move(problem)});
       }
       if (c.check_lower && lower_ != nullptr) {
-        const StoredRef& copy = c.move.lower();
+        const PinnedCopy& copy = c.move.lower();
         std::vector<std::byte> bytes(copy->seal().size);
         const absl::Status read = lower_->Read(*copy, bytes);
         std::string problem;
@@ -286,8 +286,15 @@ MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
       if (n->payload != nullptr) {
         ++out.host_blocks;
         out.host_bytes += n->payload->size();
-        // The index holds one reference; a reader or a move holds more.
-        if (n->payload.use_count() > 1) ++out.referenced_blocks;
+        // Pinned by a lease, a reader or a move.
+        if (n->payload->pins().pinned()) ++out.referenced_blocks;
+      }
+      for (size_t r = 0; r < kPinReasons; ++r) {
+        const auto reason = static_cast<PinReason>(r);
+        if ((n->payload != nullptr && n->payload->pins().of(reason) != 0) ||
+            (n->lower != nullptr && n->lower->pins().of(reason) != 0)) {
+          ++out.pinned_by[r];
+        }
       }
       if (n->lower != nullptr) {
         ++out.lower_blocks;
@@ -319,8 +326,8 @@ namespace {
 struct PathBlock {
   uint32_t depth = 0;
   uint64_t key = 0;
-  BlockRef host;
-  StoredRef lower;
+  PinnedBlock host;  // pinned while the inspection reads it
+  PinnedCopy lower;
   BlockSeal seal;
   float importance = 0;
   std::vector<Token> tokens;
@@ -390,8 +397,8 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
       PathBlock& b = blocks.emplace_back();
       b.depth = n->depth;
       b.key = n->key;
-      b.host = n->payload;
-      b.lower = n->lower;
+      b.host = PinnedBlock(n->payload, PinReason::kInspect);
+      b.lower = PinnedCopy(n->lower, PinReason::kInspect);
       b.seal = n->seal();
       b.importance = n->importance();
       const std::span<const Token> t = n->tokens();

@@ -17,6 +17,7 @@
 #ifndef KVCACHE_SERVER_CORE_CACHE_INSPECTION_H_
 #define KVCACHE_SERVER_CORE_CACHE_INSPECTION_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -27,6 +28,7 @@
 #include "server/core/cache_stats.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
+#include "server/core/pin.h"
 #include "server/core/slab_pool.h"
 
 namespace kvcache {
@@ -86,9 +88,12 @@ struct ModelMemory {
   uint64_t budget_blocks = 0;  // compressed format version 2
   uint64_t raw_bytes = 0;      // what the blocks would take uncompressed
   uint64_t leased_blocks = 0;  // held by a live lease
-  // Host copies something besides the index holds (leases, fetches streaming,
-  // appends that found them cached, moves in flight).
+  // Host copies something pins (pin.h: leases, fetches streaming, appends
+  // that found them cached, moves, checkpoints and inspections in flight).
   uint64_t referenced_blocks = 0;
+  // Blocks a copy of which (host or lower tier) is pinned for each reason,
+  // indexed by PinReason; a block pinned for two reasons counts in both.
+  std::array<uint64_t, kPinReasons> pinned_by{};
   uint64_t pinned_tokens = 0;
   uint64_t metadata_bytes = 0;
 };

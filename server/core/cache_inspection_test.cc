@@ -381,6 +381,9 @@ TEST_F(CacheInspectionTest, SnapshotCountsBlocksLeasesAndReaders) {
   EXPECT_EQ(m.raw_blocks, 6u);
   EXPECT_EQ(m.leased_blocks, 2u);
   EXPECT_EQ(m.referenced_blocks, 4u);  // the lease's and the fetch's
+  EXPECT_EQ(m.pinned_by[static_cast<size_t>(PinReason::kLease)], 2u);
+  EXPECT_EQ(m.pinned_by[static_cast<size_t>(PinReason::kFetch)], 2u);
+  EXPECT_EQ(m.pinned_by[static_cast<size_t>(PinReason::kMove)], 0u);
   EXPECT_GT(m.metadata_bytes, 0u);
   ASSERT_EQ(s.leases.size(), 1u);
   EXPECT_EQ(s.leases_total, 1u);

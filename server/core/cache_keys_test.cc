@@ -102,7 +102,7 @@ TEST_F(CacheKeysTest, RestoreRehashesImagesWrittenUnderOtherKeys) {
     ASSERT_TRUE(host.ok()) << host.status();
     std::span<const std::byte> bytes = image.host->data();
     std::copy(bytes.begin(), bytes.end(), (*host)->mutable_data().begin());
-    image.host = *std::move(host);
+    image.host = PinnedBlock(*std::move(host), PinReason::kCheckpoint);
     EXPECT_EQ(target->RestoreBlock(m.key, std::move(image)), RestoreOutcome::kRestored);
   }
   target->EndRestore();

@@ -28,7 +28,7 @@ bool Cache::EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
   // The lower tier's blocks are colder than the host's: they go first.
   if (lower_ != nullptr) {
     IndexNode* victim = lower_policy_->PickVictim(
-        [&](const IndexNode& n) { return n.is_leaf() && n.lower.use_count() == 1 && owned(n); });
+        [&](const IndexNode& n) { return n.is_leaf() && !n.lower->pins().pinned() && owned(n); });
     if (victim != nullptr) {
       LogMoveLocked(*victim, "ssd", "none", reason, victim->lower->seal().size);
       RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
@@ -37,7 +37,7 @@ bool Cache::EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
     }
   }
   IndexNode* victim = policy_->PickVictim(
-      [&](const IndexNode& n) { return n.is_leaf() && n.payload.use_count() == 1 && owned(n); });
+      [&](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned() && owned(n); });
   if (victim == nullptr) return false;
   LogMoveLocked(*victim, "host", "none", reason, victim->payload->size());
   RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);

@@ -55,7 +55,7 @@ void Cache::DropDeviceCopyLocked(IndexNode* node, DeviceDrop why) {
 bool Cache::DropDeviceVictimLocked(DeviceDrop why) {
   // Only the tier's own map holds it: no lease, no placement in flight.
   IndexNode* victim =
-      device_copies_.PickVictim([](const StoredRef& copy) { return copy.use_count() == 1; });
+      device_copies_.PickVictim([](const StoredRef& copy) { return !copy->pins().pinned(); });
   if (victim == nullptr) return false;
   DropDeviceCopyLocked(victim, why);
   return true;
@@ -131,9 +131,9 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     moves.reserve(path.size());
     for (IndexNode* n : path) {
       moves.push_back(BlockMove::Claim(*n));
-      TieredBlock b = TakeBlock(*n);
+      TieredBlock b = TakeBlock(*n, PinReason::kLease);
       if (const StoredRef* copy = device_copies_.Find(n); copy != nullptr) {
-        b.device = *copy;
+        b.device = PinnedCopy(*copy, PinReason::kLease);
         device_copies_.Touch(n);
       }
       blocks.push_back(std::move(b));
@@ -165,7 +165,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
       placed = i;
       break;
     }
-    b.device = *std::move(copy);
+    b.device = PinnedCopy(*std::move(copy), PinReason::kLease);
     written[i] = true;
   }
   blocks.resize(placed);
@@ -188,7 +188,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     if (node == nullptr || device_copies_.Find(node) != nullptr) {
       continue;  // gone or changed, or placed by another placement meanwhile
     }
-    device_copies_.Put(node, b.device);
+    device_copies_.Put(node, b.device.ref());
     ++tier_.device_blocks;
     tier_.device_payload_bytes += seal.size;
     LogMoveLocked(*node, node->in_host() ? "host" : "ssd", "gpu", "place", seal.size);

@@ -19,7 +19,7 @@ std::vector<uint32_t> KeptTokens(const importance::CompressedBlockView& view) {
 
 }  // namespace
 
-absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool as_stored) {
+absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool as_stored) {
   FetchBlock out{.bytes = stored};
   if (!stored->compressed()) return out;  // the worker verifies raw bytes itself
   if (as_stored) {
@@ -49,7 +49,7 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool as_s
         "a compressed block decodes to other bytes than when it was made; it is not served");
   }
   decoded->Seal(checksum);
-  out.bytes = std::move(decoded);
+  out.bytes = PinnedBlock(std::move(decoded), PinReason::kFetch);
   out.encoding = FetchEncoding::kDequantized;
   return out;
 }

@@ -28,7 +28,7 @@ namespace kvcache {
 enum class FetchEncoding : uint8_t { kRaw = 0, kDequantized = 1, kCompressed = 2 };
 
 struct FetchBlock {
-  BlockRef bytes;  // what to send; sealed with its checksum
+  PinnedBlock bytes;  // what to send; sealed with its checksum
   FetchEncoding encoding = FetchEncoding::kRaw;
   // Block-local positions of the tokens the block holds; empty when it holds
   // all of them.
@@ -37,7 +37,7 @@ struct FetchBlock {
 
 // DATA_LOSS when a compressed payload does not parse, does not match its
 // checksum, or decodes to other bytes than when it was made (memory corruption).
-absl::StatusOr<FetchBlock> MaterializeForFetch(const BlockRef& stored, bool as_stored);
+absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool as_stored);
 
 }  // namespace kvcache
 

@@ -61,7 +61,7 @@ absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
       if (lease.model != model) return;
       const size_t keep = ExactBlocks(lease.blocks);
       auto lossy = lease.blocks.begin() + static_cast<ptrdiff_t>(keep);
-      for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(std::move(it->host));
+      for (auto it = lossy; it != lease.blocks.end(); ++it) dropped.push_back(it->host.Unpin());
       lease.blocks.erase(lossy, lease.blocks.end());
       lease.matched_tokens = keep * m.layout.block_tokens;
     });
@@ -353,8 +353,10 @@ CompactionResult Cache::Compact() {
           uint32_t& pd = deepest[n->parent];
           pd = std::max(pd, d);
         }
-        // use_count: a reader or another move (pool compaction) holds it.
-        if (n->tokens_state().compressed || n->payload.use_count() != 1) {
+        // Only host copies are re-encoded, and not while a reader or another
+        // move (pool compaction) pins them.
+        if (n->payload == nullptr || n->tokens_state().compressed ||
+            n->payload->pins().pinned()) {
           return;
         }
         if (!result.under_pressure && n->last_access > now - o.cold_after) return;

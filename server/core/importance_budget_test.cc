@@ -42,10 +42,10 @@ class BudgetModeTest : public ::testing::Test {
     ASSERT_TRUE((*session)->Commit().ok());
   }
   ModelStats Stats() const { return cache_->GetStats().models.at(0); }
-  std::vector<BlockRef> Stored() {
+  std::vector<PinnedBlock> Stored() {
     auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
     EXPECT_TRUE(plan.ok());
-    return plan.ok() ? plan->blocks : std::vector<BlockRef>{};
+    return plan.ok() ? plan->blocks : std::vector<PinnedBlock>{};
   }
 
   CacheOptions options_;
@@ -67,7 +67,7 @@ TEST_F(BudgetModeTest, CompactsWithinTargetBytesKeepingSinksExact) {
   EXPECT_EQ(s.int8_entries, r.int8_entries);
   EXPECT_EQ(s.int4_entries, r.int4_entries);
   const uint64_t raw = TestLayout().BlockBytes();
-  const std::vector<BlockRef> stored = Stored();
+  const std::vector<PinnedBlock> stored = Stored();
   ASSERT_EQ(stored.size(), kBlocks);
   for (size_t b = 0; b < stored.size(); ++b) {
     auto view = importance::ParseCompressedBlock(stored[b]->data());
@@ -135,7 +135,7 @@ TEST_F(BudgetModeTest, AGenerousBudgetPromotesToFull) {
   // Each block is compressed within the budget, or left raw where the copy
   // would not take a smaller piece of the pool.
   EXPECT_EQ(r.compressed_blocks + r.no_saving_blocks, kBlocks);
-  for (const BlockRef& b : Stored()) {
+  for (const PinnedBlock& b : Stored()) {
     if (!b->compressed()) continue;
     EXPECT_LE(static_cast<double>(b->size()), 0.6 * static_cast<double>(TestLayout().BlockBytes()));
     auto view = importance::ParseCompressedBlock(b->data());
@@ -177,7 +177,7 @@ TEST_F(BudgetModeTest, PerHeadReportsAreAcceptedAndBadInputChangesNothing) {
   clock_.Advance(absl::Seconds(61));
   const CompactionResult r = cache_->Compact();
   EXPECT_EQ(r.compressed_blocks, kBlocks);
-  for (const BlockRef& b : Stored()) {
+  for (const PinnedBlock& b : Stored()) {
     EXPECT_LE(static_cast<double>(b->size()),
               before.target_bytes * static_cast<double>(TestLayout().BlockBytes()));
   }

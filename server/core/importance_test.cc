@@ -65,7 +65,7 @@ class ImportanceTest : public ::testing::Test {
     auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
     EXPECT_TRUE(plan.ok());
     std::vector<float> out;
-    for (const BlockRef& stored : plan->blocks) {
+    for (const PinnedBlock& stored : plan->blocks) {
       absl::StatusOr<FetchBlock> b = MaterializeForFetch(stored, false);
       EXPECT_TRUE(b.ok()) << b.status();
       EXPECT_EQ(b->bytes->checksum(), Checksum(b->bytes->data()));
@@ -186,7 +186,7 @@ TEST_F(ImportanceTest, CorruptCompressedPayloadIsDataLossNotGarbage) {
   bad->set_compressed(true);
   bad->Seal(Checksum(bad->data()));
   for (bool accept : {false, true}) {
-    absl::StatusOr<FetchBlock> b = MaterializeForFetch(bad, accept);
+    absl::StatusOr<FetchBlock> b = MaterializeForFetch(PinnedBlock(bad, PinReason::kFetch), accept);
     EXPECT_EQ(b.status().code(), kDataLoss) << accept;
   }
 }

@@ -82,7 +82,7 @@ class IntegrityTest : public ::testing::Test {
   // Every block of `plan` is exactly the appended bytes.
   bool Exact(const FetchPlan& plan, const std::vector<float>& kv) {
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
-      const BlockRef& p = plan.blocks[b];
+      const PinnedBlock& p = plan.blocks[b];
       if (p->compressed()) return false;
       if (std::memcmp(p->data().data(), kv.data() + b * kBlockFloats, p->size()) != 0) return false;
       if (p->checksum() != Checksum(p->data())) return false;
@@ -206,7 +206,7 @@ TEST_F(IntegrityTest, CorruptCompressedBlockIsDataLossWhenDecoded) {
   CompressAll();
   auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
   ASSERT_TRUE(plan.ok());
-  BlockRef stored = plan->blocks[1];
+  PinnedBlock stored = plan->blocks[1];
   ASSERT_TRUE(stored->compressed());
   // A flipped byte in the INT8 codes still parses: only the checksum tells.
   const size_t at = stored->size() / 2;

@@ -1,12 +1,12 @@
 // TieredBlock: one cached block as a reader took it, holding references to
 // the copies it will read.
 //
-// Holding a TieredBlock pins what it references: a host payload (BlockRef), a
-// lower-tier copy (StoredRef) and a GPU tier copy are freed only when their
-// last reference drops, so a lease, a fetch, an append's prefix or a
-// placement that holds the block reads it whole even if the block is evicted,
-// demoted or recompressed meanwhile. The cache reads "nothing but the index
-// holds it" (evictable) from the references' counts under its lock.
+// Holding a TieredBlock pins what it references (pin.h), under the reason it
+// was taken for: a host payload, a lower-tier copy and a GPU tier copy are
+// freed only when their last reference drops, so a lease, a fetch, an
+// append's prefix or a placement that holds the block reads it whole even if
+// the block is evicted, demoted or recompressed meanwhile; and while it is
+// held the cache does not pick it to evict, demote or re-encode.
 #ifndef KVCACHE_SERVER_CORE_TIERED_BLOCK_H_
 #define KVCACHE_SERVER_CORE_TIERED_BLOCK_H_
 
@@ -19,19 +19,20 @@
 namespace kvcache {
 
 struct TieredBlock {
-  BlockRef host;             // the host copy, or null
-  StoredRef lower;           // set only when there is no host copy: the copy to read back
+  PinnedBlock host;          // the host copy, or null
+  PinnedCopy lower;          // set only when there is no host copy: the copy to read back
   uint64_t lookup_hash = 0;  // finds the block's node again
-  StoredRef device;          // the GPU tier copy a placement holds, or null
+  PinnedCopy device;         // the GPU tier copy a placement holds, or null
   uint64_t key = 0;          // the block's chain key
   uint32_t depth = 0;        // its index in the sequence
 
   BlockSeal seal() const { return host != nullptr ? host->seal() : lower->seal(); }
 
-  // The host copy of `n`, or its lower copy when it has none (no device copy).
-  static TieredBlock Of(const IndexNode& n) {
-    return {.host = n.payload,
-            .lower = n.payload == nullptr ? n.lower : nullptr,
+  // The host copy of `n`, or its lower copy when it has none (no device
+  // copy), pinned for `why`.
+  static TieredBlock Of(const IndexNode& n, PinReason why) {
+    return {.host = PinnedBlock(n.payload, why),
+            .lower = PinnedCopy(n.payload == nullptr ? n.lower : nullptr, why),
             .lookup_hash = n.lookup_hash,
             .key = n.key,
             .depth = n.depth};

@@ -60,10 +60,9 @@ bool Cache::AdmitLowerLocked(const IndexNode& node) {
 }
 
 bool Cache::EvictLowerOneLocked(std::vector<BlockRef>* dropped) {
-  // A lower-only leaf that nothing but the index references (leases and
-  // reads in flight hold the copy too).
+  // A lower-only leaf that nothing pins (leases and reads in flight do).
   IndexNode* victim = lower_policy_->PickVictim(
-      [](const IndexNode& n) { return n.is_leaf() && n.lower.use_count() == 1; });
+      [](const IndexNode& n) { return n.is_leaf() && !n.lower->pins().pinned(); });
   if (victim == nullptr) return false;
   LogMoveLocked(*victim, "ssd", "none", "capacity", victim->lower->seal().size);
   RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
@@ -117,7 +116,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
     MutexLock lock(&mu_);
     ExpireLeasesLocked(clock_->Now());
     IndexNode* victim =
-        policy_->PickVictim([](const IndexNode& n) { return n.payload.use_count() == 1; });
+        policy_->PickVictim([](const IndexNode& n) { return !n.payload->pins().pinned(); });
     if (victim == nullptr) return DemoteOutcome::kNothing;
     if (victim->lower != nullptr) {  // clean: the lower tier has it already
       *bytes = victim->payload->size();
@@ -156,8 +155,8 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
   if (!copy.ok()) {
     ++tier_.lower_write_failures;
     // The lower tier cannot take it: evict it instead, if it is still a
-    // leaf only the move (and the index) hold.
-    if (node->is_leaf() && node->payload.use_count() == 2) {
+    // leaf nothing but this move pins.
+    if (node->is_leaf() && node->payload->pins().only(PinReason::kMove, 1)) {
       LogMoveLocked(*node, "host", "none", "write_failed", payload.size(), took);
       RemoveSubtreeLocked(*models_.OfIndex(move.index()), node, &dropped);
       ++tier_.not_admitted_evictions;
@@ -299,7 +298,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
     moves.push_back(BlockMove::Claim(index, b));
     reads.push_back({.copy = b.lower.get(), .out = into->mutable_data()});
     which.push_back(i);
-    b.host = std::move(into);
+    b.host = PinnedBlock(std::move(into), b.lower.reason());
   }
   const absl::Time start = absl::Now();
   lower_->ReadBatch(std::span<StoredRead>(reads));
@@ -334,7 +333,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
       tier_.promoted_bytes += b.host->size();
       ++tier_.promotions;
       LogMoveLocked(*node, "ssd", "host", "fetch", b.host->size(), took);
-      SetHostCopyLocked(node, b.host);
+      SetHostCopyLocked(node, b.host.ref());
     }
   }
   return readable;

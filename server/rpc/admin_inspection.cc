@@ -297,6 +297,11 @@ grpc::ServerUnaryReactor* AdminService::DumpMemory(grpc::CallbackServerContext* 
     out->set_referenced_blocks(m.referenced_blocks);
     out->set_pinned_tokens(m.pinned_tokens);
     out->set_metadata_bytes(m.metadata_bytes);
+    for (size_t r = 0; r < kPinReasons; ++r) {
+      if (m.pinned_by[r] == 0) continue;
+      (*out->mutable_pinned_blocks())[std::string(PinReasonName(static_cast<PinReason>(r)))] =
+          m.pinned_by[r];
+    }
   }
   for (const SlabClassStats& c : s.slab_classes) {
     v1::SlabClassSnapshot* out = response->add_slab_classes();

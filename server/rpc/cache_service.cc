@@ -538,10 +538,11 @@ uint8_t* PutVarint(uint8_t* p, uint64_t v) {
 }
 
 // Encodes a FetchResponse whose `data` is `size` bytes of `block` at
-// `offset`, without copying them: the data slice holds a reference to the
-// block and points into its memory. `kept` goes out only on a first chunk.
+// `offset`, without copying them: the data slice holds a pinned reference
+// to the block (pin.h: the cache does not evict what gRPC is still sending)
+// and points into its memory. `kept` goes out only on a first chunk.
 grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint64_t withheld_tokens,
-                             uint32_t block_index, const BlockRef& block, uint64_t offset,
+                             uint32_t block_index, const PinnedBlock& block, uint64_t offset,
                              uint64_t size, v1::BlockEncoding encoding,
                              const std::vector<uint32_t>& kept) {
   const bool with_kept = offset == 0 && !kept.empty();
@@ -580,7 +581,7 @@ grpc::ByteBuffer EncodeChunk(uint64_t matched_tokens, uint64_t withheld_tokens,
       grpc::Slice(head.data(), static_cast<size_t>(p - head.data())),
       grpc::Slice(
           const_cast<std::byte*>(block->data().data()) + offset, size,
-          [](void* ref) { delete static_cast<BlockRef*>(ref); }, new BlockRef(block))};
+          [](void* ref) { delete static_cast<PinnedBlock*>(ref); }, new PinnedBlock(block))};
   return grpc::ByteBuffer(slices, 2);
 }
 
@@ -747,7 +748,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       current_ = *std::move(sent);
     }
-    const BlockRef& block = current_.bytes;
+    const PinnedBlock& block = current_.bytes;
     const uint64_t size = std::min(chunk_bytes_, block->size() - offset_);
     buffer_ = EncodeChunk(plan_.matched_tokens, plan_.withheld_tokens,
                           static_cast<uint32_t>(block_), block, offset_, size,
