@@ -355,8 +355,7 @@ CompactionResult Cache::Compact() {
         }
         // Only host copies are re-encoded, and not while a reader or another
         // move (pool compaction) pins them.
-        if (n->payload == nullptr || n->tokens_state().compressed ||
-            n->payload->pins().pinned()) {
+        if (n->payload == nullptr || n->tokens_state().compressed || n->payload->pins().pinned()) {
           return;
         }
         if (!result.under_pressure && n->last_access > now - o.cold_after) return;
