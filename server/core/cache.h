@@ -67,6 +67,7 @@
 #define KVCACHE_SERVER_CORE_CACHE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -591,7 +592,9 @@ class Cache {
   std::vector<ModelImage> CaptureModels() const;
   // Appends to `out` the images of the blocks of `model` among
   // `lookup_hashes` that are still cached, in that order; returns how many
-  // were gone (evicted since CaptureModels, or the model was).
+  // were gone (evicted since CaptureModels, or the model was). Holds the
+  // lock once for the whole batch, then gives way (GiveWayAfterStep) before
+  // it returns, so batches taken back to back do not starve requests.
   size_t CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
                        std::vector<BlockImage>* out) const;
   // Registers the model of `image` (as RegisterModel) and, when it was not
@@ -673,6 +676,12 @@ class Cache {
                  absl::FunctionRef<void(const ModelState&, IndexNode*)> visit) const
       ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kWalkStepNodes = 256;
+  // After a bulk step that took the lock at `step_start` and has let it go:
+  // waits as long as the step held it. A std::mutex hands nothing over, so
+  // a bulk caller that took it again at once would barge ahead of the
+  // requests woken to take it, step after step; waiting gives them the lock
+  // and bounds bulk work to half of it. Walks and CaptureBlocks call it.
+  static void GiveWayAfterStep(std::chrono::steady_clock::time_point step_start);
   // Removes the subtree at `node`; returns what it removed. Payload references
   // are moved to `dropped` so they are released after the lock.
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,

@@ -1,5 +1,6 @@
 // Cache: what a checkpoint captures and a restart restores (block_image.h).
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,41 +42,45 @@ std::vector<ModelImage> Cache::CaptureModels() const {
 
 size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
                             std::vector<BlockImage>* out) const {
-  MutexLock lock(&mu_);
-  const ModelState* found = models_.Find(model);
-  if (found == nullptr) return lookup_hashes.size();
-  const PrefixIndex& index = found->index;
+  const auto start = std::chrono::steady_clock::now();
   size_t gone = 0;
-  for (uint64_t hash : lookup_hashes) {
-    const IndexNode* n = index.FindByLookupHash(hash);
-    if (n == nullptr) {
-      ++gone;
-      continue;
+  {
+    MutexLock lock(&mu_);
+    const ModelState* found = models_.Find(model);
+    if (found == nullptr) return lookup_hashes.size();
+    const PrefixIndex& index = found->index;
+    for (uint64_t hash : lookup_hashes) {
+      const IndexNode* n = index.FindByLookupHash(hash);
+      if (n == nullptr) {
+        ++gone;
+        continue;
+      }
+      BlockImage& b = out->emplace_back();
+      b.lookup_hash = n->lookup_hash;
+      b.parent_lookup_hash = n->parent == nullptr ? 0 : n->parent->lookup_hash;
+      b.key = n->key;
+      b.depth = n->depth;
+      const std::span<const Token> tokens = n->tokens();
+      b.tokens.assign(tokens.begin(), tokens.end());
+      // A claim with no commit (block_move.h): the copy goes to the
+      // checkpoint file, and the claim's references keep the copies readable
+      // (and the block out of the movers' hands) until the batch is written.
+      BlockMove claim = BlockMove::Claim(*n, PinReason::kCheckpoint);
+      b.seal = claim.seal();
+      b.host = claim.host();
+      b.lower = claim.lower();
+      b.expires = n->expires;
+      b.last_access = n->last_access;
+      b.priority = n->priority;
+      b.workload = n->workload;
+      b.references = n->references;
+      b.importance = n->importance();
+      std::copy(std::begin(n->policy_hook.history_age_ms), std::end(n->policy_hook.history_age_ms),
+                b.history_age_ms.begin());
+      if (n->has_tokens_state()) b.token_state = n->tokens_state();
     }
-    BlockImage& b = out->emplace_back();
-    b.lookup_hash = n->lookup_hash;
-    b.parent_lookup_hash = n->parent == nullptr ? 0 : n->parent->lookup_hash;
-    b.key = n->key;
-    b.depth = n->depth;
-    const std::span<const Token> tokens = n->tokens();
-    b.tokens.assign(tokens.begin(), tokens.end());
-    // A claim with no commit (block_move.h): the copy goes to the
-    // checkpoint file, and the claim's references keep the copies readable
-    // (and the block out of the movers' hands) until the batch is written.
-    BlockMove claim = BlockMove::Claim(*n, PinReason::kCheckpoint);
-    b.seal = claim.seal();
-    b.host = claim.host();
-    b.lower = claim.lower();
-    b.expires = n->expires;
-    b.last_access = n->last_access;
-    b.priority = n->priority;
-    b.workload = n->workload;
-    b.references = n->references;
-    b.importance = n->importance();
-    std::copy(std::begin(n->policy_hook.history_age_ms), std::end(n->policy_hook.history_age_ms),
-              b.history_age_ms.begin());
-    if (n->has_tokens_state()) b.token_state = n->tokens_state();
   }
+  GiveWayAfterStep(start);
   return gone;
 }
 

@@ -40,11 +40,12 @@ bool Cache::WalkModel(const ModelKey& model, const WalkScope& scope,
         return true;
       }
     }
-    // A std::mutex hands nothing over: taking it again at once would let the
-    // walk barge ahead of the requests woken to take it. Waiting as long as
-    // the step held it gives them the lock and bounds the walk to half of it.
-    std::this_thread::sleep_for(std::chrono::steady_clock::now() - start);
+    GiveWayAfterStep(start);
   }
+}
+
+void Cache::GiveWayAfterStep(std::chrono::steady_clock::time_point step_start) {
+  std::this_thread::sleep_for(std::chrono::steady_clock::now() - step_start);
 }
 
 }  // namespace kvcache

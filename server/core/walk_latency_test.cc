@@ -2,12 +2,17 @@
 // cached, one thread polls what the status page and `kvcachectl memory` read
 // (TopPrefixes, SnapshotMemory), another captures checkpoints back to back
 // (CaptureModels, then CaptureBlocks batch by batch, as the Checkpointer
-// does), and Lookup's p99 stays under 1 ms. Those walks take the cache's
-// lock for a bounded step at a time (Cache::WalkModel); under one hold of the
-// lock each would stall every request for tens of milliseconds.
+// does), and the walks add under 1 ms to Lookup's p99 and never starve it
+// (p99.9 under 20 ms). Those walks take the cache's lock for a bounded step
+// at a time and then give way (Cache::WalkModel, GiveWayAfterStep): under one
+// hold of the lock each would stall every request for tens of milliseconds,
+// and batches taken back to back without giving way starve lookups for as
+// long (a std::mutex lets the holder barge ahead of those it woke).
 //
-// A timing test: it runs alone (RUN_SERIAL), in the normal build only (not
-// under the sanitizers), and needs ~0.6 GiB.
+// The bounds are relative to the same lookups with nothing walking, measured
+// first, so that a slow or shared machine moves both. A timing test: it runs
+// alone (RUN_SERIAL), in the normal build only (not under the sanitizers),
+// and needs ~0.6 GiB.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,7 +38,7 @@ std::vector<Token> Sequence(uint32_t s) {
   return tokens;
 }
 
-TEST(WalkLatencyTest, LookupP99StaysUnderOneMillisecondWhileStatusAndCheckpointsWalk) {
+TEST(WalkLatencyTest, WalksAddUnderOneMillisecondToLookupP99AndNeverStarveIt) {
   const ModelLayout layout{1, 1, 4, DType::kFp16, kBlockTokens};  // 256-byte blocks
   const uint64_t block_bytes = layout.BlockBytes();
   auto pool = SlabPool::Create(
@@ -67,8 +72,9 @@ TEST(WalkLatencyTest, LookupP99StaysUnderOneMillisecondWhileStatusAndCheckpoints
   std::vector<double> idle;
   for (uint32_t i = 0; i < 2000; ++i) idle.push_back(lookup_micros(i));
   std::sort(idle.begin(), idle.end());
+  const double idle_p99 = idle[idle.size() * 99 / 100];
   std::printf("idle: %zu lookups: p50 %.0f us, p99 %.0f us, max %.0f us\n", idle.size(),
-              idle[idle.size() / 2], idle[idle.size() * 99 / 100], idle.back());
+              idle[idle.size() / 2], idle_p99, idle.back());
 
   std::atomic<bool> stop{false};
   std::atomic<int> status_polls{0}, checkpoints{0};
@@ -117,11 +123,13 @@ TEST(WalkLatencyTest, LookupP99StaysUnderOneMillisecondWhileStatusAndCheckpoints
   std::sort(micros.begin(), micros.end());
   const double p50 = micros[micros.size() / 2];
   const double p99 = micros[micros.size() * 99 / 100];
+  const double p999 = micros[micros.size() * 999 / 1000];
   std::printf(
-      "walked: %zu lookups: p50 %.0f us, p99 %.0f us, max %.0f us; %d status polls, %d "
-      "checkpoints\n",
-      micros.size(), p50, p99, micros.back(), status_polls.load(), checkpoints.load());
-  EXPECT_LT(p99, 1000.0) << "p50 " << p50 << " us";
+      "walked: %zu lookups: p50 %.0f us, p99 %.0f us, p99.9 %.0f us, max %.0f us; %d status "
+      "polls, %d checkpoints\n",
+      micros.size(), p50, p99, p999, micros.back(), status_polls.load(), checkpoints.load());
+  EXPECT_LT(p99 - idle_p99, 1000.0) << "p99 " << p99 << " us, idle p99 " << idle_p99 << " us";
+  EXPECT_LT(p999, 20'000.0) << "lookups starved behind the walks";
 }
 
 }  // namespace
