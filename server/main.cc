@@ -330,6 +330,7 @@ int Serve(const v1::ServerConfig& config) {
     auto started = ShmServer::Start({.socket_path = shm_socket,
                                      .socket_gid = socket_gid,
                                      .max_connections = shm.max_connections(),
+                                     .worker_threads = shm.worker_threads(),
                                      .limits = {.max_regions = shm.max_regions_per_connection(),
                                                 .max_region_bytes = shm.max_region_bytes(),
                                                 .max_frame_bytes = limits.max_message_bytes()},

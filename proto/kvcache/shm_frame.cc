@@ -27,7 +27,7 @@ absl::Status Errno(const char* what) {
 }
 
 // Collects the descriptors of `msg`'s SCM_RIGHTS messages into `fds`.
-void TakeFds(msghdr* msg, std::vector<int>* fds) {
+void CollectFds(msghdr* msg, std::vector<int>* fds) {
   for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -85,7 +85,7 @@ class FrameReader {
         }
         return Errno("shared-memory socket read");
       }
-      TakeFds(&msg, &taken_);
+      CollectFds(&msg, &taken_);
       if ((msg.msg_flags & MSG_CTRUNC) != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "a shared-memory frame came with more ancillary data than ", kMaxFrameFds,
@@ -167,18 +167,25 @@ class FrameReader {
 
 }  // namespace
 
-absl::Status WriteFrame(int socket, const google::protobuf::MessageLite& message, int fd) {
+absl::Status EncodeFrame(const google::protobuf::MessageLite& message, std::string* out) {
   const size_t size = message.ByteSizeLong();
   if (size > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("a frame of ", size, " bytes is too long"));
   }
-  std::string buffer(kFrameHeaderBytes + size, '\0');
+  std::string& buffer = *out;
+  buffer.assign(kFrameHeaderBytes + size, '\0');
   const uint32_t length = static_cast<uint32_t>(size);
   for (int i = 0; i < 4; ++i) buffer[i] = static_cast<char>((length >> (8 * i)) & 0xff);
   if (!message.SerializeWithCachedSizesToArray(
           reinterpret_cast<uint8_t*>(buffer.data() + kFrameHeaderBytes))) {
     return absl::InternalError("cannot serialize a shared-memory frame");
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFrame(int socket, const google::protobuf::MessageLite& message, int fd) {
+  std::string buffer;
+  if (absl::Status s = EncodeFrame(message, &buffer); !s.ok()) return s;
   size_t done = 0;
   bool fd_sent = fd < 0;
   while (done < buffer.size()) {
@@ -247,6 +254,88 @@ absl::Status ReadFrame(int socket, const ReadOptions& options, std::string* body
   }
   reader.Release(fds);
   return absl::OkStatus();
+}
+
+FrameAssembler::~FrameAssembler() {
+  for (int fd : fds_) ::close(fd);
+}
+
+std::vector<int> FrameAssembler::TakeFds() {
+  std::vector<int> out;
+  out.swap(fds_);
+  return out;
+}
+
+void FrameAssembler::Reset(uint64_t max_bytes) {
+  for (int fd : fds_) ::close(fd);
+  fds_.clear();
+  max_bytes_ = max_bytes;
+  header_have_ = 0;
+  length_ = 0;
+  have_ = 0;
+  body_.clear();
+}
+
+absl::StatusOr<size_t> FrameAssembler::ReadSome(int socket, char* out, size_t n) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFrameFds)];
+  for (;;) {
+    iovec iov{out, n};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t r = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return Errno("shared-memory socket read");
+    }
+    CollectFds(&msg, &fds_);
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a shared-memory frame came with more ancillary data than ", kMaxFrameFds,
+          " descriptors (cut by the kernel); the descriptors that arrived were closed"));
+    }
+    if (fds_.size() > static_cast<size_t>(kMaxFrameFds)) {
+      return absl::InvalidArgumentError(absl::StrCat("a shared-memory frame carries more than ",
+                                                     kMaxFrameFds,
+                                                     " file descriptors; all of them were closed"));
+    }
+    if (r == 0) {
+      return begun() ? absl::UnavailableError("the shared-memory connection broke off in a frame")
+                     : absl::UnavailableError("the shared-memory connection is closed");
+    }
+    return static_cast<size_t>(r);
+  }
+}
+
+absl::StatusOr<bool> FrameAssembler::ReadAvailable(int socket) {
+  while (header_have_ < kFrameHeaderBytes) {
+    absl::StatusOr<size_t> got = ReadSome(socket, reinterpret_cast<char*>(header_) + header_have_,
+                                          kFrameHeaderBytes - header_have_);
+    if (!got.ok()) return got.status();
+    if (*got == 0) return false;
+    header_have_ += *got;
+    if (header_have_ < kFrameHeaderBytes) continue;
+    for (int i = 0; i < 4; ++i) length_ |= static_cast<uint32_t>(header_[i]) << (8 * i);
+    if (length_ > max_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a shared-memory frame of ", length_, " bytes is longer than the limit of ", max_bytes_));
+    }
+  }
+  // The buffer grows only as bytes arrive, as ReadFrame's.
+  while (have_ < length_) {
+    if (body_.size() == have_) {
+      const size_t step = std::max<size_t>(kReadStepBytes, have_);
+      body_.resize(std::min<size_t>(length_, have_ + step));
+    }
+    absl::StatusOr<size_t> got = ReadSome(socket, body_.data() + have_, body_.size() - have_);
+    if (!got.ok()) return got.status();
+    if (*got == 0) return false;
+    have_ += *got;
+  }
+  return true;
 }
 
 }  // namespace kvcache::shm

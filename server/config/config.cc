@@ -310,11 +310,11 @@ void ApplyDefaults(v1::ServerConfig* c) {
   v1::HostTierConfig* host = c->mutable_host_tier();
   if (host->capacity_bytes() == 0) host->set_capacity_bytes(uint64_t{1} << 30);
   if (host->slab_bytes() == 0) host->set_slab_bytes(uint64_t{4} << 20);
-  if (!host->has_append_staging_fraction()) host->set_append_staging_fraction(0.125);
+  if (!host->has_append_staging_fraction()) host->set_append_staging_fraction(0.03125);
   if (!host->has_metadata_fraction()) host->set_metadata_fraction(0.125);
-  if (!host->has_high_watermark()) host->set_high_watermark(0.90);
+  if (!host->has_high_watermark()) host->set_high_watermark(0.98);
   if (host->min_class_bytes() == 0) host->set_min_class_bytes(64);
-  if (!host->has_low_watermark()) host->set_low_watermark(0.80);
+  if (!host->has_low_watermark()) host->set_low_watermark(0.96);
   if (!host->has_compaction_interval_ms()) host->set_compaction_interval_ms(0);
   if (!host->has_compaction_max_span_occupancy()) host->set_compaction_max_span_occupancy(0.5);
   if (host->compaction_max_bytes_per_pass() == 0) {
@@ -621,6 +621,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   KVCACHE_RETURN_IF_ERROR(CheckRange("shm.copy_threads", shm.copy_threads(), 0, 64));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("shm.worker_threads", shm.worker_threads(), 0, 1024));
   if (auto s = CheckRange("shm.hello_timeout_ms", shm.hello_timeout_ms(), 100, 600000); !s.ok()) {
     return s;
   }

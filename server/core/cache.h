@@ -111,8 +111,8 @@ struct TierOptions {
   // The migrator demotes host blocks once the pool's committed bytes pass
   // high_watermark x capacity, down to low_watermark x capacity (and below
   // capacity - append_staging_bytes). 0 < low <= high <= 1.
-  double host_high_watermark = 0.90;
-  double host_low_watermark = 0.80;
+  double host_high_watermark = 0.98;
+  double host_low_watermark = 0.96;
   // A block is written to the lower tier only once lookups, fetches and
   // appends used it this many times (1: every block; 2: seen twice);
   // a block not admitted is evicted.

@@ -7,7 +7,7 @@
 // the region stays attached; the Grant gives its share back when destroyed.
 // A refusal is RESOURCE_EXHAUSTED naming the limit (its config field).
 //
-// Thread-safe: sessions on every connection thread share one budget. Grants
+// Thread-safe: sessions answered on every worker share one budget. Grants
 // must not outlive it.
 #ifndef KVCACHE_SERVER_SHM_MAPPING_BUDGET_H_
 #define KVCACHE_SERVER_SHM_MAPPING_BUDGET_H_

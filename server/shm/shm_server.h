@@ -1,32 +1,41 @@
 // ShmServer: the daemon's shared-memory data plane endpoint.
 //
 // Listens on a Unix stream socket (listen.shm_socket, mode 0660 like the gRPC
-// socket) and serves kvcache.v1 shm.proto: each accepted connection gets a
-// thread of its own and an ShmSession, and is served one request at a time
-// (read a frame, answer it). The socket file's mode is the gate: whoever can
-// connect to it (the daemon's user, root, members of the socket's group,
-// supplementary ones included) is served; with authentication on, the
-// session's principal (the hello's token, or the peer's uid from
-// SO_PEERCRED) decides what each request may do. One connection past
-// shm.max_connections is answered with an error frame and closed. A
-// connection that closes (the worker exits or crashes) ends its session,
-// which unmaps its regions.
+// socket) and serves kvcache.v1 shm.proto: each accepted connection gets an
+// ShmSession and is served one request at a time (read a frame, answer it).
+// The socket file's mode is the gate: whoever can connect to it (the
+// daemon's user, root, members of the socket's group, supplementary ones
+// included) is served; with authentication on, the session's principal (the
+// hello's token, or the peer's uid from SO_PEERCRED) decides what each
+// request may do. One connection past shm.max_connections is answered with an
+// error frame and closed. A connection that closes (the worker exits or
+// crashes) ends its session, which unmaps its regions.
+//
+// Threads: no connection has a thread of its own. One event-loop thread
+// accepts, reads every connection's frames without blocking (a frame is
+// assembled as its bytes come, shm::FrameAssembler), flushes answers a peer
+// was slow to take, and enforces the deadlines; a pool of worker threads
+// (shm.worker_threads) answers whole requests (ShmSession::Handle, which may
+// wait for a data-path slot, copy, or read the SSD tier) and sends the
+// answer without blocking. A connection is in the loop's hands or in one
+// worker's, never both, so its session sees one request at a time; a peer
+// that does not read its answers, or sends a frame slowly, holds no thread.
 //
 // Until a hello is answered OK a connection is a stranger: its frames may be
 // at most kMaxHelloFrameBytes, the first request must be a hello, and the
 // hello must be answered within hello_timeout of the accept, or the
-// connection is closed (answers it does not read block for hello_timeout at
-// most). After it, a frame once begun must arrive whole within
-// io_timeout, and every answer is sent with SO_SNDTIMEO = io_timeout (a peer
-// that stops reading is cut off); the wait for the next frame is unbounded.
-// Frame buffers grow only as bytes arrive (kvcache/shm_frame.h).
+// connection is closed. After it, a frame once begun must arrive whole
+// within io_timeout, and an answer not taken by the peer within io_timeout
+// cuts the connection off; the wait for the next frame is unbounded. Frame
+// buffers grow only as bytes arrive (kvcache/shm_frame.h).
 //
 // Regions count against a MappingBudget shared by every connection
 // (shm.max_mappings, shm.max_mapped_bytes, and their per-tenant twins).
 //
-// Shutdown() stops accepting, lets each connection finish the request it is
-// serving for up to drain_timeout, then shuts down the sockets of the
-// connections still busy (logging each one cut off) and joins every thread.
+// Shutdown() stops accepting and closes idle connections, lets each
+// connection finish the request it is serving for up to drain_timeout, then
+// shuts down the sockets of the connections still busy (logging each one cut
+// off) and joins every thread.
 //
 // Thread-safe. The Cache and RpcObserver must outlive the server.
 #ifndef KVCACHE_SERVER_SHM_SHM_SERVER_H_
@@ -36,9 +45,11 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -61,6 +72,9 @@ struct ShmServerOptions {
   // the daemon's user and root); -1: the daemon's primary group.
   int64_t socket_gid = -1;
   uint32_t max_connections = 256;
+  // Threads that answer requests (the event loop is one more); 0: four per
+  // core, at least 8 (a request may wait for a data-path slot or the SSD).
+  uint32_t worker_threads = 0;
   ShmLimits limits;
   // Caps on the regions mapped by all connections together, and per tenant:
   // `budget` when set (shared with whoever reports it), else a budget of
@@ -70,7 +84,7 @@ struct ShmServerOptions {
   // Before a hello is answered OK: the time from accept to that answer.
   absl::Duration hello_timeout = absl::Seconds(5);
   // After it: the time a frame may take from its first byte to its last, and
-  // SO_SNDTIMEO for answers.
+  // an answer the peer may leave unread before the connection is closed.
   absl::Duration io_timeout = absl::Seconds(30);
   // How long Shutdown() waits for requests being served before it cuts their
   // connections off.
@@ -102,8 +116,10 @@ class ShmServer {
   ShmServer& operator=(const ShmServer&) = delete;
 
   const std::string& socket_path() const { return options_.socket_path; }
-  // Connections being served now.
+  // Connections open now (idle or being served).
   int connections() const;
+  // Threads the server runs: the event loop and the workers.
+  int threads() const;
   // The regions mapped now, and their caps.
   const MappingBudget& mapping_budget() const { return *budget_; }
 
@@ -117,14 +133,29 @@ class ShmServer {
   ShmServer(const ShmServerOptions& options, Cache* cache, RpcObserver* observer,
             UniqueFd listener);
 
-  void AcceptLoop();
-  // Admits or refuses a new connection; an admitted one gets its thread.
+  // The event loop's thread: accepts, reads frames, flushes answers, and
+  // closes connections past their deadlines, until Shutdown().
+  void Loop();
+  // Admits or refuses a new connection (the loop's).
   void Admit(UniqueFd fd);
-  void Serve(Connection* connection);
-  // Reads, answers and reads again until the connection ends.
-  void ServeRequests(Connection& connection, ShmSession& session);
-  // Joins and frees the connections whose threads are done.
-  void ReapFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads what the connection's socket has; a whole frame goes to a worker.
+  void OnReadable(Connection* c);
+  // Sends what is left of the connection's answer.
+  void OnWritable(Connection* c);
+  // Back from a worker: closed, waits for its answer to drain, or reads on.
+  void TakeBack(Connection* c);
+  // Arms the connection's socket for what it waits for (reading or writing).
+  void Arm(Connection* c, bool add);
+  void Close(Connection* c);
+  // Closes connections past their deadline; returns the next deadline.
+  absl::Time EnforceDeadlines(absl::Time now);
+  absl::Time DeadlineOf(const Connection& c) const;
+  // Lowers next_deadline_ to the connection's deadline.
+  void Watch(const Connection& c);
+
+  // A worker thread: answers the requests the loop hands over.
+  void Work();
+  void Answer(Connection& c);
 
   const ShmServerOptions options_;
   Cache* const cache_;
@@ -132,14 +163,22 @@ class ShmServer {
   CopyEngine copier_;
   const std::shared_ptr<MappingBudget> budget_;
   UniqueFd listener_;
-  UniqueFd wake_;  // an eventfd that wakes the accept loop for shutdown
-  std::thread acceptor_;
-  // Guards the fields after it, and each Connection's fd and finished.
+  UniqueFd epoll_;
+  UniqueFd wake_;  // an eventfd that wakes the loop: work came back, or shutdown
+  std::thread loop_;
+  std::vector<std::thread> workers_;
+  // The loop's own: every open connection (idle, reading, writing or busy).
+  absl::flat_hash_set<Connection*> open_;
+  absl::Time next_deadline_ = absl::InfiniteFuture();  // no deadline of open_ is earlier
   mutable Mutex mu_;
-  std::condition_variable_any finished_;  // a connection finished
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_set<Connection*> connections_ ABSL_GUARDED_BY(mu_);  // serving or finished
-  int active_ ABSL_GUARDED_BY(mu_) = 0;                                // serving
+  std::condition_variable_any work_ready_;                      // requests_ has work, or stopping_
+  std::condition_variable_any drained_;                         // a busy connection came back
+  std::deque<Connection*> requests_ ABSL_GUARDED_BY(mu_);       // whole frames to answer
+  std::vector<Connection*> returned_ ABSL_GUARDED_BY(mu_);      // answered, for the loop
+  absl::flat_hash_set<Connection*> busy_ ABSL_GUARDED_BY(mu_);  // with a worker
+  int open_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;   // no new work; the loop closes idle ones
+  bool loop_done_ ABSL_GUARDED_BY(mu_) = false;  // the loop may exit
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -21,7 +21,8 @@
 //                  header's checksums
 //
 // Destroying the session drops its regions (they unmap when no request uses
-// them). Not thread-safe: one connection thread drives one session.
+// them). Not thread-safe: the server hands a connection's requests to one
+// worker at a time.
 #ifndef KVCACHE_SERVER_SHM_SHM_SESSION_H_
 #define KVCACHE_SERVER_SHM_SHM_SESSION_H_
 

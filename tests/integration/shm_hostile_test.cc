@@ -231,7 +231,8 @@ TEST(ShmHostileTest, ShutdownWithAPeerThatNeverReadsEndsWithinTheDrainBound) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(Hello(fd).code(), 0);
   // Requests whose answers are never read, until the daemon stops taking them
-  // (its answers fill the socket, so its connection thread blocks writing).
+  // (its answers fill the socket; the next one waits in the daemon, which
+  // reads no more of the connection's requests until it is sent).
   const int sent = FloodWithoutReading(fd);
   ASSERT_GT(sent, 100);
   const absl::Time start = absl::Now();

@@ -30,7 +30,12 @@ class TierDaemonTest : public ::testing::Test {
     const std::string config = ::testing::TempDir() + "/ssd_tier_test.json";
     std::FILE* f = std::fopen(config.c_str(), "w");
     ASSERT_NE(f, nullptr);
-    std::fprintf(f, R"({"logging": {"migration_log": "%s"}})", migration_log_.c_str());
+    // Watermarks that leave a fifth of the host free after a migration (the
+    // defaults keep 0.96 of it full), so that fetches have room to promote.
+    std::fprintf(f,
+                 R"({"logging": {"migration_log": "%s"},
+                     "host_tier": {"high_watermark": 0.9, "low_watermark": 0.8}})",
+                 migration_log_.c_str());
     std::fclose(f);
     auto d = DaemonProcess::Start({.capacity_bytes = 8 << 20,
                                    .slab_bytes = 1 << 20,
