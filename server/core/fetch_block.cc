@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
 #include "server/importance/block_codec.h"
 
@@ -52,6 +53,23 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool a
   out.bytes = PinnedBlock(std::move(decoded), PinReason::kFetch);
   out.encoding = FetchEncoding::kDequantized;
   return out;
+}
+
+absl::StatusOr<DecodedForFetch> DecodeForFetchInto(const BlockPayload& stored,
+                                                   std::span<std::byte> out) {
+  if (Checksum(stored.data()) != stored.checksum()) {
+    return absl::DataLossError(
+        "a compressed block does not match its checksum (memory corruption); it is not served");
+  }
+  absl::StatusOr<importance::CompressedBlockView> view =
+      importance::ParseCompressedBlock(stored.data());
+  if (!view.ok()) return view.status();
+  if (out.size() != view->shape.raw_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a block decodes to ", view->shape.raw_bytes(), " bytes, not ", out.size()));
+  }
+  KVCACHE_RETURN_IF_ERROR(importance::DecodeBlock(*view, out));
+  return DecodedForFetch{.checksum = stored.decoded_checksum(), .kept_tokens = KeptTokens(*view)};
 }
 
 }  // namespace kvcache

@@ -12,7 +12,14 @@
 // worker verifies exactly what it received. Which blocks a fetch may send
 // lossy at all is the cache's decision (Cache::PrepareFetch), not this one's.
 //
-// Thread-safety: pure function of an immutable payload; call without locks.
+// A fetch into the worker's own memory (the shared-memory data plane) decodes
+// straight into it instead (DecodeForFetchInto): one pass that writes the
+// worker's bytes, no heap copy, and no hash of the decoding; the checksum it
+// answers is the one recorded when the block was compressed, which the
+// worker verifies against what landed, so a decoding that differs is still
+// caught end to end (by the worker, as a checksum mismatch).
+//
+// Thread-safety: pure functions of an immutable payload; call without locks.
 #ifndef KVCACHE_SERVER_CORE_FETCH_BLOCK_H_
 #define KVCACHE_SERVER_CORE_FETCH_BLOCK_H_
 
@@ -38,6 +45,20 @@ struct FetchBlock {
 // DATA_LOSS when a compressed payload does not parse, does not match its
 // checksum, or decodes to other bytes than when it was made (memory corruption).
 absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool as_stored);
+
+// What a block decoded into the worker's memory is sent with.
+struct DecodedForFetch {
+  uint64_t checksum = 0;              // of the decoding, as recorded when the block was compressed
+  std::vector<uint32_t> kept_tokens;  // as FetchBlock's
+};
+
+// Decodes compressed `stored` into `out`, which must hold exactly its raw
+// size. DATA_LOSS when the payload does not parse or does not match its
+// checksum; INVALID_ARGUMENT when `out` is another size. `out` may be
+// written by others meanwhile (a worker's region): only the worker's check
+// of what landed says the bytes are right.
+absl::StatusOr<DecodedForFetch> DecodeForFetchInto(const BlockPayload& stored,
+                                                   std::span<std::byte> out);
 
 }  // namespace kvcache
 

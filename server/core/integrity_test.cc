@@ -221,6 +221,39 @@ TEST_F(IntegrityTest, CorruptCompressedBlockIsDataLossWhenDecoded) {
   stored->mutable_data()[at] ^= std::byte{0x40};
 }
 
+TEST_F(IntegrityTest, DecodingIntoTheWorkersMemoryWritesWhatTheHeapDecodeSends) {
+  AppendAll();
+  CompressAll();
+  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  ASSERT_TRUE(plan.ok());
+  const uint64_t block_bytes = TestLayout().BlockBytes();
+  for (uint32_t b = 0; b + 1 < kBlocks; ++b) {
+    const PinnedBlock& stored = plan->blocks[b];
+    ASSERT_TRUE(stored->compressed());
+    absl::StatusOr<FetchBlock> heap = MaterializeForFetch(stored, false);
+    ASSERT_TRUE(heap.ok()) << heap.status();
+    std::vector<std::byte> into(block_bytes, std::byte{0x5a});
+    absl::StatusOr<DecodedForFetch> decoded = DecodeForFetchInto(*stored, into);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->checksum, heap->bytes->checksum()) << "block " << b;
+    EXPECT_EQ(Checksum(into), decoded->checksum) << "block " << b;
+    EXPECT_EQ(decoded->kept_tokens, heap->kept_tokens);
+  }
+  // A destination of another size is refused, and written nothing.
+  std::vector<std::byte> small(block_bytes - 1, std::byte{0x5a});
+  EXPECT_EQ(DecodeForFetchInto(*plan->blocks[0], small).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(small[0], std::byte{0x5a});
+  // Corrupt stored bytes are DATA_LOSS before anything is written.
+  PinnedBlock stored = plan->blocks[1];
+  const size_t at = stored->size() / 2;
+  stored->mutable_data()[at] ^= std::byte{0x40};
+  std::vector<std::byte> into(block_bytes, std::byte{0x5a});
+  EXPECT_EQ(DecodeForFetchInto(*stored, into).status().code(), kDataLoss);
+  EXPECT_EQ(into[0], std::byte{0x5a});
+  stored->mutable_data()[at] ^= std::byte{0x40};
+}
+
 TEST_F(IntegrityTest, CompressedBlocksKeepTheirRawChecksum) {
   AppendAll();
   std::vector<uint64_t> raw;

@@ -320,37 +320,31 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
                      plan->blocks.size(), " cached blocks need ", needed, " (", block_bytes,
                      " each): give a range of at least that, or set max_blocks"));
   }
-  // What each block goes out as: stored bytes, or decoded ones (lossy blocks
-  // only when the plan accepted them). Decoded copies live only for the
-  // window being copied, so a plan of lossy blocks holds at most
-  // kDecodeWindowBytes of them at once besides its stored bytes.
-  constexpr uint64_t kDecodeWindowBytes = uint64_t{64} << 20;
+  // Raw blocks are copied (by the CopyEngine, all at once); compressed ones
+  // (lossy blocks only when the plan accepted them) are decoded straight into
+  // the destination, with the checksum recorded for their decoding, which the
+  // worker verifies (fetch_block.h).
   std::vector<FetchedMeta> sent;
   sent.reserve(plan->blocks.size());
-  std::vector<FetchBlock> window;
   std::vector<CopyRange> copies;
-  uint64_t window_bytes = 0;
-  auto flush = [&] {
-    copier_->Copy(copies);
-    copies.clear();
-    window.clear();
-    window_bytes = 0;
-  };
   bool lossy = false;
   for (size_t i = 0; i < plan->blocks.size(); ++i) {
-    lossy |= plan->blocks[i]->compressed();
-    absl::StatusOr<FetchBlock> block = MaterializeForFetch(plan->blocks[i], false);
-    if (!block.ok()) return block.status();
-    copies.push_back(
-        {destination->data() + i * block_bytes, block->bytes->data().data(), block_bytes});
-    sent.push_back({.checksum = block->bytes->checksum(),
-                    .encoding = block->encoding,
-                    .kept_tokens = block->kept_tokens});
-    if (block->bytes != plan->blocks[i]) window_bytes += block_bytes;
-    window.push_back(*std::move(block));
-    if (window_bytes >= kDecodeWindowBytes) flush();
+    const BlockPayload& stored = *plan->blocks[i];
+    std::byte* into = destination->data() + i * block_bytes;
+    if (!stored.compressed()) {
+      copies.push_back({into, stored.data().data(), block_bytes});
+      sent.push_back({.checksum = stored.checksum()});
+      continue;
+    }
+    lossy = true;
+    absl::StatusOr<DecodedForFetch> decoded =
+        DecodeForFetchInto(stored, std::span<std::byte>(into, block_bytes));
+    if (!decoded.ok()) return decoded.status();
+    sent.push_back({.checksum = decoded->checksum,
+                    .encoding = FetchEncoding::kDequantized,
+                    .kept_tokens = std::move(decoded->kept_tokens)});
   }
-  flush();
+  copier_->Copy(copies);
   // Compression switched off while copying: lossy KV of a model that is off
   // is not handed out, even if its bytes already landed.
   if (lossy && !plan->MaySendLossy()) {
