@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,38 +63,39 @@ void AnswerOnce(int fd, const absl::Status& status) {
   (void)SendSome(fd, frame, &sent);
 }
 
-int MillisecondsUntil(absl::Time deadline, absl::Time now) {
-  if (deadline == absl::InfiniteFuture()) return -1;
-  if (deadline <= now) return 0;
-  return static_cast<int>(std::min<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(deadline - now, absl::Milliseconds(1))), 1 << 30));
-}
-
 }  // namespace
+
+// What a connection waits for, and so which deadline applies (for the log).
+enum class Waiting : uint8_t { kHello, kFrame, kNextFrame, kAnswerRead };
 
 struct ShmServer::Connection {
   explicit Connection(uint64_t hello_frame_bytes) : frame(hello_frame_bytes) {}
 
+  // Set before the connection is armed, read by the janitor under the
+  // server's mu_ (Close removes it from open_ under mu_ before closing it).
   UniqueFd fd;
   ucred peer{};
   absl::Time accepted;
+  // The worker that owns the connection's event's only (one-shot arming).
   std::unique_ptr<ShmSession> session;
-  // The frame being read, and when its first byte came (infinite future: not yet).
-  shm::FrameAssembler frame;
-  absl::Time frame_began = absl::InfiniteFuture();
-  bool greeted = false;  // a hello was answered OK
-  // The answer being sent: its bytes, how many went, and since when the
-  // peer is slow to take them.
-  std::string out;
+  shm::FrameAssembler frame;  // the frame being read
+  bool greeted = false;       // a hello was answered OK
+  std::string out;            // the answer being sent, and how much went
   size_t out_sent = 0;
-  absl::Time out_since;
   bool close_after_answer = false;  // a refused session, or a send that failed
-  // The loop's view: handed to a worker (queued or being answered), and
-  // whether the socket is in epoll.
-  bool with_worker = false;
-  bool armed = false;
+  // When the connection is cut off unless its wait ends (unix nanoseconds;
+  // INT64_MAX: never), and what it waits for: set by its owner, read by the
+  // janitor.
+  std::atomic<int64_t> deadline_ns{std::numeric_limits<int64_t>::max()};
+  std::atomic<Waiting> waiting{Waiting::kHello};
 
   bool writing() const { return out_sent < out.size(); }
+  void SetDeadline(Waiting what, absl::Time at) {
+    waiting.store(what, std::memory_order_relaxed);
+    deadline_ns.store(
+        at == absl::InfiniteFuture() ? std::numeric_limits<int64_t>::max() : absl::ToUnixNanos(at),
+        std::memory_order_relaxed);
+  }
 };
 
 absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Start(const ShmServerOptions& options,
@@ -119,144 +122,113 @@ ShmServer::ShmServer(const ShmServerOptions& options, Cache* cache, RpcObserver*
       listener_(std::move(listener)),
       epoll_(::epoll_create1(EPOLL_CLOEXEC)),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-  epoll_event listen_event{.events = EPOLLIN, .data = {.ptr = &kListenerTag}};
+  // The listener is one-shot like the connections (whoever is woken accepts
+  // and arms it again); the wake descriptor is level-triggered, so once
+  // written it wakes every worker, and stays readable.
+  epoll_event listen_event{.events = EPOLLIN | EPOLLONESHOT, .data = {.ptr = &kListenerTag}};
   epoll_event wake_event{.events = EPOLLIN, .data = {.ptr = &kWakeTag}};
   if (!epoll_.valid() || !wake_.valid() ||
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &listen_event) != 0 ||
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &wake_event) != 0) {
-    spdlog::critical("shm socket: cannot set up the event loop: {}", ErrnoText(errno));
+    spdlog::critical("shm socket: cannot set up its epoll set: {}", ErrnoText(errno));
     std::abort();
   }
   uint32_t workers = options.worker_threads;
   if (workers == 0) workers = std::max(8u, 4 * std::thread::hardware_concurrency());
   for (uint32_t i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });
-  loop_ = std::thread([this] { Loop(); });
+  janitor_ = std::thread([this] { Janitor(); });
 }
 
 ShmServer::~ShmServer() { Shutdown(); }
 
 int ShmServer::connections() const {
   MutexLock lock(&mu_);
-  return open_count_;
+  return static_cast<int>(open_.size());
 }
 
-int ShmServer::threads() const { return 1 + static_cast<int>(workers_.size()); }
+int ShmServer::threads() const { return static_cast<int>(workers_.size()) + 1; }
 
 void ShmServer::Shutdown() {
-  {
-    MutexLock lock(&mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
-    stopping_ = true;
-  }
-  // The loop stops accepting and closes every connection not being served.
-  const uint64_t one = 1;
-  (void)!::write(wake_.get(), &one, sizeof(one));
-  const auto drained = [this] {
+  const auto all_closed = [this] {
     mu_.AssertHeld();
-    return busy_.empty();
+    return open_.empty();
   };
-  mu_.Lock();  // drained_ waits on the Mutex itself, which the analysis follows
-  if (!drained_.wait_for(mu_, absl::ToChronoNanoseconds(options_.drain_timeout), drained)) {
-    // Requests still being served after the bound: their sockets are shut
-    // down both ways, so what reads or writes them fails at once and the
-    // worker is free after the step it is in.
-    for (Connection* c : busy_) {
+  mu_.Lock();  // closed_ waits on the Mutex itself, which the analysis follows
+  if (shut_down_) {
+    mu_.Unlock();
+    return;
+  }
+  shut_down_ = true;
+  stopping_ = true;
+  // No more accepts. An idle connection reads EOF and closes; one being
+  // served finishes its request (its answer may still go out), then reads
+  // EOF and closes.
+  (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+  for (Connection* c : open_) ::shutdown(c->fd.get(), SHUT_RD);
+  if (!closed_.wait_for(mu_, absl::ToChronoNanoseconds(options_.drain_timeout), all_closed)) {
+    // Still open after the bound: busy with a request, or an answer the
+    // peer does not read. Their sockets are shut down both ways, so what
+    // reads or writes them fails at once and the worker closes them after
+    // the step it is in.
+    for (Connection* c : open_) {
       spdlog::warn(
           "shm socket: shutting down: cut off the connection of pid {} (uid {}) still busy after "
           "{}",
           c->peer.pid, c->peer.uid, absl::FormatDuration(options_.drain_timeout));
       ::shutdown(c->fd.get(), SHUT_RDWR);
     }
-    drained_.wait(mu_, drained);
+    closed_.wait(mu_, all_closed);
   }
-  loop_done_ = true;
   mu_.Unlock();
-  work_ready_.notify_all();
+  closed_.notify_all();  // the janitor
+  const uint64_t one = 1;
   (void)!::write(wake_.get(), &one, sizeof(one));
-  loop_.join();
   for (std::thread& t : workers_) t.join();
+  janitor_.join();
+  listener_.Reset();
   ::unlink(options_.socket_path.c_str());
 }
 
-// ---- the event loop ------------------------------------------------------------
+// ---- the workers ---------------------------------------------------------------
 
-void ShmServer::Loop() {
-  constexpr int kEvents = 64;
-  epoll_event events[kEvents];
-  bool accepting = true;
+void ShmServer::Work() {
   for (;;) {
-    const int n =
-        ::epoll_wait(epoll_.get(), events, kEvents, MillisecondsUntil(next_deadline_, absl::Now()));
-    if (n < 0 && errno != EINTR) {
+    epoll_event event;
+    const int n = ::epoll_wait(epoll_.get(), &event, 1, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
       spdlog::error("shm socket: epoll_wait: {}", ErrnoText(errno));
       absl::SleepFor(absl::Milliseconds(10));
+      continue;
     }
-    for (int i = 0; i < std::max(n, 0); ++i) {
-      void* tag = events[i].data.ptr;
-      if (tag == &kWakeTag) {
-        uint64_t count;
-        (void)!::read(wake_.get(), &count, sizeof(count));
-        continue;
-      }
-      if (tag == &kListenerTag) {
-        for (;;) {
-          UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-          if (!fd.valid()) {
-            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK &&
-                errno != ECONNABORTED) {
-              spdlog::warn("shm socket: accept: {}", ErrnoText(errno));
-            }
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            break;
-          }
-          Admit(std::move(fd));
-        }
-        continue;
-      }
-      Connection* c = static_cast<Connection*>(tag);
-      if (c->with_worker || !open_.contains(c)) continue;  // closed earlier in this batch
-      if (c->writing()) {
-        OnWritable(c);
-      } else {
-        OnReadable(c);
-      }
+    if (n == 0) continue;
+    void* tag = event.data.ptr;
+    if (tag == &kWakeTag) return;
+    if (tag == &kListenerTag) {
+      AcceptAll();
+      continue;
     }
-    std::vector<Connection*> back;
-    bool stopping = false;
-    bool done = false;
-    {
-      MutexLock lock(&mu_);
-      back.swap(returned_);
-      stopping = stopping_;
-      done = loop_done_;
+    Step(static_cast<Connection*>(tag));
+  }
+}
+
+void ShmServer::AcceptAll() {
+  for (;;) {
+    UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        spdlog::warn("shm socket: accept: {}", ErrnoText(errno));
+      }
+      break;
     }
-    for (Connection* c : back) TakeBack(c);
-    if (stopping) {
-      if (accepting) {
-        (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
-        listener_.Reset();
-        accepting = false;
-      }
-      std::vector<Connection*> idle;
-      for (Connection* c : open_) {
-        if (!c->with_worker) idle.push_back(c);
-      }
-      for (Connection* c : idle) {
-        if (c->writing()) {
-          spdlog::warn(
-              "shm socket: shutting down: cut off the connection of pid {} (uid {}), which did "
-              "not read its answer",
-              c->peer.pid, c->peer.uid);
-        }
-        Close(c);
-      }
-      if (done && open_.empty()) return;
-    }
-    // Each connection's deadline lowered next_deadline_ as it was set
-    // (Watch); one that passed sends the loop round all of them.
-    const absl::Time now = absl::Now();
-    if (now >= next_deadline_) next_deadline_ = EnforceDeadlines(now);
+    Admit(std::move(fd));
+  }
+  MutexLock lock(&mu_);
+  if (stopping_) return;  // Shutdown() took the listener out of the set
+  epoll_event event{.events = EPOLLIN | EPOLLONESHOT, .data = {.ptr = &kListenerTag}};
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listener_.get(), &event) != 0) {
+    spdlog::error("shm socket: cannot arm the listener again: {}", ErrnoText(errno));
   }
 }
 
@@ -273,23 +245,6 @@ void ShmServer::Admit(UniqueFd fd) {
   // the socket's group) decides who can connect, supplementary group members
   // included; authentication, when on, decides what the session may do.
   const ucred& peer = connection->peer;
-  {
-    MutexLock lock(&mu_);
-    if (stopping_) {
-      return AnswerOnce(fd.get(), absl::UnavailableError("the daemon is shutting down"));
-    }
-    if (static_cast<uint32_t>(open_count_) >= options_.max_connections) {
-      observer_->OnLimitReached("ShmConnect", "shm.max_connections");
-      return AnswerOnce(fd.get(), absl::ResourceExhaustedError(
-                                      absl::StrCat("the daemon serves ", open_count_,
-                                                   " shared-memory connections, the limit "
-                                                   "(shm.max_connections)")));
-    }
-    ++open_count_;
-  }
-  spdlog::debug("shm socket: connection from pid {} (uid {}, gid {})", peer.pid, peer.uid,
-                peer.gid);
-  connection->fd = std::move(fd);
   connection->session = std::make_unique<ShmSession>(
       options_.limits, cache_, &copier_, observer_,
       ShmPeer{.peer = absl::StrCat("shm:pid=", peer.pid, ",uid=", peer.uid),
@@ -298,40 +253,42 @@ void ShmServer::Admit(UniqueFd fd) {
               .access = options_.access,
               .fair = options_.fair},
       budget_.get());
-  Connection* c = connection.release();
-  open_.insert(c);
-  Arm(c, /*add=*/true);
-}
-
-void ShmServer::Arm(Connection* c, bool add) {
-  epoll_event event{.events = static_cast<uint32_t>(c->writing() ? EPOLLOUT : EPOLLIN),
-                    .data = {.ptr = c}};
-  const int op = add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
-  if (::epoll_ctl(epoll_.get(), op, c->fd.get(), &event) != 0) {
-    spdlog::warn("shm socket: epoll_ctl: {}; closing the connection of pid {}", ErrnoText(errno),
-                 c->peer.pid);
-    c->armed = add ? false : c->armed;
-    return Close(c);
+  connection->SetDeadline(Waiting::kHello, connection->accepted + options_.hello_timeout);
+  Connection* c = connection.get();
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) {
+      return AnswerOnce(fd.get(), absl::UnavailableError("the daemon is shutting down"));
+    }
+    if (open_.size() >= options_.max_connections) {
+      observer_->OnLimitReached("ShmConnect", "shm.max_connections");
+      return AnswerOnce(fd.get(), absl::ResourceExhaustedError(
+                                      absl::StrCat("the daemon serves ", open_.size(),
+                                                   " shared-memory connections, the limit "
+                                                   "(shm.max_connections)")));
+    }
+    c->fd = std::move(fd);
+    open_.insert(connection.release());
   }
-  c->armed = true;
-  Watch(*c);
+  spdlog::debug("shm socket: connection from pid {} (uid {}, gid {})", peer.pid, peer.uid,
+                peer.gid);
+  epoll_event event{.events = EPOLLIN | EPOLLONESHOT, .data = {.ptr = c}};
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c->fd.get(), &event) != 0) {
+    spdlog::warn("shm socket: epoll_ctl: {}; closing the connection of pid {}", ErrnoText(errno),
+                 peer.pid);
+    Close(c);
+  }
 }
 
-void ShmServer::Watch(const Connection& c) {
-  next_deadline_ = std::min(next_deadline_, DeadlineOf(c));
-}
-
-void ShmServer::Close(Connection* c) {
-  if (c->armed) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
-  open_.erase(c);
-  c->session.reset();  // its regions unmap here
-  c->fd.Reset();
-  delete c;
-  MutexLock lock(&mu_);
-  --open_count_;
-}
-
-void ShmServer::OnReadable(Connection* c) {
+void ShmServer::Step(Connection* c) {
+  if (c->writing()) {
+    if (!SendSome(c->fd.get(), c->out, &c->out_sent).ok()) return Close(c);
+    if (c->writing()) return Rearm(c);
+    c->out.clear();
+    c->out_sent = 0;
+    if (c->close_after_answer) return Close(c);
+    return Rearm(c);  // reading again
+  }
   absl::StatusOr<bool> whole = c->frame.ReadAvailable(c->fd.get());
   if (!whole.ok()) {
     // Closed, broken, or unusable after a refused frame (told why).
@@ -340,106 +297,56 @@ void ShmServer::OnReadable(Connection* c) {
     }
     return Close(c);
   }
-  if (c->frame.begun() && c->frame_began == absl::InfiniteFuture()) {
-    c->frame_began = absl::Now();
-    Watch(*c);
-  }
-  if (!*whole) return;
-  // The whole frame goes to a worker; the socket is out of epoll until the
-  // answer is sent (a pipelined next frame waits in it).
-  c->frame_began = absl::InfiniteFuture();
-  (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
-  c->armed = false;
-  c->with_worker = true;
-  {
-    MutexLock lock(&mu_);
-    busy_.insert(c);
-    requests_.push_back(c);
-  }
-  work_ready_.notify_one();
-}
-
-void ShmServer::OnWritable(Connection* c) {
-  if (!SendSome(c->fd.get(), c->out, &c->out_sent).ok()) return Close(c);
-  if (c->writing()) return;
-  c->out.clear();
-  c->out_sent = 0;
-  if (c->close_after_answer) return Close(c);
-  Arm(c, /*add=*/false);  // reading again
-}
-
-void ShmServer::TakeBack(Connection* c) {
-  c->with_worker = false;
-  if (c->writing()) {
-    c->out_since = absl::Now();
-    return Arm(c, /*add=*/true);
-  }
-  c->out.clear();
-  c->out_sent = 0;
-  if (c->close_after_answer) return Close(c);
-  Arm(c, /*add=*/true);
-}
-
-absl::Time ShmServer::DeadlineOf(const Connection& c) const {
-  if (c.with_worker) return absl::InfiniteFuture();
-  absl::Time deadline = absl::InfiniteFuture();
-  if (!c.greeted) deadline = c.accepted + options_.hello_timeout;
-  if (c.writing()) return std::min(deadline, c.out_since + options_.io_timeout);
-  if (c.greeted && c.frame_began != absl::InfiniteFuture()) {
-    deadline = std::min(deadline, c.frame_began + options_.io_timeout);
-  }
-  return deadline;
-}
-
-absl::Time ShmServer::EnforceDeadlines(absl::Time now) {
-  absl::Time next = absl::InfiniteFuture();
-  std::vector<Connection*> late;
-  for (Connection* c : open_) {
-    const absl::Time deadline = DeadlineOf(*c);
-    if (deadline <= now) {
-      late.push_back(c);
-    } else {
-      next = std::min(next, deadline);
+  if (!*whole) {
+    // A frame once begun must come whole in time (a stranger's hello
+    // deadline stands).
+    if (c->greeted && c->frame.begun() &&
+        c->waiting.load(std::memory_order_relaxed) != Waiting::kFrame) {
+      c->SetDeadline(Waiting::kFrame, absl::Now() + options_.io_timeout);
     }
+    return Rearm(c);
   }
-  for (Connection* c : late) {
-    const char* what = c->writing()       ? "an answer was not read"
-                       : c->frame.begun() ? "a frame did not arrive whole"
-                                          : "no frame began";
-    spdlog::info("shm socket: cut off pid {} (uid {}): {} in time{}", c->peer.pid, c->peer.uid,
-                 what, c->greeted ? "" : " (before its hello)");
+  Answer(*c);
+  if (c->writing()) {
+    // A stranger's hello deadline stands whatever it leaves unread.
+    if (c->greeted) {
+      c->SetDeadline(Waiting::kAnswerRead, absl::Now() + options_.io_timeout);
+    } else {
+      c->SetDeadline(Waiting::kHello, std::min(absl::Now() + options_.io_timeout,
+                                               c->accepted + options_.hello_timeout));
+    }
+  } else if (c->close_after_answer) {
+    return Close(c);
+  }
+  Rearm(c);
+}
+
+void ShmServer::Rearm(Connection* c) {
+  // Waiting for a next frame that has not begun: no deadline (pooled
+  // connections idle). A stranger's hello deadline, a frame begun and an
+  // answer being sent keep theirs.
+  if (!c->writing() && c->greeted && !c->frame.begun()) {
+    c->SetDeadline(Waiting::kNextFrame, absl::InfiniteFuture());
+  }
+  epoll_event event{
+      .events = static_cast<uint32_t>((c->writing() ? EPOLLOUT : EPOLLIN) | EPOLLONESHOT),
+      .data = {.ptr = c}};
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c->fd.get(), &event) != 0) {
+    spdlog::warn("shm socket: epoll_ctl: {}; closing the connection of pid {}", ErrnoText(errno),
+                 c->peer.pid);
     Close(c);
   }
-  return next;
 }
 
-// ---- the workers ---------------------------------------------------------------
-
-void ShmServer::Work() {
-  for (;;) {
-    Connection* c = nullptr;
-    {
-      MutexLock lock(&mu_);
-      const auto ready = [this] {
-        mu_.AssertHeld();
-        return !requests_.empty() || loop_done_;
-      };
-      mu_.AssertHeld();
-      while (!ready()) work_ready_.wait(mu_);
-      if (requests_.empty()) return;  // shutting down, nothing left
-      c = requests_.front();
-      requests_.pop_front();
-    }
-    Answer(*c);
-    {
-      MutexLock lock(&mu_);
-      busy_.erase(c);
-      returned_.push_back(c);
-    }
-    drained_.notify_all();
-    const uint64_t one = 1;
-    (void)!::write(wake_.get(), &one, sizeof(one));
+void ShmServer::Close(Connection* c) {
+  (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
+  {
+    MutexLock lock(&mu_);
+    open_.erase(c);
   }
+  closed_.notify_all();
+  c->session.reset();  // its regions unmap here
+  delete c;            // closes the socket
 }
 
 void ShmServer::Answer(Connection& c) {
@@ -470,6 +377,42 @@ void ShmServer::Answer(Connection& c) {
     c.out.clear();
     c.out_sent = 0;
     c.close_after_answer = true;
+  }
+}
+
+// ---- the janitor ---------------------------------------------------------------
+
+void ShmServer::Janitor() {
+  // Deadlines are seconds long: a check every tenth of the shortest is close
+  // enough, and costs a walk of the open connections.
+  const absl::Duration tick = std::clamp(std::min(options_.hello_timeout, options_.io_timeout) / 10,
+                                         absl::Milliseconds(5), absl::Milliseconds(100));
+  MutexLock lock(&mu_);
+  while (!stopping_) {
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    for (Connection* c : open_) {
+      if (c->deadline_ns.load(std::memory_order_relaxed) > now) continue;
+      c->SetDeadline(c->waiting.load(std::memory_order_relaxed), absl::InfiniteFuture());
+      const char* what = "no frame began";
+      switch (c->waiting.load(std::memory_order_relaxed)) {
+        case Waiting::kHello:
+          what = "no hello answered";
+          break;
+        case Waiting::kFrame:
+          what = "a frame did not arrive whole";
+          break;
+        case Waiting::kAnswerRead:
+          what = "an answer was not read";
+          break;
+        case Waiting::kNextFrame:
+          break;
+      }
+      spdlog::info("shm socket: cut off pid {} (uid {}): {} in time", c->peer.pid, c->peer.uid,
+                   what);
+      // The owner of its next event (the hang-up) closes it.
+      ::shutdown(c->fd.get(), SHUT_RDWR);
+    }
+    closed_.wait_for(mu_, absl::ToChronoNanoseconds(tick));
   }
 }
 

@@ -11,15 +11,19 @@
 // error frame and closed. A connection that closes (the worker exits or
 // crashes) ends its session, which unmaps its regions.
 //
-// Threads: no connection has a thread of its own. One event-loop thread
-// accepts, reads every connection's frames without blocking (a frame is
-// assembled as its bytes come, shm::FrameAssembler), flushes answers a peer
-// was slow to take, and enforces the deadlines; a pool of worker threads
-// (shm.worker_threads) answers whole requests (ShmSession::Handle, which may
-// wait for a data-path slot, copy, or read the SSD tier) and sends the
-// answer without blocking. A connection is in the loop's hands or in one
-// worker's, never both, so its session sees one request at a time; a peer
-// that does not read its answers, or sends a frame slowly, holds no thread.
+// Threads: no connection has a thread of its own. A pool of workers
+// (shm.worker_threads) waits on one epoll set in which every connection is
+// armed one-shot: the worker woken for a connection owns it until it arms it
+// again, so its session sees one request at a time. That worker reads what
+// the socket has of the next frame without blocking (a frame is assembled as
+// its bytes come, shm::FrameAssembler); once the frame is whole it answers it
+// (ShmSession::Handle, which may wait for a data-path slot, copy, or read the
+// SSD tier) and sends the answer without blocking, then arms the connection
+// for the next frame, or for the rest of an answer the peer was slow to
+// take. A request costs one wakeup, as a thread per connection did, and a
+// peer that does not read its answers, or sends a frame slowly, holds no
+// thread. A janitor thread shuts down the sockets of connections past their
+// deadlines (the owner of the next event closes them).
 //
 // Until a hello is answered OK a connection is a stranger: its frames may be
 // at most kMaxHelloFrameBytes, the first request must be a hello, and the
@@ -45,7 +49,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -118,7 +121,7 @@ class ShmServer {
   const std::string& socket_path() const { return options_.socket_path; }
   // Connections open now (idle or being served).
   int connections() const;
-  // Threads the server runs: the event loop and the workers.
+  // Threads the server runs: the workers and the janitor.
   int threads() const;
   // The regions mapped now, and their caps.
   const MappingBudget& mapping_budget() const { return *budget_; }
@@ -133,29 +136,24 @@ class ShmServer {
   ShmServer(const ShmServerOptions& options, Cache* cache, RpcObserver* observer,
             UniqueFd listener);
 
-  // The event loop's thread: accepts, reads frames, flushes answers, and
-  // closes connections past their deadlines, until Shutdown().
-  void Loop();
-  // Admits or refuses a new connection (the loop's).
-  void Admit(UniqueFd fd);
-  // Reads what the connection's socket has; a whole frame goes to a worker.
-  void OnReadable(Connection* c);
-  // Sends what is left of the connection's answer.
-  void OnWritable(Connection* c);
-  // Back from a worker: closed, waits for its answer to drain, or reads on.
-  void TakeBack(Connection* c);
-  // Arms the connection's socket for what it waits for (reading or writing).
-  void Arm(Connection* c, bool add);
-  void Close(Connection* c);
-  // Closes connections past their deadline; returns the next deadline.
-  absl::Time EnforceDeadlines(absl::Time now);
-  absl::Time DeadlineOf(const Connection& c) const;
-  // Lowers next_deadline_ to the connection's deadline.
-  void Watch(const Connection& c);
-
-  // A worker thread: answers the requests the loop hands over.
+  // A worker: waits on the epoll set and serves what it is woken for, until
+  // Shutdown() makes the wake descriptor readable.
   void Work();
+  // Accepts what the listener has (the listener is armed one-shot too).
+  void AcceptAll();
+  // Admits or refuses a new connection.
+  void Admit(UniqueFd fd);
+  // Serves one event of a connection this worker owns: reads, answers,
+  // sends, and arms it again (or closes it).
+  void Step(Connection* c);
+  // Answers the whole frame the connection read, and starts sending it.
   void Answer(Connection& c);
+  // Arms the connection one-shot for its next event (reading, or writing
+  // the rest of an answer), with the deadline that goes with it.
+  void Rearm(Connection* c);
+  void Close(Connection* c);
+  // The janitor: shuts down the sockets of connections past their deadlines.
+  void Janitor();
 
   const ShmServerOptions options_;
   Cache* const cache_;
@@ -164,21 +162,14 @@ class ShmServer {
   const std::shared_ptr<MappingBudget> budget_;
   UniqueFd listener_;
   UniqueFd epoll_;
-  UniqueFd wake_;  // an eventfd that wakes the loop: work came back, or shutdown
-  std::thread loop_;
+  UniqueFd wake_;  // an eventfd, readable from Shutdown() on: the workers return
   std::vector<std::thread> workers_;
-  // The loop's own: every open connection (idle, reading, writing or busy).
-  absl::flat_hash_set<Connection*> open_;
-  absl::Time next_deadline_ = absl::InfiniteFuture();  // no deadline of open_ is earlier
+  std::thread janitor_;
   mutable Mutex mu_;
-  std::condition_variable_any work_ready_;                      // requests_ has work, or stopping_
-  std::condition_variable_any drained_;                         // a busy connection came back
-  std::deque<Connection*> requests_ ABSL_GUARDED_BY(mu_);       // whole frames to answer
-  std::vector<Connection*> returned_ ABSL_GUARDED_BY(mu_);      // answered, for the loop
-  absl::flat_hash_set<Connection*> busy_ ABSL_GUARDED_BY(mu_);  // with a worker
-  int open_count_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;   // no new work; the loop closes idle ones
-  bool loop_done_ ABSL_GUARDED_BY(mu_) = false;  // the loop may exit
+  std::condition_variable_any closed_;  // a connection closed, or stopping_ (the janitor)
+  // Every open connection: the janitor walks it, Shutdown() shuts them down.
+  absl::flat_hash_set<Connection*> open_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -113,7 +113,7 @@ class ShmServerTest : public ::testing::Test {
 
 TEST_F(ShmServerTest, FiveHundredTwelveConnectionsAreServedByTheSameThreads) {
   Start(/*workers=*/4, /*max_connections=*/600);
-  EXPECT_EQ(server_->threads(), 5);
+  EXPECT_EQ(server_->threads(), 5);  // four workers and the janitor
   const int threads_before = ThreadsOfThisProcess();
   std::vector<int> connections;
   for (int i = 0; i < 512; ++i) connections.push_back(Connect());
