@@ -40,6 +40,49 @@ void CollectFds(msghdr* msg, std::vector<int>* fds) {
   }
 }
 
+// What one read of a frame's bytes got: bytes, the end of the stream, or
+// nothing yet (a read that was not to wait).
+struct Piece {
+  size_t bytes = 0;
+  bool closed = false;
+  bool nothing_yet = false;
+};
+
+// One recvmsg of at most `n` bytes into `out`, waiting unless `dont_wait`;
+// the descriptors that came with them are added to `fds`, which may hold at
+// most kMaxFrameFds in all.
+absl::StatusOr<Piece> ReceivePiece(int socket, char* out, size_t n, bool dont_wait,
+                                   std::vector<int>* fds) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFrameFds)];
+  for (;;) {
+    iovec iov{out, n};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t r = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | (dont_wait ? MSG_DONTWAIT : 0));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Piece{.nothing_yet = true};
+      return Errno("shared-memory socket read");
+    }
+    CollectFds(&msg, fds);
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a shared-memory frame came with more ancillary data than ", kMaxFrameFds,
+          " descriptors (cut by the kernel); the descriptors that arrived were closed"));
+    }
+    if (fds->size() > static_cast<size_t>(kMaxFrameFds)) {
+      return absl::InvalidArgumentError(absl::StrCat("a shared-memory frame carries more than ",
+                                                     kMaxFrameFds,
+                                                     " file descriptors; all of them were closed"));
+    }
+    if (r == 0) return Piece{.closed = true};
+    return Piece{.bytes = static_cast<size_t>(r)};
+  }
+}
+
 // Reads the bytes of one frame: the deadlines, the descriptors that came
 // with it, and whether any byte came at all.
 class FrameReader {
@@ -62,7 +105,6 @@ class FrameReader {
 
   // Reads at least one and at most `n` bytes into `out`; `*got` says how many.
   absl::Status ReadSome(char* out, size_t n, size_t* got) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFrameFds)];
     for (;;) {
       // With no deadline the read blocks (within the socket's SO_RCVTIMEO,
       // if the caller set one); with one, poll() waits for it.
@@ -70,38 +112,18 @@ class FrameReader {
       if (bounded) {
         if (absl::Status s = WaitReadable(); !s.ok()) return s;
       }
-      iovec iov{out, n};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      const ssize_t r = ::recvmsg(socket_, &msg, MSG_CMSG_CLOEXEC | (bounded ? MSG_DONTWAIT : 0));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (bounded) continue;  // woken for nothing: poll again
-          return absl::DeadlineExceededError("a shared-memory socket read timed out (SO_RCVTIMEO)");
-        }
-        return Errno("shared-memory socket read");
+      absl::StatusOr<Piece> piece = ReceivePiece(socket_, out, n, bounded, &taken_);
+      if (!piece.ok()) return piece.status();
+      if (piece->nothing_yet) {
+        if (bounded) continue;  // woken for nothing: poll again
+        return absl::DeadlineExceededError("a shared-memory socket read timed out (SO_RCVTIMEO)");
       }
-      CollectFds(&msg, &taken_);
-      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "a shared-memory frame came with more ancillary data than ", kMaxFrameFds,
-            " descriptors (cut by the kernel); the descriptors that arrived were closed"));
-      }
-      if (taken_.size() > static_cast<size_t>(kMaxFrameFds)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("a shared-memory frame carries more than ", kMaxFrameFds,
-                         " file descriptors; all of them were closed"));
-      }
-      if (r == 0) return absl::UnavailableError("the shared-memory connection is closed");
+      if (piece->closed) return absl::UnavailableError("the shared-memory connection is closed");
       if (!got_any_) {
         got_any_ = true;
         deadline_ = DeadlineAfter(options_.frame_timeout);
       }
-      *got = static_cast<size_t>(r);
+      *got = piece->bytes;
       return absl::OkStatus();
     }
   }
@@ -277,37 +299,13 @@ void FrameAssembler::Reset(uint64_t max_bytes) {
 }
 
 absl::StatusOr<size_t> FrameAssembler::ReadSome(int socket, char* out, size_t n) {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFrameFds)];
-  for (;;) {
-    iovec iov{out, n};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t r = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      return Errno("shared-memory socket read");
-    }
-    CollectFds(&msg, &fds_);
-    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a shared-memory frame came with more ancillary data than ", kMaxFrameFds,
-          " descriptors (cut by the kernel); the descriptors that arrived were closed"));
-    }
-    if (fds_.size() > static_cast<size_t>(kMaxFrameFds)) {
-      return absl::InvalidArgumentError(absl::StrCat("a shared-memory frame carries more than ",
-                                                     kMaxFrameFds,
-                                                     " file descriptors; all of them were closed"));
-    }
-    if (r == 0) {
-      return begun() ? absl::UnavailableError("the shared-memory connection broke off in a frame")
-                     : absl::UnavailableError("the shared-memory connection is closed");
-    }
-    return static_cast<size_t>(r);
+  absl::StatusOr<Piece> piece = ReceivePiece(socket, out, n, /*dont_wait=*/true, &fds_);
+  if (!piece.ok()) return piece.status();
+  if (piece->closed) {
+    return begun() ? absl::UnavailableError("the shared-memory connection broke off in a frame")
+                   : absl::UnavailableError("the shared-memory connection is closed");
   }
+  return piece->bytes;  // 0: nothing yet
 }
 
 absl::StatusOr<bool> FrameAssembler::ReadAvailable(int socket) {

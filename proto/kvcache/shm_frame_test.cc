@@ -4,6 +4,7 @@
 #include "kvcache/shm_frame.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -191,6 +192,74 @@ TEST_F(ShmFrameTest, AWriteToAPeerThatNeverReadsTimesOut) {
   absl::Status s = WriteFrame(pair_[1], request);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("timed out"), std::string_view::npos) << s;
+}
+
+// ---- FrameAssembler: the same frames, read without blocking ---------------------
+
+TEST_F(ShmFrameTest, AnAssemblerReadsAFrameInPiecesAndStopsAtItsEnd) {
+  const std::string first = Header(5) + "hello";
+  const std::string second = Header(3) + "abc";
+  FrameAssembler frame(1 << 20);
+  // Nothing sent yet: nothing to do, nothing begun.
+  absl::StatusOr<bool> whole = frame.ReadAvailable(pair_[0]);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(*whole);
+  EXPECT_FALSE(frame.begun());
+  // Two bytes of the header, then the rest of the first frame and all of the
+  // second (pipelined) with a descriptor on the first frame's last piece.
+  ASSERT_EQ(::send(pair_[1], first.data(), 2, MSG_NOSIGNAL), 2);
+  whole = frame.ReadAvailable(pair_[0]);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_FALSE(*whole);
+  EXPECT_TRUE(frame.begun());
+  SendWithFds(first.substr(2), 1);
+  ASSERT_EQ(::send(pair_[1], second.data(), second.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(second.size()));
+  whole = frame.ReadAvailable(pair_[0]);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE(*whole);
+  EXPECT_EQ(frame.body(), "hello");
+  std::vector<int> fds = frame.TakeFds();
+  ASSERT_EQ(fds.size(), 1u);
+  ::close(fds[0]);
+  // The second frame was left in the socket, whole.
+  frame.Reset(1 << 20);
+  whole = frame.ReadAvailable(pair_[0]);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE(*whole);
+  EXPECT_EQ(frame.body(), "abc");
+  EXPECT_TRUE(frame.TakeFds().empty());
+}
+
+TEST_F(ShmFrameTest, AnAssemblerRefusesALongFrameAndClosesDescriptorsItDidNotHandOver) {
+  const int before = OpenFds();
+  {
+    FrameAssembler frame(4);
+    SendWithFds(Header(5) + "hello", 2);
+    absl::StatusOr<bool> whole = frame.ReadAvailable(pair_[0]);
+    EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted) << whole.status();
+  }
+  EXPECT_EQ(OpenFds(), before) << "the assembler kept descriptors of a refused frame";
+}
+
+TEST_F(ShmFrameTest, AnAssemblerTellsAClosedConnectionFromOneThatBrokeOff) {
+  FrameAssembler idle(1 << 20);
+  ::shutdown(pair_[1], SHUT_WR);
+  absl::StatusOr<bool> whole = idle.ReadAvailable(pair_[0]);
+  EXPECT_EQ(whole.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(whole.status().message()), ::testing::HasSubstr("is closed"));
+
+  int other[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, other), 0);
+  const std::string part = Header(10) + "abc";
+  ASSERT_EQ(::send(other[1], part.data(), part.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(part.size()));
+  ::close(other[1]);
+  FrameAssembler cut(1 << 20);
+  whole = cut.ReadAvailable(other[0]);
+  EXPECT_EQ(whole.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(whole.status().message()), ::testing::HasSubstr("broke off"));
+  ::close(other[0]);
 }
 
 }  // namespace
