@@ -213,6 +213,7 @@ int Serve(const v1::ServerConfig& config) {
                           .keep = c.keep(),
                           .full_every = c.full_every(),
                           .zstd_level = c.zstd_level(),
+                          .max_write_bytes_per_second = c.max_write_bytes_per_second(),
                           .mac_key = secret->Derive("checkpoint-mac")},
          .interval = absl::Seconds(c.interval_seconds()),
          .restore_on_start = c.restore_on_start(),

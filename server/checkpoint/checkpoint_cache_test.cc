@@ -166,6 +166,35 @@ TEST_F(CheckpointCacheTest, AnIncrementalCheckpointRefersToUnchangedPayloads) {
   EXPECT_EQ(Restore(*MakeCache(64)).restored_blocks, blocks);
 }
 
+TEST_F(CheckpointCacheTest, AWriteRateLimitPacesTheCheckpoint) {
+  ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 10));
+  // Written as fast as it can, to learn the payload bytes.
+  auto free_run = Checkpoint(*source_, DefaultFileSystem(), 1, /*full_every=*/1);
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  const uint64_t payload = free_run->payload_bytes;
+  ASSERT_GT(payload, 0u);
+  // At half the payload a second, stored raw (the limit counts the bytes
+  // written): a second's worth goes at once (the bucket starts full), the
+  // rest takes at least another second.
+  const uint64_t rate = payload / 2;
+  Checkpointer paced(source_.get(), DefaultFileSystem(),
+                     {.dir = dir_,
+                      .keep = 3,
+                      .full_every = 1,
+                      .zstd_level = 0,
+                      .max_write_bytes_per_second = rate},
+                     2);
+  const absl::Time start = absl::Now();
+  auto run = paced.Run();
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->payload_bytes, payload);
+  EXPECT_GE(took, absl::Seconds(0.95)) << "the limit did not pace the writes";
+  // What was written restores exactly.
+  std::unique_ptr<Cache> target = MakeCache(64);
+  EXPECT_EQ(Restore(*target).restored_blocks, source_->GetStats().blocks);
+}
+
 TEST_F(CheckpointCacheTest, AFailedWriteLeavesThePreviousCheckpointNewest) {
   ASSERT_NO_FATAL_FAILURE(Fill(*source_, Mid(), 8));
   const uint64_t first_blocks = source_->GetStats().blocks;

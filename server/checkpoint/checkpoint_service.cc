@@ -92,14 +92,14 @@ void CheckpointService::Loop() {
   done_.notify_all();
 }
 
-absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why) {
+absl::StatusOr<CheckpointRun> CheckpointService::RunAndRecord(const char* why, Pacing pacing) {
   if (!restorer_.finished()) {
     return absl::FailedPreconditionError(
         "the restore from the last checkpoint is still running; a checkpoint now would replace "
         "it with a partial one (kvcachectl checkpoint list shows its progress)");
   }
   in_progress_ = true;
-  absl::StatusOr<CheckpointRun> run = checkpointer_.Run();
+  absl::StatusOr<CheckpointRun> run = checkpointer_.Run(pacing);
   in_progress_ = false;
   if (options_.after_run) options_.after_run();
   MutexLock lock(&mu_);
@@ -207,7 +207,7 @@ void CheckpointService::Shutdown(bool final_checkpoint) {
           "restoring stays the newest");
       return;
     }
-    (void)RunAndRecord("shutdown");
+    (void)RunAndRecord("shutdown", Pacing::kFullSpeed);  // nothing is served any more
   }
 }
 

@@ -105,7 +105,7 @@ class CheckpointService {
   CheckpointService(Cache* cache, FileSystem* fs, CheckpointServiceOptions options,
                     uint64_t next_sequence);
   void Loop();
-  absl::StatusOr<CheckpointRun> RunAndRecord(const char* why);
+  absl::StatusOr<CheckpointRun> RunAndRecord(const char* why, Pacing pacing = Pacing::kLimited);
 
   FileSystem* const fs_;
   const CheckpointServiceOptions options_;

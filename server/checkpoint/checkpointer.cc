@@ -5,11 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint_directory.h"
 #include "server/checkpoint/checkpoint_format.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/checkpoint/records.h"
+#include "server/common/token_bucket.h"
 #include "spdlog/spdlog.h"
 
 namespace kvcache::checkpoint {
@@ -46,9 +48,9 @@ Checkpointer::Checkpointer(Cache* cache, FileSystem* fs, CheckpointerOptions opt
                            uint64_t next_sequence)
     : cache_(cache), fs_(fs), options_(std::move(options)), next_sequence_(next_sequence) {}
 
-absl::StatusOr<CheckpointRun> Checkpointer::Run() {
+absl::StatusOr<CheckpointRun> Checkpointer::Run(Pacing pacing) {
   MutexLock lock(&mu_);
-  absl::StatusOr<CheckpointRun> run = RunLocked();
+  absl::StatusOr<CheckpointRun> run = RunLocked(pacing);
   writer_bytes_.store(0, std::memory_order_relaxed);
   if (!run.ok()) {
     // The next run starts over from a full checkpoint: what the failed one
@@ -71,7 +73,7 @@ void Checkpointer::SeedPayloads(PayloadMap payloads) {
   runs_since_full_ = 0;
 }
 
-absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
+absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
   const absl::Time start = absl::Now();
   CheckpointRun run;
   run.sequence = next_sequence_++;
@@ -93,6 +95,8 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
   std::vector<BlockImage> batch;
   std::string scratch;
   bool compress = options_.zstd_level > 0;
+  // Payload bytes written, at most this many a second.
+  TokenBucket pace(pacing == Pacing::kLimited ? options_.max_write_bytes_per_second : 0);
   uint64_t probed_bytes = 0;   // payload bytes compressed to decide
   uint64_t probed_stored = 0;  // what they took in the file
   for (uint32_t ordinal = 0; ordinal < models.size(); ++ordinal) {
@@ -162,6 +166,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked() {
         absl::StatusOr<RecordLocation> at =
             w.Append(static_cast<uint8_t>(RecordType::kPayload), b.host->data(), compress);
         if (!at.ok()) return at.status();
+        absl::SleepFor(pace.Take(w.data_bytes() - stored_before, absl::Now()));
         if (compress && probed_bytes < options_.compression_probe_bytes) {
           // KV in fp16 barely compresses, and zstd costs more than the disk:
           // once the probe shows it saves too little, the rest goes raw.

@@ -55,6 +55,11 @@ struct CheckpointerOptions {
   uint64_t compression_probe_bytes = uint64_t{64} << 20;
   double min_compression_saving = 0.10;
   size_t batch_blocks = 64;
+  // Bytes of payload records (as stored: compressed when they are) a
+  // checkpoint writes per second at most; it sleeps between payloads to keep
+  // to it, so that it leaves the disk and memory bandwidth to serving. The
+  // first second's worth goes at once. 0: as fast as it can.
+  uint64_t max_write_bytes_per_second = 0;
   // What the checkpoints' MACs are made and checked under
   // (docs/checkpoint-format.md): the daemon passes
   // DaemonSecret::Derive("checkpoint-mac"); all-zero only in tests.
@@ -79,6 +84,11 @@ struct CheckpointRun {
   std::vector<uint64_t> references;
 };
 
+// Whether a run keeps to max_write_bytes_per_second: a checkpoint taken while
+// the daemon serves does; the final one at shutdown, with nothing left to
+// serve, runs at full speed.
+enum class Pacing : uint8_t { kLimited, kFullSpeed };
+
 class Checkpointer {
  public:
   // REQUIRES: cache and fs outlive the checkpointer. `next_sequence` is the
@@ -88,7 +98,7 @@ class Checkpointer {
   // Writes and commits one checkpoint, then prunes. On error nothing of it
   // stays on disk (the writer is aborted) and the previous checkpoints are
   // as they were; the next run is full.
-  absl::StatusOr<CheckpointRun> Run() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CheckpointRun> Run(Pacing pacing = Pacing::kLimited) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The payloads a restore put back and where they are (Restorer): the next
   // checkpoint refers to those unchanged instead of writing the whole cache
@@ -100,7 +110,7 @@ class Checkpointer {
   uint64_t writer_bytes() const { return writer_bytes_.load(std::memory_order_relaxed); }
 
  private:
-  absl::StatusOr<CheckpointRun> RunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<CheckpointRun> RunLocked(Pacing pacing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Cache* const cache_;
   FileSystem* const fs_;

@@ -30,6 +30,12 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint.ssd_retained_share is ", c.ssd_retained_share(), "; it must be in [0, 1]"));
   }
+  // A limit of a few bytes a second would never finish a checkpoint.
+  if (c.max_write_bytes_per_second() != 0 && c.max_write_bytes_per_second() < (1u << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.max_write_bytes_per_second is ", c.max_write_bytes_per_second(),
+                     "; it must be 0 (no limit) or at least 1048576 (1 MiB/s)"));
+  }
   return absl::OkStatus();
 }
 

@@ -20,7 +20,8 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       policy_(std::move(policy)),
       lower_policy_(std::move(lower_policy)),
       models_(options.max_models, options.namespace_share),
-      leases_(options.max_leases, options.max_lease_tokens, options.namespace_share) {
+      leases_(options.max_leases, options.max_lease_tokens, options.namespace_share),
+      lower_writes_(options.tiers.lower_write_bytes_per_second) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
   if (lower_ != nullptr) {
     prefetcher_ = std::make_unique<Prefetcher>(std::max(1u, options_.tiers.prefetch_threads),

@@ -86,6 +86,7 @@
 #include "absl/time/time.h"
 #include "server/common/clock.h"
 #include "server/common/mutex.h"
+#include "server/common/token_bucket.h"
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
 #include "server/core/block_image.h"
@@ -884,8 +885,7 @@ class Cache {
   DeviceCopies device_copies_ ABSL_GUARDED_BY(mu_);  // the GPU tier's copies
   std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);
   // The lower tier's write budget: bytes that may be written now, and when.
-  double write_budget_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time write_budget_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  TokenBucket lower_writes_ ABSL_GUARDED_BY(mu_);  // tiers.lower_write_bytes_per_second
 };
 
 // Receives one append's KV bytes and stores its new blocks on Commit().

@@ -43,20 +43,7 @@ void Cache::DropLowerCopyLocked(IndexNode* node) {
 bool Cache::AdmitLowerLocked(const IndexNode& node) {
   const TierOptions& o = options_.tiers;
   if (node.references < o.lower_admit_min_references) return false;
-  if (o.lower_write_bytes_per_second == 0) return true;
-  const double rate = static_cast<double>(o.lower_write_bytes_per_second);
-  const absl::Time now = clock_->Now();
-  if (write_budget_at_ == absl::InfinitePast()) {
-    write_budget_ = rate;
-  } else {
-    write_budget_ =
-        std::min(rate, write_budget_ + rate * absl::ToDoubleSeconds(now - write_budget_at_));
-  }
-  write_budget_at_ = now;
-  const double size = static_cast<double>(node.payload->size());
-  if (write_budget_ < size) return false;
-  write_budget_ -= size;
-  return true;
+  return lower_writes_.TryTake(node.payload->size(), clock_->Now());
 }
 
 bool Cache::EvictLowerOneLocked(std::vector<BlockRef>* dropped) {
