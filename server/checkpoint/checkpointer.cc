@@ -120,6 +120,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
       run.gone_blocks += cache_->CaptureBlocks(
           model.key, std::span<const uint64_t>(model.blocks).subspan(first, n), &batch);
       writer_bytes_.store(w.MemoryBytes(), std::memory_order_relaxed);
+      uint64_t batch_payload_bytes = 0;  // as stored, for the pacing
       for (const BlockImage& b : batch) {
         std::optional<StoredLocation> where;
         if (b.lower != nullptr && reattachable) where = lower->Locate(*b.lower);
@@ -166,7 +167,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
         absl::StatusOr<RecordLocation> at =
             w.Append(static_cast<uint8_t>(RecordType::kPayload), b.host->data(), compress);
         if (!at.ok()) return at.status();
-        absl::SleepFor(pace.Take(w.data_bytes() - stored_before, absl::Now()));
+        batch_payload_bytes += w.data_bytes() - stored_before;
         if (compress && probed_bytes < options_.compression_probe_bytes) {
           // KV in fp16 barely compresses, and zstd costs more than the disk:
           // once the probe shows it saves too little, the rest goes raw.
@@ -184,6 +185,10 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
         ++run.host_payloads;
         run.payload_bytes += b.host->size();
       }
+      // Paced between batches, once the batch's blocks are let go: a
+      // checkpoint that sleeps pins nothing, so eviction and demotion go on.
+      batch.clear();
+      absl::SleepFor(pace.Take(batch_payload_bytes, absl::Now()));
     }
   }
   batch.clear();

@@ -56,8 +56,8 @@ struct CheckpointerOptions {
   double min_compression_saving = 0.10;
   size_t batch_blocks = 64;
   // Bytes of payload records (as stored: compressed when they are) a
-  // checkpoint writes per second at most; it sleeps between payloads to keep
-  // to it, so that it leaves the disk and memory bandwidth to serving. The
+  // checkpoint writes per second at most; it sleeps between batches (holding
+  // no block) to keep to it, so that it leaves the disk and memory bandwidth to serving. The
   // first second's worth goes at once. 0: as fast as it can.
   uint64_t max_write_bytes_per_second = 0;
   // What the checkpoints' MACs are made and checked under

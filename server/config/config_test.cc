@@ -231,6 +231,8 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"negative retained share",
        [](auto& c) { c.mutable_checkpoint()->set_ssd_retained_share(-0.1); },
        "checkpoint.ssd_retained_share"},
+      {"too many shm workers", [](auto& c) { c.mutable_shm()->set_worker_threads(2000); },
+       "shm.worker_threads"},
       {"checkpoint write limit of a few bytes a second",
        [](auto& c) { c.mutable_checkpoint()->set_max_write_bytes_per_second(4096); },
        "checkpoint.max_write_bytes_per_second"},

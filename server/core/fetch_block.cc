@@ -18,6 +18,17 @@ std::vector<uint32_t> KeptTokens(const importance::CompressedBlockView& view) {
   return kept;
 }
 
+// The parsed block, once its stored bytes match their checksum. Decoding
+// makes new bytes with a new checksum, so the stored ones are verified first:
+// corruption in memory is DATA_LOSS, never a valid-looking block.
+absl::StatusOr<importance::CompressedBlockView> VerifiedForDecoding(const BlockPayload& stored) {
+  if (Checksum(stored.data()) != stored.checksum()) {
+    return absl::DataLossError(
+        "a compressed block does not match its checksum (memory corruption); it is not served");
+  }
+  return importance::ParseCompressedBlock(stored.data());
+}
+
 }  // namespace
 
 absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool as_stored) {
@@ -32,14 +43,7 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool a
     out.encoding = FetchEncoding::kCompressed;
     return out;
   }
-  // Decoding makes new bytes with a new checksum, so the stored ones are
-  // verified first: corruption in memory is DATA_LOSS, never a valid-looking block.
-  if (Checksum(stored->data()) != stored->checksum()) {
-    return absl::DataLossError(
-        "a compressed block does not match its checksum (memory corruption); it is not served");
-  }
-  absl::StatusOr<importance::CompressedBlockView> view =
-      importance::ParseCompressedBlock(stored->data());
+  absl::StatusOr<importance::CompressedBlockView> view = VerifiedForDecoding(*stored);
   if (!view.ok()) return view.status();
   out.kept_tokens = KeptTokens(*view);
   BlockRef decoded = BlockPayload::FromHeap(view->shape.raw_bytes());
@@ -57,12 +61,7 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool a
 
 absl::StatusOr<DecodedForFetch> DecodeForFetchInto(const BlockPayload& stored,
                                                    std::span<std::byte> out) {
-  if (Checksum(stored.data()) != stored.checksum()) {
-    return absl::DataLossError(
-        "a compressed block does not match its checksum (memory corruption); it is not served");
-  }
-  absl::StatusOr<importance::CompressedBlockView> view =
-      importance::ParseCompressedBlock(stored.data());
+  absl::StatusOr<importance::CompressedBlockView> view = VerifiedForDecoding(stored);
   if (!view.ok()) return view.status();
   if (out.size() != view->shape.raw_bytes()) {
     return absl::InvalidArgumentError(

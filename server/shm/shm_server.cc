@@ -76,7 +76,8 @@ struct ShmServer::Connection {
   UniqueFd fd;
   ucred peer{};
   absl::Time accepted;
-  // The worker that owns the connection's event's only (one-shot arming).
+  // The rest is touched only by the worker the connection's last event woke
+  // (it is armed one-shot), so it needs no lock.
   std::unique_ptr<ShmSession> session;
   shm::FrameAssembler frame;  // the frame being read
   bool greeted = false;       // a hello was answered OK
@@ -201,7 +202,6 @@ void ShmServer::Work() {
       absl::SleepFor(absl::Milliseconds(10));
       continue;
     }
-    if (n == 0) continue;
     void* tag = event.data.ptr;
     if (tag == &kWakeTag) return;
     if (tag == &kListenerTag) {
@@ -245,14 +245,6 @@ void ShmServer::Admit(UniqueFd fd) {
   // the socket's group) decides who can connect, supplementary group members
   // included; authentication, when on, decides what the session may do.
   const ucred& peer = connection->peer;
-  connection->session = std::make_unique<ShmSession>(
-      options_.limits, cache_, &copier_, observer_,
-      ShmPeer{.peer = absl::StrCat("shm:pid=", peer.pid, ",uid=", peer.uid),
-              .inflight = options_.inflight,
-              .uid = peer.uid,
-              .access = options_.access,
-              .fair = options_.fair},
-      budget_.get());
   connection->SetDeadline(Waiting::kHello, connection->accepted + options_.hello_timeout);
   Connection* c = connection.get();
   {
@@ -272,6 +264,16 @@ void ShmServer::Admit(UniqueFd fd) {
   }
   spdlog::debug("shm socket: connection from pid {} (uid {}, gid {})", peer.pid, peer.uid,
                 peer.gid);
+  // Not armed yet, so still this worker's alone (the janitor and Shutdown()
+  // touch only its socket).
+  c->session = std::make_unique<ShmSession>(
+      options_.limits, cache_, &copier_, observer_,
+      ShmPeer{.peer = absl::StrCat("shm:pid=", peer.pid, ",uid=", peer.uid),
+              .inflight = options_.inflight,
+              .uid = peer.uid,
+              .access = options_.access,
+              .fair = options_.fair},
+      budget_.get());
   epoll_event event{.events = EPOLLIN | EPOLLONESHOT, .data = {.ptr = c}};
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c->fd.get(), &event) != 0) {
     spdlog::warn("shm socket: epoll_ctl: {}; closing the connection of pid {}", ErrnoText(errno),
