@@ -24,13 +24,16 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       lower_writes_(options.tiers.lower_write_bytes_per_second) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
   if (lower_ != nullptr) {
-    prefetcher_ = std::make_unique<Prefetcher>(std::max(1u, options_.tiers.prefetch_threads),
-                                               std::max(1u, options_.tiers.prefetch_queue));
+    prefetcher_ = std::make_unique<TierWorkers>(std::max(1u, options_.tiers.prefetch_threads),
+                                                std::max(1u, options_.tiers.prefetch_queue));
+    fetch_readers_ = std::make_unique<TierWorkers>(std::max(1u, options_.tiers.fetch_read_threads),
+                                                   std::max(1u, options_.tiers.fetch_read_queue));
   }
 }
 
 Cache::~Cache() {
-  prefetcher_.reset();  // its jobs use the cache
+  prefetcher_.reset();  // their jobs use the cache
+  fetch_readers_.reset();
   MutexLock lock(&mu_);
   leases_.Clear();
   for (auto& entry : models_) {
@@ -399,12 +402,18 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<c
 
 absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<const Token> tokens,
                                            bool accept_lossy, size_t max_blocks, LoadFor load_for) {
+  absl::StatusOr<MatchedFetch> matched = MatchFetch(model, tokens, accept_lossy, max_blocks);
+  if (!matched.ok()) return matched.status();
+  return FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks), load_for);
+}
+
+absl::StatusOr<Cache::MatchedFetch> Cache::MatchFetch(const ModelKey& model,
+                                                      std::span<const Token> tokens,
+                                                      bool accept_lossy, size_t max_blocks) {
   KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
-  FetchPlan plan;
-  std::vector<TieredBlock> blocks;
-  const PrefixIndex* index;
+  MatchedFetch matched;
   std::vector<BlockRef> expired;  // released after the lock
   {
     MutexLock lock(&mu_);
@@ -413,12 +422,12 @@ absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<cons
     ModelState& m = **state;
     std::vector<IndexNode*> path;
     MatchLocked(m, tokens, *hashes, &path, &expired);
-    blocks.reserve(path.size());
-    for (IndexNode* n : path) blocks.push_back(TakeBlock(*n, PinReason::kFetch));
-    plan = MakePlan(m, &blocks, accept_lossy, max_blocks);
-    index = &m.index;
+    matched.blocks.reserve(path.size());
+    for (IndexNode* n : path) matched.blocks.push_back(TakeBlock(*n, PinReason::kFetch));
+    matched.plan = MakePlan(m, &matched.blocks, accept_lossy, max_blocks);
+    matched.index = &m.index;
   }
-  return FinishPlan(std::move(plan), index, std::move(blocks), load_for);
+  return matched;
 }
 
 FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks, bool accept_lossy,
@@ -439,11 +448,14 @@ FetchPlan Cache::MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
   return plan;
 }
 
+bool Cache::NeedsLowerReads(std::span<const TieredBlock> blocks) {
+  return std::any_of(blocks.begin(), blocks.end(),
+                     [](const TieredBlock& b) { return b.host == nullptr; });
+}
+
 FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
                             std::vector<TieredBlock> blocks, LoadFor load_for) {
-  const bool all_host = std::all_of(blocks.begin(), blocks.end(),
-                                    [](const TieredBlock& b) { return b.host != nullptr; });
-  if (!all_host) {
+  if (NeedsLowerReads(blocks)) {
     const size_t readable = LoadLowerBlocks(index, blocks, load_for);
     if (readable < blocks.size()) {
       blocks.resize(readable);
@@ -462,29 +474,32 @@ FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
                                                    bool accept_lossy, size_t max_blocks) {
-  FetchPlan plan;
-  std::vector<TieredBlock> blocks;
-  const PrefixIndex* index;
-  {
-    MutexLock lock(&mu_);
-    auto state = FindModelLocked(model);
-    if (!state.ok()) return state.status();
-    ExpireLeasesLocked(clock_->Now());
-    const Lease* lease = leases_.Find(lease_id);
-    // Another namespace's (tenant's) lease reads exactly as no lease.
-    if (lease == nullptr || lease->model.ns != model.ns) {
-      return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
-    }
-    if (lease->model != model) {
-      return absl::InvalidArgumentError(absl::StrCat("lease_id ", lease_id, " belongs to model \"",
-                                                     lease->model.model_id, "\", not \"",
-                                                     model.model_id, "\""));
-    }
-    blocks = lease->blocks;
-    plan = MakePlan(**state, &blocks, accept_lossy, max_blocks);
-    index = lease->index;
+  absl::StatusOr<MatchedFetch> matched = MatchLeaseFetch(model, lease_id, accept_lossy, max_blocks);
+  if (!matched.ok()) return matched.status();
+  return FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks));
+}
+
+absl::StatusOr<Cache::MatchedFetch> Cache::MatchLeaseFetch(const ModelKey& model, uint64_t lease_id,
+                                                           bool accept_lossy, size_t max_blocks) {
+  MatchedFetch matched;
+  MutexLock lock(&mu_);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ExpireLeasesLocked(clock_->Now());
+  const Lease* lease = leases_.Find(lease_id);
+  // Another namespace's (tenant's) lease reads exactly as no lease.
+  if (lease == nullptr || lease->model.ns != model.ns) {
+    return absl::NotFoundError(absl::StrCat("lease_id ", lease_id, " is unknown or expired"));
   }
-  return FinishPlan(std::move(plan), index, std::move(blocks));
+  if (lease->model != model) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_id ", lease_id, " belongs to model \"",
+                                                   lease->model.model_id, "\", not \"",
+                                                   model.model_id, "\""));
+  }
+  matched.blocks = lease->blocks;
+  matched.plan = MakePlan(**state, &matched.blocks, accept_lossy, max_blocks);
+  matched.index = lease->index;
+  return matched;
 }
 
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
@@ -668,6 +683,7 @@ CacheStats Cache::GetStats() const {
     stats.has_lower = true;
     stats.lower_store = lower_->GetStats();
     stats.prefetch = prefetcher_->GetStats();
+    stats.fetch_reads = fetch_readers_->GetStats();
   }
   if (device_ != nullptr) {
     stats.has_device = true;

@@ -99,9 +99,9 @@
 #include "server/core/layout.h"
 #include "server/core/lease_table.h"
 #include "server/core/model_registry.h"
-#include "server/core/prefetcher.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
+#include "server/core/tier_workers.h"
 #include "server/core/tiered_block.h"
 #include "server/importance/calibration.h"
 
@@ -130,6 +130,10 @@ struct TierOptions {
   // (more are dropped).
   uint32_t prefetch_threads = 1;
   uint32_t prefetch_queue = 256;
+  // The lower-tier reads of fetches (PrepareFetchAsync): threads, and fetches
+  // queued at most (past it a fetch reads on its caller's thread).
+  uint32_t fetch_read_threads = 2;
+  uint32_t fetch_read_queue = 1024;
   // The GPU tier (no effect without one): Migrate drops the least recently
   // used device copies once its allocated bytes pass device_high_watermark x
   // capacity, down to device_low_watermark x capacity. 0 < low <= high <= 1.
@@ -263,6 +267,19 @@ struct FetchPlan {
 
   bool MaySendLossy() const { return lossless_epoch != nullptr && lossless_epoch->load() == epoch; }
 };
+
+// What PrepareFetchAsync plans: the cached prefix of `tokens`, or the blocks
+// of the live lease `lease_id` (then `tokens` is empty); lossy blocks only
+// with `accept_lossy`; at most `max_blocks` blocks when not 0.
+struct FetchQuery {
+  std::span<const Token> tokens;
+  uint64_t lease_id = 0;
+  bool accept_lossy = false;
+  size_t max_blocks = 0;
+};
+
+// Receives the plan of PrepareFetchAsync (or why there is none).
+using FetchDone = absl::AnyInvocable<void(absl::StatusOr<FetchPlan>) &&>;
 
 // One block PlaceOnDevice put (or found) in the GPU tier.
 struct DeviceBlock {
@@ -447,6 +464,20 @@ class Cache {
   absl::StatusOr<FetchPlan> PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
                                               bool accept_lossy = false, size_t max_blocks = 0);
 
+  // PrepareFetch, or PrepareFetchLease when query.lease_id is set, for a
+  // caller that must not wait on the disk (a gRPC reactor): the blocks are
+  // matched (and pinned) before this returns, and when some must be read
+  // back from the lower tier the reads run on the cache's fetch-read
+  // threads (tiers.fetch_read_threads) and `done` runs there once they are
+  // in. Otherwise, and on any error, `done` runs on this thread before this
+  // returns. When the read queue is full the reads run on this thread
+  // (counted as `inline` in CacheStats::fetch_reads); when the cache shuts
+  // down with the reads still queued, `done` gets UNAVAILABLE. The plan is
+  // the one the synchronous call would have made; a block changed or
+  // evicted while its read was queued is served as it was when matched
+  // (the pins keep its copy).
+  void PrepareFetchAsync(const ModelKey& model, const FetchQuery& query, FetchDone done);
+
   // INVALID_ARGUMENT unless tokens is a non-empty whole number of blocks.
   // Evicting what is not cached evicts nothing and is OK.
   absl::StatusOr<EvictResult> EvictPrefix(const ModelKey& model, std::span<const Token> tokens);
@@ -530,11 +561,11 @@ class Cache {
   bool Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
                 PrefetchMode mode, absl::Duration timeout);
   // Queues that read-back (as kBestEffort does) and returns its ticket, for a
-  // caller that waits without blocking a thread (PrefetchTicket::OnDone;
+  // caller that waits without blocking a thread (WorkTicket::OnDone;
   // a gRPC PREFETCH_WAIT lookup). Null when the cache has no lower tier or
   // the prefetch queue is full (counted as dropped).
-  std::shared_ptr<PrefetchTicket> StartPrefetch(const ModelKey& model,
-                                                std::span<const Token> tokens, bool accept_lossy);
+  std::shared_ptr<WorkTicket> StartPrefetch(const ModelKey& model, std::span<const Token> tokens,
+                                            bool accept_lossy);
   // Counts a waiter that stopped waiting before its prefetch was done.
   void CountLatePrefetch();
 
@@ -723,6 +754,21 @@ class Cache {
   // model's lossless epoch. FinishPlan fills in the blocks.
   static FetchPlan MakePlan(const ModelState& m, std::vector<TieredBlock>* blocks,
                             bool accept_lossy, size_t max_blocks = 0);
+  // A fetch's blocks as matched under the lock, before any lower-tier read.
+  struct MatchedFetch {
+    FetchPlan plan;  // without its blocks yet
+    const PrefixIndex* index = nullptr;
+    std::vector<TieredBlock> blocks;
+  };
+  // The matching halves of PrepareFetch and PrepareFetchLease.
+  absl::StatusOr<MatchedFetch> MatchFetch(const ModelKey& model, std::span<const Token> tokens,
+                                          bool accept_lossy, size_t max_blocks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<MatchedFetch> MatchLeaseFetch(const ModelKey& model, uint64_t lease_id,
+                                               bool accept_lossy, size_t max_blocks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether FinishPlan would read any of `blocks` back from the lower tier.
+  static bool NeedsLowerReads(std::span<const TieredBlock> blocks);
   // PrepareFetch, reading lower-tier blocks back as `load_for` says.
   absl::StatusOr<FetchPlan> PlanFetch(const ModelKey& model, std::span<const Token> tokens,
                                       bool accept_lossy, size_t max_blocks, LoadFor load_for)
@@ -852,8 +898,10 @@ class Cache {
   Clock* const clock_;
   const std::shared_ptr<Tier> lower_;         // null: one tier
   const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
-  // Runs background promotions; null without a lower tier. Destroyed first.
-  std::unique_ptr<Prefetcher> prefetcher_;
+  // Run background promotions, and the lower-tier reads of
+  // PrepareFetchAsync; null without a lower tier. Destroyed first.
+  std::unique_ptr<TierWorkers> prefetcher_;
+  std::unique_ptr<TierWorkers> fetch_readers_;
 
   mutable Mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks

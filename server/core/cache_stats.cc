@@ -351,7 +351,8 @@ void CacheStats::VisitCounters(absl::Time now, CounterVisitor& visitor) const {
 
   if (has_lower) {
     tiers.VisitLowerCounters(lower_store.kind, visitor);
-    prefetch.VisitCounters(lower_store.kind, visitor);
+    prefetch.VisitPrefetchCounters(lower_store.kind, visitor);
+    fetch_reads.VisitFetchReadCounters(lower_store.kind, visitor);
     visitor.Visit(
         {"kvcached_tier_retained_bytes",
          "Space of freed copies kept for the newest checkpoint's re-attach", CounterType::kGauge},

@@ -22,9 +22,9 @@
 #include "server/common/counter_visitor.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
-#include "server/core/prefetcher.h"
 #include "server/core/slab_pool.h"
 #include "server/core/tier.h"
+#include "server/core/tier_workers.h"
 
 namespace kvcache {
 
@@ -195,7 +195,8 @@ struct CacheStats {
   bool has_device = false;
   TierStats device_store;
   TierCounters tiers;
-  PrefetchStats prefetch;
+  WorkStats prefetch;     // background promotions
+  WorkStats fetch_reads;  // fetches whose lower-tier reads left the caller's thread
   CheckpointCounters checkpoint;
 
   // Every counter and gauge above, each group's in turn: the models' (their

@@ -2,6 +2,7 @@
 // standing in for the SSD). Demotion, promotion, admission, the lower tier's
 // own eviction, leases across tiers, and corrupt copies that must never be
 // served.
+#include <future>
 #include <thread>
 
 #include "server/core/cache_test_util.h"
@@ -178,11 +179,61 @@ TEST_P(TierTest, PrefetchWaitPromotesBeforeItReturns) {
   EXPECT_EQ(after->matched_tokens, 4 * kBt);
   for (const BlockInfo& b : after->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
   EXPECT_EQ(Tiers().promotions, 4u);
-  const PrefetchStats p = cache_->GetStats().prefetch;
+  const WorkStats p = cache_->GetStats().prefetch;
   EXPECT_EQ(p.issued, 1u);
   EXPECT_EQ(p.completed, 1u);
   EXPECT_EQ(p.late, 0u);
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
+}
+
+// What a PrepareFetchAsync call answered, and on which thread.
+struct AsyncAnswer {
+  absl::StatusOr<FetchPlan> plan;
+  std::thread::id thread;
+};
+std::future<AsyncAnswer> PrepareAsync(Cache& cache, const ModelKey& model,
+                                      std::span<const Token> tokens) {
+  auto answer = std::make_shared<std::promise<AsyncAnswer>>();
+  std::future<AsyncAnswer> future = answer->get_future();
+  cache.PrepareFetchAsync(model, {.tokens = tokens}, [answer](absl::StatusOr<FetchPlan> plan) {
+    answer->set_value({std::move(plan), std::this_thread::get_id()});
+  });
+  return future;
+}
+
+TEST_P(TierTest, AnAsyncFetchReadsTheLowerTierOnAFetchReadThread) {
+  FillPastTheHost();
+  const std::vector<Token> tokens = SequenceOf(0, 4);
+  ASSERT_EQ(cache_->Lookup(Big().key, tokens)->blocks[0].tier, BlockTier::kLower);
+  const uint64_t reads_before = Tiers().lower_reads;
+  std::future<AsyncAnswer> future = PrepareAsync(*cache_, Big().key, tokens);
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  AsyncAnswer answer = future.get();
+  ASSERT_TRUE(answer.plan.ok()) << answer.plan.status();
+  EXPECT_NE(answer.thread, std::this_thread::get_id());
+  // The same plan the synchronous call makes: every block, the bytes appended.
+  EXPECT_EQ(answer.plan->matched_tokens, 4 * kBt);
+  EXPECT_TRUE(PlanHolds(*answer.plan, Big(), tokens));
+  EXPECT_EQ(Tiers().lower_reads - reads_before, 4u);
+  const WorkStats reads = cache_->GetStats().fetch_reads;
+  EXPECT_EQ(reads.issued, 1u);
+  EXPECT_EQ(reads.completed, 1u);
+  EXPECT_EQ(reads.dropped, 0u);
+}
+
+TEST_P(TierTest, AnAsyncFetchOfHostBlocksOrOfNothingAnswersInline) {
+  FillPastTheHost();
+  const std::vector<Token> hot = SequenceOf(11, 4);
+  ASSERT_EQ(cache_->Lookup(Big().key, hot)->blocks[0].tier, BlockTier::kHost);
+  AsyncAnswer answer = PrepareAsync(*cache_, Big().key, hot).get();
+  ASSERT_TRUE(answer.plan.ok()) << answer.plan.status();
+  EXPECT_EQ(answer.thread, std::this_thread::get_id());
+  EXPECT_TRUE(PlanHolds(*answer.plan, Big(), hot));
+  // An error (a model never registered) answers inline too.
+  AsyncAnswer unknown = PrepareAsync(*cache_, Small().key, hot).get();
+  EXPECT_EQ(unknown.plan.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.thread, std::this_thread::get_id());
+  EXPECT_EQ(cache_->GetStats().fetch_reads.issued, 0u);
 }
 
 TEST_P(TierTest, PrefetchBestEffortPromotesInTheBackground) {

@@ -82,7 +82,7 @@ StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
     if (lookup->prefetch_timeout_ms() > kMaxPrefetchTimeoutMs) continue;
     auto key = ScopedModelKey(caller, lookup->namespace_(), lookup->model_id());
     if (!key.ok()) continue;
-    std::shared_ptr<PrefetchTicket> ticket =
+    std::shared_ptr<WorkTicket> ticket =
         cache.StartPrefetch(*key, TokensOf(lookup->tokens()), lookup->accept_lossy());
     if (ticket == nullptr) continue;  // no lower tier, or the queue is full: nothing to wait for
     started.tickets.push_back(std::move(ticket));

@@ -47,7 +47,7 @@ absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
 // the longest timeout they asked for (zero: one asked to wait without a
 // deadline).
 struct StartedPrefetches {
-  std::vector<std::shared_ptr<PrefetchTicket>> tickets;
+  std::vector<std::shared_ptr<WorkTicket>> tickets;
   absl::Duration timeout = absl::ZeroDuration();
 };
 StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,

@@ -27,7 +27,7 @@ void Answer(DeadlineTimer& timer, const std::shared_ptr<Pending>& pending, bool 
 
 }  // namespace
 
-void AwaitPrefetches(DeadlineTimer& timer, std::vector<std::shared_ptr<PrefetchTicket>> tickets,
+void AwaitPrefetches(DeadlineTimer& timer, std::vector<std::shared_ptr<WorkTicket>> tickets,
                      absl::Duration timeout, std::function<void(bool in_time)> answer) {
   if (tickets.empty()) {
     answer(true);
@@ -39,7 +39,7 @@ void AwaitPrefetches(DeadlineTimer& timer, std::vector<std::shared_ptr<PrefetchT
     pending->deadline.store(timer.Schedule(
         absl::Now() + timeout, [&timer, pending] { Answer(timer, pending, /*in_time=*/false); }));
   }
-  for (const std::shared_ptr<PrefetchTicket>& ticket : tickets) {
+  for (const std::shared_ptr<WorkTicket>& ticket : tickets) {
     ticket->OnDone([&timer, pending] {
       if (pending->remaining.fetch_sub(1) == 1) Answer(timer, pending, /*in_time=*/true);
     });

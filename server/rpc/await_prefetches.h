@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/core/prefetcher.h"
+#include "server/core/tier_workers.h"
 #include "server/rpc/deadline_timer.h"
 
 namespace kvcache {
@@ -24,7 +24,7 @@ namespace kvcache {
 // ticket, on `timer`'s thread, or on this one; it must not block.
 // REQUIRES: `timer` outlives every pending answer (its destruction answers
 // them all).
-void AwaitPrefetches(DeadlineTimer& timer, std::vector<std::shared_ptr<PrefetchTicket>> tickets,
+void AwaitPrefetches(DeadlineTimer& timer, std::vector<std::shared_ptr<WorkTicket>> tickets,
                      absl::Duration timeout, std::function<void(bool in_time)> answer);
 
 }  // namespace kvcache

@@ -11,9 +11,9 @@ namespace {
 
 TEST(AwaitPrefetchesTest, AnswersInTimeOnceEveryTicketIsDone) {
   DeadlineTimer timer;
-  Prefetcher prefetcher(2, 16);
+  TierWorkers prefetcher(2, 16);
   absl::Notification release;
-  std::vector<std::shared_ptr<PrefetchTicket>> tickets;
+  std::vector<std::shared_ptr<WorkTicket>> tickets;
   for (int i = 0; i < 3; ++i) {
     tickets.push_back(prefetcher.Submit([&] { release.WaitForNotification(); }));
   }
@@ -35,7 +35,7 @@ TEST(AwaitPrefetchesTest, AnswersInTimeOnceEveryTicketIsDone) {
 
 TEST(AwaitPrefetchesTest, AnswersLateAtTheDeadlineAndOnlyOnce) {
   DeadlineTimer timer;
-  Prefetcher prefetcher(1, 16);
+  TierWorkers prefetcher(1, 16);
   absl::Notification release;
   auto ticket = prefetcher.Submit([&] { release.WaitForNotification(); });
   std::atomic<int> answers{0};

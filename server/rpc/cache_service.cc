@@ -6,6 +6,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -611,13 +612,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     lifecycle_.RunStep([this, request = *std::move(request)](absl::Status admitted) {
       if (!admitted.ok()) return Done(admitted);
-      absl::Status status;
-      {
-        MutexLock lock(&plan_mu_);
-        status = Prepare(request);
-      }
-      if (!status.ok()) return Done(status);
-      WriteNext();
+      Prepare(request);
     });
   }
 
@@ -655,42 +650,59 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return request;
   }
 
-  absl::Status Prepare(const v1::FetchRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_) {
+  // Checks the request and plans the fetch. The plan is made on the cache's
+  // fetch-read threads when blocks must be read back from the SSD tier, so
+  // this step never waits on the disk: the stream goes on from OnPlanned.
+  void Prepare(const v1::FetchRequest& request) {
     model_ = ModelField({request.namespace_(), request.model_id()});
     auto key = ScopedModelKey(lifecycle_.caller(), request.namespace_(), request.model_id());
-    if (!key.ok()) return key.status();
+    if (!key.ok()) return Done(key.status());
     chunk_bytes_ = service_->options_.fetch_chunk_bytes;
     if (request.max_chunk_bytes() != 0) {
       if (request.max_chunk_bytes() < 4096) {
-        return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes is ",
-                                                       request.max_chunk_bytes(),
-                                                       "; it must be 0 (default) or >= 4096"));
+        return Done(absl::InvalidArgumentError(
+            absl::StrCat("max_chunk_bytes is ", request.max_chunk_bytes(),
+                         "; it must be 0 (default) or >= 4096")));
       }
       chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, request.max_chunk_bytes());
     }
     // Lossy KV only to a worker that opted in.
     if (request.lossy_as_stored() && !request.accept_lossy()) {
-      return absl::InvalidArgumentError(
+      return Done(absl::InvalidArgumentError(
           "lossy_as_stored needs accept_lossy: lossy blocks are sent only to a worker that opts "
-          "in");
+          "in"));
     }
-    const bool accept_lossy = request.accept_lossy();
-    absl::StatusOr<FetchPlan> plan;
-    if (request.lease_id() != 0) {
-      if (!request.tokens().empty()) {
-        return absl::InvalidArgumentError("set either tokens or lease_id, not both");
-      }
-      plan = service_->cache_->PrepareFetchLease(*key, request.lease_id(), accept_lossy);
-    } else {
-      plan = service_->cache_->PrepareFetch(*key, TokensOf(request.tokens()), accept_lossy);
+    if (request.lease_id() != 0 && !request.tokens().empty()) {
+      return Done(absl::InvalidArgumentError("set either tokens or lease_id, not both"));
     }
-    if (!plan.ok()) return plan.status();
-    plan_ = *std::move(plan);
     lossy_as_stored_ = request.lossy_as_stored();
-    if (plan_.withheld_tokens != 0) {
-      ctx_->AddTrailingMetadata("kvcache-withheld-tokens", absl::StrCat(plan_.withheld_tokens));
+    const FetchQuery query{.tokens = TokensOf(request.tokens()),
+                           .lease_id = request.lease_id(),
+                           .accept_lossy = request.accept_lossy()};
+    const std::thread::id step_thread = std::this_thread::get_id();
+    service_->cache_->PrepareFetchAsync(*key, query, [this, step_thread](auto plan) {
+      OnPlanned(std::move(plan), /*in_step=*/std::this_thread::get_id() == step_thread);
+    });
+  }
+
+  // The plan is made: streams it, at once when still in the step that asked
+  // for it, else from a step of its own (the plan was read back on a
+  // fetch-read thread, which must not send).
+  void OnPlanned(absl::StatusOr<FetchPlan> plan, bool in_step) ABSL_LOCKS_EXCLUDED(plan_mu_) {
+    if (!plan.ok()) return Done(plan.status());
+    if (plan->withheld_tokens != 0) {
+      ctx_->AddTrailingMetadata("kvcache-withheld-tokens", absl::StrCat(plan->withheld_tokens));
     }
-    return absl::OkStatus();
+    {
+      MutexLock lock(&plan_mu_);
+      // Cancelled while the reads ran: keep nothing pinned (EncodeNext ends it).
+      if (!plan_released_) plan_ = *std::move(plan);
+    }
+    if (in_step) return WriteNext();
+    lifecycle_.RunStep([this](absl::Status admitted) {
+      if (!admitted.ok()) return Done(admitted);
+      WriteNext();
+    });
   }
 
   // On the watchdog thread, as an idle stream is cancelled: drops the blocks

@@ -1,7 +1,9 @@
-// PREFETCH_WAIT lookups through a real gRPC server in this process, over a
-// lower tier whose reads are held back: the waiting lookups occupy no gRPC
-// callback thread (other calls keep being answered), each is answered once
-// its read-back is done or at its timeout, and a batch of them waits once.
+// PREFETCH_WAIT lookups and fetches of demoted blocks through a real gRPC
+// server in this process, over a lower tier whose reads are held back: the
+// waiting calls occupy no gRPC callback thread (other calls keep being
+// answered), each lookup is answered once its read-back is done or at its
+// timeout, a batch of them waits once, and each fetch streams the exact
+// bytes once its reads are in.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -157,6 +159,43 @@ TEST_F(PrefetchWaitServiceTest, WaitingLookupsHoldNoThreadAndAnswerWhenTheReadBa
   store_->Open();
   for (std::thread& t : waiting) t.join();
   EXPECT_EQ(ok.load(), kWaiting);
+}
+
+TEST_F(PrefetchWaitServiceTest, FetchesWaitingOnTheLowerTierHoldNoThread) {
+  store_->Close();
+  // More fetches of demoted sequences than gRPC has callback threads here.
+  constexpr int kFetches = 32;
+  std::vector<std::thread> fetches;
+  std::atomic<int> answered{0};
+  std::atomic<int> exact{0};
+  for (int i = 0; i < kFetches; ++i) {
+    fetches.emplace_back([&, i] {
+      const uint32_t s = i % 4;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::FetchRequest req;
+      req.set_model_id("m");
+      std::vector<Token> t = Sequence(s);
+      req.mutable_tokens()->Add(t.begin(), t.end());
+      auto reader = stub_->Fetch(&ctx, req);
+      v1::FetchResponse chunk;
+      uint64_t bytes = 0;
+      bool same = true;
+      while (reader->Read(&chunk)) {
+        bytes += chunk.data().size();
+        for (char c : chunk.data()) same = same && static_cast<uint8_t>(c) == s;
+      }
+      if (reader->Finish().ok() && same && bytes == 4 * kBlockBytes) exact.fetch_add(1);
+      answered.fetch_add(1);
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // let them all reach the daemon
+  EXPECT_EQ(answered.load(), 0);            // they wait for the gated reads
+  EXPECT_LT(PlainLookup(11), absl::Seconds(2));
+  store_->Open();
+  for (std::thread& t : fetches) t.join();
+  EXPECT_EQ(exact.load(), kFetches);
+  EXPECT_GT(cache_->GetStats().fetch_reads.issued, 0u);
 }
 
 TEST_F(PrefetchWaitServiceTest, AWaitingLookupIsAnsweredAtItsTimeout) {

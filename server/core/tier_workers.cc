@@ -1,11 +1,11 @@
-#include "server/core/prefetcher.h"
+#include "server/core/tier_workers.h"
 
 #include <chrono>
 #include <utility>
 
 namespace kvcache {
 
-bool PrefetchTicket::WaitFor(absl::Duration timeout) {
+bool WorkTicket::WaitFor(absl::Duration timeout) {
   MutexLock lock(&mu_);  // cv_ waits on the Mutex itself, which the analysis follows
   auto done = [this] {
     mu_.AssertHeld();
@@ -18,7 +18,7 @@ bool PrefetchTicket::WaitFor(absl::Duration timeout) {
   return cv_.wait_for(mu_, absl::ToChronoNanoseconds(timeout), done);
 }
 
-void PrefetchTicket::OnDone(std::function<void()> callback) {
+void WorkTicket::OnDone(std::function<void()> callback) {
   {
     MutexLock lock(&mu_);
     if (!done_) {
@@ -29,7 +29,7 @@ void PrefetchTicket::OnDone(std::function<void()> callback) {
   callback();
 }
 
-void PrefetchTicket::Notify() {
+void WorkTicket::Notify() {
   std::vector<std::function<void()>> callbacks;
   {
     MutexLock lock(&mu_);
@@ -40,12 +40,12 @@ void PrefetchTicket::Notify() {
   for (std::function<void()>& callback : callbacks) callback();
 }
 
-Prefetcher::Prefetcher(uint32_t threads, uint32_t max_queued) : max_queued_(max_queued) {
+TierWorkers::TierWorkers(uint32_t threads, uint32_t max_queued) : max_queued_(max_queued) {
   for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
 }
 
-Prefetcher::~Prefetcher() {
-  std::deque<Job> dropped;
+TierWorkers::~TierWorkers() {
+  std::deque<Queued> dropped;
   {
     MutexLock lock(&mu_);
     stopping_ = true;
@@ -53,30 +53,38 @@ Prefetcher::~Prefetcher() {
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
-  for (Job& job : dropped) job.ticket->Notify();
+  for (Queued& job : dropped) {
+    if (job.drop) std::move(job.drop)();
+    job.ticket->Notify();
+  }
 }
 
-std::shared_ptr<PrefetchTicket> Prefetcher::Submit(std::function<void()> job) {
-  auto ticket = std::make_shared<PrefetchTicket>();
+std::shared_ptr<WorkTicket> TierWorkers::Submit(Job run) {
+  Job drop;
+  return TrySubmit(run, drop);
+}
+
+std::shared_ptr<WorkTicket> TierWorkers::TrySubmit(Job& run, Job& drop) {
+  auto ticket = std::make_shared<WorkTicket>();
   {
     MutexLock lock(&mu_);
     if (stopping_ || queue_.size() >= max_queued_) {
       ++stats_.dropped;
       return nullptr;
     }
-    queue_.push_back({std::move(job), ticket});
+    queue_.push_back({std::move(run), std::move(drop), ticket});
     ++stats_.issued;
   }
   cv_.notify_one();
   return ticket;
 }
 
-void Prefetcher::CountLate() {
+void TierWorkers::CountLate() {
   MutexLock lock(&mu_);
   ++stats_.late;
 }
 
-void PrefetchStats::VisitCounters(std::string_view tier, CounterVisitor& visitor) const {
+void WorkStats::VisitPrefetchCounters(std::string_view tier, CounterVisitor& visitor) const {
   constexpr CounterFamily kPrefetches{"kvcached_tier_prefetches_total",
                                       "Lookup prefetches of a tier's blocks, by outcome",
                                       CounterType::kCounter};
@@ -86,14 +94,26 @@ void PrefetchStats::VisitCounters(std::string_view tier, CounterVisitor& visitor
   visitor.Visit(kPrefetches, {{"tier", tier}, {"outcome", "late"}}, late);
 }
 
-PrefetchStats Prefetcher::GetStats() const {
+void WorkStats::VisitFetchReadCounters(std::string_view tier, CounterVisitor& visitor) const {
+  constexpr CounterFamily kFetchReads{
+      "kvcached_tier_fetch_reads_total",
+      "Fetches that read a tier's blocks back, by where the reads ran: queued for the "
+      "fetch-read threads (and completed there), or inline on the request's thread (the queue "
+      "was full)",
+      CounterType::kCounter};
+  visitor.Visit(kFetchReads, {{"tier", tier}, {"outcome", "queued"}}, issued);
+  visitor.Visit(kFetchReads, {{"tier", tier}, {"outcome", "completed"}}, completed);
+  visitor.Visit(kFetchReads, {{"tier", tier}, {"outcome", "inline"}}, dropped);
+}
+
+WorkStats TierWorkers::GetStats() const {
   MutexLock lock(&mu_);
   return stats_;
 }
 
-void Prefetcher::Work() {
+void TierWorkers::Work() {
   while (true) {
-    Job job;
+    Queued job;
     {
       MutexLock lock(&mu_);
       cv_.wait(mu_, [this] {
@@ -104,7 +124,7 @@ void Prefetcher::Work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    job.run();
+    std::move(job.run)();
     {
       MutexLock lock(&mu_);
       ++stats_.completed;  // before the waiter wakes, so it sees the count
