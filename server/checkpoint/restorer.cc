@@ -494,10 +494,10 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
           insert(std::move(image));  // its lower copy, if any
           break;
         }
-        absl::StatusOr<BlockRef> host = cache_->AllocateRestoredPayload(bytes.size());
+        absl::StatusOr<StagingBlock> host = cache_->AllocateRestoredPayload(bytes.size());
         if (host.ok()) {
-          std::memcpy((*host)->mutable_data().data(), bytes.data(), bytes.size());
-          image.host = PinnedBlock(*std::move(host), PinReason::kCheckpoint);
+          std::memcpy(host->data().data(), bytes.data(), bytes.size());
+          image.host = PinnedBlock(std::move(*host).Seal(image.seal), PinReason::kCheckpoint);
         }
         const uint64_t lookup_hash = image.lookup_hash;
         const uint64_t checksum = image.seal.checksum;

@@ -187,6 +187,7 @@ AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
       hashes_(std::move(hashes)),
       pinned_(std::move(pinned)),
       plan_(std::move(plan)),
+      staging_(num_blocks_),
       new_blocks_(num_blocks_),
       digests_(num_blocks_),
       novelty_layers_(std::move(novelty_layers)),
@@ -195,6 +196,7 @@ AppendSession::AppendSession(Cache* cache, ModelKey model, ModelLayout layout,
 
 AppendSession::~AppendSession() {
   ReleaseClaimsAndStaging();
+  staging_.clear();
   new_blocks_.clear();
 }
 
@@ -220,7 +222,8 @@ void Cache::ReleaseClaimsLocked(AppendSession& session) {
 absl::Status AppendSession::Fail(absl::Status status) {
   status_ = status;
   ReleaseClaimsAndStaging();
-  new_blocks_.clear();  // frees what was written
+  staging_.clear();  // frees what was written
+  new_blocks_.clear();
   return status;
 }
 
@@ -243,16 +246,16 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
             !s.ok()) {
           return Fail(s);
         }
-        absl::StatusOr<BlockRef> payload = cache_->AllocatePayload(block_bytes_);
-        if (!payload.ok()) return Fail(payload.status());
-        staged_bytes_ += (*payload)->footprint();
-        new_blocks_[block] = *std::move(payload);
+        absl::StatusOr<StagingBlock> staged = cache_->AllocatePayload(block_bytes_);
+        if (!staged.ok()) return Fail(staged.status());
+        staged_bytes_ += staged->footprint();
+        staging_[block] = *std::move(staged);
       }
     }
     if (store) {
       // Hash the copy, not the source: a source another process can write
       // (a worker's shared-memory region) could change between the two reads.
-      std::byte* copy = new_blocks_[block]->mutable_data().data() + offset;
+      std::byte* copy = staging_[block].data().data() + offset;
       std::memcpy(copy, bytes.data(), n);
       XXH3_64bits_update(hash_->state, copy, n);
     } else {
@@ -267,7 +270,8 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
       }
       digests_[block] = checksum;
       if (store) {
-        new_blocks_[block]->Seal(checksum);
+        new_blocks_[block] =
+            std::move(staging_[block]).Seal(BlockSeal::Raw(block_bytes_, checksum));
         if (!novelty_layers_.empty() && plan_[block] == BlockPlan::kStore) {
           novelty_[block] = BlockKeyNovelty(layout_, new_blocks_[block]->data(), novelty_layers_);
         }

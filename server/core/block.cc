@@ -2,27 +2,64 @@
 
 #include <xxhash.h>
 
+#include <cassert>
 #include <new>
+#include <utility>
 
 namespace kvcache {
+namespace {
+
+void FreeAllocation(SlabPool* pool, const Allocation& allocation) {
+  if (pool != nullptr) {
+    pool->Free(allocation);
+  } else {
+    ::operator delete (allocation.data, std::align_val_t{64});
+  }
+}
+
+}  // namespace
 
 uint64_t Checksum(std::span<const std::byte> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
-BlockPayload::~BlockPayload() {
-  if (pool_ != nullptr) {
-    pool_->Free(allocation_);
-  } else {
-    ::operator delete (allocation_.data, std::align_val_t{64});
-  }
-}
+BlockPayload::~BlockPayload() { FreeAllocation(pool_, allocation_); }
 
-std::shared_ptr<BlockPayload> BlockPayload::FromHeap(uint64_t size) {
+StagingBlock StagingBlock::OnHeap(uint64_t size) {
   Allocation a;
   a.data = static_cast<std::byte*>(::operator new (size == 0 ? 1 : size, std::align_val_t{64}));
   a.bytes = size;
-  return std::make_shared<BlockPayload>(nullptr, a, size);
+  return StagingBlock(nullptr, a, size);
+}
+
+StagingBlock::StagingBlock(StagingBlock&& other) noexcept
+    : pool_(other.pool_),
+      allocation_(std::exchange(other.allocation_, Allocation{})),
+      size_(std::exchange(other.size_, 0)) {}
+
+StagingBlock& StagingBlock::operator=(StagingBlock&& other) noexcept {
+  if (this != &other) {
+    Free();
+    pool_ = other.pool_;
+    allocation_ = std::exchange(other.allocation_, Allocation{});
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void StagingBlock::Free() {
+  if (allocation_.data == nullptr) return;
+  FreeAllocation(pool_, allocation_);
+  allocation_ = Allocation{};
+  size_ = 0;
+}
+
+BlockRef StagingBlock::Seal(const BlockSeal& seal) && {
+  assert(!empty() && seal.size == size_);
+  auto payload = std::make_shared<BlockPayload>(BlockPayload::Key(), pool_, allocation_, seal);
+  allocation_ = Allocation{};
+  size_ = 0;
+  return payload;
 }
 
 }  // namespace kvcache

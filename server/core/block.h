@@ -1,11 +1,19 @@
-// BlockPayload: the bytes of one cached block, in the host-memory pool.
+// BlockPayload: the bytes of one cached block in host memory, sealed at birth.
+// StagingBlock: the memory of a block while its bytes are being written.
 //
-// A payload is written once by the append that created it, sealed with its
-// XXH3-64 checksum, and immutable from then on. It is shared through BlockRef
-// (a std::shared_ptr): the prefix index holds one reference, and every lease,
-// in-flight fetch and in-flight append holds more. Memory returns to the pool
-// when the last reference drops, so a fetch never reads freed memory, even if
-// the block is evicted while it streams.
+// A block's bytes are written into a StagingBlock, which has one owner and no
+// seal: nothing can look it up, fetch it or store it in a tier. Whoever wrote
+// it (an append, a read-back from a lower tier, a restore, a re-encoding, a
+// compaction move, a fetch's decoding) seals it: StagingBlock::Seal turns the
+// memory into a BlockPayload carrying its BlockSeal, without copying. A
+// payload is immutable from birth and made no other way, so every payload in
+// the daemon has the seal of the bytes it holds.
+//
+// A payload is shared through BlockRef (a std::shared_ptr): the prefix index
+// holds one reference, and every lease, in-flight fetch and in-flight append
+// holds more. Memory returns to the pool when the last reference drops, so a
+// fetch never reads freed memory, even if the block is evicted while it
+// streams.
 //
 // A payload holds either the block's raw bytes (the layout in docs/api.md)
 // or, once the importance policy compressed it, the compressed block format
@@ -13,11 +21,12 @@
 // always the XXH3-64 of the bytes the payload holds (verified before they are
 // decoded or re-encoded); raw_checksum() is the checksum of the block as a
 // worker appended it, which a compressed copy keeps, so a later append of the
-// same tokens can be compared with what was first stored. A payload made by
-// FromHeap lives outside the pool: fetches use it for blocks they decode.
+// same tokens can be compared with what was first stored. A block staged by
+// StagingBlock::OnHeap lives outside the pool: fetches use it for blocks they
+// decode, and read-backs past the pool's room.
 //
-// Thread-safety: a sealed payload is read-only and may be read concurrently.
-// Writing (mutable_data) is for the single owner before Seal().
+// Thread-safety: a payload is read-only and may be read concurrently. A
+// StagingBlock is its one owner's.
 #ifndef KVCACHE_SERVER_CORE_BLOCK_H_
 #define KVCACHE_SERVER_CORE_BLOCK_H_
 
@@ -43,81 +52,93 @@ struct BlockSeal {
   uint64_t decoded_checksum = 0;  // of the decoding of a compressed block
   bool compressed = false;        // the compressed block format (lossy)
 
+  // The seal of a raw block of `size` bytes whose XXH3-64 is `checksum`.
+  static BlockSeal Raw(uint64_t size, uint64_t checksum) {
+    return {
+        .size = size, .checksum = checksum, .raw_checksum = checksum, .decoded_checksum = checksum};
+  }
   // Checksum of what a fetch that decodes the block sends.
   uint64_t fetch_checksum() const { return compressed ? decoded_checksum : checksum; }
 };
 
 class BlockPayload {
  public:
-  // Takes ownership of `allocation` (from `pool`), of which `size` bytes are used.
-  // REQUIRES: size <= allocation.bytes; `pool` outlives this payload.
-  BlockPayload(SlabPool* pool, Allocation allocation, uint64_t size)
-      : pool_(pool), allocation_(allocation), size_(size) {}
+  // Only a StagingBlock makes payloads (StagingBlock::Seal).
+  class Key {
+    Key() = default;
+    friend class StagingBlock;
+  };
+  // Owns `allocation` (from `pool`, or the heap when `pool` is null), of
+  // which seal.size bytes are used. REQUIRES: `pool` outlives this payload.
+  BlockPayload(Key, SlabPool* pool, Allocation allocation, const BlockSeal& seal)
+      : pool_(pool), allocation_(allocation), seal_(seal) {}
   ~BlockPayload();
   BlockPayload(const BlockPayload&) = delete;
   BlockPayload& operator=(const BlockPayload&) = delete;
 
-  std::span<std::byte> mutable_data() { return {allocation_.data, size_}; }
-  std::span<const std::byte> data() const { return {allocation_.data, size_}; }
-  uint64_t size() const { return size_; }
+  std::span<const std::byte> data() const { return {allocation_.data, seal_.size}; }
+  uint64_t size() const { return seal_.size; }
   // Bytes of pool memory this payload holds (its size class).
   uint64_t footprint() const { return allocation_.bytes; }
-  // The memory this payload holds (pool memory unless made by FromHeap).
+  // The memory this payload holds (pool memory unless staged on the heap).
   const Allocation& allocation() const { return allocation_; }
 
-  // A payload of `size` bytes on the heap, not counted against any tier.
-  static std::shared_ptr<BlockPayload> FromHeap(uint64_t size);
-
-  // Seals a raw block: its checksum is also its raw checksum.
-  void Seal(uint64_t checksum) { checksum_ = raw_checksum_ = checksum; }
-  // Seals a re-encoded block: `checksum` of its bytes, `raw_checksum` of the
-  // raw block it was made from, `decoded_checksum` of its decoding.
-  void Seal(uint64_t checksum, uint64_t raw_checksum, uint64_t decoded_checksum) {
-    checksum_ = checksum;
-    raw_checksum_ = raw_checksum;
-    decoded_checksum_ = decoded_checksum;
-  }
-  uint64_t checksum() const { return checksum_; }
-  uint64_t raw_checksum() const { return raw_checksum_; }
+  uint64_t checksum() const { return seal_.checksum; }
+  uint64_t raw_checksum() const { return seal_.raw_checksum; }
   // Checksum of what decoding this payload yields (== checksum() for a raw block).
-  uint64_t decoded_checksum() const { return compressed_ ? decoded_checksum_ : checksum_; }
-
-  void set_compressed(bool compressed) { compressed_ = compressed; }
-  bool compressed() const { return compressed_; }
+  uint64_t decoded_checksum() const { return seal_.fetch_checksum(); }
+  bool compressed() const { return seal_.compressed; }
+  BlockSeal seal() const {
+    BlockSeal s = seal_;
+    s.decoded_checksum = decoded_checksum();
+    return s;
+  }
 
   // Who besides the index holds this payload (pin.h).
   const PinCounts& pins() const { return pins_; }
 
-  BlockSeal seal() const {
-    return {.size = size_,
-            .checksum = checksum_,
-            .raw_checksum = raw_checksum_,
-            .decoded_checksum = decoded_checksum(),
-            .compressed = compressed_};
-  }
-  // Seals this payload as a copy of a block sealed with `seal` (a block read
-  // back from a lower tier). REQUIRES: seal.size == size().
-  void SealAs(const BlockSeal& seal) {
-    checksum_ = seal.checksum;
-    raw_checksum_ = seal.raw_checksum;
-    decoded_checksum_ = seal.decoded_checksum;
-    compressed_ = seal.compressed;
-  }
-
  private:
   SlabPool* const pool_;
   const Allocation allocation_;
-  const uint64_t size_;
-  uint64_t checksum_ = 0;
-  uint64_t raw_checksum_ = 0;
-  uint64_t decoded_checksum_ = 0;
-  bool compressed_ = false;
+  const BlockSeal seal_;
   PinCounts pins_;
 };
 
 using BlockRef = std::shared_ptr<BlockPayload>;
 // A reference to a host payload that pins it (pin.h).
 using PinnedBlock = PinnedRef<BlockPayload>;
+
+class StagingBlock {
+ public:
+  StagingBlock() = default;  // empty
+  // Owns `allocation` (from `pool`), of which `size` bytes are used.
+  // REQUIRES: size <= allocation.bytes; `pool` outlives this block and the
+  // payload it becomes.
+  StagingBlock(SlabPool* pool, Allocation allocation, uint64_t size)
+      : pool_(pool), allocation_(allocation), size_(size) {}
+  // A block of `size` bytes on the heap, not counted against any tier.
+  static StagingBlock OnHeap(uint64_t size);
+  ~StagingBlock() { Free(); }
+  StagingBlock(StagingBlock&& other) noexcept;
+  StagingBlock& operator=(StagingBlock&& other) noexcept;
+
+  bool empty() const { return allocation_.data == nullptr; }
+  std::span<std::byte> data() { return {allocation_.data, size_}; }
+  std::span<const std::byte> data() const { return {allocation_.data, size_}; }
+  uint64_t size() const { return size_; }
+  uint64_t footprint() const { return allocation_.bytes; }
+
+  // The bytes as written become a payload sealed with `seal`; this block is
+  // left empty. REQUIRES: !empty(), seal.size == size().
+  BlockRef Seal(const BlockSeal& seal) &&;
+
+ private:
+  void Free();
+
+  SlabPool* pool_ = nullptr;
+  Allocation allocation_;
+  uint64_t size_ = 0;
+};
 
 }  // namespace kvcache
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "server/core/block_test_util.h"
 #include "server/core/memory_tier.h"
 
 namespace kvcache {
@@ -21,10 +22,8 @@ std::vector<Token> Block(uint32_t id) { return {id, id + 1, id + 2, id + 3}; }
 
 // A sealed heap payload of 64 bytes, every byte `fill`.
 BlockRef Payload(uint8_t fill) {
-  BlockRef p = BlockPayload::FromHeap(64);
-  std::memset(p->mutable_data().data(), fill, 64);
-  p->Seal(Checksum(p->data()));
-  return p;
+  const std::vector<std::byte> bytes(64, std::byte{fill});
+  return SealedHeapBlock(bytes);
 }
 
 class BlockMoveTest : public ::testing::Test {

@@ -610,13 +610,13 @@ absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming
   return absl::OkStatus();
 }
 
-absl::StatusOr<BlockRef> Cache::AllocatePayload(uint64_t bytes) {
+absl::StatusOr<StagingBlock> Cache::AllocatePayload(uint64_t bytes) {
   while (true) {
     absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
     if (a.ok()) {
       MutexLock lock(&mu_);
       staged_bytes_ += a->bytes;
-      return std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
+      return StagingBlock(pool_.get(), *a, bytes);
     }
     if (!absl::IsResourceExhausted(a.status())) return a.status();
     if (!MakeRoomForSpace()) {

@@ -636,7 +636,7 @@ class Cache {
   // Pool memory for a block being restored, within the host tier's capacity
   // minus the append staging. With a lower tier it demotes to make room, as
   // an append does; without one it never evicts (RESOURCE_EXHAUSTED).
-  absl::StatusOr<BlockRef> AllocateRestoredPayload(uint64_t size);
+  absl::StatusOr<StagingBlock> AllocateRestoredPayload(uint64_t size);
   // Inserts one block from its image, under the block of
   // image.parent_lookup_hash (an image with neither copy only reports
   // whether the block is cached). REQUIRES: image.host, when set, holds
@@ -845,9 +845,10 @@ class Cache {
   // when there is none.
   bool EvictHostLeafLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Allocates a payload of `bytes` for an append (counted as staged),
-  // evicting until it fits. RESOURCE_EXHAUSTED when nothing is evictable.
-  absl::StatusOr<BlockRef> AllocatePayload(uint64_t bytes);
+  // Allocates the memory of a block of `bytes` for an append (counted as
+  // staged), evicting until it fits. RESOURCE_EXHAUSTED when nothing is
+  // evictable.
+  absl::StatusOr<StagingBlock> AllocatePayload(uint64_t bytes);
   // Keeps `ns` under max_namespace_bytes with `incoming` more bytes (an
   // append's staged bytes and its next block): evicts the namespace's own
   // coldest evictable leaves, or RESOURCE_EXHAUSTED when that is not enough.
@@ -1003,6 +1004,7 @@ class AppendSession {
   // prefix and blocks to deduplicate): they cannot be evicted for space.
   std::vector<TieredBlock> pinned_;
   std::vector<BlockPlan> plan_;                 // per new block
+  std::vector<StagingBlock> staging_;           // per new block: its bytes while they arrive
   std::vector<BlockRef> new_blocks_;            // per new block: the payload written, or null
   std::vector<uint64_t> digests_;               // per new block, once complete
   const std::vector<uint32_t> novelty_layers_;  // empty: novelty not computed here

@@ -98,7 +98,7 @@ absl::Status Cache::RestoreModel(const ModelImage& image) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BlockRef> Cache::AllocateRestoredPayload(uint64_t size) {
+absl::StatusOr<StagingBlock> Cache::AllocateRestoredPayload(uint64_t size) {
   // Room is made as an append makes it, by demotion, but only with a lower
   // tier: without one, restoring never evicts what workers stored.
   constexpr int kMaxDemotions = 64;
@@ -109,7 +109,7 @@ absl::StatusOr<BlockRef> Cache::AllocateRestoredPayload(uint64_t size) {
     const bool room = CommittedHostBytes() + need <= limit;
     if (room) {
       absl::StatusOr<Allocation> a = pool_->Allocate(size);
-      if (a.ok()) return std::make_shared<BlockPayload>(pool_.get(), *a, size);
+      if (a.ok()) return StagingBlock(pool_.get(), *a, size);
       if (!absl::IsResourceExhausted(a.status())) return a.status();
     }
     if (lower_ == nullptr || demoted == kMaxDemotions || !MakeRoomForSpace()) {
@@ -155,7 +155,6 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (lookup_hash != image.lookup_hash) m.restore_aliases[image.lookup_hash] = lookup_hash;
   if (m.index.FindByLookupHash(lookup_hash) != nullptr) return RestoreOutcome::kPresent;
   if (image.host == nullptr && image.lower == nullptr) return RestoreOutcome::kLost;
-  if (image.host != nullptr) image.host->SealAs(image.seal);
   const bool in_host = image.host != nullptr;
   IndexNode* node = m.index.AddChild(parent, image.tokens, image.host.Unpin());
   if (node == nullptr) return RestoreOutcome::kPresent;  // a lookup-hash collision

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "server/core/block_test_util.h"
 #include "server/core/cache.h"
 #include "server/core/cache_test_util.h"
 #include "server/core/memory_tier.h"
@@ -37,7 +38,7 @@ class CacheInspectionTest : public CacheTest {
     auto plan = cache_->PrepareFetch(m.key, tokens);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_GT(plan->blocks.size(), block);
-    plan->blocks[block]->mutable_data()[3] ^= std::byte{0x10};
+    FlipBits(*plan->blocks[block], 3, std::byte{0x10});
   }
   VerifyProgress Verify(VerifyOptions options) {
     options.max_bytes_per_second = 0;
@@ -220,7 +221,7 @@ TEST_F(CompressedInspectionTest, VerifyDecodesCompressedBlocks) {
   auto plan = cache_->PrepareFetch(Model().key, tokens_, /*accept_lossy=*/true);
   ASSERT_TRUE(plan.ok());
   ASSERT_TRUE(plan->blocks[1]->compressed());
-  plan->blocks[1]->mutable_data()[plan->blocks[1]->size() / 2] ^= std::byte{0x40};
+  FlipBits(*plan->blocks[1], plan->blocks[1]->size() / 2, std::byte{0x40});
   const VerifyProgress r = Verify({});
   ASSERT_EQ(r.bad_blocks.size(), 1u);
   EXPECT_EQ(r.bad_blocks[0].index, 1u);

@@ -101,8 +101,8 @@ TEST_F(CacheKeysTest, RestoreRehashesImagesWrittenUnderOtherKeys) {
     auto host = target->AllocateRestoredPayload(image.seal.size);
     ASSERT_TRUE(host.ok()) << host.status();
     std::span<const std::byte> bytes = image.host->data();
-    std::copy(bytes.begin(), bytes.end(), (*host)->mutable_data().begin());
-    image.host = PinnedBlock(*std::move(host), PinReason::kCheckpoint);
+    std::copy(bytes.begin(), bytes.end(), host->data().begin());
+    image.host = PinnedBlock(std::move(*host).Seal(image.seal), PinReason::kCheckpoint);
     EXPECT_EQ(target->RestoreBlock(m.key, std::move(image)), RestoreOutcome::kRestored);
   }
   target->EndRestore();

@@ -46,15 +46,16 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool a
   absl::StatusOr<importance::CompressedBlockView> view = VerifiedForDecoding(*stored);
   if (!view.ok()) return view.status();
   out.kept_tokens = KeptTokens(*view);
-  BlockRef decoded = BlockPayload::FromHeap(view->shape.raw_bytes());
-  KVCACHE_RETURN_IF_ERROR(importance::DecodeBlock(*view, decoded->mutable_data()));
-  const uint64_t checksum = Checksum(decoded->data());
+  StagingBlock decoded = StagingBlock::OnHeap(view->shape.raw_bytes());
+  KVCACHE_RETURN_IF_ERROR(importance::DecodeBlock(*view, decoded.data()));
+  const uint64_t checksum = Checksum(decoded.data());
   if (checksum != stored->decoded_checksum()) {
     return absl::DataLossError(
         "a compressed block decodes to other bytes than when it was made; it is not served");
   }
-  decoded->Seal(checksum);
-  out.bytes = PinnedBlock(std::move(decoded), PinReason::kFetch);
+  const uint64_t size = decoded.size();
+  out.bytes =
+      PinnedBlock(std::move(decoded).Seal(BlockSeal::Raw(size, checksum)), PinReason::kFetch);
   out.encoding = FetchEncoding::kDequantized;
   return out;
 }

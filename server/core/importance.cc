@@ -414,15 +414,18 @@ CompactionResult Cache::Compact() {
                              const std::function<absl::Status(std::span<std::byte>)>& encode) {
     absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
     if (!a.ok()) return Sealed{.pool_full = true};
-    BlockRef encoded = std::make_shared<BlockPayload>(pool_.get(), *a, bytes);
-    if (!encode(encoded->mutable_data()).ok()) return Sealed{};
-    encoded->set_compressed(true);
+    StagingBlock encoded(pool_.get(), *a, bytes);
+    if (!encode(encoded.data()).ok()) return Sealed{};
     std::vector<std::byte> decoded(old.size());
     absl::StatusOr<importance::CompressedBlockView> view =
-        importance::ParseCompressedBlock(encoded->data());
+        importance::ParseCompressedBlock(encoded.data());
     if (!view.ok() || !importance::DecodeBlock(*view, decoded).ok()) return Sealed{};
-    encoded->Seal(Checksum(encoded->data()), old.raw_checksum(), Checksum(decoded));
-    return Sealed{.block = std::move(encoded)};
+    const BlockSeal seal{.size = bytes,
+                         .checksum = Checksum(encoded.data()),
+                         .raw_checksum = old.raw_checksum(),
+                         .decoded_checksum = Checksum(decoded),
+                         .compressed = true};
+    return Sealed{.block = std::move(encoded).Seal(seal)};
   };
 
   // Outside the lock: verify, score, decide each token's precision, encode.

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvcache/kernels/novelty.h"
+#include "server/core/block_test_util.h"
 #include "server/core/cache.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
@@ -181,10 +182,10 @@ TEST_F(ImportanceTest, CompressedFetchCarriesTheStoredFormat) {
 }
 
 TEST_F(ImportanceTest, CorruptCompressedPayloadIsDataLossNotGarbage) {
-  BlockRef bad = BlockPayload::FromHeap(256);
-  std::memset(bad->mutable_data().data(), 0x5a, 256);
-  bad->set_compressed(true);
-  bad->Seal(Checksum(bad->data()));
+  const std::vector<std::byte> garbage(256, std::byte{0x5a});
+  BlockRef bad = SealedHeapBlock(
+      garbage,
+      {.checksum = Checksum(garbage), .raw_checksum = Checksum(garbage), .compressed = true});
   for (bool accept : {false, true}) {
     absl::StatusOr<FetchBlock> b = MaterializeForFetch(PinnedBlock(bad, PinReason::kFetch), accept);
     EXPECT_EQ(b.status().code(), kDataLoss) << accept;

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/common/status_macros.h"
+#include "server/core/block_test_util.h"
 #include "server/core/cache.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
@@ -188,7 +189,7 @@ TEST_F(IntegrityTest, CorruptRawBlockIsDroppedNotCompressed) {
   {
     auto plan = cache_->PrepareFetch(kModel, tokens_);
     ASSERT_TRUE(plan.ok());
-    plan->blocks[1]->mutable_data()[100] ^= std::byte{0x01};  // a bit flips in memory
+    FlipBits(*plan->blocks[1], 100, std::byte{0x01});  // a bit flips in memory
   }
   ASSERT_TRUE(cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kQuantize}).ok());
   clock_.Advance(absl::Seconds(61));
@@ -210,7 +211,7 @@ TEST_F(IntegrityTest, CorruptCompressedBlockIsDataLossWhenDecoded) {
   ASSERT_TRUE(stored->compressed());
   // A flipped byte in the INT8 codes still parses: only the checksum tells.
   const size_t at = stored->size() / 2;
-  stored->mutable_data()[at] ^= std::byte{0x40};
+  FlipBits(*stored, at, std::byte{0x40});
   ASSERT_TRUE(importance::ParseCompressedBlock(stored->data()).ok());
   absl::StatusOr<FetchBlock> decoded = MaterializeForFetch(stored, false);
   EXPECT_EQ(decoded.status().code(), kDataLoss) << decoded.status();
@@ -218,7 +219,7 @@ TEST_F(IntegrityTest, CorruptCompressedBlockIsDataLossWhenDecoded) {
   absl::StatusOr<FetchBlock> as_stored = MaterializeForFetch(stored, true);
   ASSERT_TRUE(as_stored.ok());
   EXPECT_NE(Checksum(as_stored->bytes->data()), as_stored->bytes->checksum());
-  stored->mutable_data()[at] ^= std::byte{0x40};
+  FlipBits(*stored, at, std::byte{0x40});
 }
 
 TEST_F(IntegrityTest, DecodingIntoTheWorkersMemoryWritesWhatTheHeapDecodeSends) {
@@ -247,11 +248,11 @@ TEST_F(IntegrityTest, DecodingIntoTheWorkersMemoryWritesWhatTheHeapDecodeSends) 
   // Corrupt stored bytes are DATA_LOSS before anything is written.
   PinnedBlock stored = plan->blocks[1];
   const size_t at = stored->size() / 2;
-  stored->mutable_data()[at] ^= std::byte{0x40};
+  FlipBits(*stored, at, std::byte{0x40});
   std::vector<std::byte> into(block_bytes, std::byte{0x5a});
   EXPECT_EQ(DecodeForFetchInto(*stored, into).status().code(), kDataLoss);
   EXPECT_EQ(into[0], std::byte{0x5a});
-  stored->mutable_data()[at] ^= std::byte{0x40};
+  FlipBits(*stored, at, std::byte{0x40});
 }
 
 TEST_F(IntegrityTest, CompressedBlocksKeepTheirRawChecksum) {

@@ -2,17 +2,14 @@
 // leases, fetches and appends hold, under their reasons.
 #include "server/core/pin.h"
 
+#include "server/core/block_test_util.h"
 #include "server/core/cache_test_util.h"
 
 namespace kvcache {
 namespace cache_test {
 namespace {
 
-BlockRef HeapBlock() {
-  BlockRef b = BlockPayload::FromHeap(64);
-  b->Seal(Checksum(b->data()));
-  return b;
-}
+BlockRef HeapBlock() { return SealedHeapBlock(std::vector<std::byte>(64)); }
 
 TEST(PinnedRefTest, CopiesPinMovesTransferAndResetUnpins) {
   BlockRef block = HeapBlock();

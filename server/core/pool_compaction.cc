@@ -61,17 +61,16 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
       result.out_of_targets = true;
       break;
     }
-    auto copy = std::make_shared<BlockPayload>(pool_.get(), *target, old.size());
-    std::memcpy(copy->mutable_data().data(), old.data().data(), old.size());
+    StagingBlock copy(pool_.get(), *target, old.size());
+    std::memcpy(copy.data().data(), old.data().data(), old.size());
     // Install only a copy that matches the seal: a block whose stored bytes
     // fail their checksum is dropped below, never served.
-    if (Checksum(copy->data()) != old.checksum()) {
+    if (Checksum(copy.data()) != old.checksum()) {
       ++result.mismatched_blocks;
       job.corrupt = true;
       continue;  // the copy's chunk returns to the pool here
     }
-    copy->SealAs(old.seal());
-    job.copy = std::move(copy);
+    job.copy = std::move(copy).Seal(old.seal());
   }
 
   if (options.on_copied) options.on_copied();

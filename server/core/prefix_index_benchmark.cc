@@ -38,6 +38,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/common/splitmix64.h"
+#include "server/core/block_test_util.h"
 #include "server/core/cache.h"
 #include "server/core/prefix_index.h"
 
@@ -94,7 +95,7 @@ std::unique_ptr<World> Build(uint32_t block_tokens) {
   // The bare index.
   const uint64_t heap0 = HeapInUse();
   w->owned_index = std::make_unique<PrefixIndex>(block_tokens);
-  const BlockRef payload = BlockPayload::FromHeap(64);
+  const BlockRef payload = SealedHeapBlock(std::vector<std::byte>(64));
   for (uint64_t s = 0; s < w->sequences; ++s) {
     const std::vector<Token> tokens = Sequence(s);
     IndexNode* node = nullptr;

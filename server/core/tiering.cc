@@ -281,7 +281,8 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
   std::vector<StoredRead> reads;
   std::vector<size_t> which;
   std::vector<bool> pooled;
-  std::vector<BlockMove> moves;  // lower -> host, committed below
+  std::vector<BlockMove> moves;      // lower -> host, committed below
+  std::vector<StagingBlock> staged;  // what each read lands in
   uint64_t heap_bytes = 0;
   size_t limit = blocks.size();  // blocks past it are not read
   for (size_t i = 0; i < limit; ++i) {
@@ -291,27 +292,27 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
     // placed; a fetch serves host bytes, so it reads it all the same.
     if (load_for == LoadFor::kDevice && b.device != nullptr) continue;
     const uint64_t size = b.lower->seal().size;
-    BlockRef into;
+    StagingBlock into;
     if (promote) {
       absl::StatusOr<Allocation> a = pool_->Allocate(size);
-      if (a.ok()) into = std::make_shared<BlockPayload>(pool_.get(), *a, size);
+      if (a.ok()) into = StagingBlock(pool_.get(), *a, size);
     }
-    if (into == nullptr) {
+    if (into.empty()) {
       const bool over = heap_bytes + size > options_.max_fetch_heap_bytes && !reads.empty();
       if (load_for == LoadFor::kPromotion || over) {
         limit = i;
         break;
       }
       heap_bytes += size;
-      into = BlockPayload::FromHeap(size);
+      into = StagingBlock::OnHeap(size);
       pooled.push_back(false);
     } else {
       pooled.push_back(true);
     }
     moves.push_back(BlockMove::Claim(index, b));
-    reads.push_back({.copy = b.lower.get(), .out = into->mutable_data()});
+    reads.push_back({.copy = b.lower.get(), .out = into.data()});
     which.push_back(i);
-    b.host = PinnedBlock(std::move(into), b.lower.reason());
+    staged.push_back(std::move(into));
   }
   const absl::Time start = absl::Now();
   lower_->ReadBatch(std::span<StoredRead>(reads));
@@ -339,7 +340,8 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
       }
       continue;
     }
-    b.host->SealAs(b.lower->seal());
+    // Read and verified against the seal it is now born with.
+    b.host = PinnedBlock(std::move(staged[k]).Seal(b.lower->seal()), b.lower.reason());
     ++tier_.lower_reads;
     tier_.lower_read_bytes += b.host->size();
     if (pooled[k] && same) {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/core/block_test_util.h"
 #include "server/core/memory_tier.h"
 #include "server/core/tier.h"
 #include "server/tier/gpu_device_tier.h"
@@ -22,17 +23,14 @@ constexpr uint64_t kCapacity = uint64_t{8} << 20;
 
 // A sealed heap payload of `size` bytes derived from `seed`.
 BlockRef MakePayload(uint64_t size, uint64_t seed, bool compressed = false) {
-  BlockRef p = BlockPayload::FromHeap(size);
+  std::vector<std::byte> bytes(size);
   std::mt19937_64 rng(seed);
-  for (std::byte& b : p->mutable_data()) b = static_cast<std::byte>(rng());
-  const uint64_t sum = Checksum(p->data());
-  if (compressed) {
-    p->Seal(sum, seed, seed + 1);
-    p->set_compressed(true);
-  } else {
-    p->Seal(sum);
-  }
-  return p;
+  for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+  if (!compressed) return SealedHeapBlock(bytes);
+  return SealedHeapBlock(bytes, {.checksum = Checksum(bytes),
+                                 .raw_checksum = seed,
+                                 .decoded_checksum = seed + 1,
+                                 .compressed = true});
 }
 
 // Each factory makes a store on `path` (ignored by a volatile store); a
