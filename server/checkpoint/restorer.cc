@@ -497,7 +497,8 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
         absl::StatusOr<StagingBlock> host = cache_->AllocateRestoredPayload(bytes.size());
         if (host.ok()) {
           std::memcpy(host->data().data(), bytes.data(), bytes.size());
-          image.host = PinnedBlock(std::move(*host).Seal(image.seal), PinReason::kCheckpoint);
+          image.host =
+              PinnedBlock(std::move(*host).Seal(image.key, image.seal), PinReason::kCheckpoint);
         }
         const uint64_t lookup_hash = image.lookup_hash;
         const uint64_t checksum = image.seal.checksum;

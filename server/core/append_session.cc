@@ -271,7 +271,7 @@ absl::Status AppendSession::Write(std::span<const std::byte> bytes) {
       digests_[block] = checksum;
       if (store) {
         new_blocks_[block] =
-            std::move(staging_[block]).Seal(BlockSeal::Raw(block_bytes_, checksum));
+            std::move(staging_[block]).Seal(keys_[block], BlockSeal::Raw(block_bytes_, checksum));
         if (!novelty_layers_.empty() && plan_[block] == BlockPlan::kStore) {
           novelty_[block] = BlockKeyNovelty(layout_, new_blocks_[block]->data(), novelty_layers_);
         }

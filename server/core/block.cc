@@ -54,9 +54,10 @@ void StagingBlock::Free() {
   size_ = 0;
 }
 
-BlockRef StagingBlock::Seal(const BlockSeal& seal) && {
+BlockRef StagingBlock::Seal(uint64_t key, BlockSeal seal) && {
   assert(!empty() && seal.size == size_);
-  auto payload = std::make_shared<BlockPayload>(BlockPayload::Key(), pool_, allocation_, seal);
+  if (!seal.compressed) seal.decoded_checksum = seal.checksum;
+  auto payload = std::make_shared<BlockPayload>(BlockPayload::Key(), pool_, allocation_, key, seal);
   allocation_ = Allocation{};
   size_ = 0;
   return payload;

@@ -1,4 +1,4 @@
-// BlockPayload: the bytes of one cached block in host memory, sealed at birth.
+// BlockPayload: a block's copy in host memory (a StoredCopy read in place), sealed at birth.
 // StagingBlock: the memory of a block while its bytes are being written.
 //
 // A block's bytes are written into a StagingBlock, which has one owner and no
@@ -33,35 +33,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "server/core/pin.h"
 #include "server/core/slab_pool.h"
+#include "server/core/stored_copy.h"
 
 namespace kvcache {
 
 // XXH3-64 of `bytes`; the checksum every block carries end to end.
 uint64_t Checksum(std::span<const std::byte> bytes);
 
-// What a sealed block's bytes are, wherever a copy of them lives: a host
-// payload and every copy of it in a lower tier carry the same seal.
-struct BlockSeal {
-  uint64_t size = 0;              // bytes the copy holds
-  uint64_t checksum = 0;          // XXH3-64 of those bytes
-  uint64_t raw_checksum = 0;      // of the block as a worker appended it
-  uint64_t decoded_checksum = 0;  // of the decoding of a compressed block
-  bool compressed = false;        // the compressed block format (lossy)
-
-  // The seal of a raw block of `size` bytes whose XXH3-64 is `checksum`.
-  static BlockSeal Raw(uint64_t size, uint64_t checksum) {
-    return {
-        .size = size, .checksum = checksum, .raw_checksum = checksum, .decoded_checksum = checksum};
-  }
-  // Checksum of what a fetch that decodes the block sends.
-  uint64_t fetch_checksum() const { return compressed ? decoded_checksum : checksum; }
-};
-
-class BlockPayload {
+class BlockPayload final : public StoredCopy {
  public:
   // Only a StagingBlock makes payloads (StagingBlock::Seal).
   class Key {
@@ -70,38 +54,26 @@ class BlockPayload {
   };
   // Owns `allocation` (from `pool`, or the heap when `pool` is null), of
   // which seal.size bytes are used. REQUIRES: `pool` outlives this payload.
-  BlockPayload(Key, SlabPool* pool, Allocation allocation, const BlockSeal& seal)
-      : pool_(pool), allocation_(allocation), seal_(seal) {}
-  ~BlockPayload();
-  BlockPayload(const BlockPayload&) = delete;
-  BlockPayload& operator=(const BlockPayload&) = delete;
+  BlockPayload(Key, SlabPool* pool, Allocation allocation, uint64_t key, const BlockSeal& seal)
+      : StoredCopy(key, seal, allocation.bytes), pool_(pool), allocation_(allocation) {}
+  ~BlockPayload() override;
 
-  std::span<const std::byte> data() const { return {allocation_.data, seal_.size}; }
-  uint64_t size() const { return seal_.size; }
-  // Bytes of pool memory this payload holds (its size class).
-  uint64_t footprint() const { return allocation_.bytes; }
-  // The memory this payload holds (pool memory unless staged on the heap).
+  std::span<const std::byte> data() const { return {allocation_.data, seal().size}; }
+  std::optional<std::span<const std::byte>> in_place_bytes() const override { return data(); }
+  uint64_t size() const { return seal().size; }
+  // The memory this payload holds (pool memory unless staged on the heap);
+  // footprint() is its size class.
   const Allocation& allocation() const { return allocation_; }
 
-  uint64_t checksum() const { return seal_.checksum; }
-  uint64_t raw_checksum() const { return seal_.raw_checksum; }
+  uint64_t checksum() const { return seal().checksum; }
+  uint64_t raw_checksum() const { return seal().raw_checksum; }
   // Checksum of what decoding this payload yields (== checksum() for a raw block).
-  uint64_t decoded_checksum() const { return seal_.fetch_checksum(); }
-  bool compressed() const { return seal_.compressed; }
-  BlockSeal seal() const {
-    BlockSeal s = seal_;
-    s.decoded_checksum = decoded_checksum();
-    return s;
-  }
-
-  // Who besides the index holds this payload (pin.h).
-  const PinCounts& pins() const { return pins_; }
+  uint64_t decoded_checksum() const { return seal().fetch_checksum(); }
+  bool compressed() const { return seal().compressed; }
 
  private:
   SlabPool* const pool_;
   const Allocation allocation_;
-  const BlockSeal seal_;
-  PinCounts pins_;
 };
 
 using BlockRef = std::shared_ptr<BlockPayload>;
@@ -128,9 +100,11 @@ class StagingBlock {
   uint64_t size() const { return size_; }
   uint64_t footprint() const { return allocation_.bytes; }
 
-  // The bytes as written become a payload sealed with `seal`; this block is
-  // left empty. REQUIRES: !empty(), seal.size == size().
-  BlockRef Seal(const BlockSeal& seal) &&;
+  // The bytes as written become the payload of the block whose chain key is
+  // `key`, sealed with `seal` (a raw seal's decoded_checksum is its
+  // checksum); this block is left empty. REQUIRES: !empty(),
+  // seal.size == size().
+  BlockRef Seal(uint64_t key, BlockSeal seal) &&;
 
  private:
   void Free();

@@ -17,7 +17,7 @@ inline BlockRef SealedHeapBlock(std::span<const std::byte> bytes, BlockSeal seal
   StagingBlock staged = StagingBlock::OnHeap(bytes.size());
   if (!bytes.empty()) std::memcpy(staged.data().data(), bytes.data(), bytes.size());
   seal.size = bytes.size();
-  return std::move(staged).Seal(seal);
+  return std::move(staged).Seal(/*key=*/0, seal);
 }
 // A raw payload on the heap holding `bytes`, with their checksum.
 inline BlockRef SealedHeapBlock(std::span<const std::byte> bytes) {

@@ -102,7 +102,7 @@ TEST_F(CacheKeysTest, RestoreRehashesImagesWrittenUnderOtherKeys) {
     ASSERT_TRUE(host.ok()) << host.status();
     std::span<const std::byte> bytes = image.host->data();
     std::copy(bytes.begin(), bytes.end(), host->data().begin());
-    image.host = PinnedBlock(std::move(*host).Seal(image.seal), PinReason::kCheckpoint);
+    image.host = PinnedBlock(std::move(*host).Seal(image.key, image.seal), PinReason::kCheckpoint);
     EXPECT_EQ(target->RestoreBlock(m.key, std::move(image)), RestoreOutcome::kRestored);
   }
   target->EndRestore();

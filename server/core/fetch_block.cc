@@ -54,8 +54,8 @@ absl::StatusOr<FetchBlock> MaterializeForFetch(const PinnedBlock& stored, bool a
         "a compressed block decodes to other bytes than when it was made; it is not served");
   }
   const uint64_t size = decoded.size();
-  out.bytes =
-      PinnedBlock(std::move(decoded).Seal(BlockSeal::Raw(size, checksum)), PinReason::kFetch);
+  out.bytes = PinnedBlock(std::move(decoded).Seal(stored->key(), BlockSeal::Raw(size, checksum)),
+                          PinReason::kFetch);
   out.encoding = FetchEncoding::kDequantized;
   return out;
 }

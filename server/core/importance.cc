@@ -425,7 +425,7 @@ CompactionResult Cache::Compact() {
                          .raw_checksum = old.raw_checksum(),
                          .decoded_checksum = Checksum(decoded),
                          .compressed = true};
-    return Sealed{.block = std::move(encoded).Seal(seal)};
+    return Sealed{.block = std::move(encoded).Seal(old.key(), seal)};
   };
 
   // Outside the lock: verify, score, decide each token's precision, encode.

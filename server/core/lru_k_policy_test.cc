@@ -44,7 +44,7 @@ class LruKPolicyTest : public ::testing::Test {
     pool_ = *std::move(pool);
     auto allocation = pool_->Allocate(4096);
     ASSERT_TRUE(allocation.ok()) << allocation.status();
-    payload_ = StagingBlock(pool_.get(), *allocation, 4096).Seal(BlockSeal::Raw(4096, 0));
+    payload_ = StagingBlock(pool_.get(), *allocation, 4096).Seal(0, BlockSeal::Raw(4096, 0));
     Reset({});
   }
 

@@ -70,7 +70,7 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
       job.corrupt = true;
       continue;  // the copy's chunk returns to the pool here
     }
-    job.copy = std::move(copy).Seal(old.seal());
+    job.copy = std::move(copy).Seal(old.key(), old.seal());
   }
 
   if (options.on_copied) options.on_copied();

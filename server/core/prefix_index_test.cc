@@ -56,7 +56,7 @@ class PrefixIndexTest : public ::testing::Test {
     auto allocation = pool_->Allocate(64);
     ASSERT_TRUE(allocation.ok()) << allocation.status();
     // The index never reads payloads, so every node shares this one.
-    payload_ = StagingBlock(pool_.get(), *allocation, 64).Seal(BlockSeal::Raw(64, 0));
+    payload_ = StagingBlock(pool_.get(), *allocation, 64).Seal(0, BlockSeal::Raw(64, 0));
   }
 
   // Adds the blocks of `ids` that are missing; returns the last node.

@@ -61,34 +61,9 @@
 #include "absl/status/statusor.h"
 #include "server/core/block.h"
 #include "server/core/pin.h"
+#include "server/core/stored_copy.h"
 
 namespace kvcache {
-
-class StoredCopy {
- public:
-  StoredCopy(uint64_t key, const BlockSeal& seal, uint64_t footprint)
-      : key_(key), seal_(seal), footprint_(footprint) {}
-  virtual ~StoredCopy() = default;
-  StoredCopy(const StoredCopy&) = delete;
-  StoredCopy& operator=(const StoredCopy&) = delete;
-
-  uint64_t key() const { return key_; }  // the block's chain key, as written
-  const BlockSeal& seal() const { return seal_; }
-  // Bytes of the store's capacity the copy occupies.
-  uint64_t footprint() const { return footprint_; }
-  // Who besides the index (or the GPU tier's copy map) holds this copy (pin.h).
-  const PinCounts& pins() const { return pins_; }
-
- private:
-  const uint64_t key_;
-  const BlockSeal seal_;
-  const uint64_t footprint_;
-  PinCounts pins_;
-};
-
-using StoredRef = std::shared_ptr<const StoredCopy>;
-// A reference to a tier's copy that pins it (pin.h).
-using PinnedCopy = PinnedRef<const StoredCopy>;
 
 struct TierStats {
   std::string kind;  // "ssd", "memory"

@@ -341,7 +341,8 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
       continue;
     }
     // Read and verified against the seal it is now born with.
-    b.host = PinnedBlock(std::move(staged[k]).Seal(b.lower->seal()), b.lower.reason());
+    b.host =
+        PinnedBlock(std::move(staged[k]).Seal(b.lower->key(), b.lower->seal()), b.lower.reason());
     ++tier_.lower_reads;
     tier_.lower_read_bytes += b.host->size();
     if (pooled[k] && same) {

@@ -1,6 +1,7 @@
 // The behaviour suite every Tier passes (server/core/tier.h):
-// the heap-backed MemoryTier, the SSD tier over a real file and the GPU
-// tier on the host-memory stand-in for a device.
+// the heap-backed MemoryTier, host memory (HostTier over a slab pool), the
+// SSD tier over a real file and the GPU tier on the host-memory stand-in for
+// a device.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "server/core/block_test_util.h"
+#include "server/core/host_tier.h"
 #include "server/core/memory_tier.h"
 #include "server/core/tier.h"
 #include "server/tier/gpu_device_tier.h"
@@ -40,6 +42,17 @@ struct MemoryStoreFactory {
   static constexpr bool kPersistent = false;
   static std::shared_ptr<Tier> Make(const std::string&, uint64_t /*epoch*/ = 1) {
     return MemoryTier::Create(kCapacity);
+  }
+};
+
+// 64 KiB slabs: the suite's dozen block sizes each take a span of their own.
+struct HostTierFactory {
+  static constexpr bool kPersistent = false;
+  static std::shared_ptr<Tier> Make(const std::string&, uint64_t /*epoch*/ = 1) {
+    auto pool = SlabPool::Create(
+        {.capacity_bytes = kCapacity, .slab_bytes = uint64_t{64} << 10, .min_class_bytes = 64});
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? std::make_shared<HostTier>(*std::move(pool)) : nullptr;
   }
 };
 
@@ -88,7 +101,8 @@ class TierBehaviourTest : public ::testing::Test {
   std::shared_ptr<Tier> store_;
 };
 
-using Factories = ::testing::Types<MemoryStoreFactory, SsdStoreFactory, GpuStandInFactory>;
+using Factories =
+    ::testing::Types<MemoryStoreFactory, HostTierFactory, SsdStoreFactory, GpuStandInFactory>;
 TYPED_TEST_SUITE(TierBehaviourTest, Factories);
 
 TYPED_TEST(TierBehaviourTest, ACopyReadsBackExactlyWithItsSeal) {
@@ -339,6 +353,30 @@ TYPED_TEST(TierBehaviourTest, RetainedSpacePastTheBudgetServesWrites) {
   this->store_->CheckpointFailed();
   EXPECT_EQ(this->store_->GetStats().retained_bytes,
             TypeParam::kPersistent ? copies[2]->footprint() : 0u);
+}
+
+// Host memory in particular: its copies are read in place, and a byte that
+// changes in memory is DATA_LOSS on a read, counted.
+TEST(HostTierTest, CopiesAreReadInPlaceAndCheckedOnRead) {
+  std::shared_ptr<Tier> store = HostTierFactory::Make("");
+  ASSERT_NE(store, nullptr);
+  const BlockRef p = MakePayload(20000, 5);
+  auto copy = store->Write(1, *p);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  const std::optional<std::span<const std::byte>> bytes = (*copy)->in_place_bytes();
+  ASSERT_TRUE(bytes.has_value());
+  EXPECT_TRUE(std::equal(bytes->begin(), bytes->end(), p->data().begin(), p->data().end()));
+  EXPECT_NE(bytes->data(), p->data().data());  // a copy, in the tier's pool
+  EXPECT_FALSE(p->in_place_bytes()->empty());
+  FlipBits(static_cast<const BlockPayload&>(**copy), 123, std::byte{0x40});
+  std::vector<std::byte> out(p->size());
+  EXPECT_TRUE(absl::IsDataLoss(store->Read(**copy, out)));
+  EXPECT_EQ(store->GetStats().checksum_failures, 1u);
+  // A copy of another tier is not read as a host copy.
+  auto other = MemoryTier::Create(1 << 20)->Write(2, *p);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE((*other)->in_place_bytes().has_value());
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Read(**other, out)));
 }
 
 // The SSD tier in particular: a byte flipped on disk, in the payload or the
