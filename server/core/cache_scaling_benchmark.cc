@@ -1,0 +1,140 @@
+// Throughput of the request path across models, 1 to 8 worker threads, each
+// thread on a model of its own: one Cache holding all eight models (every
+// request takes the cache's one mutex) against eight Caches of one model
+// each (nothing shared: what a lock per model could reach at best), measured
+// in the same run. The ratio at each thread count is the cost of sharing.
+//
+// Two kinds of operation, on prompts each model has cached (2,048 tokens,
+// 32 blocks of 64 tokens, 256-byte blocks so that locking, not copying,
+// is what is measured):
+//   kind 0  a worker's hit: Lookup of the prompt, then PrepareFetch of it
+//           (its blocks pinned for the fetch, then let go)
+//   kind 1  an append of the prompt again: every block staged in the pool,
+//           hashed, found cached at commit, and freed (deduplicated)
+//
+//   build/server/core/cache_scaling_benchmark --benchmark_repetitions=3 \
+//       --benchmark_report_aggregates_only=true
+//
+// items_per_second counts the operations of all threads together, in real
+// time; on a machine with fewer cores than threads the curve flattens from
+// the core count on either way, and the ratio still shows what sharing costs.
+#include <benchmark/benchmark.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "server/common/splitmix64.h"
+#include "server/core/cache.h"
+
+namespace kvcache {
+namespace {
+
+constexpr int kModels = 8;
+constexpr uint32_t kBlockTokens = 64;
+constexpr uint64_t kPromptTokens = 2048;
+constexpr uint64_t kSequences = 128;  // cached prompts per model
+
+ModelLayout Layout() { return ModelLayout{1, 1, 1, DType::kFp16, kBlockTokens}; }  // 256 B blocks
+
+std::vector<Token> Prompt(int model, uint64_t s) {
+  std::vector<Token> t(kPromptTokens);
+  for (uint64_t i = 0; i < t.size(); ++i) {
+    t[i] = static_cast<Token>(
+        SplitMix64((uint64_t{static_cast<uint32_t>(model)} << 40) ^ (s << 20) ^ i) & 0xffffff);
+  }
+  return t;
+}
+
+std::unique_ptr<Cache> NewCache() {
+  SlabPoolOptions pool;
+  pool.capacity_bytes = uint64_t{1} << 30;
+  pool.min_class_bytes = 64;
+  auto made = SlabPool::Create(pool);
+  if (!made.ok()) std::abort();
+  return std::make_unique<Cache>(CacheOptions{}, *std::move(made), NewLruPolicy(),
+                                 SystemClock::Get());
+}
+
+ModelKey KeyOf(int model) { return {"default", "model-" + std::to_string(model)}; }
+
+void Fill(Cache& cache, int model) {
+  if (!cache.RegisterModel(KeyOf(model), Layout()).ok()) std::abort();
+  const std::vector<std::byte> kv(kPromptTokens / kBlockTokens * Layout().BlockBytes(),
+                                  std::byte{7});
+  for (uint64_t s = 0; s < kSequences; ++s) {
+    auto session = cache.BeginAppend(KeyOf(model), Prompt(model, s), 0, {}, {});
+    if (!session.ok() || !(*session)->Write(kv).ok() || !(*session)->Commit().ok()) std::abort();
+  }
+}
+
+struct World {
+  std::unique_ptr<Cache> shared;                         // all eight models
+  std::array<std::unique_ptr<Cache>, kModels> separate;  // one model each
+  std::array<std::vector<std::vector<Token>>, kModels> prompts;
+  std::vector<std::byte> kv;
+};
+
+World& GetWorld() {
+  static World* world = [] {
+    auto* w = new World;
+    w->shared = NewCache();
+    for (int m = 0; m < kModels; ++m) {
+      Fill(*w->shared, m);
+      w->separate[m] = NewCache();
+      Fill(*w->separate[m], m);
+      for (uint64_t s = 0; s < kSequences; ++s) w->prompts[m].push_back(Prompt(m, s));
+    }
+    w->kv.assign(kPromptTokens / kBlockTokens * Layout().BlockBytes(), std::byte{7});
+    return w;
+  }();
+  return *world;
+}
+
+void Run(benchmark::State& state, bool shared) {
+  World& w = GetWorld();
+  const int model = state.thread_index() % kModels;
+  Cache& cache = shared ? *w.shared : *w.separate[model];
+  const ModelKey key = KeyOf(model);
+  const auto& prompts = w.prompts[model];
+  const bool append = state.range(0) == 1;
+  uint64_t i = static_cast<uint64_t>(state.thread_index()) * 17;
+  for (auto _ : state) {
+    const std::vector<Token>& prompt = prompts[i++ % prompts.size()];
+    if (append) {
+      auto session = cache.BeginAppend(key, prompt, 0, {}, {});
+      if (!session.ok() || !(*session)->Write(w.kv).ok() || !(*session)->Commit().ok()) {
+        state.SkipWithError("append failed");
+        break;
+      }
+      continue;
+    }
+    auto found = cache.Lookup(key, prompt);
+    auto plan = cache.PrepareFetch(key, prompt);
+    if (!found.ok() || !plan.ok() || plan->matched_tokens != kPromptTokens) {
+      state.SkipWithError("not a whole hit");
+      break;
+    }
+    benchmark::DoNotOptimize(plan->blocks.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_OneCache(benchmark::State& state) { Run(state, /*shared=*/true); }
+void BM_CachePerModel(benchmark::State& state) { Run(state, /*shared=*/false); }
+
+void Threads(benchmark::internal::Benchmark* b) {
+  b->ArgName("kind")->Arg(0)->Arg(1)->UseRealTime();
+  for (int t : {1, 2, 4, 8}) b->Threads(t);
+}
+BENCHMARK(BM_OneCache)->Apply(Threads);
+BENCHMARK(BM_CachePerModel)->Apply(Threads);
+
+}  // namespace
+}  // namespace kvcache
+
+BENCHMARK_MAIN();
