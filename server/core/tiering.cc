@@ -229,33 +229,6 @@ std::shared_ptr<WorkTicket> Cache::StartPrefetch(const ModelKey& model,
   return prefetcher_->Submit(std::move(job));
 }
 
-void Cache::PrepareFetchAsync(const ModelKey& model, const FetchQuery& query, FetchDone done) {
-  absl::StatusOr<MatchedFetch> matched =
-      query.lease_id != 0
-          ? MatchLeaseFetch(model, query.lease_id, query.accept_lossy, query.max_blocks)
-          : MatchFetch(model, query.tokens, query.accept_lossy, query.max_blocks);
-  if (!matched.ok()) return std::move(done)(matched.status());
-  if (!NeedsLowerReads(matched->blocks)) {
-    return std::move(done)(
-        FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks)));
-  }
-  // What the read job and its drop share: whichever runs answers `done`.
-  struct Reads {
-    MatchedFetch matched;
-    FetchDone done;
-  };
-  auto reads = std::make_shared<Reads>(Reads{*std::move(matched), std::move(done)});
-  TierWorkers::Job run = [this, reads] {
-    MatchedFetch& m = reads->matched;
-    std::move(reads->done)(FinishPlan(std::move(m.plan), m.index, std::move(m.blocks)));
-  };
-  TierWorkers::Job drop = [reads] {
-    std::move(reads->done)(absl::UnavailableError(
-        "the daemon is shutting down: the fetch's reads from the lower tier were not done"));
-  };
-  if (fetch_readers_->TrySubmit(run, drop) == nullptr) std::move(run)();
-}
-
 void Cache::CountLatePrefetch() { prefetcher_->CountLate(); }
 
 bool Cache::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
