@@ -23,7 +23,7 @@ uint64_t Checksum(std::span<const std::byte> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
-BlockPayload::~BlockPayload() { FreeAllocation(pool_, allocation_); }
+BlockPayload::~BlockPayload() { FreeAllocation(pool_, allocation()); }
 
 StagingBlock StagingBlock::OnHeap(uint64_t size) {
   Allocation a;

@@ -55,15 +55,15 @@ class BlockPayload final : public StoredCopy {
   // Owns `allocation` (from `pool`, or the heap when `pool` is null), of
   // which seal.size bytes are used. REQUIRES: `pool` outlives this payload.
   BlockPayload(Key, SlabPool* pool, Allocation allocation, uint64_t key, const BlockSeal& seal)
-      : StoredCopy(key, seal, allocation.bytes), pool_(pool), allocation_(allocation) {}
+      : StoredCopy(key, seal, allocation.bytes), pool_(pool), data_(allocation.data) {}
   ~BlockPayload() override;
 
-  std::span<const std::byte> data() const { return {allocation_.data, seal().size}; }
+  std::span<const std::byte> data() const { return {data_, seal().size}; }
   std::optional<std::span<const std::byte>> in_place_bytes() const override { return data(); }
   uint64_t size() const { return seal().size; }
   // The memory this payload holds (pool memory unless staged on the heap);
   // footprint() is its size class.
-  const Allocation& allocation() const { return allocation_; }
+  Allocation allocation() const { return {.data = data_, .bytes = footprint()}; }
 
   uint64_t checksum() const { return seal().checksum; }
   uint64_t raw_checksum() const { return seal().raw_checksum; }
@@ -73,7 +73,7 @@ class BlockPayload final : public StoredCopy {
 
  private:
   SlabPool* const pool_;
-  const Allocation allocation_;
+  std::byte* const data_;  // with footprint(), the allocation
 };
 
 using BlockRef = std::shared_ptr<BlockPayload>;

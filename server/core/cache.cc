@@ -331,7 +331,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   result.blocks.reserve(path.size());
   const uint64_t block_bytes = m.layout.BlockBytes();
   for (const IndexNode* n : path) {
-    const BlockSeal seal = n->seal();
+    const BlockSeal& seal = n->seal();
     result.blocks.push_back({.index = n->depth,
                              .tier = n->in_host() ? BlockTier::kHost : BlockTier::kLower,
                              .key = n->key,

@@ -12,8 +12,8 @@
 //   kind 1  an append of the prompt again: every block staged in the pool,
 //           hashed, found cached at commit, and freed (deduplicated)
 //
-//   build/server/core/cache_scaling_benchmark --benchmark_repetitions=3 \
-//       --benchmark_report_aggregates_only=true
+//   build/server/core/cache_scaling_benchmark --benchmark_repetitions=3
+//       --benchmark_report_aggregates_only=true --benchmark_min_time=0.5
 //
 // items_per_second counts the operations of all threads together, in real
 // time; on a machine with fewer cores than threads the curve flattens from

@@ -116,7 +116,8 @@ struct IndexNode {
   bool is_leaf() const { return num_children == 0; }
   bool in_host() const { return payload != nullptr; }
   // The seal of the block, from whichever copy it has.
-  const BlockSeal seal() const { return payload != nullptr ? payload->seal() : lower->seal(); }
+  // Valid while that copy is the node's.
+  const BlockSeal& seal() const { return payload != nullptr ? payload->seal() : lower->seal(); }
   // How much the cache values the block, in [0, 1] (0 until set); stored in
   // 16 bits. Policies that rank by it must be told when it changes
   // (EvictionPolicy::SetImportance), so set it through the policy while the

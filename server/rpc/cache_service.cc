@@ -686,8 +686,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   // The plan is made: streams it, at once when still in the step that asked
-  // for it, else from a step of its own (the plan was read back on a
-  // fetch-read thread, which must not send).
+  // for it, else (the reads ran on a fetch-read thread) from a step of its
+  // own, admitted by the fair scheduler as every step of the stream is.
   void OnPlanned(absl::StatusOr<FetchPlan> plan, bool in_step) ABSL_LOCKS_EXCLUDED(plan_mu_) {
     if (!plan.ok()) return Done(plan.status());
     if (plan->withheld_tokens != 0) {
