@@ -16,8 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/common/clock.h"
+#include "server/core/block_test_util.h"
 #include "server/core/prefix_index.h"
-#include "server/core/slab_pool.h"
 
 namespace kvcache {
 namespace {
@@ -72,13 +72,7 @@ template <typename Factory>
 class EvictionPolicyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = 1 << 20, .slab_bytes = 64 << 10, .min_class_bytes = 64});
-    ASSERT_TRUE(pool.ok()) << pool.status();
-    pool_ = *std::move(pool);
-    auto allocation = pool_->Allocate(4096);
-    ASSERT_TRUE(allocation.ok()) << allocation.status();
-    payload_ = StagingBlock(pool_.get(), *allocation, 4096).Seal(0, BlockSeal::Raw(4096, 0));
+    payload_ = SealedHeapBlock(std::vector<std::byte>(4096));
     policy_ = Factory::Make();
     ASSERT_NE(policy_, nullptr);
   }
@@ -108,7 +102,6 @@ class EvictionPolicyTest : public ::testing::Test {
     return order;
   }
 
-  std::unique_ptr<SlabPool> pool_;
   BlockRef payload_;
   PrefixIndex index_{kBt};
   std::unique_ptr<EvictionPolicy> policy_;  // destroyed before the nodes it points to

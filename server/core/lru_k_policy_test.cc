@@ -15,9 +15,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/common/clock.h"
+#include "server/core/block_test_util.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/prefix_index.h"
-#include "server/core/slab_pool.h"
 
 namespace kvcache {
 namespace {
@@ -38,13 +38,7 @@ bool All(const IndexNode&) { return true; }
 class LruKPolicyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = 1 << 20, .slab_bytes = 64 << 10, .min_class_bytes = 64});
-    ASSERT_TRUE(pool.ok()) << pool.status();
-    pool_ = *std::move(pool);
-    auto allocation = pool_->Allocate(4096);
-    ASSERT_TRUE(allocation.ok()) << allocation.status();
-    payload_ = StagingBlock(pool_.get(), *allocation, 4096).Seal(0, BlockSeal::Raw(4096, 0));
+    payload_ = SealedHeapBlock(std::vector<std::byte>(4096));
     Reset({});
   }
 
@@ -89,7 +83,6 @@ class LruKPolicyTest : public ::testing::Test {
   }
 
   ManualClock clock_;
-  std::unique_ptr<SlabPool> pool_;
   BlockRef payload_;
   PrefixIndex index_{kBt};
   std::unique_ptr<LruKPolicy> policy_;  // destroyed before the nodes it points to

@@ -13,7 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/core/slab_pool.h"
+#include "server/core/block_test_util.h"
 
 namespace kvcache {
 namespace {
@@ -49,14 +49,8 @@ std::vector<uint32_t> PathOf(const IndexNode* node) {
 class PrefixIndexTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = 1 << 20, .slab_bytes = 64 << 10, .min_class_bytes = 64});
-    ASSERT_TRUE(pool.ok()) << pool.status();
-    pool_ = *std::move(pool);
-    auto allocation = pool_->Allocate(64);
-    ASSERT_TRUE(allocation.ok()) << allocation.status();
     // The index never reads payloads, so every node shares this one.
-    payload_ = StagingBlock(pool_.get(), *allocation, 64).Seal(0, BlockSeal::Raw(64, 0));
+    payload_ = SealedHeapBlock(std::vector<std::byte>(64));
   }
 
   // Adds the blocks of `ids` that are missing; returns the last node.
@@ -78,7 +72,6 @@ class PrefixIndexTest : public ::testing::Test {
     return path.size();
   }
 
-  std::unique_ptr<SlabPool> pool_;
   BlockRef payload_;
   PrefixIndex index_{kBt};
 };
