@@ -2,7 +2,8 @@
 
 #include <xxhash.h>
 
-#include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <utility>
 
@@ -55,7 +56,14 @@ void StagingBlock::Free() {
 }
 
 BlockRef StagingBlock::Seal(uint64_t key, BlockSeal seal) && {
-  assert(!empty() && seal.size == size_);
+  // A seal of another size would let data() reach past the allocation: never
+  // a block, in any build.
+  if (empty() || seal.size != size_) {
+    std::fprintf(stderr, "StagingBlock::Seal: a seal of %llu bytes for a block of %llu (%s)\n",
+                 static_cast<unsigned long long>(seal.size), static_cast<unsigned long long>(size_),
+                 empty() ? "empty" : "not empty");
+    std::abort();
+  }
   if (!seal.compressed) seal.decoded_checksum = seal.checksum;
   auto payload = std::make_shared<BlockPayload>(BlockPayload::Key(), pool_, allocation_, key, seal);
   allocation_ = Allocation{};

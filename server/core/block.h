@@ -103,7 +103,7 @@ class StagingBlock {
   // The bytes as written become the payload of the block whose chain key is
   // `key`, sealed with `seal` (a raw seal's decoded_checksum is its
   // checksum); this block is left empty. REQUIRES: !empty(),
-  // seal.size == size().
+  // seal.size == size(); the process aborts otherwise, in every build.
   BlockRef Seal(uint64_t key, BlockSeal seal) &&;
 
  private:

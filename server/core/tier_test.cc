@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "server/core/cache_test_util.h"
+#include "server/core/gated_tier.h"
 #include "server/core/memory_tier.h"
 
 namespace kvcache {
@@ -25,15 +26,20 @@ class TierTest : public CacheTest, public ::testing::WithParamInterface<std::str
     options.tiers.host_low_watermark = 0.8;
     return options;
   }
-  // A host tier of `slabs` 64 KiB slabs over a lower tier of `lower_bytes`.
-  void MakeTiered(uint64_t slabs, uint64_t lower_bytes, CacheOptions options = RoomyOptions()) {
+  // A host tier of `slabs` 64 KiB slabs over a lower tier of `lower_bytes`,
+  // seen through gated_ when `gated`.
+  void MakeTiered(uint64_t slabs, uint64_t lower_bytes, CacheOptions options = RoomyOptions(),
+                  bool gated = false) {
     cache_.reset();
     auto pool = SlabPool::Create(
         {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
     lower_ = MemoryTier::Create(lower_bytes);
-    cache_ = std::make_unique<Cache>(options, *std::move(pool), NewPolicy(), &clock_, lower_,
-                                     NewPolicy());
+    gated_ = gated ? std::make_shared<GatedTier>(lower_) : nullptr;
+    std::shared_ptr<Tier> tier = lower_;
+    if (gated) tier = gated_;
+    cache_ = std::make_unique<Cache>(options, *std::move(pool), NewPolicy(), &clock_,
+                                     std::move(tier), NewPolicy());
   }
   std::unique_ptr<EvictionPolicy> NewPolicy() {
     return GetParam() == "lru_k" ? NewLruKPolicy(LruKOptions{}, &clock_) : NewLruPolicy();
@@ -65,6 +71,7 @@ class TierTest : public CacheTest, public ::testing::WithParamInterface<std::str
   }
 
   std::shared_ptr<MemoryTier> lower_;
+  std::shared_ptr<GatedTier> gated_;  // set by MakeTiered(..., gated = true)
 };
 
 TEST_P(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
@@ -234,6 +241,60 @@ TEST_P(TierTest, AnAsyncFetchOfHostBlocksOrOfNothingAnswersInline) {
   EXPECT_EQ(unknown.plan.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(unknown.thread, std::this_thread::get_id());
   EXPECT_EQ(cache_->GetStats().fetch_reads.issued, 0u);
+}
+
+TEST_P(TierTest, AnAsyncFetchReadsOnItsOwnThreadWhenTheReadQueueIsFull) {
+  CacheOptions options = RoomyOptions();
+  options.tiers.fetch_read_threads = 1;
+  options.tiers.fetch_read_queue = 1;
+  MakeTiered(4, 4 << 20, options, /*gated=*/true);
+  Register(Big());
+  AppendSequences(12, 4);
+  while (cache_->NeedsMigration()) cache_->Migrate();
+  for (uint32_t s = 0; s < 3; ++s) {
+    ASSERT_EQ(cache_->Lookup(Big().key, SequenceOf(s, 4))->blocks[0].tier, BlockTier::kLower);
+  }
+  auto await_waiting = [&](int n) {
+    for (int i = 0; i < 5000 && gated_->waiting() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return gated_->waiting();
+  };
+  gated_->Close();
+  // Sequence 0 holds the one fetch-read thread at the gate; sequence 1 waits
+  // in the queue, which is then full.
+  std::future<AsyncAnswer> held = PrepareAsync(*cache_, Big().key, SequenceOf(0, 4));
+  ASSERT_EQ(await_waiting(1), 1);
+  std::future<AsyncAnswer> queued = PrepareAsync(*cache_, Big().key, SequenceOf(1, 4));
+  ASSERT_EQ(cache_->GetStats().fetch_reads.issued, 2u);
+  // A third is refused by the queue: its reads run on the thread that asked.
+  std::thread::id asker;
+  std::future<AsyncAnswer> third;
+  std::thread asking([&] {
+    asker = std::this_thread::get_id();
+    third = PrepareAsync(*cache_, Big().key, SequenceOf(2, 4));
+  });
+  EXPECT_EQ(await_waiting(2), 2);
+  gated_->Open();
+  asking.join();
+  const std::vector<std::pair<std::future<AsyncAnswer>*, uint32_t>> answers = {
+      {&held, 0}, {&queued, 1}, {&third, 2}};
+  for (auto [future, s] : answers) {
+    ASSERT_EQ(future->wait_for(std::chrono::seconds(10)), std::future_status::ready) << s;
+    AsyncAnswer answer = future->get();
+    ASSERT_TRUE(answer.plan.ok()) << s << ": " << answer.plan.status();
+    EXPECT_TRUE(PlanHolds(*answer.plan, Big(), SequenceOf(s, 4))) << s;
+    if (s == 2) {
+      EXPECT_EQ(answer.thread, asker);
+    } else {
+      EXPECT_NE(answer.thread, asker);
+      EXPECT_NE(answer.thread, std::this_thread::get_id());
+    }
+  }
+  const WorkStats reads = cache_->GetStats().fetch_reads;
+  EXPECT_EQ(reads.issued, 2u);
+  EXPECT_EQ(reads.completed, 2u);
+  EXPECT_EQ(reads.dropped, 1u);  // counted as outcome="inline"
 }
 
 TEST_P(TierTest, PrefetchBestEffortPromotesInTheBackground) {

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/core/cache.h"
 #include "server/core/eviction_policy.h"
+#include "server/core/gated_tier.h"
 #include "server/core/memory_tier.h"
 #include "server/core/slab_pool.h"
 #include "server/rpc/server.h"
@@ -32,37 +32,13 @@ constexpr uint64_t kBlockBytes = 2 * kBlockTokens * kHeadDim * 2;  // 8 KiB, fp1
 constexpr uint64_t kSlab = uint64_t{64} << 10;
 constexpr uint32_t kSequences = 12;  // 4 blocks each: 48 blocks over a 32-block host tier
 
-// A lower tier whose reads wait while the gate is closed.
-class GatedStore final : public Tier {
- public:
-  explicit GatedStore(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
-  absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) override {
-    return inner_->Write(key, payload);
-  }
-  absl::Status Read(const StoredCopy& copy, std::span<std::byte> out) override {
-    if (closed_.load()) open_.WaitForNotification();
-    return inner_->Read(copy, out);
-  }
-  TierStats GetStats() const override { return inner_->GetStats(); }
-  void Close() { closed_ = true; }
-  void Open() {
-    if (!opened_.exchange(true)) open_.Notify();
-  }
-
- private:
-  std::shared_ptr<Tier> inner_;
-  std::atomic<bool> closed_{false};
-  std::atomic<bool> opened_{false};
-  absl::Notification open_;
-};
-
 class PrefetchWaitServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto pool =
         SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
     ASSERT_TRUE(pool.ok()) << pool.status();
-    store_ = std::make_shared<GatedStore>(MemoryTier::Create(uint64_t{8} << 20));
+    store_ = std::make_shared<GatedTier>(MemoryTier::Create(uint64_t{8} << 20));
     cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(),
                                      SystemClock::Get(), store_, NewLruPolicy());
     socket_ = ::testing::TempDir() + "/prefetch_wait_test." + std::to_string(::getpid());
@@ -128,7 +104,7 @@ class PrefetchWaitServiceTest : public ::testing::Test {
   }
 
   NullRpcObserver observer_;
-  std::shared_ptr<GatedStore> store_;
+  std::shared_ptr<GatedTier> store_;
   std::unique_ptr<Cache> cache_;
   std::string socket_;
   std::unique_ptr<GrpcServer> server_;
