@@ -12,7 +12,7 @@
 # proto/ or gpu/ may declare a plain std::mutex (nor another std:: mutex type,
 # nor a std::condition_variable, which only waits on one): the analysis cannot
 # see them, so a lock that is one would silently fall outside the proof. Only
-# the two annotated wrappers hold one. `--guard-only` runs the guard alone.
+# the annotated wrappers hold one. `--guard-only` runs the guard alone.
 #
 # Cheap on purpose: it configures a clang build (tests, benchmarks and CUDA
 # off), generates only the protobuf headers, then runs each file's compile
@@ -30,7 +30,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 python3 - "$root" <<'EOF'
 import os, re, sys
 root = sys.argv[1]
-wrappers = {"server/common/mutex.h", "gpu/include/kvcache/gpu/mutex.h"}
+wrappers = {"server/common/mutex.h", "server/common/shared_mutex.h",
+            "gpu/include/kvcache/gpu/mutex.h"}
 plain = re.compile(r"\bstd::(recursive_timed_|recursive_|timed_|shared_timed_|shared_)?mutex\b"
                    r"|\bstd::condition_variable\b(?!_any)")
 found = []

@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   ModelLayout layout;
   std::shared_ptr<const BlockHasher> hasher;
   {
-    MutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     layout = (*state)->layout;
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   BlockHashes hashes = BlockHashes::Of(std::move(hasher), bt, tokens);
 
   std::vector<BlockRef> expired;  // released after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
@@ -202,7 +202,7 @@ AppendSession::~AppendSession() {
 
 void AppendSession::ReleaseClaimsAndStaging() {
   if (!holds_claims_ && staged_bytes_ == 0) return;
-  MutexLock lock(&cache_->mu_);
+  Cache::WriteLock lock(cache_);
   cache_->ReleaseClaimsLocked(*this);
 }
 
@@ -317,7 +317,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
 
   AppendResult result;
   std::vector<BlockRef> unused;  // duplicates and replaced copies; freed after the lock
-  MutexLock lock(&cache_->mu_);
+  Cache::WriteLock lock(cache_);
   auto fail = [&](absl::Status status) {  // Fail() for when the lock is held
     cache_->mu_.AssertHeld();
     status_ = status;

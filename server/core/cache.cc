@@ -34,7 +34,7 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
 Cache::~Cache() {
   prefetcher_.reset();  // their jobs use the cache
   fetch_readers_.reset();
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   leases_.Clear();
   for (auto& entry : models_) {
     ModelState& state = *entry.second;
@@ -74,7 +74,7 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
         absl::StrCat("one block of this layout takes ", layout.BlockBytes(),
                      " bytes, more than the host tier's capacity of ", pool.capacity_bytes));
   }
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   if (const ModelState* known = models_.Find(model); known != nullptr) {
     if (known->layout != layout) {
       return absl::AlreadyExistsError(
@@ -98,15 +98,32 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
   return RegisterResult{.created = true, .layout = layout};
 }
 
+Cache::WriteLock::WriteLock(const Cache* cache) ABSL_NO_THREAD_SAFETY_ANALYSIS : cache_(cache) {
+  cache_->mu_.Lock();
+  // A const method's exclusive section applies touches too: they change
+  // only the policies and the nodes' recency, never what a reader sees.
+  const_cast<Cache*>(cache_)->ApplyTouchesLocked();
+}
+
+Cache::WriteLock::~WriteLock() ABSL_NO_THREAD_SAFETY_ANALYSIS { cache_->mu_.Unlock(); }
+
+void Cache::ApplyTouchesLocked() {
+  if (touches_.empty()) return;
+  touches_.Drain([this](IndexNode* node, absl::Time at) {
+    mu_.AssertHeld();  // the lambda runs under the lock
+    TouchLocked(node, at);
+  });
+}
+
 absl::StatusOr<ModelLayout> Cache::GetLayout(const ModelKey& model) const {
-  MutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   return (*state)->layout;
 }
 
 std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
-  MutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   std::vector<std::pair<ModelKey, ModelLayout>> out;
   for (const auto& [key, state] : models_) out.emplace_back(key, state->layout);
   return out;
@@ -117,7 +134,7 @@ absl::StatusOr<BlockHashes> Cache::HashBlocks(const ModelKey& model,
   uint32_t block_tokens;
   std::shared_ptr<const BlockHasher> hasher;
   {
-    MutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     block_tokens = (*state)->layout.block_tokens;
@@ -142,9 +159,25 @@ void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const 
   for (auto it = path->rbegin(); it != path->rend(); ++it) TouchLocked(*it, now);
 }
 
+bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> tokens,
+                              const BlockHashes& hashes, std::vector<IndexNode*>* path) const {
+  state.index.Match(tokens, hashes, path);
+  const absl::Time now = clock_->Now();
+  const bool expired = std::any_of(path->begin(), path->end(), [now](const IndexNode* n) {
+    __builtin_prefetch(n->payload.get());  // callers read the seals next
+    return n->expires <= now;
+  });
+  if (expired || !touches_.Record(*path, now)) {
+    path->clear();
+    return false;
+  }
+  return true;
+}
+
 void Cache::TouchLocked(IndexNode* node, absl::Time now) {
   PolicyFor(*node)->Touch(node);
-  node->last_access = now;
+  // A touch recorded by a reader may be applied after a later one.
+  node->last_access = std::max(node->last_access, now);
   if (node->references != UINT16_MAX) ++node->references;
 }
 
@@ -301,47 +334,66 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   // Hashing, and copying the tokens a lease keeps, need no lock.
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
+  std::vector<IndexNode*> path;
+  LookupResult result;
+  if (!lease.acquire) {
+    // A hit without a lease changes nothing but recency: it shares the lock.
+    ReaderMutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    if (MatchSharedLocked(**state, tokens, *hashes, &path)) {
+      const size_t readable = ReadableBlocks(path, accept_lossy);
+      result.withheld_tokens = (path.size() - readable) * (*state)->layout.block_tokens;
+      path.resize(readable);
+      FillLookupResult(**state, tokens.size(), path, &result);
+      return result;
+    }
+  }
   std::vector<Token> lease_tokens;
   if (lease.acquire) lease_tokens.assign(tokens.begin(), tokens.end());
   std::vector<BlockRef> expired;  // released after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
-  std::vector<IndexNode*> path;
   MatchLocked(m, tokens, *hashes, &path, &expired);
-
-  LookupResult result;
-  const uint32_t bt = m.layout.block_tokens;
   const size_t readable = ReadableBlocks(path, accept_lossy);
-  result.withheld_tokens = (path.size() - readable) * bt;
+  result.withheld_tokens = (path.size() - readable) * m.layout.block_tokens;
   path.resize(readable);
-  result.matched_tokens = path.size() * bt;
   if (lease.acquire && !path.empty()) {
     std::vector<TieredBlock> leased;
     leased.reserve(path.size());
     for (IndexNode* n : path) leased.push_back(TakeBlock(*n, PinReason::kLease));
-    auto made = CreateLeaseLocked(model, &m.index, std::move(lease_tokens), result.matched_tokens,
-                                  std::move(leased), lease.ttl);
+    auto made =
+        CreateLeaseLocked(model, &m.index, std::move(lease_tokens),
+                          path.size() * m.layout.block_tokens, std::move(leased), lease.ttl);
     if (!made.ok()) return made.status();
     std::tie(result.lease_id, result.lease_expires) = *made;
   }
-  m.hit_tokens += result.matched_tokens;
-  m.miss_tokens += (tokens.size() / bt) * bt - result.matched_tokens;
-  result.blocks.reserve(path.size());
+  FillLookupResult(m, tokens.size(), path, &result);
+  return result;
+}
+
+void Cache::FillLookupResult(ModelState& m, size_t num_tokens, const std::vector<IndexNode*>& path,
+                             LookupResult* result) {
+  const uint32_t bt = m.layout.block_tokens;
+  result->matched_tokens = path.size() * bt;
+  m.hit_tokens.fetch_add(result->matched_tokens, std::memory_order_relaxed);
+  m.miss_tokens.fetch_add((num_tokens / bt) * bt - result->matched_tokens,
+                          std::memory_order_relaxed);
+  result->blocks.reserve(path.size());
   const uint64_t block_bytes = m.layout.BlockBytes();
   for (const IndexNode* n : path) {
     const BlockSeal& seal = n->seal();
-    result.blocks.push_back({.index = n->depth,
-                             .tier = n->in_host() ? BlockTier::kHost : BlockTier::kLower,
-                             .key = n->key,
-                             .checksum = seal.fetch_checksum(),
-                             .bytes = block_bytes,
-                             .lossy = seal.compressed,
-                             .stored_bytes = seal.size,
-                             .stored_checksum = seal.checksum});
+    result->blocks.push_back({.index = n->depth,
+                              .tier = n->in_host() ? BlockTier::kHost : BlockTier::kLower,
+                              .key = n->key,
+                              .checksum = seal.fetch_checksum(),
+                              .bytes = block_bytes,
+                              .lossy = seal.compressed,
+                              .stored_bytes = seal.size,
+                              .stored_checksum = seal.checksum});
   }
-  return result;
 }
 
 absl::Status Cache::CheckLeaseTtl(absl::Duration ttl) const {
@@ -377,7 +429,7 @@ bool Cache::ReleaseLease(uint64_t lease_id) {
 
 bool Cache::ReleaseLease(uint64_t lease_id, absl::FunctionRef<bool(const ModelKey&)> may_release) {
   Lease released;  // its references drop after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   ExpireLeasesLocked(clock_->Now());
   const Lease* lease = leases_.Find(lease_id);
   if (lease == nullptr || !may_release(lease->model)) return false;
@@ -391,7 +443,7 @@ void Cache::ExpireLeasesLocked(absl::Time now) {
 }
 
 void Cache::ExpireLeases() {
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   ExpireLeasesLocked(clock_->Now());
 }
 
@@ -401,7 +453,7 @@ absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
   std::vector<BlockRef> dropped;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   const uint32_t bt = (*state)->layout.block_tokens;
@@ -429,7 +481,7 @@ EvictResult Cache::ClearModelLocked(ModelState& m, std::vector<BlockRef>* droppe
 
 absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
   std::vector<BlockRef> dropped;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   return ClearModelLocked(**state, &dropped);
@@ -440,7 +492,7 @@ absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
   std::vector<BlockRef> dropped;
   std::vector<Lease> released;
   std::unique_ptr<ModelState> removed;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   const EvictResult evicted = ClearModelLocked(**state, &dropped);
@@ -458,7 +510,7 @@ bool Cache::MakeRoomForSpace() {
     return DemoteOne(&bytes, &refused, "append") != DemoteOutcome::kNothing;
   }
   std::vector<BlockRef> dropped;  // freed after the lock is released
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   ExpireLeasesLocked(clock_->Now());
   if (!EvictOneLocked(&dropped)) return false;
   ++capacity_evictions_;
@@ -477,7 +529,7 @@ absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming
   const uint64_t quota = options_.max_namespace_bytes;
   if (quota == 0) return absl::OkStatus();
   std::vector<BlockRef> dropped;  // freed after the lock is released
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   uint64_t used = NamespaceBytesLocked(ns);
   while (used + incoming > quota) {
     IndexNode* victim = policy_->PickVictim([&](const IndexNode& n) {
@@ -507,14 +559,14 @@ absl::StatusOr<StagingBlock> Cache::AllocatePayload(uint64_t bytes) {
   while (true) {
     absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
     if (a.ok()) {
-      MutexLock lock(&mu_);
+      WriteLock lock(this);
       staged_bytes_ += a->bytes;
       return StagingBlock(pool_.get(), *a, bytes);
     }
     if (!absl::IsResourceExhausted(a.status())) return a.status();
     if (!MakeRoomForSpace()) {
       const SlabPoolStats s = pool_->GetStats();
-      MutexLock lock(&mu_);
+      WriteLock lock(this);
       ++rejected_appends_;
       return absl::ResourceExhaustedError(absl::StrCat(
           "host tier is full: capacity_bytes ", s.capacity_bytes, ", ", s.reserved_bytes,
@@ -527,7 +579,7 @@ absl::StatusOr<StagingBlock> Cache::AllocatePayload(uint64_t bytes) {
 CacheStats Cache::GetStats() const {
   CacheStats stats;
   stats.host_pool = pool_->GetStats();
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   for (const auto& [key, m] : models_) {
     stats.models.push_back({.model = key,
                             .layout = m->layout,

@@ -61,9 +61,15 @@
 // (block_move.h): claimed under the lock, copied outside it, committed only
 // if the block did not change meanwhile.
 //
-// Thread-safety: every method is thread-safe. One mutex guards the metadata
-// (registry, indexes, policy, leases); it is never held while payload bytes
-// are copied or hashed, nor during I/O.
+// Thread-safety: every method is thread-safe. One reader-writer lock guards
+// the metadata (registry, indexes, policy, leases); it is never held while
+// payload bytes are copied or hashed, nor during I/O. Hits share it: a
+// Lookup without a lease and the matching half of a fetch only read the
+// index and pin copies (atomic counts), and leave their blocks' touches in
+// a TouchBuffer that the next exclusive section applies before anything
+// else (touch_buffer.h), so hits of any models proceed side by side. Every
+// other operation, and a hit that meets an expired block or a full touch
+// buffer, takes the lock exclusively (WriteLock).
 #ifndef KVCACHE_SERVER_CORE_CACHE_H_
 #define KVCACHE_SERVER_CORE_CACHE_H_
 
@@ -87,6 +93,7 @@
 #include "absl/time/time.h"
 #include "server/common/clock.h"
 #include "server/common/mutex.h"
+#include "server/common/shared_mutex.h"
 #include "server/common/token_bucket.h"
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
@@ -105,6 +112,7 @@
 #include "server/core/slab_pool.h"
 #include "server/core/tier_workers.h"
 #include "server/core/tiered_block.h"
+#include "server/core/touch_buffer.h"
 #include "server/importance/calibration.h"
 
 namespace kvcache {
@@ -370,6 +378,23 @@ class Cache {
     return TieredBlock::Of(n, why);
   }
 
+  // Holds mu_ exclusively for its scope, having first applied the touches
+  // readers left in touches_ (ApplyTouchesLocked). Every exclusive section
+  // of the cache begins with one, so no block leaves the index, and no
+  // eviction order is read, with a touch of it still pending.
+  class ABSL_SCOPED_LOCKABLE WriteLock {
+   public:
+    explicit WriteLock(const Cache* cache) ABSL_EXCLUSIVE_LOCK_FUNCTION(cache->mu_);
+    ~WriteLock() ABSL_UNLOCK_FUNCTION();
+    WriteLock(const WriteLock&) = delete;
+    WriteLock& operator=(const WriteLock&) = delete;
+
+   private:
+    const Cache* const cache_;
+  };
+  // Applies the touches hits recorded under the shared lock, in order.
+  void ApplyTouchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
   // inspect (under the lock) into its vector (cache_inspection.cc).
   absl::StatusOr<SequenceInspection> InspectPath(
@@ -384,7 +409,7 @@ class Cache {
     kPromotion  // into pool memory only: stops at the first block with no room
   };
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckTokenCount(size_t n) const;
   // The lookup hashes of `tokens` for `model`'s block size: the lock is held
   // only to read the block size, not while hashing. NOT_FOUND for an unknown
@@ -398,6 +423,18 @@ class Cache {
   void MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
                    std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // MatchLocked for a reader holding the lock shared: the cached path of
+  // `tokens`, its touches recorded in touches_. False, with `path` empty,
+  // when a block on it has expired (only a writer removes it) or the touch
+  // buffer has no room: the caller then matches again under WriteLock.
+  bool MatchSharedLocked(const ModelState& state, std::span<const Token> tokens,
+                         const BlockHashes& hashes, std::vector<IndexNode*>* path) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A lookup's answer for its matched `path` of `state` (cut to the blocks
+  // a reader may get, as ReadableBlocks says, by the caller), counting its
+  // hits and misses among `num_tokens` tokens.
+  static void FillLookupResult(ModelState& state, size_t num_tokens,
+                               const std::vector<IndexNode*>& path, LookupResult* result);
   // Walks of a whole index, taken in steps (cache_walk.cc): what inspection,
   // memory snapshots and checkpoints use, so that no request waits behind
   // a walk of a million blocks. Which part of a model's index to walk:
@@ -471,6 +508,9 @@ class Cache {
   absl::StatusOr<MatchedFetch> MatchFetch(const ModelKey& model, std::span<const Token> tokens,
                                           bool accept_lossy, size_t max_blocks)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A fetch's pins on the blocks of its matched `path` of `state`.
+  static MatchedFetch PinFetch(const ModelState& state, const std::vector<IndexNode*>& path,
+                               bool accept_lossy, size_t max_blocks);
   absl::StatusOr<MatchedFetch> MatchLeaseFetch(const ModelKey& model, uint64_t lease_id,
                                                bool accept_lossy, size_t max_blocks)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -611,7 +651,10 @@ class Cache {
   std::unique_ptr<TierWorkers> prefetcher_;
   std::unique_ptr<TierWorkers> fetch_readers_;
 
-  mutable Mutex mu_;
+  mutable SharedMutex mu_;
+  // Touches of hits made under the shared lock; not guarded by mu_ (see
+  // touch_buffer.h for its rules).
+  mutable TouchBuffer touches_;
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks
   std::unique_ptr<EvictionPolicy> lower_policy_ ABSL_GUARDED_BY(mu_);  // lower-only blocks
   ModelRegistry models_ ABSL_GUARDED_BY(mu_);

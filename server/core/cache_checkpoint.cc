@@ -14,7 +14,7 @@ std::vector<ModelImage> Cache::CaptureModels() const {
   std::vector<ModelImage> images;
   std::vector<uint64_t> incarnations;  // of each image's model, as captured
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     for (const auto& [key, m] : models_) {
       incarnations.push_back(m->incarnation);
       ModelImage& image = images.emplace_back();
@@ -45,7 +45,7 @@ size_t Cache::CaptureBlocks(const ModelKey& model, std::span<const uint64_t> loo
   const auto start = std::chrono::steady_clock::now();
   size_t gone = 0;
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     const ModelState* found = models_.Find(model);
     if (found == nullptr) return lookup_hashes.size();
     const PrefixIndex& index = found->index;
@@ -90,7 +90,7 @@ absl::Status Cache::RestoreModel(const ModelImage& image) {
   if (!registered->created)
     return absl::OkStatus();  // a worker registered it first: its policy stands
   KVCACHE_RETURN_IF_ERROR(image.policy.Validate());
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   absl::StatusOr<ModelState*> m = FindModelLocked(image.key);
   if (!m.ok()) return m.status();
   (*m)->policy = image.policy;
@@ -121,7 +121,7 @@ absl::StatusOr<StagingBlock> Cache::AllocateRestoredPayload(uint64_t size) {
 }
 
 void Cache::EndRestore() {
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   for (const auto& [key, m] : models_) {
     absl::flat_hash_map<uint64_t, uint64_t>().swap(m->restore_aliases);
   }
@@ -133,7 +133,7 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   }
   if (image.lower != nullptr && lower_ == nullptr) image.lower.reset();
   std::vector<BlockRef> unused;  // released after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   ModelState* found = models_.Find(model);
   if (found == nullptr) return RestoreOutcome::kUnknownModel;
   ModelState& m = *found;

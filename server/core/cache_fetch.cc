@@ -31,20 +31,31 @@ absl::StatusOr<Cache::MatchedFetch> Cache::MatchFetch(const ModelKey& model,
   KVCACHE_RETURN_IF_ERROR(CheckTokenCount(tokens.size()));
   absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
-  MatchedFetch matched;
-  std::vector<BlockRef> expired;  // released after the lock
+  std::vector<IndexNode*> path;
   {
-    MutexLock lock(&mu_);
+    // Matching and pinning change nothing but recency: the lock is shared.
+    ReaderMutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
-    ModelState& m = **state;
-    std::vector<IndexNode*> path;
-    MatchLocked(m, tokens, *hashes, &path, &expired);
-    matched.blocks.reserve(path.size());
-    for (IndexNode* n : path) matched.blocks.push_back(TakeBlock(*n, PinReason::kFetch));
-    matched.plan = MakePlan(m, &matched.blocks, accept_lossy, max_blocks);
-    matched.index = &m.index;
+    if (MatchSharedLocked(**state, tokens, *hashes, &path)) {
+      return PinFetch(**state, path, accept_lossy, max_blocks);
+    }
   }
+  std::vector<BlockRef> expired;  // released after the lock
+  WriteLock lock(this);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  MatchLocked(**state, tokens, *hashes, &path, &expired);
+  return PinFetch(**state, path, accept_lossy, max_blocks);
+}
+
+Cache::MatchedFetch Cache::PinFetch(const ModelState& m, const std::vector<IndexNode*>& path,
+                                    bool accept_lossy, size_t max_blocks) {
+  MatchedFetch matched;
+  matched.blocks.reserve(path.size());
+  for (const IndexNode* n : path) matched.blocks.push_back(TakeBlock(*n, PinReason::kFetch));
+  matched.plan = MakePlan(m, &matched.blocks, accept_lossy, max_blocks);
+  matched.index = &m.index;
   return matched;
 }
 
@@ -100,7 +111,7 @@ absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64
 absl::StatusOr<Cache::MatchedFetch> Cache::MatchLeaseFetch(const ModelKey& model, uint64_t lease_id,
                                                            bool accept_lossy, size_t max_blocks) {
   MatchedFetch matched;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ExpireLeasesLocked(clock_->Now());

@@ -94,7 +94,7 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
     }
   };
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     if (options.model.has_value()) {
       absl::StatusOr<ModelState*> m = FindModelLocked(*options.model);
       if (!m.ok()) return m.status();
@@ -142,7 +142,7 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
     };
     std::vector<Claimed> batch;
     {
-      MutexLock lock(&mu_);
+      WriteLock lock(this);
       for (size_t i = first; i < last; ++i) {
         const ModelState* m = models_.OfIndex(targets[i].index);
         const IndexNode* n =
@@ -192,7 +192,7 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
                            .problem = std::move(f.problem)};
         if (options.drop_bad) {
           std::vector<BlockRef> dropped;  // freed after the lock
-          MutexLock lock(&mu_);
+          WriteLock lock(this);
           IndexNode* n = c.move.Refind(models_);
           if (n != nullptr) {
             ModelState& m = *models_.OfIndex(c.move.index());
@@ -250,7 +250,7 @@ MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
   absl::flat_hash_map<std::pair<const PrefixIndex*, uint64_t>, int> lease_blocks;
   std::vector<ModelKey> keys;
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     const absl::Time now = clock_->Now();
     s.taken = now;
     std::vector<LeaseSnapshot> leases;
@@ -376,7 +376,7 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
   absl::Time now;
   double half_life = options_.importance.activity_half_life_seconds;
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     absl::StatusOr<ModelState*> found = FindModelLocked(model);
     if (!found.ok()) return found.status();
     const ModelState& m = **found;
@@ -529,7 +529,7 @@ std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
   };
   std::vector<ModelKey> keys;
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     for (const auto& [key, m] : models_) keys.push_back(key);
   }
   std::vector<First> firsts;

@@ -654,6 +654,39 @@ TEST_F(CacheTest, HintTtlExpiresBlocks) {
   EXPECT_EQ(StatsOf(Small()).blocks, 2u);
 }
 
+// Hits share the cache's lock and leave their touches for the next exclusive
+// section to apply (touch_buffer.h); a hit whose path does not fit its touch
+// stripe takes the lock exclusively instead. Either way every hit counts
+// once: uses and last access as the operator's view shows them.
+TEST_F(CacheTest, EveryHitCountsOnceWhetherItSharedTheLockOrNot) {
+  MakeCache(72);  // 4.5 MiB: the long sequence's 4.1 MiB and the short one
+  Register(Small());
+  Ids long_ids;
+  for (uint32_t i = 1; i <= TouchBuffer::kStripeCapacity + 10; ++i) long_ids.push_back(i);
+  const std::vector<Token> long_seq = Seq(long_ids);
+  const std::vector<Token> short_seq = Seq({5001, 5002});
+  ASSERT_TRUE(Append(*cache_, Small(), long_seq).ok());
+  ASSERT_TRUE(Append(*cache_, Small(), short_seq).ok());
+  auto uses = [&](const std::vector<Token>& seq) -> std::pair<uint64_t, absl::Time> {
+    for (const PrefixSummary& p : cache_->TopPrefixes(10)) {
+      if (p.key == PrefixKey(seq, 0)) return {p.references, p.last_access};
+    }
+    ADD_FAILURE() << "not cached";
+    return {0, absl::InfinitePast()};
+  };
+  const uint64_t long_before = uses(long_seq).first;
+  const uint64_t short_before = uses(short_seq).first;
+  clock_.Advance(absl::Seconds(5));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Matched(Small(), short_seq), 2 * kBt);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Fetched(Small(), short_seq), 2 * kBt);
+  const absl::Time short_hit = clock_.Now();
+  clock_.Advance(absl::Seconds(5));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Matched(Small(), long_seq), long_seq.size());
+  EXPECT_EQ(Fetched(Small(), long_seq), long_seq.size());
+  EXPECT_EQ(uses(short_seq), std::make_pair(short_before + 5, short_hit));
+  EXPECT_EQ(uses(long_seq), std::make_pair(long_before + 3, clock_.Now()));
+}
+
 TEST_F(CacheTest, AppendOverAPrefixThatExpiresMidStreamAborts) {
   Register(Small());
   ASSERT_TRUE(Append(*cache_, Small(), Seq({1, 2}), 0, {.ttl = absl::Seconds(5)}).ok());

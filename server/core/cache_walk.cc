@@ -14,7 +14,7 @@ bool Cache::WalkModel(const ModelKey& model, const WalkScope& scope,
   // model goes.
   std::unique_ptr<PrefixIndex::Cursor> cursor;
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     const ModelState* m = models_.Find(model);
     if (m == nullptr) return false;
     const IndexNode* top = nullptr;
@@ -27,7 +27,7 @@ bool Cache::WalkModel(const ModelKey& model, const WalkScope& scope,
   while (true) {
     const auto start = std::chrono::steady_clock::now();
     {
-      MutexLock lock(&mu_);
+      WriteLock lock(this);
       const ModelState* m = models_.Find(model);
       // Gone, or registered anew (a new index): the walk ends short.
       if (m == nullptr || cursor->index() != &m->index) {

@@ -68,7 +68,7 @@ absl::StatusOr<StoredRef> Cache::WriteDevice(uint64_t key, const BlockPayload& p
         attempt == kMaxDeviceDropsPerWrite) {
       return copy;
     }
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     if (!DropDeviceVictimLocked(DeviceDrop::kRoom)) return copy;
   }
 }
@@ -85,7 +85,7 @@ uint64_t Cache::MigrateDevice() {
   const auto target =
       static_cast<uint64_t>(options_.tiers.device_low_watermark * static_cast<double>(capacity));
   uint64_t dropped = 0;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   while (dropped < kMaxDeviceDropsPerPass && device_->GetStats().allocated_bytes > target &&
          DropDeviceVictimLocked(DeviceDrop::kPressure)) {
     ++dropped;
@@ -115,7 +115,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
   uint32_t bt;
   std::vector<BlockRef> expired;  // released after the lock
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     ModelState& m = **state;
@@ -172,7 +172,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
 
   // 4. Install the new copies on blocks that did not change meanwhile, and
   // lease the placed prefix.
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   if (!write_error.ok() && !absl::IsResourceExhausted(write_error)) ++tier_.device_write_failures;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const TieredBlock& b = blocks[i];

@@ -26,7 +26,7 @@ double SecondsBetween(absl::Time earlier, absl::Time later) {
 }  // namespace
 
 absl::StatusOr<ImportancePolicy> Cache::GetPolicy(const ModelKey& model) const {
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   return (*state)->policy;
@@ -35,7 +35,7 @@ absl::StatusOr<ImportancePolicy> Cache::GetPolicy(const ModelKey& model) const {
 absl::StatusOr<PolicyChange> Cache::UpdatePolicy(const ModelKey& model,
                                                  const PolicyUpdate& update) {
   std::vector<BlockRef> dropped;  // released after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
@@ -102,7 +102,7 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   uint64_t incarnation = 0;
   std::vector<Token> lease_tokens;
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     layout = (*state)->layout;
@@ -164,7 +164,7 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
 
   // 3. Under the lock again: fold the report into the cached blocks.
   std::vector<BlockRef> expired;  // released after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   auto state = FindModelLocked(model);
   if (!state.ok()) return state.status();
   ModelState& m = **state;
@@ -325,7 +325,7 @@ CompactionResult Cache::Compact() {
   const ImportanceOptions& o = options_.importance;
   {
     const SlabPoolStats pool = pool_->GetStats();
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     ++compaction_passes_;
     const absl::Time now = clock_->Now();
     result.under_pressure = pool.capacity_bytes > 0 &&
@@ -524,13 +524,13 @@ CompactionResult Cache::Compact() {
   if (options_.on_compaction_encoded) options_.on_compaction_encoded();
   std::vector<BlockRef> dropped;  // released after the lock
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     SwapCompactedLocked(jobs, all_scores, &dropped, &result);
   }
   jobs.clear();  // frees the raw copies replaced
   dropped.clear();
   // Attention reports and novelty grow metadata between appends.
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   result.evicted_blocks += EnforceBudgetsLocked(&dropped);
   return result;
 }
@@ -599,7 +599,7 @@ void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
 std::vector<CalibrationOutcome> Cache::Calibrate() {
   std::vector<CalibrationOutcome> outcomes;
   const ImportanceOptions& o = options_.importance;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   for (auto& [key, mp] : models_) {
     ModelState& m = *mp;
     if (m.calibrator.size() == 0) continue;

@@ -8,7 +8,8 @@
 // model is never found again, so a reader that remembered it (an append in
 // flight, a lease, a tier move outside the lock) can tell it is gone.
 //
-// Not thread-safe: the owning Cache serialises access under its lock.
+// Not thread-safe: the owning Cache serialises changes under its lock
+// (held exclusively) and reads under it held at least shared.
 #ifndef KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
 #define KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
 
@@ -44,8 +45,9 @@ struct ModelState {
   PrefixIndex index;
   uint64_t bytes = 0;
   uint64_t metadata_bytes = 0;  // its index nodes' metadata (Cache::NodeMetadataBytes)
-  uint64_t hit_tokens = 0;
-  uint64_t miss_tokens = 0;
+  // Counted by lookups, which may share the cache's lock: atomic.
+  std::atomic<uint64_t> hit_tokens{0};
+  std::atomic<uint64_t> miss_tokens{0};
   uint64_t appended_blocks = 0;
   uint64_t deduplicated_blocks = 0;
   uint64_t evicted_blocks = 0;

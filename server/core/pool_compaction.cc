@@ -30,7 +30,7 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
   PoolCompactionResult result;
   absl::StatusOr<CompactionPlan> plan = pool_->PlanCompaction(options.plan);
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     ++pool_compaction_.passes;
   }
   if (!plan.ok() || plan->moves.empty()) return result;
@@ -38,7 +38,7 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
 
   std::vector<MoveJob> jobs;  // destroyed after the lock: old payloads free there
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     for (auto& [key, mp] : models_) {
       mp->index.VisitPostOrder([&](IndexNode* n) {
         mu_.AssertHeld();  // the lambda runs under the lock
@@ -76,7 +76,7 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
   if (options.on_copied) options.on_copied();
   std::vector<BlockRef> dropped;  // freed after the lock
   {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     for (MoveJob& job : jobs) {
       const BlockPayload& old = *job.move.host();
       moving_.erase(&old);

@@ -65,7 +65,7 @@ absl::StatusOr<StoredRef> Cache::WriteLower(uint64_t key, const BlockPayload& pa
       return copy;
     }
     std::vector<BlockRef> dropped;  // freed after the lock
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     if (!EvictLowerOneLocked(&dropped)) return copy;
   }
 }
@@ -90,7 +90,7 @@ void Cache::LogMoveLocked(const IndexNode& node, const char* from, const char* t
 
 std::vector<MoveRecord> Cache::DrainMoves() {
   std::vector<MoveRecord> out;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   out.swap(pending_moves_);
   return out;
 }
@@ -100,7 +100,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
   BlockMove move;  // its claim keeps the victim from being picked (or compacted) twice
   {
     std::vector<BlockRef> dropped;  // freed after the lock
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     ExpireLeasesLocked(clock_->Now());
     IndexNode* victim =
         policy_->PickVictim([](const IndexNode& n) { return !n.payload->pins().pinned(); });
@@ -136,7 +136,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
   const absl::Duration took = absl::Now() - start;
 
   std::vector<BlockRef> dropped;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   IndexNode* node = move.Refind(models_);
   if (node == nullptr || node->lower != nullptr) return DemoteOutcome::kRaced;
   if (!copy.ok()) {
@@ -165,7 +165,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
 
 uint64_t Cache::CommittedHostBytes() const {
   const uint64_t allocated = pool_->GetStats().allocated_bytes;
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   return allocated - std::min(allocated, staged_bytes_);
 }
 
@@ -181,7 +181,7 @@ MigrationResult Cache::Migrate() {
   MigrationResult result;
   if (DeviceNeedsMigration()) result.device_drops = MigrateDevice();
   if (!HostNeedsMigration()) {
-    MutexLock lock(&mu_);
+    WriteLock lock(this);
     ++tier_.migrate_passes;
     return result;
   }
@@ -211,7 +211,7 @@ MigrationResult Cache::Migrate() {
         break;
     }
   }
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   ++tier_.migrate_passes;
   return result;
 }
@@ -293,7 +293,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
 
   size_t readable = limit;
   std::vector<BlockRef> dropped;  // freed after the lock
-  MutexLock lock(&mu_);
+  WriteLock lock(this);
   if (limit < blocks.size() && load_for != LoadFor::kPromotion) ++tier_.heap_bounded_fetches;
   for (size_t k = 0; k < reads.size(); ++k) {
     TieredBlock& b = blocks[which[k]];
