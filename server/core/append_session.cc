@@ -215,7 +215,7 @@ void Cache::ReleaseClaimsLocked(AppendSession& session) {
     }
     session.holds_claims_ = false;
   }
-  staged_bytes_ -= std::min(staged_bytes_, session.staged_bytes_);
+  staged_bytes_.fetch_sub(session.staged_bytes_, std::memory_order_relaxed);
   session.staged_bytes_ = 0;
 }
 

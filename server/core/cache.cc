@@ -270,7 +270,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
       if (b != nullptr && !b->pins().pinned()) freeing += b->footprint();
     }
     const uint64_t held = pool.allocated_bytes - std::min(pool.allocated_bytes, freeing);
-    return held - std::min(held, staged_bytes_);
+    return held - std::min(held, staged_bytes_.load(std::memory_order_relaxed));
   };
   const uint64_t target =
       pool.capacity_bytes - std::min(pool.capacity_bytes, staging == 0 ? 0 : staging);
@@ -559,8 +559,7 @@ absl::StatusOr<StagingBlock> Cache::AllocatePayload(uint64_t bytes) {
   while (true) {
     absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
     if (a.ok()) {
-      WriteLock lock(this);
-      staged_bytes_ += a->bytes;
+      staged_bytes_.fetch_add(a->bytes, std::memory_order_relaxed);
       return StagingBlock(pool_.get(), *a, bytes);
     }
     if (!absl::IsResourceExhausted(a.status())) return a.status();
@@ -621,7 +620,7 @@ CacheStats Cache::GetStats() const {
   stats.conflicting_appends = conflicting_appends_;
   stats.metadata_evictions = metadata_evictions_;
   stats.metadata_bytes = MetadataBytesLocked();
-  stats.staged_bytes = staged_bytes_;
+  stats.staged_bytes = staged_bytes_.load(std::memory_order_relaxed);
   stats.lease_tokens = leases_.tokens();
   stats.tiers = tier_;
   if (lower_ != nullptr) {

@@ -664,8 +664,9 @@ class Cache {
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes in the indexes
   uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // index nodes (leases: leases_)
-  // Pool memory held by appends in flight (uncommitted blocks).
-  uint64_t staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pool memory held by appends in flight (uncommitted blocks). Atomic: an
+  // append counts each block it stages without taking mu_.
+  std::atomic<uint64_t> staged_bytes_{0};
   // Blocks an append in flight is writing, by (model incarnation, chain key): a second
   // append of the same tokens does not store another copy.
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, const AppendSession*> claims_

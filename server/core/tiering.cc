@@ -165,8 +165,7 @@ Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char
 
 uint64_t Cache::CommittedHostBytes() const {
   const uint64_t allocated = pool_->GetStats().allocated_bytes;
-  WriteLock lock(this);
-  return allocated - std::min(allocated, staged_bytes_);
+  return allocated - std::min(allocated, staged_bytes_.load(std::memory_order_relaxed));
 }
 
 bool Cache::NeedsMigration() const { return DeviceNeedsMigration() || HostNeedsMigration(); }

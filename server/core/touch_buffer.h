@@ -78,6 +78,7 @@ class TouchBuffer {
     std::unique_ptr<Touch[]> touches;
   };
   static size_t StripeOfThisThread();
+  static constexpr size_t kPrefetchAhead = 8;
 
   std::array<Stripe, kStripes> stripes_;
 };
