@@ -115,6 +115,19 @@ void Cache::ApplyTouchesLocked() {
   });
 }
 
+void Cache::ApplyThisThreadsTouchesShared() const {
+  MutexLock turn(&apply_touches_mu_);
+  touches_.DrainStripeOfThisThread([this](IndexNode* node, absl::Time at) {
+    mu_.AssertReaderHeld();  // the lambda runs under both locks
+    apply_touches_mu_.AssertHeld();
+    ApplyTouchShared(node, at);
+  });
+}
+
+void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const_cast<Cache*>(this)->TouchLocked(node, at);  // see ApplyThisThreadsTouchesShared
+}
+
 absl::StatusOr<ModelLayout> Cache::GetLayout(const ModelKey& model) const {
   ReaderMutexLock lock(&mu_);
   auto state = FindModelLocked(model);
@@ -167,7 +180,12 @@ bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> to
     __builtin_prefetch(n->payload.get());  // callers read the seals next
     return n->expires <= now;
   });
-  if (expired || !touches_.Record(*path, now)) {
+  bool recorded = !expired && touches_.Record(*path, now);
+  if (!expired && !recorded) {
+    ApplyThisThreadsTouchesShared();
+    recorded = touches_.Record(*path, now);
+  }
+  if (!recorded) {
     path->clear();
     return false;
   }

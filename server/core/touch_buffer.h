@@ -1,29 +1,35 @@
 // TouchBuffer: the uses of cached blocks that readers make while they share
-// the cache's lock, kept for the next holder of the exclusive lock to apply.
+// the cache's lock, kept to be applied in batches.
 //
 // A hit (a lookup or a fetch of cached blocks) changes nothing in the index
 // but the blocks' recency: their place in the eviction policy, their last
 // access and their use count. Applying that needs the policy, which is one
 // for the whole cache, so a hit that applied it itself would need the lock
 // exclusively and every hit of every model would queue behind every other.
-// Instead a hit holds the lock shared, records its blocks here, and the
-// cache applies the recorded touches, in order, whenever a thread takes the
-// lock exclusively, before it does anything else. A block is removed from
-// the index only under the exclusive lock, so a recorded block is still in
-// the index when its touch is applied. This is Caffeine's read buffer, but
-// it never drops a touch: a reader that finds no room applies its touches
-// itself under the exclusive lock (Record returns false).
+// Instead a hit holds the lock shared and records its blocks here, and the
+// recorded touches are applied, in order, in two places:
+//   - whenever a thread takes the lock exclusively, before it does anything
+//     else (Drain: every stripe), so no eviction reads an order with touches
+//     still pending;
+//   - by a reader whose stripe is full, still holding the lock shared
+//     (DrainStripeOfThisThread: its own stripe only), while the other
+//     readers go on; the owner makes such appliers take turns (one policy).
+// A block is removed from the index only under the exclusive lock, which
+// begins with a Drain, so a recorded block is still in the index when its
+// touch is applied. This is Caffeine's read buffer, but it never drops a
+// touch.
 //
 // Recording is striped: each thread records into one of kStripes stripes
-// (threads are spread over them round-robin), so readers on different cores
-// rarely write the same cache line. Within a stripe, touches are applied in
-// the order recorded; across stripes the order is the stripes' (two readers
-// on different stripes are concurrent, so either order is one they could
-// have had). A reader records a path leaf first, so a parent is never
-// applied as colder than its child.
+// (threads are spread over them round-robin), each with its own small lock,
+// so readers on different cores rarely write the same cache line. Within a
+// stripe, touches are applied in the order recorded; across stripes the
+// order is the stripes' (two readers on different stripes are concurrent,
+// so either order is one they could have had). A reader records a path leaf
+// first, so a parent is never applied as colder than its child.
 //
-// Thread-safety: Record under the owner's lock held shared (any number of
-// threads at once); Drain and empty() under it held exclusively.
+// Thread-safety: every method is thread-safe (each stripe has its own lock);
+// the rules above, that keep the recorded nodes alive and the applies in
+// turn, are the owner's.
 #ifndef KVCACHE_SERVER_CORE_TOUCH_BUFFER_H_
 #define KVCACHE_SERVER_CORE_TOUCH_BUFFER_H_
 
@@ -34,8 +40,10 @@
 #include <memory>
 #include <span>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 
@@ -45,12 +53,10 @@ class TouchBuffer {
  public:
   static constexpr size_t kStripes = 8;
   // Touches a stripe holds (16 bytes each; 1 MiB for the eight): a
-  // 128K-token prompt of 16-token blocks, or 256 hits of 32 blocks, between
-  // two exclusive sections. Fewer make the exclusive sections that apply
-  // them more frequent, and each costs every reader a wait: 2,048 gave 0.62
-  // of a cache per model with 4 threads on 2 cores, 8,192 gave 0.92
-  // (cache_scaling_benchmark).
+  // 128K-token prompt of 16-token blocks, or 256 hits of 32 blocks.
   static constexpr size_t kStripeCapacity = 8192;
+
+  using Apply = absl::FunctionRef<void(IndexNode*, absl::Time)>;
 
   TouchBuffer();
   TouchBuffer(const TouchBuffer&) = delete;
@@ -61,11 +67,16 @@ class TouchBuffer {
   // nothing recorded, when the stripe has no room for all of them.
   bool Record(std::span<IndexNode* const> path, absl::Time at);
 
+  // Calls `apply` for every touch of the calling thread's stripe, in order,
+  // and empties it. The stripe is locked meanwhile: readers on it wait.
+  void DrainStripeOfThisThread(Apply apply);
+
   // Calls `apply` for every recorded touch (see the file comment for the
   // order) and empties the buffer.
-  void Drain(absl::FunctionRef<void(IndexNode*, absl::Time)> apply);
+  void Drain(Apply apply);
 
-  // Whether nothing is recorded.
+  // Whether nothing is recorded. Exact when no thread records or drains
+  // meanwhile (the owner's exclusive lock); a hint otherwise.
   bool empty() const;
 
  private:
@@ -74,10 +85,13 @@ class TouchBuffer {
     int64_t at_unix_nanos;
   };
   struct alignas(64) Stripe {
+    Mutex mu;
+    // Written under mu; read without it by empty().
     std::atomic<size_t> used{0};
-    std::unique_ptr<Touch[]> touches;
+    std::unique_ptr<Touch[]> touches ABSL_GUARDED_BY(mu);
   };
   static size_t StripeOfThisThread();
+  static void DrainLocked(Stripe& s, Apply apply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   static constexpr size_t kPrefetchAhead = 8;
 
   std::array<Stripe, kStripes> stripes_;
