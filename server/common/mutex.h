@@ -36,6 +36,12 @@ class ABSL_LOCKABLE Mutex {
   // BasicLockable, for std::unique_lock<Mutex> and std::condition_variable_any.
   void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { Lock(); }
   void unlock() ABSL_UNLOCK_FUNCTION() { Unlock(); }
+  // Takes it if it is free; false (not taken) otherwise.
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    if (!mu_.try_lock()) return false;
+    SetOwner();
+    return true;
+  }
 
   // Tells the thread-safety analysis that the caller holds this mutex where
   // it cannot see so (a lambda called under the lock). In debug builds it

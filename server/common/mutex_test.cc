@@ -36,6 +36,19 @@ TEST(MutexTest, AssertHeldFollowsAConditionVariableWait) {
   t.join();
 }
 
+TEST(MutexTest, TryLockTakesOnlyAFreeMutex) {
+  Mutex mu;
+  ASSERT_TRUE(mu.TryLock());
+  mu.AssertHeld();
+  std::thread([&] {
+    if (mu.TryLock()) {
+      mu.Unlock();
+      ADD_FAILURE() << "took a held mutex";
+    }
+  }).join();
+  mu.Unlock();
+}
+
 #ifndef NDEBUG
 TEST(MutexDeathTest, AssertHeldAbortsWhenTheMutexIsFree) {
   Mutex mu;

@@ -115,17 +115,8 @@ void Cache::ApplyTouchesLocked() {
   });
 }
 
-void Cache::ApplyThisThreadsTouchesShared() const {
-  MutexLock turn(&apply_touches_mu_);
-  touches_.DrainStripeOfThisThread([this](IndexNode* node, absl::Time at) {
-    mu_.AssertReaderHeld();  // the lambda runs under both locks
-    apply_touches_mu_.AssertHeld();
-    ApplyTouchShared(node, at);
-  });
-}
-
 void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const_cast<Cache*>(this)->TouchLocked(node, at);  // see ApplyThisThreadsTouchesShared
+  const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
 }
 
 absl::StatusOr<ModelLayout> Cache::GetLayout(const ModelKey& model) const {
@@ -180,12 +171,10 @@ bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> to
     __builtin_prefetch(n->payload.get());  // callers read the seals next
     return n->expires <= now;
   });
-  bool recorded = !expired && touches_.Record(*path, now);
-  if (!expired && !recorded) {
-    ApplyThisThreadsTouchesShared();
-    recorded = touches_.Record(*path, now);
-  }
-  if (!recorded) {
+  if (expired || !touches_.Use(*path, now, [this](IndexNode* node, absl::Time at) {
+        mu_.AssertReaderHeld();  // the lambda runs under the lock
+        ApplyTouchShared(node, at);
+      })) {
     path->clear();
     return false;
   }

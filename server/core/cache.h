@@ -394,17 +394,13 @@ class Cache {
   };
   // Applies the touches hits recorded under the shared lock, in order.
   void ApplyTouchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the calling thread's stripe of touches_ for a reader holding
-  // mu_ shared whose stripe is full; such readers take turns on
-  // apply_touches_mu_. The analysis cannot express why this may change the
-  // policies (guarded by mu_) with mu_ shared: every other reader of mu_
-  // leaves the policies and the nodes' recency alone, and a writer, who
-  // does not, holds mu_ exclusively and so never runs beside this.
-  void ApplyThisThreadsTouchesShared() const ABSL_SHARED_LOCKS_REQUIRED(mu_)
-      ABSL_LOCKS_EXCLUDED(apply_touches_mu_);
-  // One touch of that: TouchLocked with mu_ shared and apply_touches_mu_ held.
-  void ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_SHARED_LOCKS_REQUIRED(mu_)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_touches_mu_);
+  // TouchLocked for touches_ (TouchBuffer::Use) to call with mu_ held
+  // shared and the buffer's turn held. The analysis cannot express why that
+  // may change the policies (guarded by mu_) with mu_ shared: the buffer
+  // lets one reader at a time apply touches, every other reader leaves the
+  // policies and the nodes' recency alone, and a writer, who does not,
+  // holds mu_ exclusively and so never runs beside it.
+  void ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
   // inspect (under the lock) into its vector (cache_inspection.cc).
@@ -435,8 +431,8 @@ class Cache {
                    std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // MatchLocked for a reader holding the lock shared: the cached path of
-  // `tokens`, its touches recorded in touches_ (when the thread's stripe is
-  // full, after applying it). False, with `path` empty, when a block on it
+  // `tokens`, its touches handed to touches_ (applied at once, or
+  // recorded for later: TouchBuffer::Use). False, with `path` empty, when a block on it
   // has expired (only a writer removes it) or the path is longer than a
   // stripe: the caller then matches again under WriteLock.
   bool MatchSharedLocked(const ModelState& state, std::span<const Token> tokens,
@@ -667,7 +663,6 @@ class Cache {
   // Touches of hits made under the shared lock; not guarded by mu_ (see
   // touch_buffer.h for its rules).
   mutable TouchBuffer touches_;
-  mutable Mutex apply_touches_mu_;  // ApplyThisThreadsTouchesShared's turns
   std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks
   std::unique_ptr<EvictionPolicy> lower_policy_ ABSL_GUARDED_BY(mu_);  // lower-only blocks
   ModelRegistry models_ ABSL_GUARDED_BY(mu_);

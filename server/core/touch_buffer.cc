@@ -28,6 +28,24 @@ bool TouchBuffer::Record(std::span<IndexNode* const> path, absl::Time at) {
   return true;
 }
 
+bool TouchBuffer::Use(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
+  if (path.size() > kStripeCapacity) return false;
+  if (turn_.TryLock()) {
+    DrainStripeOfThisThread(apply);  // this thread's earlier uses first
+    for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);
+    turn_.Unlock();
+    return true;
+  }
+  if (Record(path, at)) return true;
+  MutexLock my_turn(&turn_);
+  DrainStripeOfThisThread(apply);
+  const bool recorded = Record(path, at);  // a stripe shared with another thread may refill
+  if (!recorded) {
+    for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);
+  }
+  return true;
+}
+
 void TouchBuffer::DrainLocked(Stripe& s, Apply apply) {
   const size_t used = s.used.load(std::memory_order_relaxed);
   for (size_t i = 0; i < used; ++i) {
@@ -41,6 +59,8 @@ void TouchBuffer::DrainLocked(Stripe& s, Apply apply) {
 
 void TouchBuffer::DrainStripeOfThisThread(Apply apply) {
   Stripe& s = stripes_[StripeOfThisThread()];
+  // This thread sees its own records: an empty stripe holds none of them.
+  if (s.used.load(std::memory_order_relaxed) == 0) return;
   MutexLock lock(&s.mu);
   DrainLocked(s, apply);
 }

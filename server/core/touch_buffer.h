@@ -6,18 +6,21 @@
 // access and their use count. Applying that needs the policy, which is one
 // for the whole cache, so a hit that applied it itself would need the lock
 // exclusively and every hit of every model would queue behind every other.
-// Instead a hit holds the lock shared and records its blocks here, and the
-// recorded touches are applied, in order, in two places:
-//   - whenever a thread takes the lock exclusively, before it does anything
-//     else (Drain: every stripe), so no eviction reads an order with touches
-//     still pending;
-//   - by a reader whose stripe is full, still holding the lock shared
-//     (DrainStripeOfThisThread: its own stripe only), while the other
-//     readers go on; the owner makes such appliers take turns (one policy).
-// A block is removed from the index only under the exclusive lock, which
-// begins with a Drain, so a recorded block is still in the index when its
-// touch is applied. This is Caffeine's read buffer, but it never drops a
-// touch.
+// Instead a hit holds the lock shared and hands its blocks to Use():
+//   - when no other reader is applying touches (the buffer's turn is free),
+//     it applies them at once, while its nodes are in this core's caches
+//     (after this thread's recorded touches, to keep its order);
+//   - else it records them on this thread's stripe and goes on;
+//   - when that stripe is full, it waits for the turn and applies the
+//     stripe (still holding the lock shared: the others go on), then records.
+// And whenever a thread takes the lock exclusively, it applies every stripe
+// before it does anything else (Drain), so no eviction reads an order with
+// touches still pending. Readers holding the turn are the only readers that
+// change the policy, one at a time; a writer holds the lock exclusively and
+// so never runs beside them. A block is removed from the index only under
+// the exclusive lock, which begins with a Drain, so a recorded block is
+// still in the index when its touch is applied. This is Caffeine's read
+// buffer, but it never drops a touch.
 //
 // Recording is striped: each thread records into one of kStripes stripes
 // (threads are spread over them round-robin), each with its own small lock,
@@ -27,9 +30,10 @@
 // so either order is one they could have had). A reader records a path leaf
 // first, so a parent is never applied as colder than its child.
 //
-// Thread-safety: every method is thread-safe (each stripe has its own lock);
-// the rules above, that keep the recorded nodes alive and the applies in
-// turn, are the owner's.
+// Thread-safety: Use under the owner's lock held shared, by any number of
+// threads; Drain and (exactly) empty() under it held exclusively. The owner
+// keeps the rules above that keep the recorded nodes alive; the buffer
+// keeps the turns.
 #ifndef KVCACHE_SERVER_CORE_TOUCH_BUFFER_H_
 #define KVCACHE_SERVER_CORE_TOUCH_BUFFER_H_
 
@@ -62,14 +66,16 @@ class TouchBuffer {
   TouchBuffer(const TouchBuffer&) = delete;
   TouchBuffer& operator=(const TouchBuffer&) = delete;
 
-  // Records a use at `at` of each block of `path` (a path from the first
-  // block down), leaf first, on the calling thread's stripe. False, and
-  // nothing recorded, when the stripe has no room for all of them.
-  bool Record(std::span<IndexNode* const> path, absl::Time at);
+  // A reader's use at `at` of each block of `path` (a path from the first
+  // block down), applied leaf first through `apply` or recorded, as the file
+  // comment says. False, with nothing applied or recorded, when the path is
+  // longer than a stripe (the caller applies it under its exclusive lock).
+  bool Use(std::span<IndexNode* const> path, absl::Time at, Apply apply);
 
-  // Calls `apply` for every touch of the calling thread's stripe, in order,
-  // and empties it. The stripe is locked meanwhile: readers on it wait.
-  void DrainStripeOfThisThread(Apply apply);
+  // Records `path` (leaf first) on the calling thread's stripe without
+  // trying to apply it (what Use does when the turn is taken); false, and
+  // nothing recorded, when the stripe has no room for all of it.
+  bool Record(std::span<IndexNode* const> path, absl::Time at);
 
   // Calls `apply` for every recorded touch (see the file comment for the
   // order) and empties the buffer.
@@ -92,9 +98,12 @@ class TouchBuffer {
   };
   static size_t StripeOfThisThread();
   static void DrainLocked(Stripe& s, Apply apply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Applies the calling thread's stripe. REQUIRES: the turn held.
+  void DrainStripeOfThisThread(Apply apply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(turn_);
   static constexpr size_t kPrefetchAhead = 8;
 
   std::array<Stripe, kStripes> stripes_;
+  Mutex turn_;  // held by the one reader applying touches
 };
 
 }  // namespace kvcache

@@ -1,16 +1,19 @@
 // TouchBuffer: touches come back leaf first and in the order recorded, a
-// stripe with no room refuses a path whole, and touches recorded by many
-// readers at once under a shared lock all come back to the drainer.
+// stripe with no room refuses a path whole, a use applies at once when no
+// one else is applying and is recorded otherwise (waiting its turn only when
+// its stripe is full), and no use by many readers at once is lost.
 #include "server/core/touch_buffer.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "server/common/mutex.h"
 #include "server/common/shared_mutex.h"
 
 namespace kvcache {
@@ -63,74 +66,115 @@ TEST(TouchBufferTest, AFullStripeRefusesAPathWholeUntilDrained) {
   EXPECT_TRUE(buffer.empty());
 }
 
-TEST(TouchBufferTest, AThreadDrainsOnlyItsOwnStripe) {
+TEST(TouchBufferTest, UseAppliesAtOnceAfterTheThreadsOwnRecordedTouches) {
   TouchBuffer buffer;
-  const absl::Time t = absl::FromUnixSeconds(1);
+  const absl::Time t1 = absl::FromUnixSeconds(1);
+  const absl::Time t2 = absl::FromUnixSeconds(2);
   // Two threads that record for the first time get stripes of their own.
-  std::vector<IndexNode*> mine = {Node(1)};
-  std::vector<IndexNode*> theirs = {Node(2)};
-  std::thread([&] { ASSERT_TRUE(buffer.Record(theirs, t)); }).join();
-  std::vector<std::pair<IndexNode*, absl::Time>> drained;
+  std::vector<IndexNode*> theirs = {Node(1)};
+  std::vector<IndexNode*> mine_before = {Node(2)};
+  std::vector<IndexNode*> mine = {Node(3), Node(4)};
+  std::thread([&] { ASSERT_TRUE(buffer.Record(theirs, t1)); }).join();
+  std::vector<std::pair<IndexNode*, absl::Time>> applied;
   std::thread([&] {
-    ASSERT_TRUE(buffer.Record(mine, t));
-    buffer.DrainStripeOfThisThread(
-        [&](IndexNode* n, absl::Time at) { drained.emplace_back(n, at); });
+    ASSERT_TRUE(buffer.Record(mine_before, t1));
+    // No one else is applying: its stripe, then the path, leaf first.
+    ASSERT_TRUE(
+        buffer.Use(mine, t2, [&](IndexNode* n, absl::Time at) { applied.emplace_back(n, at); }));
   }).join();
-  EXPECT_EQ(drained, (std::vector<std::pair<IndexNode*, absl::Time>>{{Node(1), t}}));
-  EXPECT_FALSE(buffer.empty());
-  EXPECT_EQ(DrainAll(buffer), (std::vector<std::pair<IndexNode*, absl::Time>>{{Node(2), t}}));
+  EXPECT_EQ(applied, (std::vector<std::pair<IndexNode*, absl::Time>>{
+                         {Node(2), t1}, {Node(4), t2}, {Node(3), t2}}));
+  // The other thread's stripe waits for an exclusive drain.
+  EXPECT_EQ(DrainAll(buffer), (std::vector<std::pair<IndexNode*, absl::Time>>{{Node(1), t1}}));
+  std::vector<IndexNode*> too_long(TouchBuffer::kStripeCapacity + 1, Node(5));
+  EXPECT_FALSE(buffer.Use(too_long, t1, [&](IndexNode*, absl::Time) { ADD_FAILURE(); }));
 }
 
-// Readers record under the shared lock, and apply their own full stripe
-// still holding it (taking turns, as the cache does), while a drainer takes
-// the exclusive lock now and then; every touch recorded is applied exactly
-// once (run under TSan with the core suites).
+// While one reader applies (holds the turn), another records; once its
+// stripe is full it waits for the turn, then applies its stripe and goes on.
+TEST(TouchBufferTest, UseRecordsWhileAnotherAppliesAndWaitsItsTurnWhenFull) {
+  TouchBuffer buffer;
+  const absl::Time t = absl::FromUnixSeconds(1);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool holding = false, release = false;
+  std::thread holder([&] {
+    std::vector<IndexNode*> one = {Node(1)};
+    buffer.Use(one, t, [&](IndexNode*, absl::Time) {
+      std::unique_lock<std::mutex> lock(gate_mu);
+      holding = true;
+      gate_cv.notify_all();
+      gate_cv.wait(lock, [&] { return release; });
+    });
+  });
+  {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    gate_cv.wait(lock, [&] { return holding; });
+  }
+  std::atomic<size_t> applied{0};
+  std::atomic<bool> done{false};
+  std::thread user([&] {
+    std::vector<IndexNode*> path = {Node(2), Node(3)};
+    // Fills its stripe (recorded, nothing applied), then one more use.
+    for (size_t i = 0; i <= TouchBuffer::kStripeCapacity / 2; ++i) {
+      buffer.Use(path, t, [&](IndexNode*, absl::Time) { ++applied; });
+    }
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(applied.load(), 0u);  // all recorded while the turn was taken
+  EXPECT_FALSE(done.load());      // the use past a full stripe waits its turn
+  {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    release = true;
+  }
+  gate_cv.notify_all();
+  holder.join();
+  user.join();
+  EXPECT_EQ(applied.load(), TouchBuffer::kStripeCapacity);  // the full stripe, applied by it
+  EXPECT_EQ(DrainAll(buffer).size(), 2u);                   // the last use, recorded
+}
+
+// Readers use the buffer under the shared lock while a drainer takes the
+// exclusive lock now and then; every use is applied exactly once (run under
+// TSan with the core suites).
 TEST(TouchBufferTest, ConcurrentReadersLoseNoTouch) {
   TouchBuffer buffer;
   SharedMutex mu;
   constexpr int kReaders = 6;
-  constexpr int kPathsPerReader = 4000;  // 20,000 touches each: stripes fill
+  constexpr int kPathsPerReader = 4000;
   std::vector<std::vector<IndexNode*>> paths(kReaders);
   for (int r = 0; r < kReaders; ++r) {
     for (int d = 0; d < 5; ++d) paths[r].push_back(Node(1 + r * 10 + d));
   }
-  Mutex turn;  // the appliers' turns; `applied` is the policy they change
+  // What the applies change (the policy, in the cache): only one reader
+  // holds the turn at a time, and the drainer holds the lock exclusively.
   absl::flat_hash_map<IndexNode*, int> applied;
   auto count = [&](IndexNode* n, absl::Time) { ++applied[n]; };
-  auto drain = [&] { buffer.Drain(count); };
-  std::atomic<int> reader_drains{0};
+  std::atomic<int> done{0};
   std::vector<std::thread> readers;
   for (int r = 0; r < kReaders; ++r) {
     readers.emplace_back([&, r] {
       for (int i = 0; i < kPathsPerReader; ++i) {
         ReaderMutexLock lock(&mu);
-        if (buffer.Record(paths[r], absl::Now())) continue;
-        {
-          MutexLock my_turn(&turn);
-          buffer.DrainStripeOfThisThread(count);
-        }
-        ++reader_drains;
-        EXPECT_TRUE(buffer.Record(paths[r], absl::Now()));
+        EXPECT_TRUE(buffer.Use(paths[r], absl::Now(), count));
       }
+      ++done;
     });
   }
   std::thread drainer([&] {
-    // Each reader records more than a stripe holds, so some reader applies
-    // its own stripe before the exclusive drains begin.
-    while (reader_drains.load() == 0) std::this_thread::yield();
-    for (int i = 0; i < 200; ++i) {
+    while (done.load() < kReaders) {
       WriterMutexLock lock(&mu);
-      drain();
+      buffer.Drain(count);
     }
   });
   for (auto& t : readers) t.join();
   drainer.join();
   WriterMutexLock lock(&mu);
-  drain();
+  buffer.Drain(count);
   for (int r = 0; r < kReaders; ++r) {
     for (IndexNode* n : paths[r]) EXPECT_EQ(applied[n], kPathsPerReader);
   }
-  EXPECT_GT(reader_drains.load(), 0);  // the readers' own path ran
 }
 
 }  // namespace
