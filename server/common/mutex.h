@@ -19,6 +19,30 @@
 
 namespace kvcache {
 
+// The thread holding an exclusive lock, tracked in debug builds only, for
+// the locks' AssertHeld (Mutex, SharedMutex).
+class LockOwner {
+ public:
+#ifndef NDEBUG
+  void Set() { owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  void Clear() { owner_.store(std::thread::id(), std::memory_order_relaxed); }
+  // Aborts with `message` unless the calling thread is the owner.
+  void Check(const char* message) const {
+    if (owner_.load(std::memory_order_relaxed) != std::this_thread::get_id()) {
+      std::fprintf(stderr, "%s\n", message);
+      std::abort();
+    }
+  }
+
+ private:
+  std::atomic<std::thread::id> owner_{};
+#else
+  void Set() {}
+  void Clear() {}
+  void Check(const char*) const {}
+#endif
+};
+
 class ABSL_LOCKABLE Mutex {
  public:
   Mutex() = default;
@@ -47,23 +71,13 @@ class ABSL_LOCKABLE Mutex {
   // it cannot see so (a lambda called under the lock). In debug builds it
   // also checks that the calling thread holds it, and aborts if not.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {
-#ifndef NDEBUG
-    if (owner_.load(std::memory_order_relaxed) != std::this_thread::get_id()) {
-      std::fprintf(stderr, "Mutex::AssertHeld: the calling thread does not hold the mutex\n");
-      std::abort();
-    }
-#endif
+    owner_.Check("Mutex::AssertHeld: the calling thread does not hold the mutex");
   }
 
  private:
-#ifndef NDEBUG
-  void SetOwner() { owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
-  void ClearOwner() { owner_.store(std::thread::id(), std::memory_order_relaxed); }
-  std::atomic<std::thread::id> owner_{};
-#else
-  void SetOwner() {}
-  void ClearOwner() {}
-#endif
+  void SetOwner() { owner_.Set(); }
+  void ClearOwner() { owner_.Clear(); }
+  LockOwner owner_;
   std::mutex mu_;
 };
 

@@ -27,12 +27,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "server/common/mutex.h"
 
 namespace kvcache {
 
@@ -85,12 +84,7 @@ class ABSL_LOCKABLE SharedMutex {
   // Tells the analysis that the caller holds the lock exclusively where it
   // cannot see so (a lambda called under it); debug builds check it.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {
-#ifndef NDEBUG
-    if (owner_.load(std::memory_order_relaxed) != std::this_thread::get_id()) {
-      std::fprintf(stderr, "SharedMutex::AssertHeld: the calling thread does not hold it\n");
-      std::abort();
-    }
-#endif
+    owner_.Check("SharedMutex::AssertHeld: the calling thread does not hold it");
   }
   // The same for a caller holding it at least shared (not checked: readers
   // are counted, not named).
@@ -105,14 +99,9 @@ class ABSL_LOCKABLE SharedMutex {
     thread_local const size_t slot = next.fetch_add(1, std::memory_order_relaxed) % kReaderSlots;
     return slot;
   }
-#ifndef NDEBUG
-  void SetOwner() { owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
-  void ClearOwner() { owner_.store(std::thread::id(), std::memory_order_relaxed); }
-  std::atomic<std::thread::id> owner_{};
-#else
-  void SetOwner() {}
-  void ClearOwner() {}
-#endif
+  void SetOwner() { owner_.Set(); }
+  void ClearOwner() { owner_.Clear(); }
+  LockOwner owner_;
   std::array<ReaderSlot, kReaderSlots> readers_;
   alignas(64) std::atomic<bool> writing_{false};
   std::mutex writers_;  // held by the writer; readers turned away wait on it
