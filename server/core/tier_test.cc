@@ -208,6 +208,18 @@ std::future<AsyncAnswer> PrepareAsync(Cache& cache, const ModelKey& model,
   return future;
 }
 
+// The fetch-read counts once the workers have counted `completed` jobs: a
+// fetch's answer is given inside its job, just before its worker counts it,
+// so a caller woken by the answer may look before the count moves.
+WorkStats SettledFetchReads(const Cache& cache, uint64_t completed) {
+  WorkStats reads = cache.GetStats().fetch_reads;
+  for (int i = 0; i < 10000 && reads.completed < completed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    reads = cache.GetStats().fetch_reads;
+  }
+  return reads;
+}
+
 TEST_P(TierTest, AnAsyncFetchReadsTheLowerTierOnAFetchReadThread) {
   FillPastTheHost();
   const std::vector<Token> tokens = SequenceOf(0, 4);
@@ -222,7 +234,7 @@ TEST_P(TierTest, AnAsyncFetchReadsTheLowerTierOnAFetchReadThread) {
   EXPECT_EQ(answer.plan->matched_tokens, 4 * kBt);
   EXPECT_TRUE(PlanHolds(*answer.plan, Big(), tokens));
   EXPECT_EQ(Tiers().lower_reads - reads_before, 4u);
-  const WorkStats reads = cache_->GetStats().fetch_reads;
+  const WorkStats reads = SettledFetchReads(*cache_, 1);
   EXPECT_EQ(reads.issued, 1u);
   EXPECT_EQ(reads.completed, 1u);
   EXPECT_EQ(reads.dropped, 0u);
@@ -291,7 +303,7 @@ TEST_P(TierTest, AnAsyncFetchReadsOnItsOwnThreadWhenTheReadQueueIsFull) {
       EXPECT_NE(answer.thread, std::this_thread::get_id());
     }
   }
-  const WorkStats reads = cache_->GetStats().fetch_reads;
+  const WorkStats reads = SettledFetchReads(*cache_, 2);
   EXPECT_EQ(reads.issued, 2u);
   EXPECT_EQ(reads.completed, 2u);
   EXPECT_EQ(reads.dropped, 1u);  // counted as outcome="inline"

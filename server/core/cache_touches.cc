@@ -1,0 +1,73 @@
+// Cache: matching a prompt's cached prefix and the touches of the eviction
+// policy that a match leaves, in both kinds of section: exclusive
+// (WriteLock, MatchLocked, TouchLocked) and shared (MatchSharedLocked, whose
+// touches go through the TouchBuffer, touch_buffer.h).
+#include <algorithm>
+
+#include "server/core/cache.h"
+
+namespace kvcache {
+
+Cache::WriteLock::WriteLock(const Cache* cache) ABSL_NO_THREAD_SAFETY_ANALYSIS : cache_(cache) {
+  cache_->mu_.Lock();
+  // A const method's exclusive section applies touches too: they change
+  // only the policies and the nodes' recency, never what a reader sees.
+  const_cast<Cache*>(cache_)->ApplyTouchesLocked();
+}
+
+Cache::WriteLock::~WriteLock() ABSL_NO_THREAD_SAFETY_ANALYSIS { cache_->mu_.Unlock(); }
+
+void Cache::ApplyTouchesLocked() {
+  if (touches_.empty()) return;
+  touches_.Drain([this](IndexNode* node, absl::Time at) {
+    mu_.AssertHeld();  // the lambda runs under the lock
+    TouchLocked(node, at);
+  });
+}
+
+void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
+}
+
+void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
+                        std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped) {
+  state.index.Match(tokens, hashes, path);
+  const absl::Time now = clock_->Now();
+  auto expired = std::find_if(path->begin(), path->end(), [now](const IndexNode* n) {
+    __builtin_prefetch(n->payload.get());  // callers read the seals next
+    return n->expires <= now;
+  });
+  if (expired != path->end()) {
+    RemoveSubtreeLocked(state, *expired, dropped);
+    path->erase(expired, path->end());
+  }
+  // Leaf-first, so that a parent is never colder than its children.
+  for (auto it = path->rbegin(); it != path->rend(); ++it) TouchLocked(*it, now);
+}
+
+bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> tokens,
+                              const BlockHashes& hashes, std::vector<IndexNode*>* path) const {
+  state.index.Match(tokens, hashes, path);
+  const absl::Time now = clock_->Now();
+  const bool expired = std::any_of(path->begin(), path->end(), [now](const IndexNode* n) {
+    __builtin_prefetch(n->payload.get());  // callers read the seals next
+    return n->expires <= now;
+  });
+  if (expired || !touches_.Use(*path, now, [this](IndexNode* node, absl::Time at) {
+        mu_.AssertReaderHeld();  // the lambda runs under the lock
+        ApplyTouchShared(node, at);
+      })) {
+    path->clear();
+    return false;
+  }
+  return true;
+}
+
+void Cache::TouchLocked(IndexNode* node, absl::Time now) {
+  PolicyFor(*node)->Touch(node);
+  // A touch recorded by a reader may be applied after a later one.
+  node->last_access = std::max(node->last_access, now);
+  if (node->references != UINT16_MAX) ++node->references;
+}
+
+}  // namespace kvcache
