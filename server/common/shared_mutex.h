@@ -32,6 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "server/common/mutex.h"
+#include "server/common/thread_index.h"
 
 namespace kvcache {
 
@@ -94,11 +95,7 @@ class ABSL_LOCKABLE SharedMutex {
   struct alignas(64) ReaderSlot {
     std::atomic<uint32_t> count{0};
   };
-  static size_t SlotOfThisThread() {
-    static std::atomic<size_t> next{0};
-    thread_local const size_t slot = next.fetch_add(1, std::memory_order_relaxed) % kReaderSlots;
-    return slot;
-  }
+  static size_t SlotOfThisThread() { return ThisThreadIndex() % kReaderSlots; }
   void SetOwner() { owner_.Set(); }
   void ClearOwner() { owner_.Clear(); }
   LockOwner owner_;

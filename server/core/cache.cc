@@ -287,9 +287,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     if (MatchSharedLocked(**state, tokens, *hashes, &path)) {
-      const size_t readable = ReadableBlocks(path, accept_lossy);
-      result.withheld_tokens = (path.size() - readable) * (*state)->layout.block_tokens;
-      path.resize(readable);
+      WithholdLossy(**state, accept_lossy, &path, &result);
       FillLookupResult(**state, tokens.size(), path, &result);
       return result;
     }
@@ -302,9 +300,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   if (!state.ok()) return state.status();
   ModelState& m = **state;
   MatchLocked(m, tokens, *hashes, &path, &expired);
-  const size_t readable = ReadableBlocks(path, accept_lossy);
-  result.withheld_tokens = (path.size() - readable) * m.layout.block_tokens;
-  path.resize(readable);
+  WithholdLossy(m, accept_lossy, &path, &result);
   if (lease.acquire && !path.empty()) {
     std::vector<TieredBlock> leased;
     leased.reserve(path.size());
@@ -317,6 +313,13 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
   }
   FillLookupResult(m, tokens.size(), path, &result);
   return result;
+}
+
+void Cache::WithholdLossy(const ModelState& m, bool accept_lossy, std::vector<IndexNode*>* path,
+                          LookupResult* result) {
+  const size_t readable = ReadableBlocks(*path, accept_lossy);
+  result->withheld_tokens = (path->size() - readable) * m.layout.block_tokens;
+  path->resize(readable);
 }
 
 void Cache::FillLookupResult(ModelState& m, size_t num_tokens, const std::vector<IndexNode*>& path,

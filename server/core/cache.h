@@ -430,6 +430,10 @@ class Cache {
   void MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
                    std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first block of `path` expired at `now` (prefetching each block's
+  // host copy on the way: callers read the seals next); end() when none.
+  static std::vector<IndexNode*>::iterator FirstExpired(std::vector<IndexNode*>& path,
+                                                        absl::Time now);
   // MatchLocked for a reader holding the lock shared: the cached path of
   // `tokens`, its touches handed to touches_ (applied at once, or
   // recorded for later: TouchBuffer::Use). False, with `path` empty, when a block on it
@@ -438,9 +442,12 @@ class Cache {
   bool MatchSharedLocked(const ModelState& state, std::span<const Token> tokens,
                          const BlockHashes& hashes, std::vector<IndexNode*>* path) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // A lookup's answer for its matched `path` of `state` (cut to the blocks
-  // a reader may get, as ReadableBlocks says, by the caller), counting its
-  // hits and misses among `num_tokens` tokens.
+  // Cuts a lookup's matched `path` of `m` to the blocks a reader may get
+  // (ReadableBlocks), counting the rest in result->withheld_tokens.
+  static void WithholdLossy(const ModelState& m, bool accept_lossy, std::vector<IndexNode*>* path,
+                            LookupResult* result);
+  // A lookup's answer for its matched `path` of `state` (cut by
+  // WithholdLossy), counting its hits and misses among `num_tokens` tokens.
   static void FillLookupResult(ModelState& state, size_t num_tokens,
                                const std::vector<IndexNode*>& path, LookupResult* result);
   // Walks of a whole index, taken in steps (cache_walk.cc): what inspection,

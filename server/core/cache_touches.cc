@@ -29,14 +29,19 @@ void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREA
   const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
 }
 
+std::vector<IndexNode*>::iterator Cache::FirstExpired(std::vector<IndexNode*>& path,
+                                                      absl::Time now) {
+  return std::find_if(path.begin(), path.end(), [now](const IndexNode* n) {
+    __builtin_prefetch(n->payload.get());  // callers read the seals next
+    return n->expires <= now;
+  });
+}
+
 void Cache::MatchLocked(ModelState& state, std::span<const Token> tokens, const BlockHashes& hashes,
                         std::vector<IndexNode*>* path, std::vector<BlockRef>* dropped) {
   state.index.Match(tokens, hashes, path);
   const absl::Time now = clock_->Now();
-  auto expired = std::find_if(path->begin(), path->end(), [now](const IndexNode* n) {
-    __builtin_prefetch(n->payload.get());  // callers read the seals next
-    return n->expires <= now;
-  });
+  auto expired = FirstExpired(*path, now);
   if (expired != path->end()) {
     RemoveSubtreeLocked(state, *expired, dropped);
     path->erase(expired, path->end());
@@ -49,10 +54,7 @@ bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> to
                               const BlockHashes& hashes, std::vector<IndexNode*>* path) const {
   state.index.Match(tokens, hashes, path);
   const absl::Time now = clock_->Now();
-  const bool expired = std::any_of(path->begin(), path->end(), [now](const IndexNode* n) {
-    __builtin_prefetch(n->payload.get());  // callers read the seals next
-    return n->expires <= now;
-  });
+  const bool expired = FirstExpired(*path, now) != path->end();
   if (expired || !touches_.Use(*path, now, [this](IndexNode* node, absl::Time at) {
         mu_.AssertReaderHeld();  // the lambda runs under the lock
         ApplyTouchShared(node, at);

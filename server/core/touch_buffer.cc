@@ -1,5 +1,7 @@
 #include "server/core/touch_buffer.h"
 
+#include "server/common/thread_index.h"
+
 namespace kvcache {
 
 TouchBuffer::TouchBuffer() {
@@ -9,11 +11,7 @@ TouchBuffer::TouchBuffer() {
   }
 }
 
-size_t TouchBuffer::StripeOfThisThread() {
-  static std::atomic<size_t> next{0};
-  thread_local const size_t stripe = next.fetch_add(1, std::memory_order_relaxed) % kStripes;
-  return stripe;
-}
+size_t TouchBuffer::StripeOfThisThread() { return ThisThreadIndex() % kStripes; }
 
 bool TouchBuffer::Record(std::span<IndexNode* const> path, absl::Time at) {
   if (path.empty()) return true;
@@ -29,21 +27,22 @@ bool TouchBuffer::Record(std::span<IndexNode* const> path, absl::Time at) {
 }
 
 bool TouchBuffer::Use(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
+  if (path.empty()) return true;  // a miss touches nothing
   if (path.size() > kStripeCapacity) return false;
   if (turn_.TryLock()) {
-    DrainStripeOfThisThread(apply);  // this thread's earlier uses first
-    for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);
+    ApplyInTurn(path, at, apply);
     turn_.Unlock();
     return true;
   }
   if (Record(path, at)) return true;
-  MutexLock my_turn(&turn_);
-  DrainStripeOfThisThread(apply);
-  const bool recorded = Record(path, at);  // a stripe shared with another thread may refill
-  if (!recorded) {
-    for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);
-  }
+  MutexLock my_turn(&turn_);  // the stripe is full: wait for the turn
+  ApplyInTurn(path, at, apply);
   return true;
+}
+
+void TouchBuffer::ApplyInTurn(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
+  DrainStripeOfThisThread(apply);  // this thread's earlier uses first
+  for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);
 }
 
 void TouchBuffer::DrainLocked(Stripe& s, Apply apply) {

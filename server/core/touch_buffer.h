@@ -12,7 +12,8 @@
 //     (after this thread's recorded touches, to keep its order);
 //   - else it records them on this thread's stripe and goes on;
 //   - when that stripe is full, it waits for the turn and applies the
-//     stripe (still holding the lock shared: the others go on), then records.
+//     stripe and then its blocks (still holding the lock shared: the others
+//     go on).
 // And whenever a thread takes the lock exclusively, it applies every stripe
 // before it does anything else (Drain), so no eviction reads an order with
 // touches still pending. Readers holding the turn are the only readers that
@@ -100,6 +101,9 @@ class TouchBuffer {
   static void DrainLocked(Stripe& s, Apply apply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Applies the calling thread's stripe. REQUIRES: the turn held.
   void DrainStripeOfThisThread(Apply apply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(turn_);
+  // Applies the calling thread's stripe, then `path` leaf first.
+  void ApplyInTurn(std::span<IndexNode* const> path, absl::Time at, Apply apply)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(turn_);
   static constexpr size_t kPrefetchAhead = 8;
 
   std::array<Stripe, kStripes> stripes_;
