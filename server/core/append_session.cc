@@ -1,14 +1,19 @@
 // Cache::BeginAppend and AppendSession: the write path.
 //
-// Begin validates the request and merges its protected ranges (no lock),
-// then (under the lock) matches the cached prefix, pins (holds references
-// to) every block already cached, so capacity eviction cannot take the
-// prefix the append extends, and claims the new blocks no other append in
-// flight is storing. Write (no lock) allocates each block it stores when its
-// first byte arrives, copies, and hashes every block. Commit (under the lock)
-// re-checks the path, compares the blocks that were cached with what arrived,
-// restores lossy ones that match, inserts every new block or none, and evicts
-// to keep the pool's append staging free.
+// Begin validates the request, merges its protected ranges and hashes the
+// blocks (no lock), then, holding the lock shared, matches the cached
+// prefix, pins (holds references to) every block already cached, so
+// capacity eviction cannot take the prefix the append extends, and claims
+// (claim_table.h) the new blocks no other append in flight is storing.
+// Write (no lock) allocates each block it stores when its first byte
+// arrives, copies, and hashes every block. Commit re-checks the path and
+// compares the blocks that were cached with what arrived; one that stores
+// nothing (every block cached or claimed by another append, no pins to
+// record) does so with the lock shared. Otherwise, holding it exclusively,
+// it also restores lossy blocks that match, inserts every new block or none,
+// and evicts to keep the pool's append staging free. A shared section that
+// meets an expired block on the path (only a writer removes it) is done
+// again exclusively.
 #include <xxhash.h>
 
 #include <algorithm>
@@ -91,12 +96,6 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   }
   BlockHashes hashes = BlockHashes::Of(std::move(hasher), bt, tokens);
 
-  std::vector<BlockRef> expired;  // released after the lock
-  WriteLock lock(this);
-  auto state = FindModelLocked(model);
-  if (!state.ok()) return state.status();
-  ModelState& m = **state;
-  if (m.layout != layout) return absl::AbortedError("the model was re-registered; retry");
   if (start_token % bt != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("start_token ", start_token, " is not a multiple of block_tokens (", bt, ")"));
@@ -105,7 +104,6 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     return absl::InvalidArgumentError(absl::StrCat(
         "start_token ", start_token, " is past the end of tokens (", tokens.size(), " tokens)"));
   }
-  const uint64_t start_block = start_token / bt;
   const uint64_t num_blocks = (tokens.size() - start_token) / bt;
   if (!block_checksums.empty() && block_checksums.size() != num_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("block_checksums has ", block_checksums.size(),
@@ -118,18 +116,51 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
                      " blocks and this daemon requires the XXH3-64 checksum of each "
                      "(security.require_block_checksums)"));
   }
+  AppendRequest request{.model = model,
+                        .tokens = std::move(tokens),
+                        .start_block = start_token / bt,
+                        .hints = std::move(hints),
+                        .block_checksums = std::move(block_checksums),
+                        .chain = std::move(chain),
+                        .hashes = std::move(hashes)};
+  // Matching and claiming only read the index: shared, unless a block on
+  // the path has expired (only a writer removes it) or the path is longer
+  // than a touch stripe; then again under the exclusive lock.
+  {
+    ReaderMutexLock lock(&mu_);
+    auto state = FindModelLocked(model);
+    if (!state.ok()) return state.status();
+    if ((*state)->layout != layout) return absl::AbortedError("the model was re-registered; retry");
+    std::vector<IndexNode*> path;
+    if (MatchSharedLocked(**state, request.tokens, request.hashes, &path)) {
+      return OpenAppendLocked(**state, std::move(request), path);
+    }
+  }
+  std::vector<BlockRef> expired;  // released after the lock
+  WriteLock lock(this);
+  auto state = FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  if ((*state)->layout != layout) return absl::AbortedError("the model was re-registered; retry");
   std::vector<IndexNode*> path;
-  MatchLocked(m, tokens, hashes, &path, &expired);
+  MatchLocked(**state, request.tokens, request.hashes, &path, &expired);
+  return OpenAppendLocked(**state, std::move(request), path);
+}
+
+absl::StatusOr<std::unique_ptr<AppendSession>> Cache::OpenAppendLocked(
+    const ModelState& m, AppendRequest request, const std::vector<IndexNode*>& path) {
+  const uint32_t bt = m.layout.block_tokens;
+  const uint64_t start_block = request.start_block;
+  const uint64_t num_blocks = request.tokens.size() / bt - start_block;
   if (path.size() < start_block) {
     return absl::FailedPreconditionError(
-        absl::StrCat("start_token ", start_token, " is beyond the cached prefix of ",
+        absl::StrCat("start_token ", start_block * bt, " is beyond the cached prefix of ",
                      path.size() * bt, " tokens; resend from token ", path.size() * bt));
   }
   // A protected token must be exact; one stored lossy can only be made exact
   // again by its bytes, so the append must carry them.
   for (uint64_t i = 0; i < start_block; ++i) {
     if (path[i]->seal().compressed &&
-        Overlaps(hints.protected_ranges, i * uint64_t{bt}, (i + 1) * uint64_t{bt})) {
+        Overlaps(request.hints.protected_ranges, i * uint64_t{bt}, (i + 1) * uint64_t{bt})) {
       return absl::FailedPreconditionError(absl::StrCat(
           "block ", i, " holds protected tokens but is stored lossy; resend its KV (start_token ",
           i * uint64_t{bt}, " or less) so it can be stored exactly"));
@@ -141,30 +172,33 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
   using Plan = AppendSession::BlockPlan;
   std::vector<Plan> plan(num_blocks);
   std::vector<uint64_t> keys(num_blocks);
+  std::vector<bool> wanted(num_blocks, false);
   for (uint64_t j = 0; j < num_blocks; ++j) {
     const uint64_t i = start_block + j;
-    keys[j] = chain[i];
+    keys[j] = request.chain[i];
     if (i < path.size()) {
       plan[j] = path[i]->seal().compressed ? Plan::kRestore : Plan::kCached;
     } else {
-      plan[j] = claims_.contains({m.incarnation, keys[j]}) ? Plan::kPending : Plan::kStore;
+      plan[j] = Plan::kStore;  // unless another append claimed it (below)
+      wanted[j] = true;
     }
   }
   auto session = std::unique_ptr<AppendSession>(new AppendSession(
-      this, model, m.layout, std::move(tokens), start_block, std::move(hints),
-      std::move(block_checksums), std::move(keys), std::move(hashes), std::move(pinned),
-      std::move(plan),
+      this, request.model, m.layout, std::move(request.tokens), start_block,
+      std::move(request.hints), std::move(request.block_checksums), std::move(keys),
+      std::move(request.hashes), std::move(pinned), std::move(plan),
       // Novelty is computed as blocks arrive only when the model
       // compresses; otherwise compaction computes it if it ever must.
       m.policy.mode == CompressionMode::kOff
           ? std::vector<uint32_t>{}
           : NoveltyLayers(options_.importance.novelty_layers, m.layout.num_layers)));
   session->incarnation_ = m.incarnation;
-  for (uint64_t j = 0; j < num_blocks; ++j) {
-    if (session->plan_[j] == Plan::kStore)
-      claims_.emplace(std::pair{m.incarnation, session->keys_[j]}, session.get());
+  if (path.size() < start_block + num_blocks) {
+    session->claimed_ = claims_.Claim(m.incarnation, session->keys_, wanted, session.get());
+    for (uint64_t j = 0; j < num_blocks; ++j) {
+      if (wanted[j] && !session->claimed_[j]) session->plan_[j] = Plan::kPending;
+    }
   }
-  session->holds_claims_ = true;
   return session;
 }
 
@@ -201,22 +235,12 @@ AppendSession::~AppendSession() {
 }
 
 void AppendSession::ReleaseClaimsAndStaging() {
-  if (!holds_claims_ && staged_bytes_ == 0) return;
-  Cache::WriteLock lock(cache_);
-  cache_->ReleaseClaimsLocked(*this);
-}
-
-void Cache::ReleaseClaimsLocked(AppendSession& session) {
-  if (session.holds_claims_) {
-    for (uint64_t j = 0; j < session.num_blocks_; ++j) {
-      if (session.plan_[j] != AppendSession::BlockPlan::kStore) continue;
-      auto it = claims_.find({session.incarnation_, session.keys_[j]});
-      if (it != claims_.end() && it->second == &session) claims_.erase(it);
-    }
-    session.holds_claims_ = false;
+  if (!claimed_.empty()) {
+    cache_->claims_.Release(incarnation_, keys_, claimed_, this);
+    claimed_.clear();
   }
-  staged_bytes_.fetch_sub(session.staged_bytes_, std::memory_order_relaxed);
-  session.staged_bytes_ = 0;
+  cache_->staged_bytes_.fetch_sub(staged_bytes_, std::memory_order_relaxed);
+  staged_bytes_ = 0;
 }
 
 absl::Status AppendSession::Fail(absl::Status status) {
@@ -315,40 +339,38 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     for (uint64_t i = 0; i < pins.size(); ++i) pins[i] = PinnedFlags(i);
   }
 
+  if (StoresNothing(pins)) {
+    // Every block is cached or being stored by another append, and no pins
+    // are to be recorded: the commit only reads the index, so it shares the
+    // lock (again exclusively when a block on the path has expired).
+    ReaderMutexLock lock(&cache_->mu_);
+    absl::StatusOr<ModelState*> state = FindModelOfSession();
+    if (!state.ok()) return Fail(state.status());
+    std::vector<IndexNode*> path;
+    if (cache_->MatchSharedLocked(**state, tokens.first((start_block_ + num_blocks_) * bt), hashes_,
+                                  &path)) {
+      return CommitDeduplicated(**state, path);
+    }
+  }
+
   AppendResult result;
   std::vector<BlockRef> unused;  // duplicates and replaced copies; freed after the lock
   Cache::WriteLock lock(cache_);
   auto fail = [&](absl::Status status) {  // Fail() for when the lock is held
-    cache_->mu_.AssertHeld();
-    status_ = status;
-    cache_->ReleaseClaimsLocked(*this);
     unused.insert(unused.end(), std::make_move_iterator(new_blocks_.begin()),
                   std::make_move_iterator(new_blocks_.end()));
-    new_blocks_.clear();
-    return status;
+    return Fail(status);
   };
-  auto state = cache_->FindModelLocked(model_);
+  absl::StatusOr<ModelState*> state = FindModelOfSession();
   if (!state.ok()) return fail(state.status());
   ModelState& m = **state;
-  if (m.layout != layout_ || m.incarnation != incarnation_) {
-    return fail(absl::AbortedError(absl::StrCat(
-        "model \"", model_.model_id, "\" was registered anew",
-        m.layout != layout_ ? absl::StrCat(" with another layout (", m.layout.ToString(), ")") : "",
-        " while the append streamed; retry the append")));
-  }
 
   // First pass: the prefix must still be there, and so must every block we
   // found cached (MatchLocked also drops expired blocks).
   std::vector<IndexNode*> path;
   cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), hashes_, &path, &unused);
   const uint64_t present = path.size();
-  for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
-    if (i < start_block_ || plan_[i - start_block_] == BlockPlan::kCached ||
-        plan_[i - start_block_] == BlockPlan::kRestore) {
-      return fail(absl::AbortedError(absl::StrCat(
-          "block ", i, " of the prefix was evicted while the append streamed; retry the append")));
-    }
-  }
+  if (absl::Status s = CheckStillCached(present); !s.ok()) return fail(s);
   // Second pass: compare what is cached, insert what is missing.
   const absl::Time expires = hints_.ttl == absl::ZeroDuration()
                                  ? absl::InfiniteFuture()
@@ -371,14 +393,8 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     BlockRef& payload = new_blocks_[j];
     if (i < present) {
       IndexNode* cached = path[i];
-      ++result.deduplicated_blocks;
       const BlockSeal cached_seal = cached->seal();
-      if (digests_[j] != cached_seal.raw_checksum) {
-        // Same tokens, other bytes: keep what every reader has been served.
-        ++result.conflicting_blocks;
-        if (result.first_conflicting_block < 0)
-          result.first_conflicting_block = static_cast<int64_t>(i);
-      } else if (cached_seal.compressed && payload != nullptr) {
+      if (CountCached(i, cached_seal, &result) && cached_seal.compressed && payload != nullptr) {
         // The exact bytes of a block stored lossy: make it exact again (in
         // host memory; a lossy copy in the lower tier is stale now).
         const uint64_t old_size = cached_seal.size;
@@ -433,18 +449,85 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->TouchLocked(n, now);
   m.bytes += result.stored_bytes;
   m.appended_blocks += result.stored_blocks;
-  m.deduplicated_blocks += result.deduplicated_blocks;
-  m.conflicting_blocks += result.conflicting_blocks;
   m.restored_blocks += result.restored_blocks;
-  if (result.conflicting_blocks > 0) ++cache_->conflicting_appends_;
   cache_->payload_bytes_ += result.stored_bytes;
-  result.cached_tokens = node == nullptr ? 0 : uint64_t{node->depth + 1} * bt;
   // The new blocks are committed: their memory is no longer staging. Evict
   // what keeps the staging free (never this append's blocks: `storing` pins them).
-  cache_->ReleaseClaimsLocked(*this);
+  ReleaseClaimsAndStaging();
   cache_->EnforceBudgetsLocked(&unused);
   storing.clear();
   new_blocks_.clear();
+  return Committed(m, node, std::move(result));
+}
+
+bool AppendSession::StoresNothing(const std::vector<std::vector<uint8_t>>& pins) const {
+  for (const std::vector<uint8_t>& p : pins) {
+    if (!p.empty()) return false;
+  }
+  for (BlockPlan p : plan_) {
+    if (p == BlockPlan::kStore || p == BlockPlan::kRestore) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<ModelState*> AppendSession::FindModelOfSession() const {
+  absl::StatusOr<ModelState*> state = cache_->FindModelLocked(model_);
+  if (!state.ok()) return state.status();
+  const ModelState& m = **state;
+  if (m.layout != layout_ || m.incarnation != incarnation_) {
+    return absl::AbortedError(absl::StrCat(
+        "model \"", model_.model_id, "\" was registered anew",
+        m.layout != layout_ ? absl::StrCat(" with another layout (", m.layout.ToString(), ")") : "",
+        " while the append streamed; retry the append"));
+  }
+  return state;
+}
+
+absl::Status AppendSession::CheckStillCached(uint64_t present) const {
+  for (uint64_t i = present; i < start_block_ + num_blocks_; ++i) {
+    if (i < start_block_ || plan_[i - start_block_] == BlockPlan::kCached ||
+        plan_[i - start_block_] == BlockPlan::kRestore) {
+      return absl::AbortedError(absl::StrCat(
+          "block ", i, " of the prefix was evicted while the append streamed; retry the append"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool AppendSession::CountCached(uint64_t i, const BlockSeal& cached, AppendResult* result) const {
+  ++result->deduplicated_blocks;
+  if (digests_[i - start_block_] == cached.raw_checksum) return true;
+  // Same tokens, other bytes: keep what every reader has been served.
+  ++result->conflicting_blocks;
+  if (result->first_conflicting_block < 0) {
+    result->first_conflicting_block = static_cast<int64_t>(i);
+  }
+  return false;
+}
+
+absl::StatusOr<AppendResult> AppendSession::CommitDeduplicated(
+    ModelState& m, const std::vector<IndexNode*>& path) {
+  if (absl::Status s = CheckStillCached(path.size()); !s.ok()) return Fail(s);
+  AppendResult result;
+  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
+  for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
+    if (i >= path.size()) {  // another append in flight is storing it
+      result.pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - i);
+      break;
+    }
+    CountCached(i, path[i]->seal(), &result);
+    node = path[i];
+  }
+  // MatchSharedLocked touched the path (node and its parents) already.
+  ReleaseClaimsAndStaging();
+  return Committed(m, node, std::move(result));
+}
+
+AppendResult AppendSession::Committed(ModelState& m, const IndexNode* node, AppendResult result) {
+  m.deduplicated_blocks += result.deduplicated_blocks;
+  m.conflicting_blocks += result.conflicting_blocks;
+  if (result.conflicting_blocks > 0) ++cache_->conflicting_appends_;
+  result.cached_tokens = node == nullptr ? 0 : uint64_t{node->depth + 1} * layout_.block_tokens;
   status_ = absl::FailedPreconditionError("append already committed");
   return result;
 }

@@ -565,7 +565,7 @@ CacheStats Cache::GetStats() const {
   stats.scores = score_histogram_;
   stats.compaction_passes = compaction_passes_;
   stats.pool_compaction = pool_compaction_;
-  stats.conflicting_appends = conflicting_appends_;
+  stats.conflicting_appends = conflicting_appends_.load(std::memory_order_relaxed);
   stats.metadata_evictions = metadata_evictions_;
   stats.metadata_bytes = MetadataBytesLocked();
   stats.staged_bytes = staged_bytes_.load(std::memory_order_relaxed);

@@ -101,6 +101,7 @@
 #include "server/core/cache_inspection.h"
 #include "server/core/cache_stats.h"
 #include "server/core/cache_types.h"
+#include "server/core/claim_table.h"
 #include "server/core/device_copies.h"
 #include "server/core/device_tier.h"
 #include "server/core/eviction_policy.h"
@@ -442,6 +443,22 @@ class Cache {
   bool MatchSharedLocked(const ModelState& state, std::span<const Token> tokens,
                          const BlockHashes& hashes, std::vector<IndexNode*>* path) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A validated append, hashed, for OpenAppendLocked.
+  struct AppendRequest {
+    ModelKey model;
+    std::vector<Token> tokens;
+    uint64_t start_block = 0;
+    AppendHints hints;  // protected ranges merged
+    std::vector<uint64_t> block_checksums;
+    std::vector<uint64_t> chain;  // chain key of every whole block
+    BlockHashes hashes;           // lookup hash of every whole block
+  };
+  // BeginAppend's session for `request` of `m`, whose cached `path` the
+  // caller matched under this hold of the lock (shared or exclusive): pins
+  // the path and claims the new blocks no other append in flight claimed.
+  absl::StatusOr<std::unique_ptr<AppendSession>> OpenAppendLocked(
+      const ModelState& m, AppendRequest request, const std::vector<IndexNode*>& path)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Cuts a lookup's matched `path` of `m` to the blocks a reader may get
   // (ReadableBlocks), counting the rest in result->withheld_tokens.
   static void WithholdLossy(const ModelState& m, bool accept_lossy, std::vector<IndexNode*>* path,
@@ -598,8 +615,6 @@ class Cache {
   // leaf first, then a host leaf); false when there is none.
   bool EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
                                  std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops an append session's claims and its staged memory from the totals.
-  void ReleaseClaimsLocked(AppendSession& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts one evictable block into `dropped` (a lower-tier block first);
   // false when there is none.
   bool EvictOneLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -682,11 +697,12 @@ class Cache {
   // Pool memory held by appends in flight (uncommitted blocks). Atomic: an
   // append counts each block it stages without taking mu_.
   std::atomic<uint64_t> staged_bytes_{0};
-  // Blocks an append in flight is writing, by (model incarnation, chain key): a second
-  // append of the same tokens does not store another copy.
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, const AppendSession*> claims_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t conflicting_appends_ ABSL_GUARDED_BY(mu_) = 0;
+  // Blocks an append in flight is writing: a second append of the same
+  // tokens does not store another copy. Its own lock (claim_table.h).
+  ClaimTable claims_;
+  // Appends that met a cached block with other bytes. Atomic: a commit that
+  // stores nothing holds mu_ shared.
+  std::atomic<uint64_t> conflicting_appends_{0};
   uint64_t metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;  // for max_metadata_bytes
   // Of those, evicted to keep a namespace within its share of the budget.
   uint64_t namespace_metadata_evictions_ ABSL_GUARDED_BY(mu_) = 0;
@@ -747,8 +763,29 @@ class AppendSession {
   // The pinned flags of block `index` of the sequence; empty when none.
   // hints_.protected_ranges is sorted and disjoint.
   std::vector<uint8_t> PinnedFlags(uint64_t index) const;
-  // Gives back the claims and the staged pool memory this session holds.
+  // Gives back the claims and the staged pool memory this session holds
+  // (needs no lock of the cache's).
   void ReleaseClaimsAndStaging();
+  // Whether Commit() would store nothing: every block cached or pending,
+  // and no pinned tokens (`pins`, per block) to record.
+  bool StoresNothing(const std::vector<std::vector<uint8_t>>& pins) const;
+  // The session's model, ABORTED when it was registered anew meanwhile.
+  absl::StatusOr<ModelState*> FindModelOfSession() const ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
+  // ABORTED when a block the session found cached (or the prefix before
+  // start_block_) is not among the `present` first blocks of the path now.
+  absl::Status CheckStillCached(uint64_t present) const;
+  // Counts block `i`, cached as `cached`, as deduplicated (and conflicting
+  // when the bytes that arrived differ); true when they are the same.
+  bool CountCached(uint64_t i, const BlockSeal& cached, AppendResult* result) const;
+  // Commit() of a session that stores nothing, with the lock shared; `path`
+  // is the cached path matched (and touched) under this hold.
+  absl::StatusOr<AppendResult> CommitDeduplicated(ModelState& m,
+                                                  const std::vector<IndexNode*>& path)
+      ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
+  // Ends a successful Commit() ending its path at `node` (null: empty):
+  // the model's counters, result->cached_tokens, the session spent.
+  AppendResult Committed(ModelState& m, const IndexNode* node, AppendResult result)
+      ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
 
   Cache* const cache_;
   const ModelKey model_;
@@ -777,7 +814,7 @@ class AppendSession {
   std::vector<std::vector<float>> novelty_;     // per new block, once complete
   std::unique_ptr<HashState> hash_;             // running checksum of the current block
   uint64_t staged_bytes_ = 0;  // pool memory of new_blocks_, counted as staged by the cache
-  bool holds_claims_ = false;
+  std::vector<bool> claimed_;  // per new block: this session holds its claim (empty: none)
   uint64_t received_bytes_ = 0;
   absl::Status status_;
 };

@@ -9,8 +9,13 @@
 // is what is measured):
 //   kind 0  a worker's hit: Lookup of the prompt, then PrepareFetch of it
 //           (its blocks pinned for the fetch, then let go)
-//   kind 1  an append of the prompt again: every block staged in the pool,
-//           hashed, found cached at commit, and freed (deduplicated)
+//   kind 1  an append of the prompt again: every block hashed and found
+//           cached (deduplicated); nothing is stored
+//   kind 2  an append of a new turn: the prompt with its last block's tokens
+//           new each time, so 31 blocks are deduplicated and one is stored.
+//           These caches are small (64 MiB for the eight models, 8 MiB for
+//           each model alone: the same capacity in all), so after the first
+//           seconds every commit also evicts a block
 //
 //   build/server/core/cache_scaling_benchmark --benchmark_repetitions=3
 //       --benchmark_report_aggregates_only=true --benchmark_min_time=0.5
@@ -21,6 +26,7 @@
 #include <benchmark/benchmark.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -50,9 +56,9 @@ std::vector<Token> Prompt(int model, uint64_t s) {
   return t;
 }
 
-std::unique_ptr<Cache> NewCache() {
+std::unique_ptr<Cache> NewCache(uint64_t capacity_bytes) {
   SlabPoolOptions pool;
-  pool.capacity_bytes = uint64_t{1} << 30;
+  pool.capacity_bytes = capacity_bytes;
   pool.min_class_bytes = 64;
   auto made = SlabPool::Create(pool);
   if (!made.ok()) std::abort();
@@ -79,42 +85,72 @@ struct World {
   std::vector<std::byte> kv;
 };
 
+World* NewWorld(uint64_t shared_capacity_bytes, uint64_t separate_capacity_bytes) {
+  auto* w = new World;
+  w->shared = NewCache(shared_capacity_bytes);
+  for (int m = 0; m < kModels; ++m) {
+    Fill(*w->shared, m);
+    w->separate[m] = NewCache(separate_capacity_bytes);
+    Fill(*w->separate[m], m);
+    for (uint64_t s = 0; s < kSequences; ++s) w->prompts[m].push_back(Prompt(m, s));
+  }
+  w->kv.assign(kPromptTokens / kBlockTokens * Layout().BlockBytes(), std::byte{7});
+  return w;
+}
+
+// Hits and deduplicated appends: room for everything.
 World& GetWorld() {
-  static World* world = [] {
-    auto* w = new World;
-    w->shared = NewCache();
-    for (int m = 0; m < kModels; ++m) {
-      Fill(*w->shared, m);
-      w->separate[m] = NewCache();
-      Fill(*w->separate[m], m);
-      for (uint64_t s = 0; s < kSequences; ++s) w->prompts[m].push_back(Prompt(m, s));
-    }
-    w->kv.assign(kPromptTokens / kBlockTokens * Layout().BlockBytes(), std::byte{7});
-    return w;
-  }();
+  static World* world = NewWorld(uint64_t{1} << 30, uint64_t{1} << 30);
   return *world;
 }
 
+// New turns: the same capacity shared or split, small enough to fill.
+World& GetNewTurnWorld() {
+  static World* world = NewWorld(uint64_t{64} << 20, uint64_t{8} << 20);
+  return *world;
+}
+
+// Gives the last block of `prompt` tokens no prompt has had before.
+void MakeNewTurn(std::vector<Token>& prompt, uint64_t turn) {
+  for (uint64_t t = kPromptTokens - kBlockTokens; t < kPromptTokens; ++t) {
+    prompt[t] = static_cast<Token>(SplitMix64(turn ^ (t << 48)) & 0xffffff);
+  }
+}
+
 void Run(benchmark::State& state, bool shared) {
-  World& w = GetWorld();
+  const int kind = static_cast<int>(state.range(0));
+  World& w = kind == 2 ? GetNewTurnWorld() : GetWorld();
   const int model = state.thread_index() % kModels;
   Cache& cache = shared ? *w.shared : *w.separate[model];
   const ModelKey key = KeyOf(model);
   const auto& prompts = w.prompts[model];
-  const bool append = state.range(0) == 1;
+  // New turns are numbered apart for every run of every thread.
+  static std::atomic<uint64_t> next_run{1};
+  uint64_t turn = next_run.fetch_add(1) << 32;
+  std::vector<Token> new_turn;
   uint64_t i = static_cast<uint64_t>(state.thread_index()) * 17;
   for (auto _ : state) {
-    const std::vector<Token>& prompt = prompts[i++ % prompts.size()];
-    if (append) {
-      auto session = cache.BeginAppend(key, prompt, 0, {}, {});
-      if (!session.ok() || !(*session)->Write(w.kv).ok() || !(*session)->Commit().ok()) {
+    const std::vector<Token>* prompt = &prompts[i++ % prompts.size()];
+    if (kind == 2) {
+      new_turn = *prompt;
+      MakeNewTurn(new_turn, ++turn);
+      prompt = &new_turn;
+    }
+    if (kind != 0) {
+      auto session = cache.BeginAppend(key, *prompt, 0, {}, {});
+      if (!session.ok() || !(*session)->Write(w.kv).ok()) {
         state.SkipWithError("append failed");
+        break;
+      }
+      auto committed = (*session)->Commit();
+      if (!committed.ok() || committed->stored_blocks != (kind == 2 ? 1u : 0u)) {
+        state.SkipWithError("the append did not store what it should");
         break;
       }
       continue;
     }
-    auto found = cache.Lookup(key, prompt);
-    auto plan = cache.PrepareFetch(key, prompt);
+    auto found = cache.Lookup(key, *prompt);
+    auto plan = cache.PrepareFetch(key, *prompt);
     if (!found.ok() || !plan.ok() || plan->matched_tokens != kPromptTokens) {
       state.SkipWithError("not a whole hit");
       break;
@@ -128,7 +164,7 @@ void BM_OneCache(benchmark::State& state) { Run(state, /*shared=*/true); }
 void BM_CachePerModel(benchmark::State& state) { Run(state, /*shared=*/false); }
 
 void Threads(benchmark::internal::Benchmark* b) {
-  b->ArgName("kind")->Arg(0)->Arg(1)->UseRealTime();
+  b->ArgName("kind")->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
   for (int t : {1, 2, 4, 8}) b->Threads(t);
 }
 BENCHMARK(BM_OneCache)->Apply(Threads);

@@ -308,6 +308,62 @@ TEST_F(CacheTest, ConcurrentHitsCountEveryUseOnce) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(uses(seqs[t]), before[t] + 2 * kHits);
 }
 
+// Appends from many threads of the same prompts: most begin and commit
+// with the lock shared (every block cached or claimed by another append),
+// the rest store. Each block is stored exactly once, every deduplicated
+// block is counted once in the model's totals, and every answer accounts
+// for all its blocks; under TSan (the core suites' pass) this is also the
+// race check of the shared append path.
+TEST_F(CacheTest, ConcurrentAppendsStoreEachBlockOnceAndCountEveryBlock) {
+  MakeCache(64);
+  const TestModel m = Small();
+  Register(m);
+  constexpr int kThreads = 4;
+  constexpr int kAppends = 400;
+  constexpr uint32_t kPrompts = 16, kBlocks = 6;
+  std::vector<std::vector<Token>> prompts;
+  for (uint32_t p = 0; p < kPrompts; ++p) {
+    Ids ids;
+    for (uint32_t b = 0; b < kBlocks; ++b) ids.push_back(1000 + 10 * p + b);
+    prompts.push_back(Seq(ids));
+  }
+  std::atomic<uint64_t> stored{0}, deduplicated{0}, pending{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kAppends; ++i) {
+        const std::vector<Token>& seq = prompts[(7 * t + i) % kPrompts];
+        auto r = Append(*cache_, m, seq);
+        if (!r.ok() || r->conflicting_blocks != 0 ||
+            r->cached_tokens + r->pending_blocks * kBt != seq.size() ||
+            r->stored_blocks + r->deduplicated_blocks + r->pending_blocks != kBlocks) {
+          ++failures;
+          continue;
+        }
+        stored += r->stored_blocks;
+        deduplicated += r->deduplicated_blocks;
+        pending += r->pending_blocks;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(stored.load(), kPrompts * kBlocks);
+  EXPECT_EQ(stored + deduplicated + pending, uint64_t{kThreads} * kAppends * kBlocks);
+  const CacheStats stats = cache_->GetStats();
+  ASSERT_EQ(stats.models.size(), 1u);
+  EXPECT_EQ(stats.models[0].appended_blocks, kPrompts * kBlocks);
+  EXPECT_EQ(stats.models[0].deduplicated_blocks, deduplicated.load());
+  EXPECT_EQ(stats.conflicting_appends, 0u);
+  for (const auto& seq : prompts) {
+    auto plan = cache_->PrepareFetch(m.key, seq);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_TRUE(PlanHolds(*plan, m, seq));
+    EXPECT_EQ(plan->matched_tokens, seq.size());
+  }
+}
+
 }  // namespace
 }  // namespace cache_test
 }  // namespace kvcache

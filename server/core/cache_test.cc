@@ -654,6 +654,35 @@ TEST_F(CacheTest, HintTtlExpiresBlocks) {
   EXPECT_EQ(StatsOf(Small()).blocks, 2u);
 }
 
+// A begin and a commit that only read the index share the cache's lock; one
+// that meets an expired block takes it exclusively (only a writer removes
+// the block). Either way the answers are the same as before the lock was
+// shared: a deduplicating append whose blocks expired while it streamed
+// aborts, and a begin past an expired prefix is refused.
+TEST_F(CacheTest, AppendsThatMeetExpiredBlocksAnswerAsBefore) {
+  Register(Small());
+  const std::vector<Token> seq = Seq({1, 2, 3});
+  ASSERT_TRUE(Append(*cache_, Small(), seq, 0, {.ttl = absl::Seconds(10)}).ok());
+  auto again = cache_->BeginAppend(Small().key, seq, 0, {}, {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(WriteInChunks(**again, Kv(Small(), seq, 0, 3)).ok());
+  clock_.Advance(absl::Seconds(10));
+  auto committed = (*again)->Commit();
+  EXPECT_EQ(committed.status().code(), absl::StatusCode::kAborted) << committed.status();
+  EXPECT_EQ(StatsOf(Small()).blocks, 0u);  // the exclusive retry removed them
+  EXPECT_EQ(StatsOf(Small()).deduplicated_blocks, 0u);
+
+  ASSERT_TRUE(Append(*cache_, Small(), seq, 0, {.ttl = absl::Seconds(10)}).ok());
+  clock_.Advance(absl::Seconds(10));
+  auto past = cache_->BeginAppend(Small().key, seq, 2 * kBt, {}, {});
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kFailedPrecondition) << past.status();
+  // The same append from the start stores the blocks anew.
+  auto stored = Append(*cache_, Small(), seq);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored_blocks, 3u);
+  EXPECT_EQ(stored->deduplicated_blocks, 0u);
+}
+
 // Hits share the cache's lock and leave their touches for the next exclusive
 // section to apply (touch_buffer.h); a hit whose path does not fit its touch
 // stripe takes the lock exclusively instead. Either way every hit counts

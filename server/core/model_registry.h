@@ -49,7 +49,8 @@ struct ModelState {
   std::atomic<uint64_t> hit_tokens{0};
   std::atomic<uint64_t> miss_tokens{0};
   uint64_t appended_blocks = 0;
-  uint64_t deduplicated_blocks = 0;
+  // Counted also by commits that store nothing, which share the lock: atomic.
+  std::atomic<uint64_t> deduplicated_blocks{0};
   uint64_t evicted_blocks = 0;
   ImportancePolicy policy;
   importance::Calibrator calibrator;
@@ -63,9 +64,10 @@ struct ModelState {
   uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
   uint64_t attention_reports = 0;
   uint64_t calibrations = 0;
-  uint64_t conflicting_blocks = 0;  // appends whose bytes differed from the cached block
-  uint64_t restored_blocks = 0;     // lossy blocks made exact again by an append
-  uint64_t corrupt_blocks = 0;      // dropped by compaction: checksum mismatch
+  std::atomic<uint64_t> conflicting_blocks{
+      0};                        // appends whose bytes differed from the cached block
+  uint64_t restored_blocks = 0;  // lossy blocks made exact again by an append
+  uint64_t corrupt_blocks = 0;   // dropped by compaction: checksum mismatch
   // While a restore runs: a restored block's lookup hash in its image, when
   // that differs from its lookup hash here (the image was written under
   // other keys), to this one (Cache::RestoreBlock).

@@ -1,0 +1,55 @@
+// ClaimTable: the blocks that appends in flight are storing.
+//
+// An append claims each block it will store, by (model incarnation, chain
+// key), when it begins; a second append of the same tokens that begins while
+// the first streams finds the claim and does not stage another copy (its
+// commit reports those blocks pending). A claim is let go when its append
+// commits, fails or is dropped.
+//
+// Thread-safe, with a lock of its own: appends claim while holding the
+// cache's lock shared (so beside each other), and let go with or without it.
+// A begin that finds a block absent from the index and claims it does both
+// under one hold of the cache's lock, shared or exclusive; the index only
+// gains a block under the exclusive lock, so the block cannot appear between
+// the two.
+#ifndef KVCACHE_SERVER_CORE_CLAIM_TABLE_H_
+#define KVCACHE_SERVER_CORE_CLAIM_TABLE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "server/common/mutex.h"
+
+namespace kvcache {
+
+class ClaimTable {
+ public:
+  // For each keys[j] with wanted[j] set: claims it for `owner` unless another
+  // owner holds it. Returns, for every j, whether `owner` holds keys[j] now
+  // (false where it was not wanted, or another append stores it). One hold
+  // of the table's lock: two appends claiming the same keys each get a key
+  // whole or not at all. REQUIRES: keys.size() == wanted.size().
+  std::vector<bool> Claim(uint64_t incarnation, std::span<const uint64_t> keys,
+                          const std::vector<bool>& wanted, const void* owner)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lets go of the keys[j] with held[j] set that `owner` holds; another
+  // owner's claim of the same key is left alone.
+  void Release(uint64_t incarnation, std::span<const uint64_t> keys, const std::vector<bool>& held,
+               const void* owner) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Claims held now, by every owner.
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable Mutex mu_;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, const void*> claims_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_CLAIM_TABLE_H_
