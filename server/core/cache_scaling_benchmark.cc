@@ -15,7 +15,8 @@
 //           new each time, so 31 blocks are deduplicated and one is stored.
 //           These caches are small (64 MiB for the eight models, 8 MiB for
 //           each model alone: the same capacity in all), so after the first
-//           seconds every commit also evicts a block
+//           seconds every commit also evicts a block (and a prompt evicted
+//           meanwhile is stored whole again)
 //
 //   build/server/core/cache_scaling_benchmark --benchmark_repetitions=3
 //       --benchmark_report_aggregates_only=true --benchmark_min_time=0.5
@@ -143,7 +144,10 @@ void Run(benchmark::State& state, bool shared) {
         break;
       }
       auto committed = (*session)->Commit();
-      if (!committed.ok() || committed->stored_blocks != (kind == 2 ? 1u : 0u)) {
+      // A new turn stores its last block, and the whole prompt again when
+      // that was evicted meanwhile (the models idle at a lower thread
+      // count go cold in the shared cache).
+      if (!committed.ok() || (kind == 1) != (committed->stored_blocks == 0)) {
         state.SkipWithError("the append did not store what it should");
         break;
       }
