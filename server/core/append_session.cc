@@ -17,7 +17,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -340,27 +339,17 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     for (uint64_t i = 0; i < pins.size(); ++i) pins[i] = PinnedFlags(i);
   }
 
-  const std::span<const Token> prefix = tokens.first((start_block_ + num_blocks_) * bt);
-
-  // Without pins to record or lossy blocks to make exact, the path is
-  // matched and the cached blocks compared with the lock shared: a commit
-  // that stores nothing ends there, one that stores takes the lock
-  // exclusively only to insert, when the path is still the one it matched.
-  // A block on the path that expired (only a writer removes it) sends the
-  // commit to the exclusive lock whole.
-  std::optional<SharedMatch> shared;
-  if (!HasPins(pins) && !Plans(BlockPlan::kRestore)) {
+  if (StoresNothing(pins)) {
+    // Every block is cached or being stored by another append, and no pins
+    // are to be recorded: the commit only reads the index, so it shares the
+    // lock (again exclusively when a block on the path has expired).
     ReaderMutexLock lock(&cache_->mu_);
     absl::StatusOr<ModelState*> state = FindModelOfSession();
     if (!state.ok()) return Fail(state.status());
     std::vector<IndexNode*> path;
-    if (cache_->MatchSharedLocked(**state, prefix, hashes_, &path)) {
-      if (!Plans(BlockPlan::kStore)) return CommitDeduplicated(**state, path);
-      if (absl::Status s = CheckStillCached(path.size()); !s.ok()) return Fail(s);
-      if (path.size() == FirstUncached()) {
-        shared.emplace();
-        shared->parent = CountCachedBlocks(path, &shared->result);
-      }
+    if (cache_->MatchSharedLocked(**state, tokens.first((start_block_ + num_blocks_) * bt), hashes_,
+                                  &path)) {
+      return CommitDeduplicated(**state, path);
     }
   }
 
@@ -375,23 +364,86 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   absl::StatusOr<ModelState*> state = FindModelOfSession();
   if (!state.ok()) return fail(state.status());
   ModelState& m = **state;
+
+  // First pass: the prefix must still be there, and so must every block we
+  // found cached (MatchLocked also drops expired blocks).
+  std::vector<IndexNode*> path;
+  cache_->MatchLocked(m, tokens.first((start_block_ + num_blocks_) * bt), hashes_, &path, &unused);
+  const uint64_t present = path.size();
+  if (absl::Status s = CheckStillCached(present); !s.ok()) return fail(s);
+  // Second pass: compare what is cached, insert what is missing.
+  const absl::Time expires = hints_.ttl == absl::ZeroDuration()
+                                 ? absl::InfiniteFuture()
+                                 : cache_->clock_->Now() + hints_.ttl;
+  for (uint64_t i = 0; i < start_block_; ++i) {
+    if (!pins[i].empty()) {
+      std::vector<uint8_t>& have = path[i]->mutable_tokens_state().pinned;
+      if (have.empty()) have.assign(bt, 0);
+      for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
+      cache_->RecountMetadataLocked(path[i]);
+    }
+  }
+  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
   // The blocks this commit stores (or makes exact again), pinned for the
   // append until its budgets are enforced below, so that pass never evicts them.
   std::vector<PinnedBlock> storing;
   storing.reserve(num_blocks_);
-  IndexNode* node = nullptr;  // the deepest block of the path so far
-  if (shared.has_value() && PathUnchangedLocked(m, *shared)) {
-    result = shared->result;
-    node = shared->parent;
-  } else {
-    // The prefix must still be there, and so must every block we found
-    // cached (MatchLocked also drops expired blocks).
-    std::vector<IndexNode*> path;
-    cache_->MatchLocked(m, prefix, hashes_, &path, &unused);
-    if (absl::Status s = CheckStillCached(path.size()); !s.ok()) return fail(s);
-    node = MergeCachedLocked(m, path, pins, &storing, &unused, &result);
+  for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
+    const uint64_t j = i - start_block_;
+    BlockRef& payload = new_blocks_[j];
+    if (i < present) {
+      IndexNode* cached = path[i];
+      const BlockSeal cached_seal = cached->seal();
+      if (CountCached(i, cached_seal, &result) && cached_seal.compressed && payload != nullptr) {
+        // The exact bytes of a block stored lossy: make it exact again (in
+        // host memory; a lossy copy in the lower tier is stale now).
+        const uint64_t old_size = cached_seal.size;
+        cache_->ForgetCompressionLocked(m, cached);
+        m.bytes = m.bytes - old_size + payload->size();
+        storing.emplace_back(payload, PinReason::kAppend);
+        if (cached->payload != nullptr) {
+          cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + payload->size();
+          unused.push_back(std::exchange(cached->payload, std::move(payload)));
+          cache_->DropLowerCopyLocked(cached);
+        } else {
+          cache_->SetHostCopyLocked(cached, std::move(payload));
+          cache_->DropLowerCopyLocked(cached);
+        }
+        cache_->DropDeviceCopyLocked(cached, Cache::DeviceDrop::kRestored);
+        ++result.restored_blocks;
+      }
+      if (payload != nullptr) unused.push_back(std::move(payload));
+      // A worker's pins apply to the cached copy too.
+      if (!pins[i].empty()) {
+        std::vector<uint8_t>& have = cached->mutable_tokens_state().pinned;
+        if (have.empty()) have.assign(bt, 0);
+        for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
+        cache_->RecountMetadataLocked(cached);
+      }
+      node = cached;
+      continue;
+    }
+    if (payload == nullptr) {  // another append in flight is storing it
+      result.pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - i);
+      break;
+    }
+    IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
+    if (child == nullptr) break;  // a token-hash collision: stop caching here
+    storing.emplace_back(payload, PinReason::kAppend);
+    child->expires = expires;
+    child->priority = hints_.priority;
+    child->workload = static_cast<uint8_t>(hints_.workload);
+    if (!novelty_[j].empty() || !pins[i].empty()) {
+      BlockTokenState& ts = child->mutable_tokens_state();
+      ts.novelty = std::move(novelty_[j]);
+      ts.pinned = std::move(pins[i]);
+    }
+    cache_->RecountMetadataLocked(child);
+    cache_->policy_->Insert(child);  // a new block is in host memory
+    ++result.stored_blocks;
+    result.stored_bytes += payload->size();
+    node = child;
   }
-  node = InsertNewLocked(m, node, pins, &storing, &result);
   // Touch the whole path leaf-first (a parent is never colder than its child).
   const absl::Time now = cache_->clock_->Now();
   for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->TouchLocked(n, now);
@@ -408,110 +460,14 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   return Committed(m, node, std::move(result));
 }
 
-bool AppendSession::PathUnchangedLocked(const ModelState& m, const SharedMatch& shared) const {
-  const uint64_t first = FirstUncached();
-  const IndexNode* parent =
-      first == 0 ? nullptr : m.index.FindByLookupHash(hashes_.hashes[first - 1]);
-  return parent == shared.parent && m.index.FindByLookupHash(hashes_.hashes[first]) == nullptr;
-}
-
-IndexNode* AppendSession::MergeCachedLocked(ModelState& m, const std::vector<IndexNode*>& path,
-                                            std::vector<std::vector<uint8_t>>& pins,
-                                            std::vector<PinnedBlock>* storing,
-                                            std::vector<BlockRef>* unused, AppendResult* result) {
-  const uint32_t bt = layout_.block_tokens;
-  // A worker's pins apply to the cached copies too.
-  auto add_pins = [&](IndexNode* cached, const std::vector<uint8_t>& flags) {
-    cache_->mu_.AssertHeld();
-    if (flags.empty()) return;
-    std::vector<uint8_t>& have = cached->mutable_tokens_state().pinned;
-    if (have.empty()) have.assign(bt, 0);
-    for (uint32_t t = 0; t < bt; ++t) have[t] |= flags[t];
-    cache_->RecountMetadataLocked(cached);
-  };
-  for (uint64_t i = 0; i < start_block_; ++i) add_pins(path[i], pins[i]);
-  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
-  const uint64_t end = std::min<uint64_t>(path.size(), start_block_ + num_blocks_);
-  for (uint64_t i = start_block_; i < end; ++i) {
-    BlockRef& payload = new_blocks_[i - start_block_];
-    IndexNode* cached = path[i];
-    const BlockSeal cached_seal = cached->seal();
-    if (CountCached(i, cached_seal, result) && cached_seal.compressed && payload != nullptr) {
-      // The exact bytes of a block stored lossy: make it exact again (in
-      // host memory; a lossy copy in the lower tier is stale now).
-      const uint64_t old_size = cached_seal.size;
-      cache_->ForgetCompressionLocked(m, cached);
-      m.bytes = m.bytes - old_size + payload->size();
-      storing->emplace_back(payload, PinReason::kAppend);
-      if (cached->payload != nullptr) {
-        cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + payload->size();
-        unused->push_back(std::exchange(cached->payload, std::move(payload)));
-      } else {
-        cache_->SetHostCopyLocked(cached, std::move(payload));
-      }
-      cache_->DropLowerCopyLocked(cached);
-      cache_->DropDeviceCopyLocked(cached, Cache::DeviceDrop::kRestored);
-      ++result->restored_blocks;
-    }
-    if (payload != nullptr) unused->push_back(std::move(payload));
-    add_pins(cached, pins[i]);
-    node = cached;
-  }
-  return node;
-}
-
-IndexNode* AppendSession::InsertNewLocked(ModelState& m, IndexNode* node,
-                                          std::vector<std::vector<uint8_t>>& pins,
-                                          std::vector<PinnedBlock>* storing, AppendResult* result) {
-  const uint32_t bt = layout_.block_tokens;
-  const uint64_t end = start_block_ + num_blocks_;
-  const absl::Time expires = hints_.ttl == absl::ZeroDuration()
-                                 ? absl::InfiniteFuture()
-                                 : cache_->clock_->Now() + hints_.ttl;
-  for (uint64_t i = node == nullptr ? 0 : node->depth + 1; i < end; ++i) {
-    const uint64_t j = i - start_block_;
-    BlockRef& payload = new_blocks_[j];
-    if (payload == nullptr) {  // another append in flight is storing it
-      result->pending_blocks = static_cast<uint32_t>(end - i);
-      break;
-    }
-    IndexNode* child =
-        m.index.AddChild(node, std::span<const Token>(tokens_).subspan(i * bt, bt), payload);
-    if (child == nullptr) break;  // a token-hash collision: stop caching here
-    storing->emplace_back(payload, PinReason::kAppend);
-    child->expires = expires;
-    child->priority = hints_.priority;
-    child->workload = static_cast<uint8_t>(hints_.workload);
-    if (!novelty_[j].empty() || !pins[i].empty()) {
-      BlockTokenState& ts = child->mutable_tokens_state();
-      ts.novelty = std::move(novelty_[j]);
-      ts.pinned = std::move(pins[i]);
-    }
-    cache_->RecountMetadataLocked(child);
-    cache_->policy_->Insert(child);  // a new block is in host memory
-    ++result->stored_blocks;
-    result->stored_bytes += payload->size();
-    node = child;
-  }
-  return node;
-}
-
-bool AppendSession::HasPins(const std::vector<std::vector<uint8_t>>& pins) {
+bool AppendSession::StoresNothing(const std::vector<std::vector<uint8_t>>& pins) const {
   for (const std::vector<uint8_t>& p : pins) {
-    if (!p.empty()) return true;
+    if (!p.empty()) return false;
   }
-  return false;
-}
-
-bool AppendSession::Plans(BlockPlan what) const {
-  return std::find(plan_.begin(), plan_.end(), what) != plan_.end();
-}
-
-uint64_t AppendSession::FirstUncached() const {
-  for (uint64_t j = 0; j < num_blocks_; ++j) {
-    if (plan_[j] == BlockPlan::kStore || plan_[j] == BlockPlan::kPending) return start_block_ + j;
+  for (BlockPlan p : plan_) {
+    if (p == BlockPlan::kStore || p == BlockPlan::kRestore) return false;
   }
-  return start_block_ + num_blocks_;
+  return true;
 }
 
 absl::StatusOr<ModelState*> AppendSession::FindModelOfSession() const {
@@ -549,24 +505,18 @@ bool AppendSession::CountCached(uint64_t i, const BlockSeal& cached, AppendResul
   return false;
 }
 
-IndexNode* AppendSession::CountCachedBlocks(const std::vector<IndexNode*>& path,
-                                            AppendResult* result) const {
-  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
-  const uint64_t end = std::min<uint64_t>(path.size(), start_block_ + num_blocks_);
-  for (uint64_t i = start_block_; i < end; ++i) {
-    CountCached(i, path[i]->seal(), result);
-    node = path[i];
-  }
-  return node;
-}
-
 absl::StatusOr<AppendResult> AppendSession::CommitDeduplicated(
     ModelState& m, const std::vector<IndexNode*>& path) {
   if (absl::Status s = CheckStillCached(path.size()); !s.ok()) return Fail(s);
   AppendResult result;
-  const IndexNode* node = CountCachedBlocks(path, &result);
-  if (path.size() < start_block_ + num_blocks_) {  // another append in flight is storing them
-    result.pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - path.size());
+  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
+  for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
+    if (i >= path.size()) {  // another append in flight is storing it
+      result.pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - i);
+      break;
+    }
+    CountCached(i, path[i]->seal(), &result);
+    node = path[i];
   }
   // MatchSharedLocked touched the path (node and its parents) already.
   ReleaseClaimsAndStaging();

@@ -766,39 +766,9 @@ class AppendSession {
   // Gives back the claims and the staged pool memory this session holds
   // (needs no lock of the cache's).
   void ReleaseClaimsAndStaging();
-  // A commit's path as matched with the lock shared: the cached blocks
-  // compared (`result`), and the block the new ones go below (null: the
-  // root).
-  struct SharedMatch {
-    AppendResult result;
-    IndexNode* parent = nullptr;
-  };
-  static bool HasPins(const std::vector<std::vector<uint8_t>>& pins);
-  // Whether some block's plan is `what`.
-  bool Plans(BlockPlan what) const;
-  // The first block (of the sequence) that was not cached when the session
-  // began; start_block_ + num_blocks_ when all were.
-  uint64_t FirstUncached() const;
-  // Whether the path matched with the lock shared is still the index's: the
-  // same parent, and the first new block not there yet.
-  bool PathUnchangedLocked(const ModelState& m, const SharedMatch& shared) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_->mu_);
-  // Counts the blocks of `path` from start_block_ on as deduplicated; the
-  // deepest block of the path they end (null: none).
-  IndexNode* CountCachedBlocks(const std::vector<IndexNode*>& path, AppendResult* result) const;
-  // Commit() with the lock held exclusively, for the blocks of `path` from
-  // start_block_ on (the cached ones): counts them, records `pins` on them,
-  // makes lossy ones exact again where the bytes match. Returns the deepest.
-  IndexNode* MergeCachedLocked(ModelState& m, const std::vector<IndexNode*>& path,
-                               std::vector<std::vector<uint8_t>>& pins,
-                               std::vector<PinnedBlock>* storing, std::vector<BlockRef>* unused,
-                               AppendResult* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_->mu_);
-  // Inserts the new blocks below `node` (null: the root), up to the first
-  // one another append is storing; returns the deepest block of the path.
-  IndexNode* InsertNewLocked(ModelState& m, IndexNode* node,
-                             std::vector<std::vector<uint8_t>>& pins,
-                             std::vector<PinnedBlock>* storing, AppendResult* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_->mu_);
+  // Whether Commit() would store nothing: every block cached or pending,
+  // and no pinned tokens (`pins`, per block) to record.
+  bool StoresNothing(const std::vector<std::vector<uint8_t>>& pins) const;
   // The session's model, ABORTED when it was registered anew meanwhile.
   absl::StatusOr<ModelState*> FindModelOfSession() const ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
   // ABORTED when a block the session found cached (or the prefix before
