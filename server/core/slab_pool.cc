@@ -1,64 +1,39 @@
-// SlabPool implementation.
+// SlabPool implementation: a thread-safe facade over the central lists
+// (SlabCentral, slab_central.h: spans, classes, runs, compaction), guarded
+// by mu_, with the per-thread caches (ChunkStripes, slab_stripes.h) in
+// front.
 //
-// Layout: every class span is its own mapping of k slabs (see the header),
-// aligned to slab_bytes, and each of its slabs is registered in `slab_owner_`
-// by base address, so Free() finds the span owning a chunk by masking the
-// chunk's address (`addr & ~(slab_bytes - 1)`: the slab it starts in) and one
-// hash lookup. A span carves its chunks lazily (a bump index) and keeps freed
-// chunks on an intrusive singly linked list threaded through the chunks
-// themselves. Each class keeps its partly used spans in 16 intrusive doubly
-// linked lists by fullness (live * 16 / chunks) and a bit mask of the
-// non-empty ones, so Allocate() takes the fullest in O(1) and Free() moves a
-// span between lists in O(1). Under ASan free chunks are poisoned, so a stale
-// read of pool memory is reported.
+// A chunk in a stripe is out of the central lists (SlabCentral counts it as
+// live and allocated); GetStats and GetClassStats subtract what the stripes
+// hold, under every stripe's lock, so they count chunks handed out. Lock
+// order: a stripe's lock, then mu_.
 //
-// Compaction: a draining span is off its class's buckets (so neither
-// Allocate nor AllocateMoveTarget picks it) and on the class's `draining`
-// list; PlanCompaction finds its live chunks by marking the chunks on its
-// free list among those carved. Allocate falls back to a draining span only
-// when the class has no other free chunk and no span can be reserved, so the
-// capacity contract stays exact while a plan is under way.
-//
-// Free spans stay mapped on free_spans_[k]. A one-slab class with none free
-// splits a free longer span into one-slab spans (munmap can later release
-// each slab alone); a longer span is never assembled from scattered free
-// slabs: it is mapped fresh after unmapping cached memory as needed. That
-// costs page faults when the mix of span lengths changes, never capacity.
-//
-// Large runs are their own page-aligned mappings. A freed run is kept mapped
-// on a free-run list and reused by the next run of the same size, so a model
-// whose blocks are larger than a slab does not pay mmap, munmap and a page
-// fault per page for every block it stores.
-//
-// Accounting: reserved_bytes_ counts class spans and runs in use. Free spans
-// and free runs stay mapped for reuse (not counted as reserved); whenever new
-// memory must be mapped, cached free runs and spans are unmapped first as
-// needed, so that mapped memory (reserved plus cached) never exceeds
-// capacity_bytes either. A request therefore fails exactly when
-// reserved_bytes_ plus what it must reserve would pass capacity_bytes.
+// has_draining_ mirrors "the class has draining spans" for the fast paths,
+// which read it under their stripe's lock: it turns true only under every
+// stripe's lock (PlanCompaction), so an Allocate or Free that reads false
+// ran before the plan (its chunks were flushed by it) or after a plan that
+// drains none of the class. It turns false, under mu_ only, once the
+// class's last draining span is released or stops draining; a stale true
+// only sends a call to the central lists.
 #include "server/core/slab_pool.h"
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
 
-#include "absl/base/config.h"
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "server/common/mutex.h"
 #include "server/common/status_macros.h"
+#include "server/core/slab_central.h"
+#include "server/core/slab_stripes.h"
 
 #if defined(__has_include) && __has_include(<sanitizer/asan_interface.h>)
 #include <sanitizer/asan_interface.h>  // no-op macros unless built with ASan
@@ -75,6 +50,10 @@ constexpr uint64_t kMinSlabBytes = uint64_t{64} << 10;
 constexpr uint64_t kMaxSlabBytes = uint64_t{1} << 30;
 constexpr uint64_t kMinClassBytes = 64;  // also the chunk alignment
 constexpr int kNoClass = -1;
+constexpr uint64_t kMaxThreadCacheBytes = uint64_t{16} << 20;
+// Per-thread caches: the largest cached class, and the most chunks a bin holds.
+constexpr uint64_t kMaxCachedChunkBytes = uint64_t{64} << 10;
+constexpr uint64_t kMaxBinChunks = 64;
 
 absl::Status CheckPowerOfTwo(absl::string_view field, uint64_t value, uint64_t lo, uint64_t hi) {
   if (!std::has_single_bit(value) || value < lo || value > hi) {
@@ -84,139 +63,26 @@ absl::Status CheckPowerOfTwo(absl::string_view field, uint64_t value, uint64_t l
   return absl::OkStatus();
 }
 
-[[noreturn]] void Die(absl::string_view what) {
-  std::fprintf(stderr, "SlabPool: %.*s\n", static_cast<int>(what.size()), what.data());
-  std::abort();
-}
-
-constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;
-
-// An anonymous read-write mapping of `bytes`, page aligned and also aligned to
-// `alignment` (a power of two) when given; nullptr when the kernel refuses.
-std::byte* Map(uint64_t bytes, uint64_t alignment = 0) {
-  // Over-map by `alignment`, then trim to the aligned part.
-  void* raw =
-      mmap(nullptr, bytes + alignment, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  auto* start = static_cast<std::byte*>(raw);
-  if (alignment != 0) {
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(raw);
-    const uint64_t head = ((addr + alignment - 1) & ~(alignment - 1)) - addr;
-    if (head > 0) munmap(start, head);
-    if (alignment - head > 0) munmap(start + head + bytes, alignment - head);
-    start += head;
+// What the stripes cache per class index (see Per-thread caches in slab_pool.h).
+std::vector<CachedClass> CachedClasses(const SlabPoolOptions& options) {
+  std::vector<CachedClass> out(SlabClassCount(options));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint64_t chunk = SlabClassChunkBytes(options, i);
+    if (chunk == 0 || chunk > kMaxCachedChunkBytes) continue;
+    out[i] = CachedClass{.chunk_bytes = chunk,
+                         .bin_chunks = static_cast<uint32_t>(
+                             std::min(kMaxBinChunks, options.thread_cache_bytes / (4 * chunk)))};
   }
-  // Transparent huge pages where the kernel offers them on request: a block
-  // written into fresh pool memory then faults once per 2 MiB, not per 4 KiB.
-  if (bytes >= kHugePageBytes) madvise(start, bytes, MADV_HUGEPAGE);
-  return start;
-}
-
-void Unmap(std::byte* data, uint64_t bytes) {
-  ASAN_UNPOISON_MEMORY_REGION(data, bytes);
-  munmap(data, bytes);
-}
-
-// Size classes between powers of two (see RoundedSize), for classes of at
-// least kMinSteppedClass bytes (so every class stays a multiple of 64 bytes).
-constexpr int kStepsPerDoubling = 4;
-constexpr uint64_t kMinSteppedClass = 256;
-
-// Spans: a class takes its memory in spans of 1..kMaxSpanSlabs contiguous
-// slabs, the fewest whose unused tail stays under 1/kTailWasteDivisor of the
-// span (else the span with the smallest tail fraction).
-constexpr uint64_t kMaxSpanSlabs = 8;
-constexpr uint64_t kTailWasteDivisor = 256;
-
-// Partly used spans of a class are kept in kFullnessBuckets lists by the
-// fraction of their chunks in use; a chunk comes from the fullest non-empty
-// bucket, so sparse spans drain and free instead of being refilled.
-constexpr int kFullnessBuckets = 16;
-
-// One span of `slabs` contiguous class slabs: on its class's fullness bucket
-// `bucket` while 0 < live < chunk_count, unlisted (bucket -1) while full, on
-// free_spans_[slabs] while serving no class; unlisted while draining.
-// Owned by SlabPoolImpl::spans_; guarded by SlabPoolImpl::mu_.
-struct Span {
-  std::byte* base = nullptr;
-  uint64_t slabs = 1;
-  int class_index = kNoClass;  // kNoClass while free
-  int bucket = -1;
-  bool draining = false;  // in the current compaction plan (on SizeClass::draining)
-  uint64_t chunk_bytes = 0;
-  uint64_t chunk_count = 0;
-  uint64_t carved = 0;             // chunks [0, carved) were handed out since assignment
-  uint64_t live = 0;               // chunks handed out and not freed
-  std::byte* free_head = nullptr;  // intrusive list of freed chunks
-  Span* prev = nullptr;            // links in the bucket's list
-  Span* next = nullptr;
-};
-
-// A size class: its chunk, span shape, partly used spans and counters.
-struct SizeClass {
-  uint64_t chunk_bytes = 0;
-  uint64_t span_slabs = 1;
-  uint64_t chunk_count = 0;  // chunks per span
-  // floor(2^32 * kFullnessBuckets / chunk_count): a span's bucket is
-  // (live * bucket_scale) >> 32 (<= live * 16 / chunk_count, no division).
-  uint64_t bucket_scale = 0;
-  std::array<Span*, kFullnessBuckets> partial{};
-  uint32_t nonempty = 0;        // bit b set iff partial[b] != nullptr
-  uint64_t spans = 0;           // spans serving the class
-  uint64_t live = 0;            // chunks live
-  std::vector<Span*> draining;  // spans of the current compaction plan (live > 0)
-};
-
-// The span length (in slabs) for chunks of `chunk_bytes` in slabs of
-// `slab_bytes`, at most `max_slabs`; see kMaxSpanSlabs.
-uint64_t SpanSlabs(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t max_slabs) {
-  uint64_t best = 1;
-  double best_waste = 1.0;
-  for (uint64_t k = 1; k <= max_slabs; ++k) {
-    const uint64_t span = k * slab_bytes;
-    const uint64_t tail = span % chunk_bytes;
-    if (tail * kTailWasteDivisor < span) return k;
-    const double waste = static_cast<double>(tail) / static_cast<double>(span);
-    if (waste < best_waste) {
-      best_waste = waste;
-      best = k;
-    }
-  }
-  return best;
+  return out;
 }
 
 class SlabPoolImpl final : public SlabPool {
  public:
   SlabPoolImpl(const SlabPoolOptions& options, std::shared_ptr<HostMemoryRegistrar> registrar)
       : options_(options),
-        registrar_(std::move(registrar)),
-        min_class_shift_(std::countr_zero(options.min_class_bytes)),
-        classes_((std::countr_zero(options.slab_bytes) - min_class_shift_ + 1) *
-                 kStepsPerDoubling) {
-    for (size_t i = 0; i < classes_.size(); ++i) {
-      const int power = min_class_shift_ + static_cast<int>(i) / kStepsPerDoubling;
-      const uint64_t p = uint64_t{1} << power;
-      const int step = static_cast<int>(i) % kStepsPerDoubling;
-      if (step != 0 && p < kMinSteppedClass) continue;  // not a class
-      const uint64_t chunk = p + step * (p / kStepsPerDoubling);
-      if (chunk > options.slab_bytes) continue;
-      SizeClass& c = classes_[i];
-      c.chunk_bytes = chunk;
-      // A span never needs more than the whole capacity.
-      c.span_slabs =
-          SpanSlabs(chunk, options.slab_bytes,
-                    std::min(kMaxSpanSlabs, options.capacity_bytes / options.slab_bytes));
-      c.chunk_count = c.span_slabs * options.slab_bytes / chunk;
-      c.bucket_scale = (uint64_t{kFullnessBuckets} << 32) / c.chunk_count;
-    }
-  }
-
-  ~SlabPoolImpl() override {
-    MutexLock lock(&mu_);
-    for (auto& [base, span] : spans_) Release(span->base, span->slabs * options_.slab_bytes);
-    for (auto& [data, bytes] : runs_) Release(data, bytes);
-    for (auto& [data, bytes] : free_runs_) Release(data, bytes);
-  }
+        stripes_(CachedClasses(options), options.thread_cache_bytes),
+        has_draining_(new std::atomic<bool>[SlabClassCount(options)]()),
+        central_(options, std::move(registrar)) {}
 
   absl::StatusOr<Allocation> Allocate(uint64_t bytes) override {
     if (bytes == 0) return absl::InvalidArgumentError("SlabPool::Allocate: bytes must be > 0");
@@ -226,12 +92,23 @@ class SlabPoolImpl final : public SlabPool {
                                                      options_.capacity_bytes));
     }
     const uint64_t rounded = RoundedSize(bytes);
+    if (const int cached = CachedClassOf(rounded); cached != kNoClass) {
+      if (std::byte* chunk = AllocateFromStripe(cached); chunk != nullptr) {
+        return Allocation{chunk, rounded};
+      }
+    }
+    {
+      MutexLock lock(&mu_);
+      absl::StatusOr<Allocation> result = central_.Allocate(rounded, /*may_take_draining=*/false);
+      if (result.ok()) return result;
+    }
+    // Chunks parked in the stripes may be all that is free: return them and
+    // try once more, a draining span now included.
+    FlushThreadCaches();
     MutexLock lock(&mu_);
-    absl::StatusOr<Allocation> result =
-        rounded > options_.slab_bytes ? AllocateRun(rounded) : AllocateChunk(rounded);
+    absl::StatusOr<Allocation> result = central_.Allocate(rounded, /*may_take_draining=*/true);
     if (result.ok()) {
-      allocated_bytes_ += result->bytes;
-      ++live_allocations_;
+      if (rounded <= options_.slab_bytes) SyncDraining(SlabClassIndex(options_, rounded));
     } else {
       ++failed_allocations_;
     }
@@ -239,63 +116,59 @@ class SlabPoolImpl final : public SlabPool {
   }
 
   void Free(Allocation allocation) override {
-    MutexLock lock(&mu_);
-    if (allocation.bytes > options_.slab_bytes) {
-      FreeRun(allocation);
-    } else {
-      FreeChunk(allocation);
+    if (const int cached = CachedClassOf(allocation.bytes);
+        cached != kNoClass && FreeToStripe(cached, allocation)) {
+      return;
     }
-    allocated_bytes_ -= allocation.bytes;
-    --live_allocations_;
+    MutexLock lock(&mu_);
+    FreeCentral(allocation);
   }
 
-  uint64_t RoundedSize(uint64_t bytes) const override {
-    if (bytes == 0) return 0;
-    const uint64_t slab = options_.slab_bytes;
-    if (bytes <= slab) {
-      // Classes: powers of two, and from kMinSteppedClass up three steps
-      // between each power and the next (1.25, 1.5, 1.75 times it), so a
-      // block compressed to a little over half its size saves a third of it.
-      const uint64_t b = std::max(options_.min_class_bytes, bytes);
-      const uint64_t p = std::bit_floor(b);
-      if (b == p) return p;
-      if (p < kMinSteppedClass) return 2 * p;
-      const uint64_t step = p / kStepsPerDoubling;
-      return p + (b - p + step - 1) / step * step;
+  void FlushThreadCaches() override {
+    std::vector<std::pair<int, std::byte*>> chunks;
+    for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+      ChunkStripe& stripe = stripes_.Stripe(i);
+      StripeLockHolder stripe_lock(&stripe.mu);
+      chunks.clear();
+      stripe.TakeAll(&chunks);
+      if (chunks.empty()) continue;
+      MutexLock lock(&mu_);
+      for (const auto& [class_index, chunk] : chunks) ReturnCached(class_index, chunk);
     }
-    const uint64_t slabs = bytes / slab + (bytes % slab != 0 ? 1 : 0);
-    return slabs > UINT64_MAX / slab ? UINT64_MAX : slabs * slab;  // saturates
   }
+
+  uint64_t RoundedSize(uint64_t bytes) const override { return SlabRoundedSize(options_, bytes); }
 
   SlabPoolStats GetStats() const override {
+    AllStripesLock stripes(stripes_);
     MutexLock lock(&mu_);
-    uint64_t draining = 0;
-    for (const SizeClass& c : classes_) draining += c.draining.size();
-    return SlabPoolStats{.capacity_bytes = options_.capacity_bytes,
-                         .slab_bytes = options_.slab_bytes,
-                         .reserved_bytes = reserved_bytes_,
-                         .allocated_bytes = allocated_bytes_,
-                         .live_allocations = live_allocations_,
-                         .failed_allocations = failed_allocations_,
-                         .draining_spans = draining,
-                         .drained_spans = drained_spans_,
-                         .move_targets = move_targets_,
-                         .pinned_bytes = pinned_bytes_,
-                         .pin_failures = pin_failures_};
+    uint64_t cached_bytes = 0, cached_chunks = 0;
+    for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+      const ChunkStripe& stripe = stripes_.Stripe(i);
+      stripe.mu.AssertHeld();
+      cached_bytes += stripe.cached_bytes();
+      cached_chunks += stripe.cached_chunks();
+    }
+    SlabPoolStats stats = central_.Stats();
+    stats.allocated_bytes -= cached_bytes;
+    stats.live_allocations -= cached_chunks;
+    stats.cached_bytes = cached_bytes;
+    stats.failed_allocations = failed_allocations_;
+    return stats;
   }
 
   std::vector<SlabClassStats> GetClassStats() const override {
+    AllStripesLock stripes(stripes_);
     MutexLock lock(&mu_);
-    std::vector<SlabClassStats> out;
-    for (const SizeClass& c : classes_) {
-      if (c.chunk_bytes == 0) continue;
-      out.push_back(SlabClassStats{.chunk_bytes = c.chunk_bytes,
-                                   .span_bytes = c.span_slabs * options_.slab_bytes,
-                                   .chunks_per_span = c.chunk_count,
-                                   .spans = c.spans,
-                                   .live_chunks = c.live});
-    }
-    return out;
+    return central_.ClassStats([this](int class_index) {
+      uint64_t cached = 0;
+      for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+        const ChunkStripe& stripe = stripes_.Stripe(i);
+        stripe.mu.AssertHeld();  // every stripe is locked (above)
+        cached += stripe.cached_chunks(class_index);
+      }
+      return cached;
+    });
   }
 
   absl::StatusOr<CompactionPlan> PlanCompaction(const CompactionPlanOptions& options) override {
@@ -304,52 +177,23 @@ class SlabPoolImpl final : public SlabPool {
           absl::StrCat("SlabPool::PlanCompaction: max_span_occupancy is ",
                        options.max_span_occupancy, "; it must be in 0..1"));
     }
-    CompactionPlan plan;
+    // Every stripe's lock for the whole plan: the stripes are emptied, and
+    // the fast paths read has_draining_ either before the plan (their chunks
+    // are flushed here) or after it.
+    AllStripesLock stripes(stripes_);
     MutexLock lock(&mu_);
-    for (SizeClass& c : classes_) {  // end the previous plan
-      for (Span* span : c.draining) {
-        span->draining = false;
-        Relist(c, span);
-      }
-      c.draining.clear();
+    std::vector<std::pair<int, std::byte*>> chunks;
+    for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+      ChunkStripe& stripe = stripes_.Stripe(i);
+      stripe.mu.AssertHeld();
+      stripe.TakeAll(&chunks);
     }
-    for (SizeClass& c : classes_) {
-      if (c.chunk_bytes == 0 || c.nonempty == 0) continue;
-      std::vector<Span*> partial;
-      uint64_t free = 0;  // free chunks in the class's listed spans
-      for (Span* head : c.partial) {
-        for (Span* span = head; span != nullptr; span = span->next) {
-          partial.push_back(span);
-          free += span->chunk_count - span->live;
-        }
-      }
-      if (partial.size() < 2) continue;
-      std::sort(partial.begin(), partial.end(), [](const Span* a, const Span* b) {
-        return a->live != b->live ? a->live < b->live : a->base < b->base;
-      });
-      uint64_t moving = 0;  // chunks of the class the plan names so far
-      for (Span* span : partial) {
-        if (static_cast<double>(span->live) >
-            options.max_span_occupancy * static_cast<double>(span->chunk_count)) {
-          break;
-        }
-        // Draining takes the span's free chunks out of the targets; the
-        // rest must still hold every chunk named so far and the span's own.
-        const uint64_t left = free - (span->chunk_count - span->live);
-        if (left < moving + span->live) break;
-        if (plan.bytes + span->live * c.chunk_bytes > options.max_bytes) break;
-        free = left;
-        moving += span->live;
-        Unlist(c, span);
-        span->draining = true;
-        c.draining.push_back(span);
-        ++plan.spans;
-        plan.bytes += span->live * c.chunk_bytes;
-        AppendLiveChunks(*span, &plan.moves);
-      }
+    for (const auto& [class_index, chunk] : chunks) ReturnCached(class_index, chunk);
+    CompactionPlan plan = central_.PlanCompaction(options);
+    for (size_t i = 0; i < SlabClassCount(options_); ++i) {
+      has_draining_[i].store(central_.HasDrainingSpans(static_cast<int>(i)),
+                             std::memory_order_relaxed);
     }
-    std::sort(plan.moves.begin(), plan.moves.end(),
-              [](const Allocation& a, const Allocation& b) { return a.data < b.data; });
     return plan;
   }
 
@@ -361,359 +205,108 @@ class SlabPoolImpl final : public SlabPool {
                        "; it must be a size class (large runs are never moved)"));
     }
     MutexLock lock(&mu_);
-    SizeClass& c = classes_[ClassIndex(source.bytes)];
-    if (c.nonempty == 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("SlabPool: no free ", source.bytes,
-                       "-byte chunk outside draining spans to move a chunk to"));
-    }
-    const Allocation target = TakeChunk(c, c.partial[31 - std::countl_zero(c.nonempty)]);
-    allocated_bytes_ += target.bytes;
-    ++live_allocations_;
-    ++move_targets_;
-    return target;
+    return central_.AllocateMoveTarget(source.bytes);
   }
 
  private:
-  // Appends the live chunks of `span` (carved and not on its free list).
-  void AppendLiveChunks(const Span& span, std::vector<Allocation>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<bool> is_free(span.carved, false);
-    for (std::byte* chunk = span.free_head; chunk != nullptr;) {
-      is_free[static_cast<uint64_t>(chunk - span.base) / span.chunk_bytes] = true;
-      ASAN_UNPOISON_MEMORY_REGION(chunk, sizeof(std::byte*));
-      std::byte* next;
-      std::memcpy(&next, chunk, sizeof(std::byte*));
-      ASAN_POISON_MEMORY_REGION(chunk, sizeof(std::byte*));
-      chunk = next;
+  // The class index of `bytes` when the stripes cache it (it is a class
+  // size, 64-byte multiple and cached), else kNoClass.
+  int CachedClassOf(uint64_t bytes) const {
+    if (bytes > kMaxCachedChunkBytes || bytes > options_.slab_bytes || bytes == 0 ||
+        RoundedSize(bytes) != bytes) {
+      return kNoClass;
     }
-    for (uint64_t i = 0; i < span.carved; ++i) {
-      if (!is_free[i])
-        out->push_back(Allocation{span.base + i * span.chunk_bytes, span.chunk_bytes});
-    }
+    const int class_index = SlabClassIndex(options_, bytes);
+    return stripes_.Caches(class_index) ? class_index : kNoClass;
   }
 
-  // Takes a free chunk of `span` (a span of class `c` with one) and relists it.
-  Allocation TakeChunk(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t chunk_bytes = c.chunk_bytes;
-    std::byte* chunk;
-    if (span->free_head != nullptr) {
-      chunk = span->free_head;
-      ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
-      std::memcpy(&span->free_head, chunk, sizeof(std::byte*));
-    } else {
-      chunk = span->base + span->carved++ * chunk_bytes;
-      ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
-    }
-    ++span->live;
-    ++c.live;
-    Relist(c, span);
-    return Allocation{chunk, chunk_bytes};
-  }
-
-  // Takes `span` out of its class's compaction plan (it serves allocations again).
-  void StopDraining(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    span->draining = false;
-    c.draining.erase(std::find(c.draining.begin(), c.draining.end(), span));
-  }
-
-  absl::Status Exhausted(absl::string_view what, uint64_t need) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "SlabPool: reserving ", need, " bytes for ", what, " would take reserved_bytes from ",
-        reserved_bytes_, " past capacity_bytes ", options_.capacity_bytes));
-  }
-
-  absl::StatusOr<Allocation> AllocateRun(uint64_t run_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (run_bytes > options_.capacity_bytes - reserved_bytes_) {
-      return Exhausted("a large run", run_bytes);
-    }
-    std::byte* data = nullptr;
-    auto cached = std::find_if(free_runs_.begin(), free_runs_.end(),
-                               [run_bytes](const auto& r) { return r.second == run_bytes; });
-    if (cached != free_runs_.end()) {
-      data = cached->first;
-      *cached = free_runs_.back();
-      free_runs_.pop_back();
-      free_run_bytes_ -= run_bytes;
-      ASAN_UNPOISON_MEMORY_REGION(data, run_bytes);
-    } else {
-      MakeRoomToMap(run_bytes);
-      data = Map(run_bytes);
-      if (data == nullptr) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("SlabPool: mmap of a ", run_bytes, "-byte run failed: errno ", errno));
+  // A chunk of the cached class from the calling thread's stripe, refilling
+  // its bin with a batch from the central lists when empty (never from a
+  // draining span, never reserving more than one new span); nullptr when the
+  // class has draining spans or the central lists have no chunk without
+  // passing capacity.
+  std::byte* AllocateFromStripe(int class_index) {
+    ChunkStripe& stripe = stripes_.Mine();
+    StripeLockHolder stripe_lock(&stripe.mu);
+    // While a plan drains spans of the class, its free chunks elsewhere are
+    // the plan's move targets: no batch takes them (and the bins are empty).
+    if (has_draining_[class_index].load(std::memory_order_relaxed)) return nullptr;
+    std::byte* chunk = stripe.Pop(class_index);
+    if (chunk == nullptr) {
+      std::array<std::byte*, kMaxBinChunks> batch;
+      const uint64_t want =
+          std::min<uint64_t>(stripes_.Class(class_index).Batch(), 1 + stripe.Room(class_index));
+      uint64_t got;
+      {
+        MutexLock lock(&mu_);
+        got = central_.TakeChunks(class_index, want, batch.data());
       }
-      Pin(data, run_bytes);
+      if (got == 0) return nullptr;
+      chunk = batch[0];
+      const uint64_t chunk_bytes = stripes_.Class(class_index).chunk_bytes;
+      for (uint64_t i = got; i-- > 1;) {  // batch[1] ends up popped first
+        ASAN_POISON_MEMORY_REGION(batch[i], chunk_bytes);
+        stripe.Push(class_index, batch[i]);
+      }
     }
-    runs_.emplace(data, run_bytes);
-    reserved_bytes_ += run_bytes;
-    return Allocation{data, run_bytes};
+    ASAN_UNPOISON_MEMORY_REGION(chunk, stripes_.Class(class_index).chunk_bytes);
+    return chunk;
   }
 
-  void FreeRun(const Allocation& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = runs_.find(allocation.data);
-    if (it == runs_.end() || it->second != allocation.bytes) Die("Free of an unknown large run");
-    runs_.erase(it);
-    reserved_bytes_ -= allocation.bytes;
+  // Parks a freed chunk of the cached class in the calling thread's stripe,
+  // first returning the older half of a full bin; false (nothing done) when
+  // the chunk must go to the central lists: its class has draining spans,
+  // or the stripe holds its bytes' worth already.
+  bool FreeToStripe(int class_index, const Allocation& allocation) {
+    ChunkStripe& stripe = stripes_.Mine();
+    StripeLockHolder stripe_lock(&stripe.mu);
+    if (has_draining_[class_index].load(std::memory_order_relaxed)) return false;
+    if (!stripe.HasRoom(class_index)) {
+      std::vector<std::byte*> spill;
+      stripe.TakeOldest(class_index, stripes_.Class(class_index).Batch(), &spill);
+      if (!spill.empty()) {
+        MutexLock lock(&mu_);
+        for (std::byte* chunk : spill) ReturnCached(class_index, chunk);
+      }
+      if (!stripe.HasRoom(class_index)) return false;
+    }
     ASAN_POISON_MEMORY_REGION(allocation.data, allocation.bytes);
-    free_runs_.emplace_back(allocation.data, allocation.bytes);
-    free_run_bytes_ += allocation.bytes;
-  }
-
-  // Unmaps cached free runs, then cached free spans (longest first), until
-  // `bytes` more can be mapped without mapped memory passing capacity_bytes.
-  void MakeRoomToMap(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t capacity = options_.capacity_bytes;
-    auto mapped = [&] {
-      mu_.AssertHeld();  // the lambda runs under the lock
-      return reserved_bytes_ + free_run_bytes_ + free_span_bytes_;
-    };
-    while (!free_runs_.empty() && mapped() + bytes > capacity) {
-      Release(free_runs_.back().first, free_runs_.back().second);
-      free_run_bytes_ -= free_runs_.back().second;
-      free_runs_.pop_back();
-    }
-    for (uint64_t k = kMaxSpanSlabs; k >= 1 && mapped() + bytes > capacity; --k) {
-      while (!free_spans_[k].empty() && mapped() + bytes > capacity) {
-        Span* span = free_spans_[k].back();
-        free_spans_[k].pop_back();
-        free_span_bytes_ -= k * options_.slab_bytes;
-        Release(span->base, k * options_.slab_bytes);
-        for (uint64_t i = 0; i < k; ++i) {
-          slab_owner_.erase(reinterpret_cast<uintptr_t>(span->base + i * options_.slab_bytes));
-        }
-        spans_.erase(reinterpret_cast<uintptr_t>(span->base));
-      }
-    }
-  }
-
-  // Index into classes_ of the class of size `chunk_bytes` (a RoundedSize value).
-  int ClassIndex(uint64_t chunk_bytes) const {
-    const uint64_t p = std::bit_floor(chunk_bytes);
-    const int step =
-        p < kMinSteppedClass ? 0 : static_cast<int>((chunk_bytes - p) / (p / kStepsPerDoubling));
-    return (std::countr_zero(p) - min_class_shift_) * kStepsPerDoubling + step;
-  }
-
-  absl::StatusOr<Allocation> AllocateChunk(uint64_t chunk_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int class_index = ClassIndex(chunk_bytes);
-    SizeClass& c = classes_[class_index];
-    Span* span;
-    if (c.nonempty != 0) {
-      span = c.partial[31 - std::countl_zero(c.nonempty)];  // the fullest bucket
-    } else {
-      absl::StatusOr<Span*> taken = TakeSpan(class_index);
-      if (taken.ok()) {
-        span = *taken;
-      } else if (!c.draining.empty()) {
-        // The last free chunks of the class are in spans being drained: a
-        // plan never makes a request fail that would succeed without it.
-        span = c.draining.back();
-        StopDraining(c, span);
-      } else {
-        return taken.status();
-      }
-    }
-    return TakeChunk(c, span);
-  }
-
-  void FreeChunk(const Allocation& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(allocation.data);
-    auto it = slab_owner_.find(addr & ~(options_.slab_bytes - 1));
-    if (it == slab_owner_.end()) Die("Free of memory no slab owns");
-    Span* span = it->second;
-    const uint64_t offset = static_cast<uint64_t>(allocation.data - span->base);
-    if (span->class_index == kNoClass || span->chunk_bytes != allocation.bytes ||
-        offset % span->chunk_bytes != 0 || offset / span->chunk_bytes >= span->carved ||
-        span->live == 0) {
-      Die("Free of a chunk whose size or offset does not match its span");
-    }
-    std::memcpy(allocation.data, &span->free_head, sizeof(std::byte*));
-    span->free_head = allocation.data;
-    ASAN_POISON_MEMORY_REGION(allocation.data, allocation.bytes);
-    SizeClass& c = classes_[span->class_index];
-    --span->live;
-    --c.live;
-    if (span->live == 0) {
-      if (span->draining) {
-        StopDraining(c, span);
-        ++drained_spans_;
-      }
-      Unlist(c, span);
-      span->class_index = kNoClass;
-      --c.spans;
-      const uint64_t span_bytes = span->slabs * options_.slab_bytes;
-      reserved_bytes_ -= span_bytes;
-      free_spans_[span->slabs].push_back(span);
-      free_span_bytes_ += span_bytes;
-    } else if (!span->draining) {
-      Relist(c, span);
-    }
-  }
-
-  // A span for class `class_index`, unlisted with no chunk live: a cached
-  // free span of its length, else one slab split off a longer cached span
-  // (for one-slab classes), else newly mapped.
-  absl::StatusOr<Span*> TakeSpan(int class_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    SizeClass& c = classes_[class_index];
-    const uint64_t k = c.span_slabs;
-    const uint64_t span_bytes = k * options_.slab_bytes;
-    if (span_bytes > options_.capacity_bytes - reserved_bytes_) {
-      return Exhausted(absl::StrCat("a span of ", k, " slabs of ", c.chunk_bytes, "-byte chunks"),
-                       span_bytes);
-    }
-    Span* span = nullptr;
-    if (!free_spans_[k].empty()) {
-      span = free_spans_[k].back();
-      free_spans_[k].pop_back();
-    } else if (k == 1) {
-      for (uint64_t j = 2; j <= kMaxSpanSlabs && span == nullptr; ++j) {
-        if (free_spans_[j].empty()) continue;
-        span = free_spans_[j].back();
-        free_spans_[j].pop_back();
-        SplitIntoSlabs(span);
-        free_spans_[1].pop_back();  // SplitIntoSlabs listed the first slab (this span)
-      }
-    }
-    if (span != nullptr) {
-      free_span_bytes_ -= span_bytes;
-    } else {
-      MakeRoomToMap(span_bytes);
-      std::byte* base = Map(span_bytes, options_.slab_bytes);
-      if (base == nullptr) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("SlabPool: mmap of a ", span_bytes, "-byte span failed: errno ", errno));
-      }
-      ASAN_POISON_MEMORY_REGION(base, span_bytes);
-      Pin(base, span_bytes);
-      span = Register(base, k);
-    }
-    *span = Span{.base = span->base,
-                 .slabs = k,
-                 .class_index = class_index,
-                 .chunk_bytes = c.chunk_bytes,
-                 .chunk_count = c.chunk_count};
-    reserved_bytes_ += span_bytes;
-    ++c.spans;
-    return span;
-  }
-
-  // A new Span for the mapping [base, base + slabs * slab_bytes), owning its slabs.
-  Span* Register(std::byte* base, uint64_t slabs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto owned = std::make_unique<Span>();
-    owned->base = base;
-    owned->slabs = slabs;
-    Span* span = owned.get();
-    spans_.emplace(reinterpret_cast<uintptr_t>(base), std::move(owned));
-    for (uint64_t i = 0; i < slabs; ++i) {
-      slab_owner_.insert_or_assign(reinterpret_cast<uintptr_t>(base + i * options_.slab_bytes),
-                                   span);
-    }
-    return span;
-  }
-
-  // Turns a free span of several slabs (off every list) into one-slab free
-  // spans on free_spans_[1], the span's own first slab pushed last.
-  void SplitIntoSlabs(Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    // Each slab may be unmapped alone from now on, so each is registered
-    // alone (the span is free: no copy reads it meanwhile).
-    if (Unpin(span->base)) {
-      for (uint64_t i = 0; i < span->slabs; ++i) {
-        Pin(span->base + i * options_.slab_bytes, options_.slab_bytes);
-      }
-    }
-    for (uint64_t i = span->slabs - 1; i >= 1; --i) {
-      free_spans_[1].push_back(Register(span->base + i * options_.slab_bytes, 1));
-    }
-    span->slabs = 1;
-    free_spans_[1].push_back(span);
-  }
-
-  // Registers a range just mapped with the registrar, if there is one.
-  void Pin(std::byte* data, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (registrar_ == nullptr) return;
-    if (!registrar_->Register(data, bytes).ok()) {
-      ++pin_failures_;
-      return;
-    }
-    pinned_.emplace(data, bytes);
-    pinned_bytes_ += bytes;
-  }
-  // Unregisters the range starting at `data` if it was registered; whether it was.
-  bool Unpin(std::byte* data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = pinned_.find(data);
-    if (it == pinned_.end()) return false;
-    registrar_->Unregister(data, it->second);
-    pinned_bytes_ -= it->second;
-    pinned_.erase(it);
+    stripe.Push(class_index, allocation.data);
     return true;
   }
-  // Unpins and unmaps a mapping (a span or a run).
-  void Release(std::byte* data, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Unpin(data);
-    Unmap(data, bytes);
-  }
 
-  // Puts `span` on the bucket for its fullness (off the lists while full).
-  void Relist(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int bucket = span->live == span->chunk_count
-                           ? -1
-                           : static_cast<int>((span->live * c.bucket_scale) >> 32);
-    if (bucket == span->bucket) return;
-    Unlist(c, span);
-    if (bucket < 0) return;
-    Span*& head = c.partial[bucket];
-    span->prev = nullptr;
-    span->next = head;
-    if (head != nullptr) head->prev = span;
-    head = span;
-    span->bucket = bucket;
-    c.nonempty |= uint32_t{1} << bucket;
-  }
-
-  void Unlist(SizeClass& c, Span* span) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (span->bucket < 0) return;
-    if (span->prev != nullptr) {
-      span->prev->next = span->next;
-    } else {
-      c.partial[span->bucket] = span->next;
-      if (span->next == nullptr) c.nonempty &= ~(uint32_t{1} << span->bucket);
+  // Free's path through the central lists.
+  void FreeCentral(const Allocation& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    central_.Free(allocation);
+    if (allocation.bytes <= options_.slab_bytes) {
+      SyncDraining(SlabClassIndex(options_, allocation.bytes));
     }
-    if (span->next != nullptr) span->next->prev = span->prev;
-    span->prev = span->next = nullptr;
-    span->bucket = -1;
+  }
+
+  // A chunk a stripe held (poisoned) back to its span.
+  void ReturnCached(int class_index, std::byte* chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t chunk_bytes = stripes_.Class(class_index).chunk_bytes;
+    ASAN_UNPOISON_MEMORY_REGION(chunk, chunk_bytes);
+    FreeCentral(Allocation{chunk, chunk_bytes});
+  }
+
+  // Clears the class's has_draining_ once it has no draining span left (a
+  // span released or taken back into service).
+  void SyncDraining(int class_index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (has_draining_[class_index].load(std::memory_order_relaxed) &&
+        !central_.HasDrainingSpans(class_index)) {
+      has_draining_[class_index].store(false, std::memory_order_relaxed);
+    }
   }
 
   const SlabPoolOptions options_;
-  const std::shared_ptr<HostMemoryRegistrar> registrar_;  // null: pin nothing
-  const int min_class_shift_;
-
+  // The stripes lock themselves (their own locks, taken before mu_).
+  mutable ChunkStripes stripes_;
+  // Per class index: whether the class has draining spans (see the top).
+  const std::unique_ptr<std::atomic<bool>[]> has_draining_;
   mutable Mutex mu_;
-  // Per class (ClassIndex); entries that are no class have chunk_bytes 0.
-  std::vector<SizeClass> classes_ ABSL_GUARDED_BY(mu_);
-  // Every mapped span (in use or free), by base address, and the span owning
-  // each of their slabs, by slab base address.
-  absl::flat_hash_map<uintptr_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uintptr_t, Span*> slab_owner_ ABSL_GUARDED_BY(mu_);
-  // Mapped spans serving no class, by length in slabs (index 0 unused), and their bytes.
-  std::array<std::vector<Span*>, kMaxSpanSlabs + 1> free_spans_ ABSL_GUARDED_BY(mu_);
-  uint64_t free_span_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::byte*, uint64_t> runs_ ABSL_GUARDED_BY(mu_);  // data -> bytes
-  // Freed runs kept mapped for reuse: (data, bytes), and their total.
-  std::vector<std::pair<std::byte*, uint64_t>> free_runs_ ABSL_GUARDED_BY(mu_);
-  uint64_t free_run_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t allocated_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t live_allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  SlabCentral central_ ABSL_GUARDED_BY(mu_);
   uint64_t failed_allocations_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t drained_spans_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t move_targets_ ABSL_GUARDED_BY(mu_) = 0;
-  // Ranges the registrar registered (base -> bytes).
-  absl::flat_hash_map<std::byte*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
-  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t pin_failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -725,6 +318,11 @@ absl::Status SlabPoolOptions::Validate() const {
   if (auto s = CheckPowerOfTwo("min_class_bytes", min_class_bytes, kMinClassBytes, slab_bytes);
       !s.ok()) {
     return s;
+  }
+  if (thread_cache_bytes > kMaxThreadCacheBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("slab_pool.thread_cache_bytes is ",
+                                                   thread_cache_bytes, "; it must be at most ",
+                                                   kMaxThreadCacheBytes));
   }
   if (capacity_bytes < slab_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("slab_pool.capacity_bytes is ", capacity_bytes,

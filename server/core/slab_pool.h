@@ -47,6 +47,31 @@
 // draining (chunks the caller did not move, or not yet freed) serve
 // allocations again and may be picked again.
 //
+// Per-thread caches: Allocate and Free of classes up to 64 KiB go through
+// one of 16 stripes (picked by ThisThreadIndex(), so threads started one
+// after another use different stripes), each with its own lock and, per
+// class, a bin of free chunks: Allocate takes the chunk its stripe freed
+// last, else moves a batch (half a bin) out of the central lists above under
+// the pool's lock; Free parks the chunk in its stripe, and a full bin moves
+// its older half back. A bin holds at most 64 chunks and
+// thread_cache_bytes / (4 x class) chunks, and a stripe at most
+// thread_cache_bytes in all (16 x 256 KiB by default); larger classes and
+// runs, and every class with thread_cache_bytes = 0, take the pool's lock on
+// each call as the paragraphs above describe. A cached chunk is free, not
+// allocated (stats count chunks handed out; cached_bytes counts the parked
+// ones), but it keeps its span reserved: at worst one span per cached chunk
+// (a span is released when its last chunk is freed and not cached). That
+// never costs capacity or exactness: before Allocate() answers
+// RESOURCE_EXHAUSTED (or takes a chunk of a draining span) it returns every
+// stripe's chunks to the central lists and tries again, PlanCompaction()
+// returns them all before it plans (and while a class has draining spans
+// its Allocate and Free bypass the caches, so no batch takes the plan's move
+// targets), and FlushThreadCaches() returns them on
+// demand: with no live allocation, it leaves reserved_bytes at 0. Cached
+// chunks are poisoned under ASan like any free chunk. A chunk's span is
+// checked when it returns to the central lists, so a bad Free() of a cached
+// class may only be reported then.
+//
 // Memory is 64-byte aligned (class chunks) or page aligned (spans and runs),
 // reserved lazily on first use and kept for reuse (cached free spans are only
 // unmapped to make room for a mapping of another shape, or when the pool is
@@ -71,6 +96,9 @@ struct SlabPoolOptions {
   uint64_t capacity_bytes = uint64_t{1} << 30;  // hard limit on reserved bytes
   uint64_t slab_bytes = uint64_t{4} << 20;      // power of two, >= 64 KiB
   uint64_t min_class_bytes = 64;                // power of two, 64 .. slab_bytes
+  // Most bytes of free chunks one of the 16 per-thread caches parks (see
+  // Per-thread caches); 0 turns them off. At most 16 MiB.
+  uint64_t thread_cache_bytes = uint64_t{256} << 10;
 
   // INVALID_ARGUMENT naming the field when out of range; capacity_bytes must
   // hold at least one slab.
@@ -90,6 +118,7 @@ struct SlabPoolStats {
   uint64_t reserved_bytes = 0;   // spans in use by a class, and large runs
   uint64_t allocated_bytes = 0;  // sum of Allocation::bytes currently live
   uint64_t live_allocations = 0;
+  uint64_t cached_bytes = 0;        // free chunks parked in per-thread caches (in reserved spans)
   uint64_t failed_allocations = 0;  // RESOURCE_EXHAUSTED answers so far
   uint64_t draining_spans = 0;      // spans of the current compaction plan not yet released
   uint64_t drained_spans = 0;       // spans released while draining, so far
@@ -162,12 +191,19 @@ class SlabPool {
   // The usable size Allocate(bytes) would hand out (class or run size).
   virtual uint64_t RoundedSize(uint64_t bytes) const = 0;
 
+  // Exact (a consistent snapshot): takes every stripe's lock and the pool's.
   virtual SlabPoolStats GetStats() const = 0;
 
-  // Every size class, smallest first (classes with no span included).
+  // Every size class, smallest first (classes with no span included);
+  // live_chunks counts chunks handed out, not cached ones.
   virtual std::vector<SlabClassStats> GetClassStats() const = 0;
 
-  // Ends the previous plan and makes a new one (see Compaction above).
+  // Returns every chunk the per-thread caches hold to the central lists,
+  // releasing the spans that only cached chunks kept reserved.
+  virtual void FlushThreadCaches() = 0;
+
+  // Ends the previous plan and makes a new one (see Compaction above), after
+  // returning the per-thread caches' chunks to the central lists.
   // INVALID_ARGUMENT unless 0 <= max_span_occupancy <= 1.
   virtual absl::StatusOr<CompactionPlan> PlanCompaction(const CompactionPlanOptions& options) = 0;
 

@@ -23,11 +23,13 @@ using ::testing::HasSubstr;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 
-std::unique_ptr<SlabPool> MakePool(uint64_t capacity, uint64_t slab, uint64_t min_class) {
+std::unique_ptr<SlabPool> MakePool(uint64_t capacity, uint64_t slab, uint64_t min_class,
+                                   uint64_t thread_cache = SlabPoolOptions{}.thread_cache_bytes) {
   SlabPoolOptions options;
   options.capacity_bytes = capacity;
   options.slab_bytes = slab;
   options.min_class_bytes = min_class;
+  options.thread_cache_bytes = thread_cache;
   auto pool = SlabPool::Create(options);
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? std::move(*pool) : nullptr;
@@ -48,6 +50,19 @@ bool TokensIntact(const Allocation& a, uint64_t token) {
   }
   std::memcpy(&v, a.data + a.bytes - 8, 8);
   return v == token;
+}
+
+// With nothing live: nothing counts as allocated while chunks sit in the
+// per-thread caches, and once they are flushed every span is released.
+void ExpectAllReleased(SlabPool& pool) {
+  SlabPoolStats stats = pool.GetStats();
+  EXPECT_EQ(stats.allocated_bytes, 0u);
+  EXPECT_EQ(stats.live_allocations, 0u);
+  pool.FlushThreadCaches();
+  stats = pool.GetStats();
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+  EXPECT_EQ(stats.cached_bytes, 0u);
+  EXPECT_EQ(stats.allocated_bytes, 0u);
 }
 
 void ExpectInvalid(const SlabPoolOptions& options, const char* field) {
@@ -76,6 +91,14 @@ TEST(SlabPoolOptionsTest, RejectsBadMinClassBytes) {
   }
   SlabPoolOptions options;
   options.min_class_bytes = options.slab_bytes;  // a single class is fine
+  EXPECT_TRUE(options.Validate().ok());
+}
+
+TEST(SlabPoolOptionsTest, RejectsThreadCacheBytesPast16MiB) {
+  SlabPoolOptions options;
+  options.thread_cache_bytes = 16 * kMiB + 1;
+  ExpectInvalid(options, "thread_cache_bytes");
+  options.thread_cache_bytes = 0;  // no per-thread caches
   EXPECT_TRUE(options.Validate().ok());
 }
 
@@ -120,7 +143,7 @@ TEST(SlabPoolTest, SteppedClassesFitCompressedBlocks) {
     EXPECT_EQ(pool->GetStats().reserved_bytes, (i < 16 ? 1 : 2) * 20 * kMiB) << i;
   }
   for (const Allocation& a : live) pool->Free(a);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 TEST(SlabPoolTest, AllocateRejectsZeroAndMoreThanCapacity) {
@@ -147,10 +170,7 @@ TEST(SlabPoolTest, AllocationsAreAlignedAndSized) {
   // Four classes (64, 128, 4 KiB, 64 KiB) each reserved one slab, plus runs of 2 and 4 slabs.
   EXPECT_EQ(stats.reserved_bytes, 4 * 64 * kKiB + 128 * kKiB + 256 * kKiB);
   for (const Allocation& a : live) pool->Free(a);
-  stats = pool->GetStats();
-  EXPECT_EQ(stats.reserved_bytes, 0u);
-  EXPECT_EQ(stats.allocated_bytes, 0u);
-  EXPECT_EQ(stats.live_allocations, 0u);
+  ExpectAllReleased(*pool);
 }
 
 TEST(SlabPoolTest, CapacityIsAHardLimit) {
@@ -195,7 +215,10 @@ TEST(SlabPoolTest, FullyFreedSlabServesAnotherClass) {
   pool->Free(*a);  // the slab is still partly used by the 64-byte class
   EXPECT_EQ(pool->Allocate(4 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
   pool->Free(*b);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  // Both 64-byte chunks may sit in this thread's cache, keeping the slab;
+  // the 4 KiB request takes them back to their span, which is then free.
+  EXPECT_EQ(pool->GetStats().reserved_bytes, slab);
+  EXPECT_EQ(pool->GetStats().allocated_bytes, 0u);
   auto c = pool->Allocate(4 * kKiB);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(reinterpret_cast<uintptr_t>(c->data) & ~(slab - 1),
@@ -222,7 +245,7 @@ TEST(SlabPoolTest, LargeRunsCountAgainstCapacity) {
   EXPECT_EQ(pool->GetStats().reserved_bytes, 4 * slab);
   pool->Free(*run);
   pool->Free(*small);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 TEST(SlabPoolTest, CachedFreeSlabsDoNotBlockARun) {
@@ -317,7 +340,7 @@ TEST(SlabPoolTest, MemoryIsWritableAndDisjoint) {
     EXPECT_TRUE(WordsIntact(a, token)) << token;
     pool->Free(a);
   }
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 #ifdef ABSL_HAVE_ADDRESS_SANITIZER
@@ -426,7 +449,7 @@ TEST(SlabPoolTest, SpanFillsExactlyAndReturnsWhole) {
   }
   EXPECT_EQ(pool->GetStats().reserved_bytes, 5 * slab);
   for (const Allocation& a : slabs) pool->Free(a);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 // Only scattered single slabs free: a span still gets exactly the capacity
@@ -441,6 +464,7 @@ TEST(SlabPoolTest, ScatteredFreeSlabsDoNotBlockASpan) {
     singles.push_back(*a);
   }
   for (int i = 0; i < 8; i += 2) pool->Free(singles[i]);  // every other slab free
+  pool->FlushThreadCaches();  // (a 64 KiB chunk may sit in this thread's cache)
   EXPECT_EQ(pool->GetStats().reserved_bytes, 4 * slab);
   // The 40 KiB class takes spans of 5 slabs (8 chunks): 4 + 5 > 8 slabs.
   EXPECT_EQ(pool->Allocate(40 * kKiB).status().code(), absl::StatusCode::kResourceExhausted);
@@ -453,14 +477,15 @@ TEST(SlabPoolTest, ScatteredFreeSlabsDoNotBlockASpan) {
   EXPECT_TRUE(WordsIntact(*span_chunk, 99));
   pool->Free(*span_chunk);
   for (int i = 3; i < 8; i += 2) pool->Free(singles[i]);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 // A new chunk comes from the fullest partly used slab of its class, so a
-// sparse slab drains and is released.
+// sparse slab drains and is released. (The central lists' choice: with
+// per-thread caches a thread gets back the chunk it freed last.)
 TEST(SlabPoolTest, AllocatesFromTheFullestSlab) {
   const uint64_t slab = 64 * kKiB;
-  auto pool = MakePool(16 * slab, slab, 64);
+  auto pool = MakePool(16 * slab, slab, 64, /*thread_cache=*/0);
   std::vector<Allocation> live;
   for (int i = 0; i < 8; ++i) live.push_back(*pool->Allocate(16 * kKiB));  // 2 slabs of 4
   auto slab_of = [&](const Allocation& a) { return reinterpret_cast<uintptr_t>(a.data) / slab; };
@@ -545,6 +570,20 @@ class ReferenceModel {
     }
   }
 
+  // The counts of chunks handed out, exact while chunks sit in per-thread
+  // caches too.
+  void ExpectCounts(const SlabPool& pool, uint64_t failed) const {
+    const SlabPoolStats stats = pool.GetStats();
+    ASSERT_EQ(stats.allocated_bytes, allocated_);
+    ASSERT_EQ(stats.live_allocations, live_);
+    ASSERT_EQ(stats.failed_allocations, failed);
+    uint64_t class_allocated = 0;
+    for (const SlabClassStats& c : pool.GetClassStats()) {
+      class_allocated += c.live_chunks * c.chunk_bytes;
+    }
+    ASSERT_EQ(class_allocated + run_bytes_, allocated_);
+  }
+
   void ExpectMatches(const SlabPool& pool, uint64_t failed) const {
     const SlabPoolStats stats = pool.GetStats();
     ASSERT_EQ(stats.reserved_bytes, reserved_);
@@ -580,10 +619,12 @@ class ReferenceModel {
 
 // `span_heavy`: most sizes land in the stepped classes (1.25, 1.5, 1.75 x a
 // power) whose spans are several slabs; every live allocation is filled with
-// a pattern and verified before it is freed.
+// a pattern and verified before it is freed. With per-thread caches
+// (`thread_cache` > 0) each operation's batch and parked chunks are counted
+// exactly, then flushed, and the pool must match the model as without.
 void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_t seed,
-                   bool span_heavy = false) {
-  auto pool = MakePool(capacity, slab, min_class);
+                   bool span_heavy = false, uint64_t thread_cache = 0) {
+  auto pool = MakePool(capacity, slab, min_class, thread_cache);
   ReferenceModel ref(capacity, slab);
   std::mt19937_64 rng(seed);
   struct Live {
@@ -640,6 +681,10 @@ void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_
       pool->Free(v.a);
       ASSERT_NO_FATAL_FAILURE(ref.OnFree(v.a));
     }
+    if (thread_cache > 0) {
+      ASSERT_NO_FATAL_FAILURE(ref.ExpectCounts(*pool, failed)) << "op " << op;
+      pool->FlushThreadCaches();
+    }
     ASSERT_NO_FATAL_FAILURE(ref.ExpectMatches(*pool, failed)) << "op " << op;
   }
   EXPECT_GT(failed, 0u) << "the run never reached capacity";
@@ -647,7 +692,7 @@ void RunRandomized(uint64_t capacity, uint64_t slab, uint64_t min_class, uint64_
     ASSERT_TRUE(span_heavy ? WordsIntact(v.a, v.token) : TokensIntact(v.a, v.token));
     pool->Free(v.a);
   }
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 TEST(SlabPoolTest, RandomizedAgainstReferenceModel) {
@@ -665,6 +710,15 @@ TEST(SlabPoolTest, RandomizedAgainstReferenceModelMultiSlabSpans) {
     RunRandomized(/*capacity=*/40 * 64 * kKiB + 24 * kKiB, /*slab=*/64 * kKiB, /*min_class=*/64,
                   seed, /*span_heavy=*/true);
   }
+}
+
+// The same models with per-thread caches on (flushed after each operation,
+// so the model's layout holds; the counts are checked before the flush).
+TEST(SlabPoolTest, RandomizedAgainstReferenceModelWithThreadCaches) {
+  RunRandomized(/*capacity=*/16 * 64 * kKiB + 40 * kKiB, /*slab=*/64 * kKiB, /*min_class=*/64,
+                /*seed=*/11, /*span_heavy=*/false, /*thread_cache=*/256 * kKiB);
+  RunRandomized(/*capacity=*/40 * 64 * kKiB + 24 * kKiB, /*slab=*/64 * kKiB, /*min_class=*/64,
+                /*seed=*/12, /*span_heavy=*/true, /*thread_cache=*/256 * kKiB);
 }
 
 TEST(SlabPoolTest, ConcurrentAllocFreeKeepsPatterns) {
@@ -710,11 +764,8 @@ TEST(SlabPoolTest, ConcurrentAllocFreeKeepsPatterns) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_FALSE(corrupt);
-  SlabPoolStats stats = pool->GetStats();
-  EXPECT_EQ(stats.reserved_bytes, 0u);
-  EXPECT_EQ(stats.allocated_bytes, 0u);
-  EXPECT_EQ(stats.live_allocations, 0u);
-  EXPECT_EQ(stats.failed_allocations, failures.load());
+  EXPECT_EQ(pool->GetStats().failed_allocations, failures.load());
+  ExpectAllReleased(*pool);
 }
 
 // ---- Compaction -------------------------------------------------------------
@@ -808,7 +859,7 @@ TEST(SlabPoolCompactionTest, DrainsTheSparsestSpansAndReleasesThem) {
   pool->Free(*big);
   pool->Free(*big2);
   for (const Allocation& a : live) pool->Free(a);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 TEST(SlabPoolCompactionTest, CapacityStaysExactWhileSpansDrain) {
@@ -853,7 +904,7 @@ TEST(SlabPoolCompactionTest, CapacityStaysExactWhileSpansDrain) {
   EXPECT_EQ(pool->GetStats().draining_spans, 0u);
   live.push_back(*a);
   for (const Allocation& l : live) pool->Free(l);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
   EXPECT_EQ(pool->GetStats().drained_spans, 0u);
 }
 
@@ -896,7 +947,7 @@ TEST(SlabPoolCompactionTest, PlansOnlyWhatFitsAndEndsThePreviousPlan) {
   EXPECT_TRUE(pool->PlanCompaction({.max_span_occupancy = 0})->moves.empty());
   EXPECT_EQ(pool->GetStats().draining_spans, 0u);
   for (const Allocation& a : live) pool->Free(a);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 // A churn of mixed sizes with a compaction pass every 100 operations: no byte
@@ -952,7 +1003,7 @@ TEST(SlabPoolCompactionTest, RandomizedChurnWithCompactionKeepsEveryByte) {
   EXPECT_GT(moved, 0u);
   EXPECT_GT(pool->GetStats().drained_spans, 0u);
   for (const Allocation& a : live) pool->Free(a);
-  EXPECT_EQ(pool->GetStats().reserved_bytes, 0u);
+  ExpectAllReleased(*pool);
 }
 
 }  // namespace
