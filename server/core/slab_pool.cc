@@ -126,7 +126,7 @@ class SlabPoolImpl final : public SlabPool {
 
   void FlushThreadCaches() override {
     std::vector<std::pair<int, std::byte*>> chunks;
-    for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+    for (size_t i = 0; i < stripes_.count(); ++i) {
       ChunkStripe& stripe = stripes_.Stripe(i);
       StripeLockHolder stripe_lock(&stripe.mu);
       chunks.clear();
@@ -143,7 +143,7 @@ class SlabPoolImpl final : public SlabPool {
     AllStripesLock stripes(stripes_);
     MutexLock lock(&mu_);
     uint64_t cached_bytes = 0, cached_chunks = 0;
-    for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+    for (size_t i = 0; i < stripes_.count(); ++i) {
       const ChunkStripe& stripe = stripes_.Stripe(i);
       stripe.mu.AssertHeld();
       cached_bytes += stripe.cached_bytes();
@@ -162,7 +162,7 @@ class SlabPoolImpl final : public SlabPool {
     MutexLock lock(&mu_);
     return central_.ClassStats([this](int class_index) {
       uint64_t cached = 0;
-      for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+      for (size_t i = 0; i < stripes_.count(); ++i) {
         const ChunkStripe& stripe = stripes_.Stripe(i);
         stripe.mu.AssertHeld();  // every stripe is locked (above)
         cached += stripe.cached_chunks(class_index);
@@ -183,7 +183,7 @@ class SlabPoolImpl final : public SlabPool {
     AllStripesLock stripes(stripes_);
     MutexLock lock(&mu_);
     std::vector<std::pair<int, std::byte*>> chunks;
-    for (size_t i = 0; i < ChunkStripes::kStripes; ++i) {
+    for (size_t i = 0; i < stripes_.count(); ++i) {
       ChunkStripe& stripe = stripes_.Stripe(i);
       stripe.mu.AssertHeld();
       stripe.TakeAll(&chunks);

@@ -48,14 +48,14 @@
 // allocations again and may be picked again.
 //
 // Per-thread caches: Allocate and Free of classes up to 64 KiB go through
-// one of 16 stripes (picked by ThisThreadIndex(), so threads started one
-// after another use different stripes), each with its own lock and, per
-// class, a bin of free chunks: Allocate takes the chunk its stripe freed
+// the stripe of the CPU the thread runs on (one stripe per CPU, at least
+// 16; threads running at the same time use different stripes), each with
+// its own lock and, per class, a bin of free chunks: Allocate takes the chunk its stripe freed
 // last, else moves a batch (half a bin) out of the central lists above under
 // the pool's lock; Free parks the chunk in its stripe, and a full bin moves
 // its older half back. A bin holds at most 64 chunks and
 // thread_cache_bytes / (4 x class) chunks, and a stripe at most
-// thread_cache_bytes in all (16 x 256 KiB by default); larger classes and
+// thread_cache_bytes in all (256 KiB by default, so 4 MiB over 16 stripes); larger classes and
 // runs, and every class with thread_cache_bytes = 0, take the pool's lock on
 // each call as the paragraphs above describe. A cached chunk is free, not
 // allocated (stats count chunks handed out; cached_bytes counts the parked
@@ -96,7 +96,7 @@ struct SlabPoolOptions {
   uint64_t capacity_bytes = uint64_t{1} << 30;  // hard limit on reserved bytes
   uint64_t slab_bytes = uint64_t{4} << 20;      // power of two, >= 64 KiB
   uint64_t min_class_bytes = 64;                // power of two, 64 .. slab_bytes
-  // Most bytes of free chunks one of the 16 per-thread caches parks (see
+  // Most bytes of free chunks one per-thread cache (stripe) parks (see
   // Per-thread caches); 0 turns them off. At most 16 MiB.
   uint64_t thread_cache_bytes = uint64_t{256} << 10;
 

@@ -4,6 +4,7 @@
 // sees every free chunk, and chunks freed on other threads than the one that
 // allocated them are never handed out twice.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cstring>
@@ -36,8 +37,34 @@ std::unique_ptr<SlabPool> MakePool(uint64_t capacity,
   return pool.ok() ? std::move(*pool) : nullptr;
 }
 
-// Runs `fn` on a new thread (so on another stripe than the caller's) and waits.
-void OnNewThread(const std::function<void()>& fn) { std::thread(fn).join(); }
+// The CPUs this process may run on.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+    }
+  }
+  return cpus;
+}
+
+// Runs `fn` on a new thread pinned to the `nth` allowed CPU (modulo their
+// number), so that with several CPUs the nth and the (n+1)th use different
+// stripes (one per CPU), and waits.
+void OnNewThread(int nth, const std::function<void()>& fn) {
+  std::thread([&] {
+    const std::vector<int> cpus = AllowedCpus();
+    if (!cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[static_cast<size_t>(nth) % cpus.size()], &set);
+      sched_setaffinity(0, sizeof(set), &set);  // best effort: the test holds either way
+    }
+    fn();
+  }).join();
+}
 
 uintptr_t SlabOf(const Allocation& a) { return reinterpret_cast<uintptr_t>(a.data) / kSlab; }
 
@@ -55,13 +82,14 @@ bool TokenIntact(const Allocation& a, uint64_t token) {
 }
 
 // Thread A fills the pool and frees everything; chunks stay parked in A's
-// stripe. Thread B then gets the whole capacity, in A's class and in another
+// stripe. Thread B (on another CPU where there are several, so another
+// stripe) then gets the whole capacity, in A's class and in another
 // class whose spans A's cached chunks keep reserved, before any
 // RESOURCE_EXHAUSTED.
 TEST(SlabPoolThreadCacheTest, ExhaustionServesChunksParkedInAnotherThreadsStripe) {
   auto pool = MakePool(4 * kSlab);
   const uint64_t per_pool = 4 * kSlab / kKiB;  // 256 chunks of 1 KiB
-  OnNewThread([&] {
+  OnNewThread(0, [&] {
     std::vector<Allocation> all;
     for (uint64_t i = 0; i < per_pool; ++i) {
       auto a = pool->Allocate(kKiB);
@@ -77,7 +105,7 @@ TEST(SlabPoolThreadCacheTest, ExhaustionServesChunksParkedInAnotherThreadsStripe
   EXPECT_EQ(stats.allocated_bytes, 0u);
   EXPECT_EQ(stats.failed_allocations, 1u);
 
-  OnNewThread([&] {
+  OnNewThread(1, [&] {
     std::vector<Allocation> all;
     for (uint64_t i = 0; i < per_pool; ++i) {
       auto a = pool->Allocate(kKiB);
@@ -92,7 +120,7 @@ TEST(SlabPoolThreadCacheTest, ExhaustionServesChunksParkedInAnotherThreadsStripe
   ASSERT_GT(pool->GetStats().cached_bytes, 0u);
 
   // Another class: the spans B's parked 1 KiB chunks keep are needed whole.
-  OnNewThread([&] {
+  OnNewThread(2, [&] {
     std::vector<Allocation> all;
     for (int i = 0; i < 4; ++i) {
       auto a = pool->Allocate(kSlab);
@@ -208,7 +236,7 @@ TEST(SlabPoolThreadCacheTest, CompactionPlanSeesChunksFreedOnSeveralThreads) {
   EXPECT_EQ(plan->moves.size(), 40u);
   EXPECT_EQ(pool->GetStats().cached_bytes, 0u);
   for (const Allocation& m : plan->moves) EXPECT_EQ(draining.count(SlabOf(m)), 1u);
-  OnNewThread([&] {
+  OnNewThread(3, [&] {
     auto extra = pool->Allocate(kKiB);
     ASSERT_TRUE(extra.ok());
     EXPECT_EQ(draining.count(SlabOf(*extra)), 0u);

@@ -1,11 +1,12 @@
 #include "server/core/slab_stripes.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <thread>
 #include <utility>
-
-#include "server/common/thread_index.h"
 
 namespace kvcache {
 namespace {
@@ -100,20 +101,24 @@ void ChunkStripe::TakeAll(std::vector<std::pair<int, std::byte*>>* out) {
 
 ChunkStripes::ChunkStripes(std::vector<CachedClass> classes, uint64_t stripe_bytes)
     : classes_(std::move(classes)) {
-  stripes_.reserve(kStripes);
-  for (size_t i = 0; i < kStripes; ++i) {
+  const size_t count = std::max<size_t>(kMinStripes, std::thread::hardware_concurrency());
+  stripes_.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
     stripes_.push_back(std::make_unique<ChunkStripe>(&classes_, stripe_bytes));
   }
 }
 
-ChunkStripe& ChunkStripes::Mine() { return *stripes_[ThisThreadIndex() % kStripes]; }
+ChunkStripe& ChunkStripes::Mine() {
+  const int cpu = sched_getcpu();  // glibc reads it from rseq: no system call
+  return *stripes_[static_cast<size_t>(cpu < 0 ? 0 : cpu) % stripes_.size()];
+}
 
 AllStripesLock::AllStripesLock(const ChunkStripes& stripes) : stripes_(stripes) {
-  for (size_t i = 0; i < ChunkStripes::kStripes; ++i) stripes_.Stripe(i).mu.Lock();
+  for (size_t i = 0; i < stripes_.count(); ++i) stripes_.Stripe(i).mu.Lock();
 }
 
 AllStripesLock::~AllStripesLock() {
-  for (size_t i = ChunkStripes::kStripes; i-- > 0;) stripes_.Stripe(i).mu.Unlock();
+  for (size_t i = stripes_.count(); i-- > 0;) stripes_.Stripe(i).mu.Unlock();
 }
 
 }  // namespace kvcache

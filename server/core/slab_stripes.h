@@ -1,12 +1,14 @@
 // ChunkStripes: the per-thread caches of free chunks in front of a
 // SlabPool's central lists (see "Per-thread caches" in slab_pool.h).
 //
-// kStripes stripes, each a lock (StripeLock, below) and, per cached size
-// class, a bin of free chunk addresses (most recently freed last). A thread
-// uses the stripe ThisThreadIndex() % kStripes picks, so threads that start
-// one after another use different stripes and do not share a lock; threads
-// whose indices collide (more than kStripes of them, or a thread started
-// after others ended) share a stripe, which stays correct but contends.
+// One stripe per CPU (at least 16), each a lock (StripeLock, below) and,
+// per cached size class, a bin of free chunk addresses (most recently freed
+// last). A thread uses the stripe of the CPU it runs on (sched_getcpu()
+// modulo the stripe count), so threads running at the same time use
+// different stripes however many threads there are; two threads meet on a
+// stripe only when one is preempted or migrated while it holds it (the
+// lock keeps that correct). Threads that run on a CPU one after another
+// share its chunks.
 //
 // A stripe only stores addresses: it never maps, unmaps, poisons or checks
 // memory, and knows nothing of spans. The pool decides what to cache, fills
@@ -40,7 +42,7 @@ namespace kvcache {
 // read-modify-writes (per Allocate or Free, 8 to 10 ns more with threads on
 // the benchmark machine). A waiter spins a little, then yields its CPU
 // until the lock is free: it never sleeps in the kernel. That suits a lock
-// held for a few dozen instructions by the one thread that mostly uses it;
+// held for a few dozen instructions by whichever thread runs on its CPU;
 // it is held longer only while a refill, spill or flush goes through the
 // pool's mutex (a refill may map and pin a new span meanwhile), or while
 // GetStats or PlanCompaction hold every stripe.
@@ -155,7 +157,8 @@ class alignas(64) ChunkStripe {
 
 class ChunkStripes {
  public:
-  static constexpr size_t kStripes = 16;
+  // The fewest stripes (more where the machine has more CPUs).
+  static constexpr size_t kMinStripes = 16;
 
   // `classes` by the pool's class index (bin_chunks 0 for classes not
   // cached, and for indices that are no class).
@@ -166,7 +169,8 @@ class ChunkStripes {
   bool Caches(int class_index) const { return classes_[class_index].bin_chunks > 0; }
   const CachedClass& Class(int class_index) const { return classes_[class_index]; }
 
-  // The calling thread's stripe.
+  size_t count() const { return stripes_.size(); }
+  // The stripe of the CPU the calling thread runs on.
   ChunkStripe& Mine();
   ChunkStripe& Stripe(size_t i) { return *stripes_[i]; }
   const ChunkStripe& Stripe(size_t i) const { return *stripes_[i]; }
