@@ -128,6 +128,7 @@ class SlabPoolImpl final : public SlabPool {
     std::vector<std::pair<int, std::byte*>> chunks;
     for (size_t i = 0; i < stripes_.count(); ++i) {
       ChunkStripe& stripe = stripes_.Stripe(i);
+      if (stripe.SeemsEmpty()) continue;
       StripeLockHolder stripe_lock(&stripe.mu);
       chunks.clear();
       stripe.TakeAll(&chunks);

@@ -54,7 +54,7 @@ std::byte* ChunkStripe::Pop(int class_index) {
   if (bin.count == 0) return nullptr;
   std::byte* chunk = slots_[bin.first + --bin.count];
   bytes_ -= classes_[class_index].chunk_bytes;
-  --chunks_;
+  SetChunks(cached_chunks() - 1);
   return chunk;
 }
 
@@ -73,7 +73,7 @@ void ChunkStripe::Push(int class_index, std::byte* chunk) {
   Bin& bin = bins_[class_index];
   slots_[bin.first + bin.count++] = chunk;
   bytes_ += classes_[class_index].chunk_bytes;
-  ++chunks_;
+  SetChunks(cached_chunks() + 1);
 }
 
 void ChunkStripe::TakeOldest(int class_index, uint32_t n, std::vector<std::byte*>* out) {
@@ -84,10 +84,11 @@ void ChunkStripe::TakeOldest(int class_index, uint32_t n, std::vector<std::byte*
   std::memmove(slots, slots + taken, (bin.count - taken) * sizeof(std::byte*));
   bin.count -= taken;
   bytes_ -= taken * classes_[class_index].chunk_bytes;
-  chunks_ -= taken;
+  SetChunks(cached_chunks() - taken);
 }
 
 void ChunkStripe::TakeAll(std::vector<std::pair<int, std::byte*>>* out) {
+  if (cached_chunks() == 0) return;
   for (size_t i = 0; i < classes_.size(); ++i) {
     Bin& bin = bins_[i];
     for (uint32_t j = 0; j < bin.count; ++j) {
@@ -96,7 +97,7 @@ void ChunkStripe::TakeAll(std::vector<std::pair<int, std::byte*>>* out) {
     bin.count = 0;
   }
   bytes_ = 0;
-  chunks_ = 0;
+  SetChunks(0);
 }
 
 ChunkStripes::ChunkStripes(std::vector<CachedClass> classes, uint64_t stripe_bytes)

@@ -129,7 +129,14 @@ class alignas(64) ChunkStripe {
   void TakeAll(std::vector<std::pair<int, std::byte*>>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   uint64_t cached_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return bytes_; }
-  uint64_t cached_chunks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return chunks_; }
+  uint64_t cached_chunks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return chunks_.load(std::memory_order_relaxed);
+  }
+  // Whether the stripe held no chunk when last looked at, read without its
+  // lock: a flush skips such stripes instead of locking every one (a full
+  // pool's every failed Allocate flushes). A chunk parked at the same time
+  // may be missed, as it would be by a flush that took the lock just before.
+  bool SeemsEmpty() const { return chunks_.load(std::memory_order_relaxed) == 0; }
   uint64_t cached_chunks(int class_index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return bins_[class_index].count;
   }
@@ -152,7 +159,12 @@ class alignas(64) ChunkStripe {
   Bin* const bins_;
   std::byte** const slots_;
   uint64_t bytes_ ABSL_GUARDED_BY(mu) = 0;
-  uint64_t chunks_ ABSL_GUARDED_BY(mu) = 0;
+  // Written under mu only (SetChunks); atomic so that SeemsEmpty may read it
+  // without the lock.
+  std::atomic<uint64_t> chunks_{0};
+  void SetChunks(uint64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    chunks_.store(n, std::memory_order_relaxed);
+  }
 };
 
 class ChunkStripes {
