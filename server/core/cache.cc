@@ -427,7 +427,27 @@ EvictResult Cache::ClearModelLocked(ModelState& m, std::vector<BlockRef>* droppe
   return result;
 }
 
+namespace {
+
+// Returns the pool's per-CPU cached chunks to their spans when it leaves
+// scope. Declared before a bulk removal's `dropped`, it runs after they are
+// freed, so the spans they empty are released at once (and no longer
+// reported reserved) instead of staying held by chunks parked in the stripes.
+class FlushPoolCachesOnExit {
+ public:
+  explicit FlushPoolCachesOnExit(SlabPool* pool) : pool_(pool) {}
+  ~FlushPoolCachesOnExit() { pool_->FlushThreadCaches(); }
+  FlushPoolCachesOnExit(const FlushPoolCachesOnExit&) = delete;
+  FlushPoolCachesOnExit& operator=(const FlushPoolCachesOnExit&) = delete;
+
+ private:
+  SlabPool* const pool_;
+};
+
+}  // namespace
+
 absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
+  FlushPoolCachesOnExit flush(pool_.get());
   std::vector<BlockRef> dropped;
   WriteLock lock(this);
   auto state = FindModelLocked(model);
@@ -436,6 +456,7 @@ absl::StatusOr<EvictResult> Cache::EvictModel(const ModelKey& model) {
 }
 
 absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
+  FlushPoolCachesOnExit flush(pool_.get());
   // Released after the lock: payload references, leases, the model's state.
   std::vector<BlockRef> dropped;
   std::vector<Lease> released;

@@ -654,6 +654,25 @@ TEST_F(CacheTest, HintTtlExpiresBlocks) {
   EXPECT_EQ(StatsOf(Small()).blocks, 2u);
 }
 
+// Freed blocks of small classes park in the pool's per-CPU caches, each
+// keeping its span reserved; a bulk removal returns them, so a cache whose
+// models are gone reserves nothing (what the host tier reports as used).
+TEST_F(CacheTest, RemovingModelsLeavesNothingReservedInThePool) {
+  Register(Small());
+  Register(Mid());
+  for (uint32_t s = 0; s < 8; ++s) {
+    ASSERT_TRUE(Append(*cache_, Small(), Seq({100 * s + 1, 100 * s + 2, 100 * s + 3})).ok());
+    ASSERT_TRUE(Append(*cache_, Mid(), Seq({100 * s + 5, 100 * s + 6})).ok());
+  }
+  ASSERT_GT(cache_->GetStats().host_pool.reserved_bytes, 0u);
+  ASSERT_TRUE(cache_->EvictModel(Small().key).ok());
+  ASSERT_TRUE(cache_->UnregisterModel(Mid().key).ok());
+  const SlabPoolStats pool = cache_->GetStats().host_pool;
+  EXPECT_EQ(pool.allocated_bytes, 0u);
+  EXPECT_EQ(pool.cached_bytes, 0u);
+  EXPECT_EQ(pool.reserved_bytes, 0u);
+}
+
 // A begin and a commit that only read the index share the cache's lock; one
 // that meets an expired block takes it exclusively (only a writer removes
 // the block). Either way the answers are the same as before the lock was
