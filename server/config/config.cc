@@ -326,6 +326,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (host->compaction_max_bytes_per_pass() == 0) {
     host->set_compaction_max_bytes_per_pass(uint64_t{64} << 20);
   }
+  if (!host->has_thread_cache_bytes()) host->set_thread_cache_bytes(uint64_t{256} << 10);
 
   v1::SsdTierConfig* ssd = c->mutable_ssd_tier();
   if (ssd->capacity_bytes() == 0) ssd->set_capacity_bytes(uint64_t{16} << 30);
@@ -589,6 +590,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   }
   if (auto s = CheckRange("host_tier.compaction_max_bytes_per_pass",
                           h.compaction_max_bytes_per_pass(), 1, uint64_t{1} << 40);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s =
+          CheckRange("host_tier.thread_cache_bytes", h.thread_cache_bytes(), 0, uint64_t{16} << 20);
       !s.ok()) {
     return s;
   }

@@ -28,6 +28,7 @@ TEST(ConfigTest, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.listen().unix_socket(), "/tmp/kvcached.sock");
   EXPECT_EQ(c.host_tier().capacity_bytes(), uint64_t{1} << 30);
   EXPECT_EQ(c.host_tier().slab_bytes(), uint64_t{4} << 20);
+  EXPECT_EQ(c.host_tier().thread_cache_bytes(), uint64_t{256} << 10);
   EXPECT_EQ(c.limits().max_message_bytes(), uint64_t{64} << 20);
   EXPECT_EQ(c.drain_timeout_seconds(), 10u);
   EXPECT_EQ(c.limits().stream_idle_timeout_ms(), 30000u);
@@ -281,6 +282,9 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"pool compaction too often",
        [](auto& c) { c.mutable_host_tier()->set_compaction_interval_ms(5); },
        "host_tier.compaction_interval_ms"},
+      {"per-CPU pool caches above 16 MiB",
+       [](auto& c) { c.mutable_host_tier()->set_thread_cache_bytes((uint64_t{16} << 20) + 1); },
+       "host_tier.thread_cache_bytes"},
       {"pool compaction occupancy above 1",
        [](auto& c) { c.mutable_host_tier()->set_compaction_max_span_occupancy(1.5); },
        "host_tier.compaction_max_span_occupancy"},
@@ -522,6 +526,14 @@ TEST(ConfigTest, EvictionPolicyDefaultsAndExplicitZeros) {
   EXPECT_EQ(c->cache().eviction_policy(), "lru");
   EXPECT_EQ(c->cache().lru_k().correlated_period_ms(), 0u);
   EXPECT_EQ(c->cache().lru_k().retained_history(), 0u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
+TEST(ConfigTest, PoolThreadCachesDefaultOnAndTurnOffWithAnExplicitZero) {
+  EXPECT_EQ(DefaultConfig().host_tier().thread_cache_bytes(), uint64_t{256} << 10);
+  auto c = ParseConfigJson(R"({"host_tier": {"thread_cache_bytes": "0"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->host_tier().thread_cache_bytes(), 0u);
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 

@@ -342,6 +342,10 @@ void SlabPoolStats::VisitCounters(CounterVisitor& visitor) const {
        "Host pool memory page-locked with the GPU tier's device (gpu_tier.pin_host_memory)",
        CounterType::kGauge},
       pinned_bytes);
+  visitor.Visit({"kvcached_host_pool_cached_bytes",
+                 "Free host pool chunks parked in the per-CPU caches (their spans stay reserved)",
+                 CounterType::kGauge},
+                cached_bytes);
   visitor.Visit(
       {"kvcached_host_pool_pin_failures_total",
        "Host pool mappings the device refused to page-lock (used unpinned)", CounterType::kCounter},

@@ -46,7 +46,8 @@ std::unique_ptr<EvictionPolicy> EvictionPolicyFromConfig(const v1::CacheConfig& 
 SlabPoolOptions HostPoolOptionsFromConfig(const v1::HostTierConfig& host) {
   return {.capacity_bytes = host.capacity_bytes(),
           .slab_bytes = host.slab_bytes(),
-          .min_class_bytes = host.min_class_bytes()};
+          .min_class_bytes = host.min_class_bytes(),
+          .thread_cache_bytes = host.thread_cache_bytes()};
 }
 
 CacheOptions CacheOptionsFromConfig(const v1::ServerConfig& config) {

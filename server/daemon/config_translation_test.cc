@@ -61,10 +61,14 @@ TEST(ConfigTranslationTest, TheHostPoolIsTheHostTiers) {
   host.set_capacity_bytes(64 << 20);
   host.set_slab_bytes(2 << 20);
   host.set_min_class_bytes(4096);
+  host.set_thread_cache_bytes(0);
   const SlabPoolOptions o = HostPoolOptionsFromConfig(host);
   EXPECT_EQ(o.capacity_bytes, uint64_t{64} << 20);
   EXPECT_EQ(o.slab_bytes, uint64_t{2} << 20);
   EXPECT_EQ(o.min_class_bytes, 4096u);
+  EXPECT_EQ(o.thread_cache_bytes, 0u);
+  host.set_thread_cache_bytes(1 << 20);
+  EXPECT_EQ(HostPoolOptionsFromConfig(host).thread_cache_bytes, uint64_t{1} << 20);
 }
 
 }  // namespace
