@@ -58,14 +58,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-
-#if defined(__has_include) && __has_include(<sanitizer/asan_interface.h>)
-#include <sanitizer/asan_interface.h>  // no-op macros unless built with ASan
-#endif
-#ifndef ASAN_POISON_MEMORY_REGION
-#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#endif
+#include "server/common/asan_poison.h"
 
 namespace kvcache {
 namespace {

@@ -30,18 +30,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "server/common/asan_poison.h"
 #include "server/common/mutex.h"
 #include "server/common/status_macros.h"
 #include "server/core/slab_central.h"
 #include "server/core/slab_stripes.h"
-
-#if defined(__has_include) && __has_include(<sanitizer/asan_interface.h>)
-#include <sanitizer/asan_interface.h>  // no-op macros unless built with ASan
-#endif
-#ifndef ASAN_POISON_MEMORY_REGION
-#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#endif
 
 namespace kvcache {
 namespace {
