@@ -1,19 +1,25 @@
 // Cache::BeginAppend and AppendSession: the write path.
 //
 // Begin validates the request, merges its protected ranges and hashes the
-// blocks (no lock), then, holding the lock shared, matches the cached
-// prefix, pins (holds references to) every block already cached, so
-// capacity eviction cannot take the prefix the append extends, and claims
-// (claim_table.h) the new blocks no other append in flight is storing.
-// Write (no lock) allocates each block it stores when its first byte
-// arrives, copies, and hashes every block. Commit re-checks the path and
-// compares the blocks that were cached with what arrived; one that stores
-// nothing (every block cached or claimed by another append, no pins to
-// record) does so with the lock shared. Otherwise, holding it exclusively,
-// it also restores lossy blocks that match, inserts every new block or none,
-// and evicts to keep the pool's append staging free. A shared section that
-// meets an expired block on the path (only a writer removes it) is done
-// again exclusively.
+// blocks (no lock), then, holding the cache's lock and the model's
+// index_lock shared, matches the cached prefix, pins (holds references to)
+// every block already cached, so capacity eviction cannot take the prefix
+// the append extends, and claims (claim_table.h) the new blocks no other
+// append in flight is storing: blocks are added to the index only under
+// the index_lock held exclusively (or the cache's lock), so none appears
+// between finding it absent and claiming it. Write (no lock) allocates
+// each block it stores when its first byte arrives, copies, and hashes
+// every block. Commit re-checks the path and compares the blocks that were
+// cached with what arrived. One that stores nothing does so with both
+// locks shared; one that only adds blocks (no pins to record, no lossy
+// block to make exact) with the cache's lock shared and the index_lock
+// exclusively: it adds its blocks to the policy holding the touch
+// buffer's turn, and evicts for the budgets afterwards, exclusively, only
+// when they are passed (Cache::EnforceBudgets). Otherwise, holding the
+// cache's lock exclusively, it also records pins, restores lossy blocks
+// that match, inserts the new blocks, and evicts to keep the pool's
+// append staging free. A shared section that meets an expired block on the
+// path (only a writer removes it) is done again exclusively.
 #include <xxhash.h>
 
 #include <algorithm>
@@ -131,6 +137,9 @@ absl::StatusOr<std::unique_ptr<AppendSession>> Cache::BeginAppend(
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
     if ((*state)->layout != layout) return absl::AbortedError("the model was re-registered; retry");
+    // Shared: no commit adds to the index between finding a block absent
+    // and claiming it.
+    ReaderMutexLock index_lock(&(*state)->index_lock);
     std::vector<IndexNode*> path;
     if (MatchSharedLocked(**state, request.tokens, request.hashes, &path)) {
       return OpenAppendLocked(**state, std::move(request), path);
@@ -338,23 +347,28 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   if (!hints_.protected_ranges.empty()) {
     for (uint64_t i = 0; i < pins.size(); ++i) pins[i] = PinnedFlags(i);
   }
+  const absl::Time expires = hints_.ttl == absl::ZeroDuration()
+                                 ? absl::InfiniteFuture()
+                                 : cache_->clock_->Now() + hints_.ttl;
+  // Duplicates and replaced copies, and this commit's new blocks pinned
+  // until the budgets are enforced: let go of after the locks.
+  std::vector<BlockRef> unused;
+  std::vector<PinnedBlock> storing;
 
-  if (StoresNothing(pins)) {
-    // Every block is cached or being stored by another append, and no pins
-    // are to be recorded: the commit only reads the index, so it shares the
-    // lock (again exclusively when a block on the path has expired).
-    ReaderMutexLock lock(&cache_->mu_);
-    absl::StatusOr<ModelState*> state = FindModelOfSession();
-    if (!state.ok()) return Fail(state.status());
-    std::vector<IndexNode*> path;
-    if (cache_->MatchSharedLocked(**state, tokens.first((start_block_ + num_blocks_) * bt), hashes_,
-                                  &path)) {
-      return CommitDeduplicated(**state, path);
+  if (OnlyAddsBlocks(pins)) {
+    // Nothing to record on cached blocks, nothing to make exact: the commit
+    // shares the cache's lock and takes its model's (shared when it stores
+    // nothing, exclusively to add blocks), and goes on exclusively below
+    // only when a block on the path has expired or a cached block turned
+    // lossy meanwhile.
+    std::optional<absl::StatusOr<AppendResult>> shared = CommitShared(expires, &unused, &storing);
+    if (shared.has_value()) {
+      if (shared->ok() && shared->value().stored_blocks > 0) cache_->EnforceBudgets();
+      return *std::move(shared);
     }
   }
 
   AppendResult result;
-  std::vector<BlockRef> unused;  // duplicates and replaced copies; freed after the lock
   Cache::WriteLock lock(cache_);
   auto fail = [&](absl::Status status) {  // Fail() for when the lock is held
     unused.insert(unused.end(), std::make_move_iterator(new_blocks_.begin()),
@@ -372,9 +386,6 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   const uint64_t present = path.size();
   if (absl::Status s = CheckStillCached(present); !s.ok()) return fail(s);
   // Second pass: compare what is cached, insert what is missing.
-  const absl::Time expires = hints_.ttl == absl::ZeroDuration()
-                                 ? absl::InfiniteFuture()
-                                 : cache_->clock_->Now() + hints_.ttl;
   for (uint64_t i = 0; i < start_block_; ++i) {
     if (!pins[i].empty()) {
       std::vector<uint8_t>& have = path[i]->mutable_tokens_state().pinned;
@@ -384,73 +395,47 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     }
   }
   IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
-  // The blocks this commit stores (or makes exact again), pinned for the
-  // append until its budgets are enforced below, so that pass never evicts them.
-  std::vector<PinnedBlock> storing;
-  storing.reserve(num_blocks_);
-  for (uint64_t i = start_block_; i < start_block_ + num_blocks_; ++i) {
+  const uint64_t cached_end = std::min(present, start_block_ + num_blocks_);
+  for (uint64_t i = start_block_; i < cached_end; ++i) {
     const uint64_t j = i - start_block_;
     BlockRef& payload = new_blocks_[j];
-    if (i < present) {
-      IndexNode* cached = path[i];
-      const BlockSeal cached_seal = cached->seal();
-      if (CountCached(i, cached_seal, &result) && cached_seal.compressed && payload != nullptr) {
-        // The exact bytes of a block stored lossy: make it exact again (in
-        // host memory; a lossy copy in the lower tier is stale now).
-        const uint64_t old_size = cached_seal.size;
-        cache_->ForgetCompressionLocked(m, cached);
-        m.bytes = m.bytes - old_size + payload->size();
-        storing.emplace_back(payload, PinReason::kAppend);
-        if (cached->payload != nullptr) {
-          cache_->payload_bytes_ = cache_->payload_bytes_ - old_size + payload->size();
-          unused.push_back(std::exchange(cached->payload, std::move(payload)));
-          cache_->DropLowerCopyLocked(cached);
-        } else {
-          cache_->SetHostCopyLocked(cached, std::move(payload));
-          cache_->DropLowerCopyLocked(cached);
-        }
-        cache_->DropDeviceCopyLocked(cached, Cache::DeviceDrop::kRestored);
-        ++result.restored_blocks;
+    IndexNode* cached = path[i];
+    const BlockSeal cached_seal = cached->seal();
+    if (CountCached(i, cached_seal, &result) && cached_seal.compressed && payload != nullptr) {
+      // The exact bytes of a block stored lossy: make it exact again (in
+      // host memory; a lossy copy in the lower tier is stale now).
+      const uint64_t old_size = cached_seal.size;
+      cache_->ForgetCompressionLocked(m, cached);
+      m.bytes = m.bytes - old_size + payload->size();
+      storing.emplace_back(payload, PinReason::kAppend);
+      if (cached->payload != nullptr) {
+        cache_->payload_bytes_ += payload->size() - old_size;  // mod 2^64
+        unused.push_back(std::exchange(cached->payload, std::move(payload)));
+        cache_->DropLowerCopyLocked(cached);
+      } else {
+        cache_->SetHostCopyLocked(cached, std::move(payload));
+        cache_->DropLowerCopyLocked(cached);
       }
-      if (payload != nullptr) unused.push_back(std::move(payload));
-      // A worker's pins apply to the cached copy too.
-      if (!pins[i].empty()) {
-        std::vector<uint8_t>& have = cached->mutable_tokens_state().pinned;
-        if (have.empty()) have.assign(bt, 0);
-        for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
-        cache_->RecountMetadataLocked(cached);
-      }
-      node = cached;
-      continue;
+      cache_->DropDeviceCopyLocked(cached, Cache::DeviceDrop::kRestored);
+      ++result.restored_blocks;
     }
-    if (payload == nullptr) {  // another append in flight is storing it
-      result.pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - i);
-      break;
+    if (payload != nullptr) unused.push_back(std::move(payload));
+    // A worker's pins apply to the cached copy too.
+    if (!pins[i].empty()) {
+      std::vector<uint8_t>& have = cached->mutable_tokens_state().pinned;
+      if (have.empty()) have.assign(bt, 0);
+      for (uint32_t t = 0; t < bt; ++t) have[t] |= pins[i][t];
+      cache_->RecountMetadataLocked(cached);
     }
-    IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
-    if (child == nullptr) break;  // a token-hash collision: stop caching here
-    storing.emplace_back(payload, PinReason::kAppend);
-    child->expires = expires;
-    child->priority = hints_.priority;
-    child->workload = static_cast<uint8_t>(hints_.workload);
-    if (!novelty_[j].empty() || !pins[i].empty()) {
-      BlockTokenState& ts = child->mutable_tokens_state();
-      ts.novelty = std::move(novelty_[j]);
-      ts.pinned = std::move(pins[i]);
-    }
-    cache_->RecountMetadataLocked(child);
-    cache_->policy_->Insert(child);  // a new block is in host memory
-    ++result.stored_blocks;
-    result.stored_bytes += payload->size();
-    node = child;
+    node = cached;
   }
+  std::vector<IndexNode*> added;
+  node = AddNewBlocks(m, node, cached_end, expires, &pins, &added, &storing, &result);
+  for (IndexNode* n : added) cache_->policy_->Insert(n);  // a new block is in host memory
   // Touch the whole path leaf-first (a parent is never colder than its child).
   const absl::Time now = cache_->clock_->Now();
   for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->TouchLocked(n, now);
-  m.bytes += result.stored_bytes;
-  m.appended_blocks += result.stored_blocks;
   m.restored_blocks += result.restored_blocks;
-  cache_->payload_bytes_ += result.stored_bytes;
   // The new blocks are committed: their memory is no longer staging. Evict
   // what keeps the staging free (never this append's blocks: `storing` pins them).
   ReleaseClaimsAndStaging();
@@ -460,10 +445,102 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
   return Committed(m, node, std::move(result));
 }
 
-bool AppendSession::StoresNothing(const std::vector<std::vector<uint8_t>>& pins) const {
+std::optional<absl::StatusOr<AppendResult>> AppendSession::CommitShared(
+    absl::Time expires, std::vector<BlockRef>* unused, std::vector<PinnedBlock>* storing) {
+  const std::span<const Token> tokens =
+      std::span<const Token>(tokens_).first((start_block_ + num_blocks_) * layout_.block_tokens);
+  ReaderMutexLock lock(&cache_->mu_);
+  absl::StatusOr<ModelState*> state = FindModelOfSession();
+  if (!state.ok()) return Fail(state.status());
+  ModelState& m = **state;
+  std::vector<IndexNode*> path;
+  if (StoresNothing()) {
+    ReaderMutexLock index_lock(&m.index_lock);
+    if (!cache_->MatchSharedLocked(m, tokens, hashes_, &path)) return std::nullopt;
+    return CommitDeduplicated(m, path);
+  }
+  WriterMutexLock index_lock(&m.index_lock);
+  m.index.Match(tokens, hashes_, &path);
+  const absl::Time now = cache_->clock_->Now();
+  // Only a writer removes an expired block.
+  if (Cache::FirstExpired(path, now) != path.end()) return std::nullopt;
+  const uint64_t present = path.size();
+  if (absl::Status s = CheckStillCached(present); !s.ok()) {
+    unused->insert(unused->end(), std::make_move_iterator(new_blocks_.begin()),
+                   std::make_move_iterator(new_blocks_.end()));
+    return Fail(s);
+  }
+  const uint64_t cached_end = std::min(present, start_block_ + num_blocks_);
+  for (uint64_t i = start_block_; i < cached_end; ++i) {
+    // Bytes that would make a block stored lossy exact again: a writer's
+    // work (the block's copies change).
+    if (new_blocks_[i - start_block_] != nullptr && path[i]->seal().compressed) return std::nullopt;
+  }
+  AppendResult result;
+  IndexNode* node = start_block_ == 0 ? nullptr : path[start_block_ - 1];
+  for (uint64_t i = start_block_; i < cached_end; ++i) {
+    CountCached(i, path[i]->seal(), &result);
+    if (new_blocks_[i - start_block_] != nullptr) {
+      unused->push_back(std::move(new_blocks_[i - start_block_]));
+    }
+    node = path[i];
+  }
+  std::vector<IndexNode*> added;
+  node = AddNewBlocks(m, node, cached_end, expires, nullptr, &added, storing, &result);
+  cache_->InsertAndTouchShared(added, node, now);
+  ReleaseClaimsAndStaging();
+  new_blocks_.clear();
+  return Committed(m, node, std::move(result));
+}
+
+IndexNode* AppendSession::AddNewBlocks(ModelState& m, IndexNode* node, uint64_t from,
+                                       absl::Time expires, std::vector<std::vector<uint8_t>>* pins,
+                                       std::vector<IndexNode*>* added,
+                                       std::vector<PinnedBlock>* storing, AppendResult* result) {
+  const uint32_t bt = layout_.block_tokens;
+  const std::span<const Token> tokens(tokens_);
+  for (uint64_t i = from; i < start_block_ + num_blocks_; ++i) {
+    const uint64_t j = i - start_block_;
+    BlockRef& payload = new_blocks_[j];
+    if (payload == nullptr) {  // another append in flight is storing it
+      result->pending_blocks = static_cast<uint32_t>(start_block_ + num_blocks_ - i);
+      break;
+    }
+    IndexNode* child = m.index.AddChild(node, tokens.subspan(i * bt, bt), payload);
+    if (child == nullptr) break;  // a token-hash collision: stop caching here
+    storing->emplace_back(payload, PinReason::kAppend);
+    child->expires = expires;
+    child->priority = hints_.priority;
+    child->workload = static_cast<uint8_t>(hints_.workload);
+    const bool pinned = pins != nullptr && !(*pins)[i].empty();
+    if (!novelty_[j].empty() || pinned) {
+      BlockTokenState& ts = child->mutable_tokens_state();
+      ts.novelty = std::move(novelty_[j]);
+      if (pinned) ts.pinned = std::move((*pins)[i]);
+    }
+    cache_->RecountMetadataLocked(child);
+    added->push_back(child);
+    ++result->stored_blocks;
+    result->stored_bytes += payload->size();
+    node = child;
+  }
+  m.bytes += result->stored_bytes;
+  m.appended_blocks += result->stored_blocks;
+  cache_->payload_bytes_ += result->stored_bytes;
+  return node;
+}
+
+bool AppendSession::OnlyAddsBlocks(const std::vector<std::vector<uint8_t>>& pins) const {
   for (const std::vector<uint8_t>& p : pins) {
     if (!p.empty()) return false;
   }
+  for (BlockPlan p : plan_) {
+    if (p == BlockPlan::kRestore) return false;
+  }
+  return true;
+}
+
+bool AppendSession::StoresNothing() const {
   for (BlockPlan p : plan_) {
     if (p == BlockPlan::kStore || p == BlockPlan::kRestore) return false;
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -61,9 +62,33 @@ class AppendSession {
   // Gives back the claims and the staged pool memory this session holds
   // (needs no lock of the cache's).
   void ReleaseClaimsAndStaging();
-  // Whether Commit() would store nothing: every block cached or pending,
-  // and no pinned tokens (`pins`, per block) to record.
-  bool StoresNothing(const std::vector<std::vector<uint8_t>>& pins) const;
+  // Whether Commit() would store nothing: every block cached or pending.
+  bool StoresNothing() const;
+  // Whether Commit() would only add blocks to the index: no pinned tokens
+  // (`pins`, per block) to record, no lossy block to make exact.
+  bool OnlyAddsBlocks(const std::vector<std::vector<uint8_t>>& pins) const;
+  // Commit() of a session that only adds blocks, with the cache's lock
+  // shared and the model's index_lock shared (stores nothing) or exclusive.
+  // Nullopt, with nothing changed, when a block on the path has expired or
+  // a cached block turned lossy meanwhile (the caller commits exclusively).
+  // `expires` is the new blocks' expiry; the duplicates go to `unused` and
+  // the stored blocks' pins to `storing`, for the caller to let go of
+  // after the budgets are enforced.
+  std::optional<absl::StatusOr<AppendResult>> CommitShared(absl::Time expires,
+                                                           std::vector<BlockRef>* unused,
+                                                           std::vector<PinnedBlock>* storing)
+      ABSL_LOCKS_EXCLUDED(cache_->mu_);
+  // Adds the session's blocks from block `from` on under `node` (the last
+  // block of the path so far) to the model's index, with their hints and
+  // token state (`pins`, per block: moved from; null: none), up to the first
+  // block another append is storing; counts them in `result`, the model and
+  // the cache. Returns the path's new last block. The new nodes go to
+  // `added` (for the policy), their pins to `storing`. REQUIRES: the cache's
+  // lock exclusively, or shared with m.index_lock exclusively.
+  IndexNode* AddNewBlocks(ModelState& m, IndexNode* node, uint64_t from, absl::Time expires,
+                          std::vector<std::vector<uint8_t>>* pins, std::vector<IndexNode*>* added,
+                          std::vector<PinnedBlock>* storing, AppendResult* result)
+      ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
   // The session's model, ABORTED when it was registered anew meanwhile.
   absl::StatusOr<ModelState*> FindModelOfSession() const ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
   // ABORTED when a block the session found cached (or the prefix before

@@ -14,6 +14,8 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
              std::unique_ptr<EvictionPolicy> lower_policy, std::shared_ptr<DeviceTier> device)
     : options_(options),
       pool_(std::move(pool)),
+      pool_capacity_bytes_(pool_->GetStats().capacity_bytes),
+      eviction_batch_bytes_(pool_capacity_bytes_ / kEvictionBatchFraction),
       clock_(clock),
       lower_(std::move(lower)),
       device_(std::move(device)),
@@ -172,7 +174,7 @@ uint64_t Cache::NodeMetadataBytes(const IndexNode& node) {
 
 void Cache::RecountMetadataLocked(IndexNode* node) {
   const uint64_t now = NodeMetadataBytes(*node);
-  metadata_bytes_ = metadata_bytes_ - node->metadata_bytes + now;
+  metadata_bytes_.fetch_add(now - node->metadata_bytes, std::memory_order_relaxed);  // mod 2^64
   if (ModelState* owner = models_.OfIndex(node->index); owner != nullptr) {
     owner->metadata_bytes =
         owner->metadata_bytes - std::min(owner->metadata_bytes, node->metadata_bytes) + now;
@@ -219,6 +221,11 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   };
   const uint64_t target =
       pool.capacity_bytes - std::min(pool.capacity_bytes, staging == 0 ? 0 : staging);
+  // Once past the target, on into a batch below it (so EnforceBudgets finds
+  // the next commits within it and stays off the exclusive lock): while the
+  // batch has room for another block the size of the last one evicted.
+  const uint64_t batch_target = target - std::min(target, eviction_batch_bytes_);
+  size_t batch = 0;
   uint64_t evicted = 0;
   // Each namespace's metadata within its share first, from its own blocks.
   if (meta_cap != 0 && options_.namespace_share < 1.0) {
@@ -226,10 +233,18 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   }
   while (true) {
     // With a lower tier, room is made by demotion (Migrate, MakeRoomForSpace).
-    const bool for_space = staging != 0 && lower_ == nullptr && committed() > target;
+    bool for_space = false;
+    if (staging != 0 && lower_ == nullptr) {
+      const uint64_t held = committed();
+      const uint64_t last =
+          dropped->empty() || dropped->back() == nullptr ? 0 : dropped->back()->footprint();
+      for_space = held > target ||
+                  (batch > 0 && batch < kEvictionBatchBlocks && held >= batch_target + last);
+    }
     const bool for_metadata = meta_cap != 0 && MetadataBytesLocked() > meta_cap;
     if (!(for_space || for_metadata) || !EvictOneLocked(dropped)) break;
     ++evicted;
+    if (for_space) ++batch;
     ++(for_space ? capacity_evictions_ : metadata_evictions_);
   }
   return evicted;
@@ -286,6 +301,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const ModelKey& model, std::span<cons
     ReaderMutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
+    ReaderMutexLock index_lock(&(*state)->index_lock);
     if (MatchSharedLocked(**state, tokens, *hashes, &path)) {
       WithholdLossy(**state, accept_lossy, &path, &result);
       FillLookupResult(**state, tokens.size(), path, &result);
@@ -483,7 +499,38 @@ bool Cache::MakeRoomForSpace() {
   ExpireLeasesLocked(clock_->Now());
   if (!EvictOneLocked(&dropped)) return false;
   ++capacity_evictions_;
+  // Room for the appends that come next too, so that a full cache takes
+  // its lock exclusively once per batch of appends, not once per block.
+  uint64_t freed = 0, last = 0;
+  for (size_t counted = 0, evicted = 1;; ++evicted) {
+    for (; counted < dropped.size(); ++counted) {
+      const BlockRef& b = dropped[counted];
+      if (b == nullptr) continue;
+      last = b->footprint();
+      if (!b->pins().pinned()) freed += last;
+    }
+    if (evicted >= kEvictionBatchBlocks || freed + last > eviction_batch_bytes_) break;
+    if (!EvictOneLocked(&dropped)) break;
+    ++capacity_evictions_;
+  }
   return true;
+}
+
+void Cache::EnforceBudgets() {
+  const uint64_t staging = options_.append_staging_bytes;
+  const uint64_t meta_cap = options_.max_metadata_bytes;
+  bool over = false;
+  if (staging != 0 && lower_ == nullptr) {
+    over = CommittedHostBytes() > pool_capacity_bytes_ - std::min(pool_capacity_bytes_, staging);
+  }
+  if (!over && meta_cap != 0) {
+    ReaderMutexLock lock(&mu_);  // for the leases' metadata
+    over = MetadataBytesLocked() > meta_cap;
+  }
+  if (!over) return;
+  std::vector<BlockRef> dropped;  // freed after the lock is released
+  WriteLock lock(this);
+  EnforceBudgetsLocked(&dropped);
 }
 
 uint64_t Cache::NamespaceBytesLocked(const std::string& ns) const {

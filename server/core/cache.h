@@ -67,9 +67,15 @@
 // Lookup without a lease and the matching half of a fetch only read the
 // index and pin copies (atomic counts), and leave their blocks' touches in
 // a TouchBuffer that the next exclusive section applies before anything
-// else (touch_buffer.h), so hits of any models proceed side by side. Every
-// other operation, and a hit that meets an expired block or a full touch
-// buffer, takes the lock exclusively (WriteLock).
+// else (touch_buffer.h), so hits of any models proceed side by side.
+// Appends share it too: beginning one, and committing one that adds only
+// new blocks, take their model's own lock (ModelState::index_lock) beside
+// it, shared to read the model's index and exclusively to add to it, and
+// add the new blocks to the policy holding the touch buffer's turn. So
+// appends of different models store side by side. Every other operation
+// (leases, evictions, moves, restores, an append with pins or lossy
+// blocks to make exact), and a hit or commit that meets an expired block
+// or a full touch buffer, takes the lock exclusively (WriteLock).
 #ifndef KVCACHE_SERVER_CORE_CACHE_H_
 #define KVCACHE_SERVER_CORE_CACHE_H_
 
@@ -402,6 +408,16 @@ class Cache {
   // policies and the nodes' recency alone, and a writer, who does not,
   // holds mu_ exclusively and so never runs beside it.
   void ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // An append's commit with mu_ shared (and its model's index_lock held
+  // exclusively): adds `added`, the blocks it just put in the index, to
+  // the host policy and touches its path from `leaf` up, holding the touch
+  // buffer's turn (so, as for ApplyTouchShared, beside readers but never
+  // beside another reader changing the policy).
+  void InsertAndTouchShared(std::span<IndexNode* const> added, IndexNode* leaf, absl::Time at)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Its work, with the turn held.
+  void InsertAndTouchInTurn(std::span<IndexNode* const> added, IndexNode* leaf, absl::Time at)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
   // inspect (under the lock) into its vector (cache_inspection.cc).
@@ -506,7 +522,7 @@ class Cache {
   void ForgetNodeLocked(ModelState& state, IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Index metadata and lease token copies: what max_metadata_bytes bounds.
-  uint64_t MetadataBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  uint64_t MetadataBytesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return metadata_bytes_ + leases_.metadata_bytes();
   }
   // Undoes a compressed block's share of its model's compression stats.
@@ -631,8 +647,10 @@ class Cache {
   // coldest evictable leaves, or RESOURCE_EXHAUSTED when that is not enough.
   absl::Status MakeRoomInNamespace(const std::string& ns, uint64_t incoming);
   uint64_t NamespaceBytesLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps `node->metadata_bytes` and the cache's total in step with its size.
-  void RecountMetadataLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps `node->metadata_bytes` and the cache's total in step with its
+  // size. REQUIRES: mu_ exclusively, or shared with the node's model's
+  // index_lock held exclusively.
+  void RecountMetadataLocked(IndexNode* node) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   struct CompactionJob;
   // Installs the compressed copies of a pass whose blocks and policies did
   // not change meanwhile; drops blocks found corrupt.
@@ -640,8 +658,21 @@ class Cache {
                            std::vector<BlockRef>* dropped, CompactionResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room in the pool: demotes a block when there is a lower tier,
-  // else evicts one. False when nothing could be moved or evicted.
+  // else evicts a batch: one block, then more while the batch has room for
+  // another block the size of the last one (at most kEvictionBatchBlocks
+  // blocks, eviction_batch_bytes_ freed). False when nothing could be moved
+  // or evicted.
   bool MakeRoomForSpace();
+  // After a commit that stored blocks with the lock shared: evicts for the
+  // budgets (EnforceBudgetsLocked) under the lock held exclusively when the
+  // committed blocks or the metadata are past them; nothing otherwise.
+  void EnforceBudgets() ABSL_LOCKS_EXCLUDED(mu_);
+  // Evicting for space evicts in batches of at most kEvictionBatchBlocks
+  // blocks and 1/kEvictionBatchFraction of the capacity, so that a full
+  // cache takes its lock exclusively once per batch of appends; blocks too
+  // large for a batch are evicted one by one, as needed.
+  static constexpr size_t kEvictionBatchBlocks = 32;
+  static constexpr uint64_t kEvictionBatchFraction = 256;
 
   // A lease of `blocks` (the first matched_tokens of `tokens`), expiring
   // after `ttl` (zero: the default). RESOURCE_EXHAUSTED past max_leases or
@@ -673,6 +704,8 @@ class Cache {
 
   const CacheOptions options_;
   const std::unique_ptr<SlabPool> pool_;
+  const uint64_t pool_capacity_bytes_;
+  const uint64_t eviction_batch_bytes_;  // pool_capacity_bytes_ / kEvictionBatchFraction
   Clock* const clock_;
   const std::shared_ptr<Tier> lower_;         // null: one tier
   const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
@@ -692,8 +725,10 @@ class Cache {
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t quota_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejected_appends_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // payload bytes in the indexes
-  uint64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // index nodes (leases: leases_)
+  // Payload bytes in the indexes, and their nodes' metadata (leases':
+  // leases_). Atomic: commits of different models add to them with mu_ shared.
+  std::atomic<uint64_t> payload_bytes_{0};
+  std::atomic<uint64_t> metadata_bytes_{0};
   // Pool memory held by appends in flight (uncommitted blocks). Atomic: an
   // append counts each block it stages without taking mu_.
   std::atomic<uint64_t> staged_bytes_{0};

@@ -37,6 +37,7 @@ absl::StatusOr<Cache::MatchedFetch> Cache::MatchFetch(const ModelKey& model,
     ReaderMutexLock lock(&mu_);
     auto state = FindModelLocked(model);
     if (!state.ok()) return state.status();
+    ReaderMutexLock index_lock(&(*state)->index_lock);
     if (MatchSharedLocked(**state, tokens, *hashes, &path)) {
       return PinFetch(**state, path, accept_lossy, max_blocks);
     }

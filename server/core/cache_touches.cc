@@ -29,6 +29,28 @@ void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREA
   const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
 }
 
+void Cache::InsertAndTouchShared(std::span<IndexNode* const> added, IndexNode* leaf,
+                                 absl::Time at) {
+  touches_.InTurn(
+      [this](IndexNode* node, absl::Time when) {
+        mu_.AssertReaderHeld();  // the lambda runs under the lock
+        ApplyTouchShared(node, when);
+      },
+      [&] {
+        mu_.AssertReaderHeld();  // the lambda runs under the lock
+        InsertAndTouchInTurn(added, leaf, at);
+      });
+}
+
+void Cache::InsertAndTouchInTurn(std::span<IndexNode* const> added, IndexNode* leaf,
+                                 absl::Time at) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Changes the policies beside readers, as ApplyTouchShared does (see its
+  // declaration), holding the turn the touch buffer gives one at a time.
+  for (IndexNode* n : added) policy_->Insert(n);  // a new block is in host memory
+  // Leaf-first, so that a parent is never colder than its children.
+  for (IndexNode* n = leaf; n != nullptr; n = n->parent) TouchLocked(n, at);
+}
+
 std::vector<IndexNode*>::iterator Cache::FirstExpired(std::vector<IndexNode*>& path,
                                                       absl::Time now) {
   return std::find_if(path.begin(), path.end(), [now](const IndexNode* n) {

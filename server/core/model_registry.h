@@ -9,7 +9,9 @@
 // flight, a lease, a tier move outside the lock) can tell it is gone.
 //
 // Not thread-safe: the owning Cache serialises changes under its lock
-// (held exclusively) and reads under it held at least shared.
+// (held exclusively) and reads under it held at least shared. A model's
+// own state has a second lock, ModelState::index_lock, for the sections
+// that hold the cache's lock shared (see there).
 #ifndef KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
 #define KVCACHE_SERVER_CORE_MODEL_REGISTRY_H_
 
@@ -21,6 +23,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "server/common/shared_mutex.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/prefix_index.h"
@@ -42,6 +45,16 @@ struct ModelState {
   // Set by ModelRegistry::Add, unique over the daemon's life: tells a model
   // registered anew from the one it replaced (addresses can repeat).
   uint64_t incarnation = 0;
+  // The model's shard of the cache's lock. A section holding the cache's
+  // lock exclusively needs nothing more: no one else holds this one then.
+  // A section holding the cache's lock shared takes this one too, shared
+  // to read `index` (a hit, the start of an append, a commit that stores
+  // nothing) or exclusively to add blocks to it (a commit that stores new
+  // blocks; it also writes `bytes`, `metadata_bytes` and
+  // `appended_blocks`). So appends of different models store side by side,
+  // and a reader of a model never sees its index change under it. Order:
+  // the cache's lock, then this one, then the cache's touch buffer's turn.
+  mutable SharedMutex index_lock;
   PrefixIndex index;
   uint64_t bytes = 0;
   uint64_t metadata_bytes = 0;  // its index nodes' metadata (Cache::NodeMetadataBytes)

@@ -40,6 +40,12 @@ bool TouchBuffer::Use(std::span<IndexNode* const> path, absl::Time at, Apply app
   return true;
 }
 
+void TouchBuffer::InTurn(Apply apply, absl::FunctionRef<void()> change) {
+  MutexLock my_turn(&turn_);
+  DrainStripeOfThisThread(apply);
+  change();
+}
+
 void TouchBuffer::ApplyInTurn(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
   DrainStripeOfThisThread(apply);  // this thread's earlier uses first
   for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);

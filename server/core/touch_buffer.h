@@ -16,8 +16,8 @@
 //     go on).
 // And whenever a thread takes the lock exclusively, it applies every stripe
 // before it does anything else (Drain), so no eviction reads an order with
-// touches still pending. Readers holding the turn are the only readers that
-// change the policy, one at a time; a writer holds the lock exclusively and
+// touches still pending. Readers holding the turn (Use, InTurn) are the
+// only readers that change the policy, one at a time; a writer holds the lock exclusively and
 // so never runs beside them. A block is removed from the index only under
 // the exclusive lock, which begins with a Drain, so a recorded block is
 // still in the index when its touch is applied. This is Caffeine's read
@@ -77,6 +77,12 @@ class TouchBuffer {
   // trying to apply it (what Use does when the turn is taken); false, and
   // nothing recorded, when the stripe has no room for all of it.
   bool Record(std::span<IndexNode* const> path, absl::Time at);
+
+  // Waits for the turn, applies this thread's recorded touches through
+  // `apply`, then runs `change` holding the turn: for a reader that must
+  // change the policy itself beside other readers (an append's commit
+  // adding its new blocks to it, then touching its path).
+  void InTurn(Apply apply, absl::FunctionRef<void()> change);
 
   // Calls `apply` for every recorded touch (see the file comment for the
   // order) and empties the buffer.
