@@ -487,7 +487,8 @@ std::optional<absl::StatusOr<AppendResult>> AppendSession::CommitShared(
   }
   std::vector<IndexNode*> added;
   node = AddNewBlocks(m, node, cached_end, expires, nullptr, &added, storing, &result);
-  cache_->InsertAndTouchShared(added, node, now);
+  path.insert(path.end(), added.begin(), added.end());  // the path up to `node`
+  cache_->InsertAndTouchShared(added, path, now);
   ReleaseClaimsAndStaging();
   new_blocks_.clear();
   return Committed(m, node, std::move(result));

@@ -410,14 +410,14 @@ class Cache {
   void ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // An append's commit with mu_ shared (and its model's index_lock held
   // exclusively): adds `added`, the blocks it just put in the index, to
-  // the host policy and touches its path from `leaf` up, holding the touch
-  // buffer's turn (so, as for ApplyTouchShared, beside readers but never
-  // beside another reader changing the policy).
-  void InsertAndTouchShared(std::span<IndexNode* const> added, IndexNode* leaf, absl::Time at)
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Its work, with the turn held.
-  void InsertAndTouchInTurn(std::span<IndexNode* const> added, IndexNode* leaf, absl::Time at)
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // the host policy holding the touch buffer's turn (so, as for
+  // ApplyTouchShared, beside readers but never beside another reader
+  // changing the policy), then touches `path` (from the first block to the
+  // new leaf) as a hit does (TouchBuffer::Use).
+  void InsertAndTouchShared(std::span<IndexNode* const> added, std::span<IndexNode* const> path,
+                            absl::Time at) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Its insertion, with the turn held.
+  void InsertInTurn(std::span<IndexNode* const> added) ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
   // inspect (under the lock) into its vector (cache_inspection.cc).

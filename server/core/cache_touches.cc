@@ -29,26 +29,35 @@ void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREA
   const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
 }
 
-void Cache::InsertAndTouchShared(std::span<IndexNode* const> added, IndexNode* leaf,
-                                 absl::Time at) {
-  touches_.InTurn(
-      [this](IndexNode* node, absl::Time when) {
-        mu_.AssertReaderHeld();  // the lambda runs under the lock
-        ApplyTouchShared(node, when);
-      },
-      [&] {
-        mu_.AssertReaderHeld();  // the lambda runs under the lock
-        InsertAndTouchInTurn(added, leaf, at);
-      });
+void Cache::InsertAndTouchShared(std::span<IndexNode* const> added,
+                                 std::span<IndexNode* const> path, absl::Time at) {
+  auto apply = [this](IndexNode* node, absl::Time when) {
+    mu_.AssertReaderHeld();  // the lambda runs under the lock
+    ApplyTouchShared(node, when);
+  };
+  // Only the insertion waits for the turn (it cannot be recorded: a reader
+  // may record a touch of a new block as soon as the model's lock is let
+  // go). The path's touches, applied after it, are a hit's: applied now or
+  // recorded, and in either case applied before an exclusive section reads
+  // the order, so no parent is ever found colder than its new child.
+  if (!added.empty()) {
+    touches_.InTurn(apply, [&] {
+      mu_.AssertReaderHeld();  // the lambda runs under the lock
+      InsertInTurn(added);
+    });
+  }
+  if (!touches_.Use(path, at, apply)) {
+    touches_.InTurn(apply, [&] {
+      mu_.AssertReaderHeld();  // the lambda runs under the lock
+      for (auto it = path.rbegin(); it != path.rend(); ++it) ApplyTouchShared(*it, at);
+    });
+  }
 }
 
-void Cache::InsertAndTouchInTurn(std::span<IndexNode* const> added, IndexNode* leaf,
-                                 absl::Time at) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Changes the policies beside readers, as ApplyTouchShared does (see its
+void Cache::InsertInTurn(std::span<IndexNode* const> added) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Changes the policy beside readers, as ApplyTouchShared does (see its
   // declaration), holding the turn the touch buffer gives one at a time.
   for (IndexNode* n : added) policy_->Insert(n);  // a new block is in host memory
-  // Leaf-first, so that a parent is never colder than its children.
-  for (IndexNode* n = leaf; n != nullptr; n = n->parent) TouchLocked(n, at);
 }
 
 std::vector<IndexNode*>::iterator Cache::FirstExpired(std::vector<IndexNode*>& path,
