@@ -14,11 +14,6 @@ namespace {
 
 constexpr size_t kVerifyBatchBlocks = 64;
 
-double SecondsSince(absl::Time earlier, absl::Time now) {
-  if (earlier == absl::InfinitePast()) return 0;
-  return std::max(0.0, absl::ToDoubleSeconds(now - earlier));
-}
-
 // What is wrong with `bytes` as a copy sealed with `seal`; empty when nothing.
 std::string CheckCopy(const BlockSeal& seal, std::span<const std::byte> bytes, uint64_t raw_bytes) {
   if (bytes.size() != seal.size) {
@@ -433,7 +428,7 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
     const uint64_t base = out.tokens.size();  // this block's first token in the arrays
     out.tokens.insert(out.tokens.end(), b.tokens.begin(), b.tokens.end());
     const BlockTokenState& ts = b.state;
-    const double elapsed = SecondsSince(ts.activity_updated, now);
+    const double elapsed = ts.SecondsSinceActivity(now);
     for (uint32_t i = 0; i < bt; ++i) {
       const uint64_t t = base + i;
       if (ts.activity.size() == bt) {

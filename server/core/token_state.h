@@ -12,6 +12,7 @@
 #ifndef KVCACHE_SERVER_CORE_TOKEN_STATE_H_
 #define KVCACHE_SERVER_CORE_TOKEN_STATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +38,13 @@ struct BlockTokenState {
   uint32_t pruned_entries = 0;
   uint64_t bytes_saved = 0;  // pool memory the compressed copy freed
   bool compressed = false;   // the payload uses the compressed block format
+
+  // Seconds from activity_updated to `now`, never negative; 0 before the
+  // first report. What activity decays by.
+  double SecondsSinceActivity(absl::Time now) const {
+    if (activity_updated == absl::InfinitePast()) return 0;
+    return std::max(0.0, absl::ToDoubleSeconds(now - activity_updated));
+  }
 };
 
 }  // namespace kvcache

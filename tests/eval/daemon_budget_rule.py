@@ -1,9 +1,9 @@
 """A numpy replica of what kvcached's budget mode does to one sequence's KV.
 
 Contract. `budget_plan(cache, reports, policy, layout)` computes per block what the daemon's
-compaction (server/core/importance.cc, PlanBudget and Cache::Compact) decides and stores for a
-model in budget mode (docs/importance.md, "Budget mode"), and what a fetch with `accept_lossy`
-serves:
+compaction (server/core/importance_compaction.cc, PlanBudget and Cache::Compact) decides and
+stores for a model in budget mode (docs/importance.md, "Budget mode"), and what a fetch with
+`accept_lossy` serves:
 
 * scores per (layer, KV head, token) entry: ScoreTokens of the (layer, head)'s activity when the
   report had num_layers x num_kv_heads rows (each row scaled by its own largest unprotected mass,

@@ -1,5 +1,6 @@
 // kvcache-eval: the importance-aware policy, deciding exactly as kvcached's
-// daemon does (server/importance/scoring.h, server/core/importance.cc).
+// daemon does (server/importance/scoring.h, server/core/importance.cc and
+// importance_compaction.cc).
 //
 // Inputs, all from the past only:
 //   * activity: every `report_every` past queries form one attention report
