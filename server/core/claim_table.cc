@@ -5,10 +5,11 @@ namespace kvcache {
 std::vector<bool> ClaimTable::Claim(uint64_t incarnation, std::span<const uint64_t> keys,
                                     const std::vector<bool>& wanted, const void* owner) {
   std::vector<bool> held(keys.size(), false);
-  MutexLock lock(&mu_);
+  Shard& shard = ShardOf(incarnation);
+  MutexLock lock(&shard.mu);
   for (size_t j = 0; j < keys.size(); ++j) {
     if (!wanted[j]) continue;
-    auto [it, inserted] = claims_.try_emplace({incarnation, keys[j]}, owner);
+    auto [it, inserted] = shard.claims.try_emplace({incarnation, keys[j]}, owner);
     held[j] = inserted || it->second == owner;
   }
   return held;
@@ -16,17 +17,22 @@ std::vector<bool> ClaimTable::Claim(uint64_t incarnation, std::span<const uint64
 
 void ClaimTable::Release(uint64_t incarnation, std::span<const uint64_t> keys,
                          const std::vector<bool>& held, const void* owner) {
-  MutexLock lock(&mu_);
+  Shard& shard = ShardOf(incarnation);
+  MutexLock lock(&shard.mu);
   for (size_t j = 0; j < keys.size(); ++j) {
     if (!held[j]) continue;
-    auto it = claims_.find({incarnation, keys[j]});
-    if (it != claims_.end() && it->second == owner) claims_.erase(it);
+    auto it = shard.claims.find({incarnation, keys[j]});
+    if (it != shard.claims.end() && it->second == owner) shard.claims.erase(it);
   }
 }
 
 size_t ClaimTable::size() const {
-  MutexLock lock(&mu_);
-  return claims_.size();
+  size_t n = 0;
+  for (const Shard& shard : shards_) {
+    MutexLock lock(&shard.mu);
+    n += shard.claims.size();
+  }
+  return n;
 }
 
 }  // namespace kvcache
