@@ -174,12 +174,21 @@ class CacheTest : public ::testing::Test {
   void MakeCache(uint64_t slabs, const CacheOptions& options = {},
                  std::unique_ptr<EvictionPolicy> policy = nullptr) {
     cache_.reset();
-    auto pool = SlabPool::Create(
-        {.capacity_bytes = slabs * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
+    auto pool = SlabPool::Create({.capacity_bytes = slabs * kSlab,
+                                  .slab_bytes = kSlab,
+                                  .min_class_bytes = 64,
+                                  .thread_cache_bytes = pool_thread_cache_bytes_});
     ASSERT_TRUE(pool.ok()) << pool.status();
     if (policy == nullptr) policy = NewLruPolicy();
     cache_ = std::make_unique<Cache>(options, *std::move(pool), std::move(policy), &clock_);
   }
+
+  // The pool's per-CPU caches (SlabPoolOptions::thread_cache_bytes) for
+  // MakeCache. A test that expects chunks carved in order (exact spans)
+  // sets 0: a cache refills from the central lists in batches parked on
+  // the CPU the thread ran on, so a thread that moves to another CPU
+  // carves its next chunks from another span.
+  uint64_t pool_thread_cache_bytes_ = SlabPoolOptions{}.thread_cache_bytes;
 
   void Register(const TestModel& m) {
     auto r = cache_->RegisterModel(m.key, m.layout);

@@ -18,6 +18,9 @@ constexpr uint32_t kPerSlab = 128;
 
 class PoolCompactionTest : public CacheTest {
  protected:
+  // The tests expect exact spans (CacheTest::pool_thread_cache_bytes_).
+  PoolCompactionTest() { pool_thread_cache_bytes_ = 0; }
+
   // Stores blocks 0..255 (one per sequence: slab A holds 0..127, slab B
   // 128..255), then evicts all but every fourth block of A and all but the
   // even blocks of B. Returns the ids kept.
