@@ -13,9 +13,10 @@
 // cached with what arrived. One that stores nothing does so with both
 // locks shared; one that only adds blocks (no pins to record, no lossy
 // block to make exact) with the cache's lock shared and the index_lock
-// exclusively: it adds its blocks to the policy holding the touch
-// buffer's turn, and evicts for the budgets afterwards, exclusively, only
-// when they are passed (Cache::EnforceBudgets). Otherwise, holding the
+// exclusively: its path's touches, recorded or applied as a hit's, insert
+// its new blocks into the policy (Cache::TouchLocked), and it evicts for
+// the budgets afterwards, exclusively, only when they are passed
+// (Cache::EnforceBudgets). Otherwise, holding the
 // cache's lock exclusively, it also records pins, restores lossy blocks
 // that match, inserts the new blocks, and evicts to keep the pool's
 // append staging free. A shared section that meets an expired block on the
@@ -429,10 +430,9 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     }
     node = cached;
   }
-  std::vector<IndexNode*> added;
-  node = AddNewBlocks(m, node, cached_end, expires, &pins, &added, &storing, &result);
-  for (IndexNode* n : added) cache_->policy_->Insert(n);  // a new block is in host memory
-  // Touch the whole path leaf-first (a parent is never colder than its child).
+  node = AddNewBlocks(m, node, cached_end, expires, &pins, &path, &storing, &result);
+  // Touch the whole path leaf-first (a parent is never colder than its
+  // child); the first touch of a new block inserts it into the policy.
   const absl::Time now = cache_->clock_->Now();
   for (IndexNode* n = node; n != nullptr; n = n->parent) cache_->TouchLocked(n, now);
   m.restored_blocks += result.restored_blocks;
@@ -485,10 +485,8 @@ std::optional<absl::StatusOr<AppendResult>> AppendSession::CommitShared(
     }
     node = path[i];
   }
-  std::vector<IndexNode*> added;
-  node = AddNewBlocks(m, node, cached_end, expires, nullptr, &added, storing, &result);
-  path.insert(path.end(), added.begin(), added.end());  // the path up to `node`
-  cache_->InsertAndTouchShared(added, path, now);
+  node = AddNewBlocks(m, node, cached_end, expires, nullptr, &path, storing, &result);
+  cache_->TouchCommittedPath(path, now);  // the path up to `node`
   ReleaseClaimsAndStaging();
   new_blocks_.clear();
   return Committed(m, node, std::move(result));
@@ -496,7 +494,7 @@ std::optional<absl::StatusOr<AppendResult>> AppendSession::CommitShared(
 
 IndexNode* AppendSession::AddNewBlocks(ModelState& m, IndexNode* node, uint64_t from,
                                        absl::Time expires, std::vector<std::vector<uint8_t>>* pins,
-                                       std::vector<IndexNode*>* added,
+                                       std::vector<IndexNode*>* path,
                                        std::vector<PinnedBlock>* storing, AppendResult* result) {
   const uint32_t bt = layout_.block_tokens;
   const std::span<const Token> tokens(tokens_);
@@ -520,7 +518,7 @@ IndexNode* AppendSession::AddNewBlocks(ModelState& m, IndexNode* node, uint64_t 
       if (pinned) ts.pinned = std::move((*pins)[i]);
     }
     cache_->RecountMetadataLocked(child);
-    added->push_back(child);
+    path->push_back(child);
     ++result->stored_blocks;
     result->stored_bytes += payload->size();
     node = child;

@@ -82,11 +82,12 @@ class AppendSession {
   // block of the path so far) to the model's index, with their hints and
   // token state (`pins`, per block: moved from; null: none), up to the first
   // block another append is storing; counts them in `result`, the model and
-  // the cache. Returns the path's new last block. The new nodes go to
-  // `added` (for the policy), their pins to `storing`. REQUIRES: the cache's
-  // lock exclusively, or shared with m.index_lock exclusively.
+  // the cache. Returns the path's new last block. The new nodes are appended
+  // to `path` (the matched path, `from` blocks long), their pins to
+  // `storing`. REQUIRES: the cache's lock exclusively, or shared with
+  // m.index_lock exclusively.
   IndexNode* AddNewBlocks(ModelState& m, IndexNode* node, uint64_t from, absl::Time expires,
-                          std::vector<std::vector<uint8_t>>* pins, std::vector<IndexNode*>* added,
+                          std::vector<std::vector<uint8_t>>* pins, std::vector<IndexNode*>* path,
                           std::vector<PinnedBlock>* storing, AppendResult* result)
       ABSL_SHARED_LOCKS_REQUIRED(cache_->mu_);
   // The session's model, ABORTED when it was registered anew meanwhile.

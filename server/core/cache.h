@@ -70,8 +70,9 @@
 // else (touch_buffer.h), so hits of any models proceed side by side.
 // Appends share it too: beginning one, and committing one that adds only
 // new blocks, take their model's own lock (ModelState::index_lock) beside
-// it, shared to read the model's index and exclusively to add to it, and
-// add the new blocks to the policy holding the touch buffer's turn. So
+// it, shared to read the model's index and exclusively to add to it; a
+// commit's new blocks enter the policy with their first touch, which goes
+// through the TouchBuffer as a hit's does (IndexNode::in_policy). So
 // appends of different models store side by side. Every other operation
 // (leases, evictions, moves, restores, an append with pins or lossy
 // blocks to make exact), and a hit or commit that meets an expired block
@@ -409,15 +410,11 @@ class Cache {
   // holds mu_ exclusively and so never runs beside it.
   void ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // An append's commit with mu_ shared (and its model's index_lock held
-  // exclusively): adds `added`, the blocks it just put in the index, to
-  // the host policy holding the touch buffer's turn (so, as for
-  // ApplyTouchShared, beside readers but never beside another reader
-  // changing the policy), then touches `path` (from the first block to the
-  // new leaf) as a hit does (TouchBuffer::Use).
-  void InsertAndTouchShared(std::span<IndexNode* const> added, std::span<IndexNode* const> path,
-                            absl::Time at) ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Its insertion, with the turn held.
-  void InsertInTurn(std::span<IndexNode* const> added) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // exclusively): touches `path`, from the first block to the new leaf, as
+  // a hit does (TouchBuffer::Use: applied now or recorded); the first touch
+  // of each block it added inserts that block into the policy (TouchLocked).
+  void TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
   // inspect (under the lock) into its vector (cache_inspection.cc).
@@ -584,6 +581,9 @@ class Cache {
   EvictionPolicy* PolicyFor(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return node.payload != nullptr ? policy_.get() : lower_policy_.get();
   }
+  // A use of `node` at `now`: its place in its policy, last access and use
+  // count. Inserts it into the host policy when it is not tracked yet (a
+  // block a commit added with mu_ shared, IndexNode::in_policy).
   void TouchLocked(IndexNode* node, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `node`'s host copy (into `dropped`), leaving its lower copy.
   // REQUIRES: node->payload and node->lower set.

@@ -190,6 +190,7 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   // policy re-ranks it on Adopt); its last use counts from now.
   EvictionPolicy* policy = PolicyFor(*node);
   policy->Insert(node);
+  node->in_policy = true;
   std::copy(image.history_age_ms.begin(), image.history_age_ms.end(),
             node->policy_hook.history_age_ms);
   policy->Release(node);

@@ -29,35 +29,22 @@ void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREA
   const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
 }
 
-void Cache::InsertAndTouchShared(std::span<IndexNode* const> added,
-                                 std::span<IndexNode* const> path, absl::Time at) {
+void Cache::TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at) {
   auto apply = [this](IndexNode* node, absl::Time when) {
     mu_.AssertReaderHeld();  // the lambda runs under the lock
     ApplyTouchShared(node, when);
   };
-  // Only the insertion waits for the turn (it cannot be recorded: a reader
-  // may record a touch of a new block as soon as the model's lock is let
-  // go). The path's touches, applied after it, are a hit's: applied now or
-  // recorded, and in either case applied before an exclusive section reads
-  // the order, so no parent is ever found colder than its new child.
-  if (!added.empty()) {
-    touches_.InTurn(apply, [&] {
-      mu_.AssertReaderHeld();  // the lambda runs under the lock
-      InsertInTurn(added);
-    });
-  }
+  // The path's touches, the new blocks' insertions among them (TouchLocked),
+  // are a hit's: applied now or recorded, and in either case applied before
+  // an exclusive section reads the order or removes a block, so no parent is
+  // ever found colder than its new child and no block leaves the index
+  // untracked. Only a path longer than a stripe waits for the turn.
   if (!touches_.Use(path, at, apply)) {
     touches_.InTurn(apply, [&] {
       mu_.AssertReaderHeld();  // the lambda runs under the lock
       for (auto it = path.rbegin(); it != path.rend(); ++it) ApplyTouchShared(*it, at);
     });
   }
-}
-
-void Cache::InsertInTurn(std::span<IndexNode* const> added) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Changes the policy beside readers, as ApplyTouchShared does (see its
-  // declaration), holding the turn the touch buffer gives one at a time.
-  for (IndexNode* n : added) policy_->Insert(n);  // a new block is in host memory
 }
 
 std::vector<IndexNode*>::iterator Cache::FirstExpired(std::vector<IndexNode*>& path,
@@ -97,7 +84,15 @@ bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> to
 }
 
 void Cache::TouchLocked(IndexNode* node, absl::Time now) {
-  PolicyFor(*node)->Touch(node);
+  if (node->in_policy) {
+    PolicyFor(*node)->Touch(node);
+  } else {
+    // A new block's first touch is its insertion (it is in host memory):
+    // a commit that shares the lock leaves it to its path's touches, which
+    // may be recorded and applied later, even after a reader's touch.
+    policy_->Insert(node);
+    node->in_policy = true;
+  }
   // A touch recorded by a reader may be applied after a later one.
   node->last_access = std::max(node->last_access, now);
   if (node->references != UINT16_MAX) ++node->references;

@@ -108,6 +108,10 @@ struct IndexNode {
   uint64_t metadata_bytes = 0;
   int32_t priority = 0;
   uint8_t workload = 0;
+  // Whether the cache's eviction policy tracks the block yet (in the padding
+  // after workload). A commit that shares the cache's lock does not insert
+  // its new blocks itself: the first touch of each does (Cache::TouchLocked).
+  bool in_policy = false;
   // Lookups, fetches and appends that used the block (saturating); the lower
   // tier's admission gate reads it.
   uint16_t references = 0;
