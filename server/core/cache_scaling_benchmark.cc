@@ -130,6 +130,7 @@ void Run(benchmark::State& state, bool shared) {
   uint64_t turn = next_run.fetch_add(1) << 32;
   std::vector<Token> new_turn;
   uint64_t i = static_cast<uint64_t>(state.thread_index()) * 17;
+  uint64_t stored = 0;
   for (auto _ : state) {
     const std::vector<Token>* prompt = &prompts[i++ % prompts.size()];
     if (kind == 2) {
@@ -151,6 +152,7 @@ void Run(benchmark::State& state, bool shared) {
         state.SkipWithError("the append did not store what it should");
         break;
       }
+      stored += committed->stored_blocks;
       continue;
     }
     auto found = cache.Lookup(key, *prompt);
@@ -162,6 +164,11 @@ void Run(benchmark::State& state, bool shared) {
     benchmark::DoNotOptimize(plan->blocks.data());
   }
   state.SetItemsProcessed(state.iterations());
+  // Blocks a new turn stored on average: 1, more when prompts were evicted.
+  if (kind == 2) {
+    state.counters["stored_per_op"] =
+        benchmark::Counter(static_cast<double>(stored), benchmark::Counter::kAvgIterations);
+  }
 }
 
 void BM_OneCache(benchmark::State& state) { Run(state, /*shared=*/true); }
