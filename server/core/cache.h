@@ -671,7 +671,7 @@ class Cache {
   // blocks and 1/kEvictionBatchFraction of the capacity, so that a full
   // cache takes its lock exclusively once per batch of appends; blocks too
   // large for a batch are evicted one by one, as needed.
-  static constexpr size_t kEvictionBatchBlocks = 32;
+  static constexpr size_t kEvictionBatchBlocks = 256;
   static constexpr uint64_t kEvictionBatchFraction = 256;
 
   // A lease of `blocks` (the first matched_tokens of `tokens`), expiring
