@@ -18,6 +18,7 @@
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/restorer.h"
 #include "server/core/cache_test_util.h"
+#include "server/core/checkpoint_source.h"
 #include "server/core/memory_tier.h"
 
 namespace kvcache::checkpoint {
@@ -111,16 +112,16 @@ TEST_F(CheckpointCacheTest, ARestoredCacheHoldsEveryBlockAndItsState) {
 
   // The same images (before any fetch touches the blocks): tree, seals and the per-block state the
   // policies use.
-  const std::vector<ModelImage> before = source_->CaptureModels();
-  const std::vector<ModelImage> after = target->CaptureModels();
+  const std::vector<ModelImage> before = CheckpointSource(source_.get()).CaptureModels();
+  const std::vector<ModelImage> after = CheckpointSource(target.get()).CaptureModels();
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size(); ++i) {
     EXPECT_EQ(before[i].key, after[i].key);
     EXPECT_EQ(before[i].layout, after[i].layout);
     EXPECT_THAT(after[i].blocks, ::testing::UnorderedElementsAreArray(before[i].blocks));
     std::vector<BlockImage> a, b;
-    source_->CaptureBlocks(before[i].key, before[i].blocks, &a);
-    target->CaptureBlocks(after[i].key, before[i].blocks, &b);
+    CheckpointSource(source_.get()).CaptureBlocks(before[i].key, before[i].blocks, &a);
+    CheckpointSource(target.get()).CaptureBlocks(after[i].key, before[i].blocks, &b);
     ASSERT_EQ(a.size(), b.size());
     for (size_t j = 0; j < a.size(); ++j) {
       SCOPED_TRACE(j);
@@ -461,7 +462,7 @@ TEST_F(CheckpointCacheTest, AMalformedSummaryFallsBackToTheOneBefore) {
 
 std::vector<uint64_t> BlocksOf(Cache& cache) {
   std::vector<uint64_t> blocks;
-  for (const ModelImage& m : cache.CaptureModels()) {
+  for (const ModelImage& m : CheckpointSource(&cache).CaptureModels()) {
     blocks.insert(blocks.end(), m.blocks.begin(), m.blocks.end());
   }
   return blocks;

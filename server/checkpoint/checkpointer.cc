@@ -12,6 +12,7 @@
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/checkpoint/records.h"
 #include "server/common/token_bucket.h"
+#include "server/core/checkpoint_source.h"
 #include "spdlog/spdlog.h"
 
 namespace kvcache::checkpoint {
@@ -88,7 +89,8 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
   if (!writer.ok()) return writer.status();
   CheckpointWriter& w = **writer;
 
-  const std::vector<ModelImage> models = cache_->CaptureModels();
+  const CheckpointSource source(cache_);
+  const std::vector<ModelImage> models = source.CaptureModels();
   PayloadMap next;
   std::set<uint64_t> references;
   std::vector<v1::CheckpointLowerIndex::Entry> lower_entries;
@@ -117,7 +119,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
     for (size_t first = 0; first < model.blocks.size(); first += options_.batch_blocks) {
       const size_t n = std::min(options_.batch_blocks, model.blocks.size() - first);
       batch.clear();
-      run.gone_blocks += cache_->CaptureBlocks(
+      run.gone_blocks += source.CaptureBlocks(
           model.key, std::span<const uint64_t>(model.blocks).subspan(first, n), &batch);
       writer_bytes_.store(w.MemoryBytes(), std::memory_order_relaxed);
       uint64_t batch_payload_bytes = 0;  // as stored, for the pacing

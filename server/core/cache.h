@@ -25,10 +25,14 @@
 //                  the lower tier (SSD) past the host's high watermark
 //   CompactPool    one pass of host pool compaction: blocks in sparse spans
 //                  move to fuller ones so the pool can release the spans
-//   CaptureModels / CaptureBlocks / RestoreModel / RestoreBlock
-//                  the state a checkpoint records and a restart puts back
+//   RestoreModel / RestoreBlock
+//                  what a restart puts back of a checkpoint
 //   PlaceOnDevice  copies a prefix's blocks into the GPU tier and leases
 //                  them, so a same-host worker copies them device to device
+//
+// The cache's components work on it from outside, through CacheAccess
+// (cache_access.h), the one door to its lock and indexes: CacheInspector
+// (the operator's view) and CheckpointSource (what a checkpoint captures).
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -311,47 +315,10 @@ class Cache {
 
   CacheStats GetStats() const;
 
-  // The operator's view (cache_inspection.h, cache_inspection.cc).
-  // Reads back the chosen copies and checks each; NOT_FOUND for an unknown
-  // model, INVALID_ARGUMENT for a prefix without a model. Returns the totals
-  // with every bad block found. Stops early (the result not done) when
-  // on_progress returns false.
-  absl::StatusOr<VerifyProgress> VerifyBlocks(const VerifyOptions& options)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  MemorySnapshot SnapshotMemory(size_t max_leases = 1000) const ABSL_LOCKS_EXCLUDED(mu_);
-  // The cached prefix of `tokens`: NOT_FOUND for an unknown model; an empty
-  // inspection (matched_tokens 0) when nothing is cached.
-  absl::StatusOr<SequenceInspection> InspectSequence(const ModelKey& model,
-                                                     std::span<const Token> tokens,
-                                                     bool include_heads) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The same for the most used cached sequence that begins with the block of
-  // chain key `first_block_key` (at each block, the child used most; a block's
-  // uses count every use of the sequences below it).
-  absl::StatusOr<SequenceInspection> InspectHottestPath(const ModelKey& model,
-                                                        uint64_t first_block_key,
-                                                        bool include_heads) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The `limit` first blocks used most, each with the totals of the cached
-  // sequences below it (ties: the lower key first). Walks in steps
-  // (WalkModel), never holding the lock for more than kWalkStepNodes blocks.
-  std::vector<PrefixSummary> TopPrefixes(size_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Checkpoints and restart (block_image.h, server/checkpoint). A checkpoint
-  // takes CaptureModels() once, then CaptureBlocks() batch by batch (each
-  // under the lock briefly); a restart replays RestoreModel() and, parents
-  // first, RestoreBlock(), while the cache serves.
+  // Restart (block_image.h, server/checkpoint): a restore replays
+  // RestoreModel() and, parents first, RestoreBlock(), while the cache
+  // serves. (A checkpoint captures through CheckpointSource.)
   //
-  // Every model's registration and block hashes (parents first), each
-  // model's walked in steps (WalkModel).
-  std::vector<ModelImage> CaptureModels() const;
-  // Appends to `out` the images of the blocks of `model` among
-  // `lookup_hashes` that are still cached, in that order; returns how many
-  // were gone (evicted since CaptureModels, or the model was). Holds the
-  // lock once for the whole batch, then gives way (GiveWayAfterStep) before
-  // it returns, so batches taken back to back do not starve requests.
-  size_t CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
-                       std::vector<BlockImage>* out) const;
   // Registers the model of `image` (as RegisterModel) and, when it was not
   // registered yet, gives it the image's policy. ALREADY_EXISTS when it is
   // registered with another layout: its blocks are then not restored.
@@ -381,6 +348,9 @@ class Cache {
 
  private:
   friend class AppendSession;
+  // The door of the cache's components (CacheInspector, CheckpointSource):
+  // cache_access.h says what they may do through it.
+  friend class CacheAccess;
 
   static TieredBlock TakeBlock(const IndexNode& n, PinReason why) {
     return TieredBlock::Of(n, why);
@@ -415,13 +385,6 @@ class Cache {
   // of each block it added inserts that block into the policy (TouchLocked).
   void TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-
-  // InspectSequence and InspectHottestPath: `find_path` puts the blocks to
-  // inspect (under the lock) into its vector (cache_inspection.cc).
-  absl::StatusOr<SequenceInspection> InspectPath(
-      const ModelKey& model, bool include_heads,
-      absl::FunctionRef<void(const ModelState&, std::vector<IndexNode*>*)> find_path) const
-      ABSL_LOCKS_EXCLUDED(mu_);
 
   // What LoadLowerBlocks reads back, and into what.
   enum class LoadFor : uint8_t {
@@ -480,29 +443,6 @@ class Cache {
   // WithholdLossy), counting its hits and misses among `num_tokens` tokens.
   static void FillLookupResult(ModelState& state, size_t num_tokens,
                                const std::vector<IndexNode*>& path, LookupResult* result);
-  // Walks of a whole index, taken in steps (cache_walk.cc): what inspection,
-  // memory snapshots and checkpoints use, so that no request waits behind
-  // a walk of a million blocks. Which part of a model's index to walk:
-  struct WalkScope {
-    std::optional<uint64_t> top_lookup_hash;  // this block and those below it; unset: all
-    uint32_t max_depth = PrefixIndex::Cursor::kAllDepths;  // levels below the first
-  };
-  // Calls `visit` for the blocks of `model` in `scope`, parents first,
-  // taking the lock for at most kWalkStepNodes of them at a time (visit runs
-  // under the lock and must not add or remove nodes). A block added or
-  // removed meanwhile may or may not be visited. Returns true when the walk
-  // reached its end; false when `model` (or the scope's top block) was not
-  // there, or the model was removed or registered anew during the walk.
-  bool WalkModel(const ModelKey& model, const WalkScope& scope,
-                 absl::FunctionRef<void(const ModelState&, IndexNode*)> visit) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  static constexpr size_t kWalkStepNodes = 256;
-  // After a bulk step that took the lock at `step_start` and has let it go:
-  // waits as long as the step held it. A std::mutex hands nothing over, so
-  // a bulk caller that took it again at once would barge ahead of the
-  // requests woken to take it, step after step; waiting gives them the lock
-  // and bounds bulk work to half of it. Walks and CaptureBlocks call it.
-  static void GiveWayAfterStep(std::chrono::steady_clock::time_point step_start);
   // Removes the subtree at `node`; returns what it removed. Payload references
   // are moved to `dropped` so they are released after the lock.
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,

@@ -1,6 +1,6 @@
 // What the operator's tools read from a Cache (docs/operations.md): the
-// results of Cache::VerifyBlocks, SnapshotMemory, InspectSequence and
-// TopPrefixes (implemented in cache_inspection.cc).
+// results of CacheInspector's VerifyBlocks, SnapshotMemory, InspectSequence
+// and TopPrefixes (cache_inspector.h).
 //
 //   VerifyBlocks     reads stored copies back and checks each against its
 //                    seal (size, checksum) and, when compressed, its block

@@ -9,6 +9,7 @@
 
 #include "server/core/block_test_util.h"
 #include "server/core/cache.h"
+#include "server/core/cache_inspector.h"
 #include "server/core/cache_test_util.h"
 #include "server/core/memory_tier.h"
 
@@ -21,6 +22,8 @@ using ::testing::Eq;
 
 class CacheInspectionTest : public CacheTest {
  protected:
+  CacheInspector Inspector() const { return CacheInspector(cache_.get()); }
+
   // Sequence s: blocks s*100+1 .. s*100+blocks.
   static std::vector<Token> SequenceOf(uint32_t s, uint32_t blocks) {
     Ids ids;
@@ -42,7 +45,7 @@ class CacheInspectionTest : public CacheTest {
   }
   VerifyProgress Verify(VerifyOptions options) {
     options.max_bytes_per_second = 0;
-    absl::StatusOr<VerifyProgress> r = cache_->VerifyBlocks(options);
+    absl::StatusOr<VerifyProgress> r = Inspector().VerifyBlocks(options);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : VerifyProgress{};
   }
@@ -104,8 +107,8 @@ TEST_F(CacheInspectionTest, VerifyNarrowsToAModelOrAPrefix) {
   EXPECT_EQ(Verify({.ns = "other"}).blocks_total, 0u);
   EXPECT_EQ(Verify({.ns = "default"}).blocks_total, 8u);
 
-  EXPECT_EQ(CodeOf(cache_->VerifyBlocks({.model = kUnregistered})), kNotFound);
-  EXPECT_EQ(CodeOf(cache_->VerifyBlocks({.prefix = SequenceOf(0, 1)})), kInvalidArgument);
+  EXPECT_EQ(CodeOf(Inspector().VerifyBlocks({.model = kUnregistered})), kNotFound);
+  EXPECT_EQ(CodeOf(Inspector().VerifyBlocks({.prefix = SequenceOf(0, 1)})), kInvalidArgument);
 }
 
 TEST_F(CacheInspectionTest, VerifyReportsProgressAndStopsWhenTheCallerGoesAway) {
@@ -145,7 +148,7 @@ TEST_F(CacheInspectionTest, VerifyKeepsToItsRate) {
   AppendSequences(Mid(), 2, 4);
   const absl::Time start = absl::Now();
   absl::StatusOr<VerifyProgress> r =
-      cache_->VerifyBlocks({.max_bytes_per_second = 32 << 10});  // 16 KiB at 32 KiB/s
+      Inspector().VerifyBlocks({.max_bytes_per_second = 32 << 10});  // 16 KiB at 32 KiB/s
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->bytes_checked, 16u << 10);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
@@ -240,7 +243,7 @@ TEST_F(CompressedInspectionTest, InspectionShowsScoresProtectionAndPrecision) {
   Compress(CompressionMode::kQuantize);
 
   absl::StatusOr<SequenceInspection> r =
-      cache_->InspectSequence(Model().key, tokens_, /*include_heads=*/true);
+      Inspector().InspectSequence(Model().key, tokens_, /*include_heads=*/true);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->matched_tokens, 4 * kBt);
   EXPECT_EQ(r->tokens, tokens_);
@@ -279,7 +282,7 @@ TEST_F(CompressedInspectionTest, BudgetModeInspectionHasPerHeadMaps) {
       cache_->ReportAttention(Model().key, tokens_, lease->lease_id, attention, kLayers).ok());
   ASSERT_TRUE(cache_->ReleaseLease(lease->lease_id));  // leased blocks are not compressed
   Compress(CompressionMode::kBudget, 4);
-  absl::StatusOr<SequenceInspection> r = cache_->InspectSequence(Model().key, tokens_, true);
+  absl::StatusOr<SequenceInspection> r = Inspector().InspectSequence(Model().key, tokens_, true);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->blocks[1].format_version, 2u);
   ASSERT_EQ(r->head_activity.size(), kLayers * kHeads * 4 * kBt);
@@ -295,11 +298,11 @@ TEST_F(CacheInspectionTest, InspectingWhatIsNotCached) {
   Register(Small());
   AppendSequences(Small(), 1, 2);
   absl::StatusOr<SequenceInspection> r =
-      cache_->InspectSequence(Small().key, SequenceOf(5, 2), false);
+      Inspector().InspectSequence(Small().key, SequenceOf(5, 2), false);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->matched_tokens, 0u);
   EXPECT_TRUE(r->blocks.empty());
-  EXPECT_EQ(CodeOf(cache_->InspectSequence(kUnregistered, SequenceOf(0, 1), false)), kNotFound);
+  EXPECT_EQ(CodeOf(Inspector().InspectSequence(kUnregistered, SequenceOf(0, 1), false)), kNotFound);
 }
 
 TEST_F(CacheInspectionTest, PinnedTokensAreMarked) {
@@ -308,7 +311,7 @@ TEST_F(CacheInspectionTest, PinnedTokensAreMarked) {
   AppendHints hints;
   hints.protected_ranges = {{.begin = 20, .end = 24}};
   ASSERT_TRUE(Append(*cache_, Small(), tokens, 0, hints).ok());
-  absl::StatusOr<SequenceInspection> r = cache_->InspectSequence(Small().key, tokens, false);
+  absl::StatusOr<SequenceInspection> r = Inspector().InspectSequence(Small().key, tokens, false);
   ASSERT_TRUE(r.ok());
   std::vector<int> pinned;
   for (size_t t = 0; t < r->pinned.size(); ++t) {
@@ -327,14 +330,14 @@ TEST_F(CacheInspectionTest, TheHottestPathFollowsTheMostUsedBranch) {
   ASSERT_TRUE(Append(*cache_, Small(), b).ok());
   for (int i = 0; i < 3; ++i) Matched(Small(), a);
   absl::StatusOr<SequenceInspection> r =
-      cache_->InspectHottestPath(Small().key, PrefixKey(a, 0), false);
+      Inspector().InspectHottestPath(Small().key, PrefixKey(a, 0), false);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->tokens, a);
   for (int i = 0; i < 6; ++i) Matched(Small(), b);
-  r = cache_->InspectHottestPath(Small().key, PrefixKey(a, 0), false);
+  r = Inspector().InspectHottestPath(Small().key, PrefixKey(a, 0), false);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->tokens, b);
-  r = cache_->InspectHottestPath(Small().key, 12345, false);  // no such first block
+  r = Inspector().InspectHottestPath(Small().key, 12345, false);  // no such first block
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->matched_tokens, 0u);
 }
@@ -347,7 +350,7 @@ TEST_F(CacheInspectionTest, TopPrefixesRankSubtreesByUse) {
   ASSERT_TRUE(Append(*cache_, Small(), Seq({5})).ok());
   ASSERT_TRUE(Append(*cache_, Mid(), Seq({6, 7})).ok());
   for (int i = 0; i < 4; ++i) Matched(Mid(), Seq({6, 7}));
-  std::vector<PrefixSummary> top = cache_->TopPrefixes(2);
+  std::vector<PrefixSummary> top = Inspector().TopPrefixes(2);
   ASSERT_EQ(top.size(), 2u);
   EXPECT_EQ(top[0].model, Mid().key);
   EXPECT_EQ(top[0].blocks, 2u);
@@ -359,7 +362,7 @@ TEST_F(CacheInspectionTest, TopPrefixesRankSubtreesByUse) {
   EXPECT_EQ(top[1].depth, 3u);
   ASSERT_EQ(top[1].first_tokens.size(), 16u);
   EXPECT_EQ(top[1].first_tokens[0], 1024u);
-  EXPECT_EQ(cache_->TopPrefixes(10).size(), 3u);
+  EXPECT_EQ(Inspector().TopPrefixes(10).size(), 3u);
 }
 
 // ---- SnapshotMemory ----------------------------------------------------------
@@ -374,7 +377,7 @@ TEST_F(CacheInspectionTest, SnapshotCountsBlocksLeasesAndReaders) {
   auto plan = cache_->PrepareFetch(Small().key, SequenceOf(2, 2));  // a fetch in flight
   ASSERT_TRUE(plan.ok());
 
-  const MemorySnapshot s = cache_->SnapshotMemory();
+  const MemorySnapshot s = Inspector().SnapshotMemory();
   ASSERT_EQ(s.models.size(), 1u);
   const ModelMemory& m = s.models[0];
   EXPECT_EQ(m.host_blocks, 6u);
@@ -393,8 +396,8 @@ TEST_F(CacheInspectionTest, SnapshotCountsBlocksLeasesAndReaders) {
   EXPECT_EQ(s.taken - s.leases[0].created, absl::Seconds(2));
   EXPECT_FALSE(s.slab_classes.empty());
   EXPECT_EQ(s.stats.models.size(), 1u);
-  EXPECT_EQ(cache_->SnapshotMemory(0).leases.size(), 0u);
-  EXPECT_EQ(cache_->SnapshotMemory(0).leases_total, 1u);
+  EXPECT_EQ(Inspector().SnapshotMemory(0).leases.size(), 0u);
+  EXPECT_EQ(Inspector().SnapshotMemory(0).leases_total, 1u);
 }
 
 }  // namespace

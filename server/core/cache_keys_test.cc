@@ -7,6 +7,7 @@
 
 #include "absl/hash/hash.h"
 #include "server/core/cache_test_util.h"
+#include "server/core/checkpoint_source.h"
 
 namespace kvcache {
 namespace {
@@ -89,10 +90,10 @@ TEST_F(CacheKeysTest, RestoreRehashesImagesWrittenUnderOtherKeys) {
   const std::vector<std::vector<Token>> sequences = {Seq(Ids{1, 2, 3}), Seq(Ids{1, 2, 4}),
                                                      Seq(Ids{1, 5}), Seq(Ids{6, 7})};
   for (const auto& s : sequences) ASSERT_TRUE(Append(*source, m, s).ok());
-  const std::vector<ModelImage> models = source->CaptureModels();
+  const std::vector<ModelImage> models = CheckpointSource(source.get()).CaptureModels();
   ASSERT_EQ(models.size(), 1u);
   std::vector<BlockImage> images;
-  ASSERT_EQ(source->CaptureBlocks(m.key, models[0].blocks, &images), 0u);
+  ASSERT_EQ(CheckpointSource(source.get()).CaptureBlocks(m.key, models[0].blocks, &images), 0u);
   ASSERT_EQ(images.size(), 7u);
 
   std::unique_ptr<Cache> target = MakeCache(/*keyed=*/true);

@@ -1,6 +1,7 @@
 // Randomized and concurrent tests of the Cache: thousands of operations
 // checked against a reference model, and threads racing on shared prefixes
 // with every fetched byte verified.
+#include "server/core/cache_inspector.h"
 #include "server/core/cache_test_util.h"
 
 namespace kvcache {
@@ -282,7 +283,7 @@ TEST_F(CacheTest, ConcurrentHitsCountEveryUseOnce) {
     ASSERT_TRUE(Append(*cache_, m, seqs.back()).ok());
   }
   auto uses = [&](const std::vector<Token>& seq) -> uint64_t {
-    for (const PrefixSummary& p : cache_->TopPrefixes(10)) {
+    for (const PrefixSummary& p : CacheInspector(cache_.get()).TopPrefixes(10)) {
       if (p.key == PrefixKey(seq, 0)) return p.references;
     }
     return 0;

@@ -5,6 +5,7 @@
 // the wrong model or the wrong offset is caught.
 #include <tuple>
 
+#include "server/core/cache_inspector.h"
 #include "server/core/cache_test_util.h"
 #include "server/core/eviction_policy.h"
 
@@ -716,7 +717,7 @@ TEST_F(CacheTest, EveryHitCountsOnceWhetherItSharedTheLockOrNot) {
   ASSERT_TRUE(Append(*cache_, Small(), long_seq).ok());
   ASSERT_TRUE(Append(*cache_, Small(), short_seq).ok());
   auto uses = [&](const std::vector<Token>& seq) -> std::pair<uint64_t, absl::Time> {
-    for (const PrefixSummary& p : cache_->TopPrefixes(10)) {
+    for (const PrefixSummary& p : CacheInspector(cache_.get()).TopPrefixes(10)) {
       if (p.key == PrefixKey(seq, 0)) return {p.references, p.last_access};
     }
     ADD_FAILURE() << "not cached";

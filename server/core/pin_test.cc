@@ -3,6 +3,7 @@
 #include "server/core/pin.h"
 
 #include "server/core/block_test_util.h"
+#include "server/core/cache_inspector.h"
 #include "server/core/cache_test_util.h"
 
 namespace kvcache {
@@ -79,10 +80,10 @@ TEST_F(CacheTest, LeasesAndFetchesPinTheirBlocksUnderTheirReasons) {
   EXPECT_TRUE(first->pins().only(PinReason::kLease, 1));
 
   // Pinned: the memory view counts it.
-  EXPECT_EQ(cache_->SnapshotMemory().models.at(0).referenced_blocks, 2u);
+  EXPECT_EQ(CacheInspector(cache_.get()).SnapshotMemory().models.at(0).referenced_blocks, 2u);
   ASSERT_TRUE(cache_->ReleaseLease(leased->lease_id));
   EXPECT_FALSE(first->pins().pinned());
-  EXPECT_EQ(cache_->SnapshotMemory().models.at(0).referenced_blocks, 0u);
+  EXPECT_EQ(CacheInspector(cache_.get()).SnapshotMemory().models.at(0).referenced_blocks, 0u);
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // (CaptureModels, then CaptureBlocks batch by batch, as the Checkpointer
 // does), and the walks add under 1 ms to Lookup's p99 and never starve it
 // (p99.9 under 20 ms). Those walks take the cache's lock for a bounded step
-// at a time and then give way (Cache::WalkModel, GiveWayAfterStep): under one
+// at a time and then give way (CacheAccess::Walk, GiveWayAfterStep): under one
 // hold of the lock each would stall every request for tens of milliseconds,
 // and batches taken back to back without giving way starve lookups for as
 // long (a std::mutex lets the holder barge ahead of those it woke).
@@ -22,6 +22,8 @@
 
 #include "gtest/gtest.h"
 #include "server/core/cache.h"
+#include "server/core/cache_inspector.h"
+#include "server/core/checkpoint_source.h"
 #include "server/core/slab_pool.h"
 
 namespace kvcache {
@@ -80,8 +82,8 @@ TEST(WalkLatencyTest, WalksAddUnderOneMillisecondToLookupP99AndNeverStarveIt) {
   std::atomic<int> status_polls{0}, checkpoints{0};
   std::thread status([&] {
     while (!stop.load()) {
-      const std::vector<PrefixSummary> top = cache.TopPrefixes(20);
-      const MemorySnapshot memory = cache.SnapshotMemory();
+      const std::vector<PrefixSummary> top = CacheInspector(&cache).TopPrefixes(20);
+      const MemorySnapshot memory = CacheInspector(&cache).SnapshotMemory();
       EXPECT_EQ(top.size(), 20u);
       EXPECT_EQ(memory.models.size(), 1u);
       status_polls.fetch_add(1);
@@ -90,11 +92,11 @@ TEST(WalkLatencyTest, WalksAddUnderOneMillisecondToLookupP99AndNeverStarveIt) {
   std::thread checkpoint([&] {
     std::vector<BlockImage> batch;
     while (!stop.load()) {
-      for (const ModelImage& model : cache.CaptureModels()) {
+      for (const ModelImage& model : CheckpointSource(&cache).CaptureModels()) {
         EXPECT_EQ(model.blocks.size(), uint64_t{kSequences} * kSequenceBlocks);
         for (size_t first = 0; first < model.blocks.size(); first += 256) {
           batch.clear();
-          cache.CaptureBlocks(
+          CheckpointSource(&cache).CaptureBlocks(
               model.key,
               std::span<const uint64_t>(model.blocks)
                   .subspan(first, std::min<size_t>(256, model.blocks.size() - first)),

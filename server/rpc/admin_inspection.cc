@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/common/mutex.h"
+#include "server/core/cache_inspector.h"
 #include "server/frontdoor/call_log.h"
 #include "server/frontdoor/call_scope.h"
 #include "server/frontdoor/proto_convert.h"
@@ -66,7 +67,7 @@ class VerifyReactor final : public grpc::ServerWriteReactor<v1::VerifyBlocksProg
     };
     std::thread([state = state_, cache, observer, running, options = std::move(options), start,
                  request_id = std::move(request_id), model = std::move(model), peer = ctx->peer()] {
-      absl::StatusOr<VerifyProgress> r = cache->VerifyBlocks(options);
+      absl::StatusOr<VerifyProgress> r = CacheInspector(cache).VerifyBlocks(options);
       absl::Status status = r.status();
       if (r.ok() && !r->done) status = absl::CancelledError("the client went away");
       const absl::Duration latency = absl::Now() - start;
@@ -277,7 +278,7 @@ grpc::ServerUnaryReactor* AdminService::DumpMemory(grpc::CallbackServerContext* 
   const absl::Time start = absl::Now();
   absl::StatusOr<Caller> caller = AdmitCall(access_, *ctx, "DumpMemory");
   if (!caller.ok()) return FinishWith(ctx, "DumpMemory", start, caller.status());
-  const MemorySnapshot s = cache_->SnapshotMemory();
+  const MemorySnapshot s = CacheInspector(cache_).SnapshotMemory();
   response->set_taken_unix_ms(absl::ToUnixMillis(s.taken));
   FillStats(s.stats, response->mutable_stats());
   for (const ModelMemory& m : s.models) {
@@ -359,9 +360,10 @@ grpc::ServerUnaryReactor* AdminService::InspectSequence(grpc::CallbackServerCont
     absl::StatusOr<SequenceInspection> r;
     if (by_tokens) {
       const std::vector<Token> tokens(request->tokens().begin(), request->tokens().end());
-      r = cache_->InspectSequence(*key, tokens, request->include_heads());
+      r = CacheInspector(cache_).InspectSequence(*key, tokens, request->include_heads());
     } else {
-      r = cache_->InspectHottestPath(*key, request->first_block_key(), request->include_heads());
+      r = CacheInspector(cache_).InspectHottestPath(*key, request->first_block_key(),
+                                                    request->include_heads());
     }
     if (!r.ok()) return r.status();
     ToProto(*r, response);

@@ -5,12 +5,12 @@
 
 namespace kvcache {
 
-CacheStatusSource::CacheStatusSource(const Cache* cache, StatusIdentity identity,
-                                     std::string config_json,
+CacheStatusSource::CacheStatusSource(Cache* cache, StatusIdentity identity, std::string config_json,
                                      std::shared_ptr<const EventLog> events,
                                      std::function<CacheStats()> stats, Clock* clock,
                                      absl::Duration costly_walk)
     : cache_(cache),
+      inspector_(cache),
       identity_(std::move(identity)),
       config_json_(std::move(config_json)),
       events_(std::move(events)),
@@ -29,7 +29,7 @@ std::vector<PrefixSummary> CacheStatusSource::TopPrefixes(size_t limit) const {
   MutexLock lock(&top_mu_);  // one walk at a time; concurrent pollers share it
   const absl::Time now = clock_->Now();
   if (now - top_at_ >= kTopPrefixesRefresh || limit > top_limit_) {
-    std::vector<PrefixSummary> walked = cache_->TopPrefixes(limit);
+    std::vector<PrefixSummary> walked = inspector_.TopPrefixes(limit);
     const absl::Time done = clock_->Now();
     if (done - now < costly_walk_) {
       top_at_ = absl::InfinitePast();  // cheap: walk again next time
@@ -53,7 +53,7 @@ std::vector<LoggedMove> CacheStatusSource::RecentMoves() const {
 
 absl::StatusOr<SequenceInspection> CacheStatusSource::InspectPrefix(
     const ModelKey& model, uint64_t first_block_key) const {
-  return cache_->InspectHottestPath(model, first_block_key, /*include_heads=*/true);
+  return inspector_.InspectHottestPath(model, first_block_key, /*include_heads=*/true);
 }
 
 }  // namespace kvcache

@@ -21,6 +21,7 @@
 #include "server/common/clock.h"
 #include "server/common/mutex.h"
 #include "server/core/cache.h"
+#include "server/core/cache_inspector.h"
 #include "server/status/event_log.h"
 #include "server/status/status_page.h"
 
@@ -31,7 +32,7 @@ class CacheStatusSource final : public StatusSource {
   // `stats` is the snapshot the metrics read (the cache's with the daemon's
   // checkpoint counters); empty: cache->GetStats(). `events` may be null (no
   // recent events). REQUIRES: cache != nullptr.
-  CacheStatusSource(const Cache* cache, StatusIdentity identity, std::string config_json,
+  CacheStatusSource(Cache* cache, StatusIdentity identity, std::string config_json,
                     std::shared_ptr<const EventLog> events,
                     std::function<CacheStats()> stats = nullptr, Clock* clock = SystemClock::Get(),
                     absl::Duration costly_walk = absl::Milliseconds(1));
@@ -53,7 +54,8 @@ class CacheStatusSource final : public StatusSource {
                                                    uint64_t first_block_key) const override;
 
  private:
-  const Cache* const cache_;
+  Cache* const cache_;
+  const CacheInspector inspector_;
   const StatusIdentity identity_;
   const std::string config_json_;
   const std::shared_ptr<const EventLog> events_;

@@ -1,5 +1,8 @@
-// Cache: the operator's view (cache_inspection.h): verifying stored blocks,
-// memory snapshots, per-token inspection of a cached sequence, top prefixes.
+// CacheInspector: the operator's view (cache_inspector.h): verifying stored
+// blocks, memory snapshots, per-token inspection of a cached sequence, top
+// prefixes.
+#include "server/core/cache_inspector.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -54,13 +57,13 @@ StoredPrecision FromCodec(importance::TokenPrecision p) {
 
 // --- VerifyBlocks -------------------------------------------------------------
 
-absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options) {
+absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions& options) const {
   if (!options.prefix.empty() && !options.model.has_value()) {
     return absl::InvalidArgumentError("a prefix to verify needs its model");
   }
   std::optional<BlockHashes> prefix_hashes;
   if (!options.prefix.empty()) {
-    absl::StatusOr<BlockHashes> hashes = HashBlocks(*options.model, options.prefix);
+    absl::StatusOr<BlockHashes> hashes = access_.HashBlocks(*options.model, options.prefix);
     if (!hashes.ok()) return hashes.status();
     prefix_hashes = *std::move(hashes);
   }
@@ -74,7 +77,6 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
   VerifyProgress total;
   std::vector<ModelKey> walk;  // models whose every block is a target
   auto add = [&](const IndexNode* n) {
-    mu_.AssertHeld();
     const bool host = n->payload != nullptr;
     const bool lower = n->lower != nullptr && options.include_lower;
     if (!host && !lower) return;
@@ -89,9 +91,9 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
     }
   };
   {
-    WriteLock lock(this);
+    CacheAccess::Locked locked(access_);
     if (options.model.has_value()) {
-      absl::StatusOr<ModelState*> m = FindModelLocked(*options.model);
+      absl::StatusOr<const ModelState*> m = locked.FindModel(*options.model);
       if (!m.ok()) return m.status();
       if (prefix_hashes.has_value()) {
         std::vector<IndexNode*> path;
@@ -101,17 +103,18 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
         walk.push_back(*options.model);
       }
     } else {
-      for (const auto& [key, m] : models_) {
-        if (options.ns.empty() || key.ns == options.ns) walk.push_back(key);
-      }
+      locked.ForEachModel([&](const ModelState& m) {
+        if (options.ns.empty() || m.key.ns == options.ns) walk.push_back(m.key);
+      });
     }
   }
-  // Whole models are listed in steps (WalkModel), not under one hold, then
+  // Whole models are listed in steps (CacheAccess::Walk), not under one hold, then
   // children put before their parents: a bad child is dropped on its own
   // before a bad parent takes the rest of its subtree.
   for (const ModelKey& key : walk) {
     const size_t first = targets.size();
-    WalkModel(key, {}, [&](const ModelState&, IndexNode* n) { add(n); });
+    access_.Walk(key, {},
+                 [&](const CacheAccess::Held&, const ModelState&, const IndexNode& n) { add(&n); });
     std::reverse(targets.begin() + static_cast<ptrdiff_t>(first), targets.end());
   }
 
@@ -137,9 +140,9 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
     };
     std::vector<Claimed> batch;
     {
-      WriteLock lock(this);
+      CacheAccess::Locked locked(access_);
       for (size_t i = first; i < last; ++i) {
-        const ModelState* m = models_.OfIndex(targets[i].index);
+        const ModelState* m = locked.ModelOf(targets[i].index);
         const IndexNode* n =
             m == nullptr ? nullptr : targets[i].index->FindByLookupHash(targets[i].lookup_hash);
         if (n == nullptr) {
@@ -155,7 +158,7 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
     }
     for (Claimed& c : batch) {
       struct Finding {
-        const char* tier;
+        BlockTier tier;
         std::string problem;
       };
       std::vector<Finding> findings;
@@ -163,12 +166,12 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
         std::string problem = CheckCopy(c.move.host()->seal(), c.move.host()->data(), c.raw_bytes);
         ++total.blocks_checked;
         total.bytes_checked += c.move.host()->size();
-        if (!problem.empty()) findings.push_back({"host", std::move(problem)});
+        if (!problem.empty()) findings.push_back({BlockTier::kHost, std::move(problem)});
       }
-      if (c.check_lower && lower_ != nullptr) {
+      if (Tier* lower = access_.lower_tier(); c.check_lower && lower != nullptr) {
         const PinnedCopy& copy = c.move.lower();
         std::vector<std::byte> bytes(copy->seal().size);
-        const absl::Status read = lower_->Read(*copy, bytes);
+        const absl::Status read = lower->Read(*copy, bytes);
         std::string problem;
         if (!read.ok()) {
           problem = std::string(read.message());
@@ -177,36 +180,22 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
         }
         ++total.blocks_checked;
         total.bytes_checked += bytes.size();
-        if (!problem.empty()) findings.push_back({"ssd", std::move(problem)});
+        if (!problem.empty()) findings.push_back({BlockTier::kLower, std::move(problem)});
       }
       for (Finding& f : findings) {
         BadBlockReport bad{.model = c.model,
                            .key = c.move.key(),
                            .index = c.depth,
-                           .tier = f.tier,
+                           .tier = f.tier == BlockTier::kLower ? "ssd" : "host",
                            .problem = std::move(f.problem)};
         if (options.drop_bad) {
           std::vector<BlockRef> dropped;  // freed after the lock
-          WriteLock lock(this);
-          IndexNode* n = c.move.Refind(models_);
-          if (n != nullptr) {
-            ModelState& m = *models_.OfIndex(c.move.index());
-            ++m.corrupt_blocks;
-            const bool lower_only_bad = bad.tier == "ssd" && n->payload != nullptr;
-            if (lower_only_bad) {
-              if (n->lower == c.move.lower()) {
-                LogMoveLocked(*n, "ssd", "none", "verify", n->lower->seal().size);
-                ++tier_.checksum_failures;
-                DropLowerCopyLocked(n);
-                bad.dropped = true;
-              }
-            } else {
-              LogMoveLocked(*n, bad.tier == "ssd" ? "ssd" : "host", "none", "verify",
-                            n->seal().size);
-              const EvictResult removed = RemoveSubtreeLocked(m, n, &dropped);
-              total.dropped_blocks += removed.evicted_blocks;
-              bad.dropped = true;
-            }
+          CacheAccess::Locked locked(access_);
+          const std::optional<uint64_t> removed =
+              locked.DropCorrupt(c.move, f.tier, "verify", &dropped);
+          if (removed.has_value()) {
+            total.dropped_blocks += *removed;
+            bad.dropped = true;
           }
         }
         report.bad_blocks.push_back(bad);
@@ -237,19 +226,18 @@ absl::StatusOr<VerifyProgress> Cache::VerifyBlocks(const VerifyOptions& options)
 
 // --- SnapshotMemory -----------------------------------------------------------
 
-MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
+MemorySnapshot CacheInspector::SnapshotMemory(size_t max_leases) const {
   MemorySnapshot s;
-  s.stats = GetStats();
-  s.slab_classes = pool_->GetClassStats();
+  s.stats = access_.cache().GetStats();
+  s.slab_classes = access_.PoolClasses();
   // Blocks a lease holds, by lookup hash per index (a lease keeps no node pointers).
   absl::flat_hash_map<std::pair<const PrefixIndex*, uint64_t>, int> lease_blocks;
   std::vector<ModelKey> keys;
   {
-    WriteLock lock(this);
-    const absl::Time now = clock_->Now();
-    s.taken = now;
+    CacheAccess::Locked locked(access_);
+    s.taken = locked.Now();
     std::vector<LeaseSnapshot> leases;
-    leases_.ForEachWithId([&](uint64_t id, const Lease& l) {
+    locked.ForEachLease([&](uint64_t id, const Lease& l) {
       LeaseSnapshot& out = leases.emplace_back();
       out.id = id;
       out.model = l.model;
@@ -265,49 +253,50 @@ MemorySnapshot Cache::SnapshotMemory(size_t max_leases) const {
     });
     if (leases.size() > max_leases) leases.resize(max_leases);
     s.leases = std::move(leases);
-    leases_.ForEachWithId([&](uint64_t, const Lease& l) {
+    locked.ForEachLease([&](uint64_t, const Lease& l) {
       for (const TieredBlock& b : l.blocks) ++lease_blocks[{l.index, b.lookup_hash}];
     });
-    for (const auto& [key, m] : models_) keys.push_back(key);
+    locked.ForEachModel([&](const ModelState& m) { keys.push_back(m.key); });
   }
-  // Each model's blocks in steps (WalkModel), so that requests go on
+  // Each model's blocks in steps (CacheAccess::Walk), so that requests go on
   // between them; a model removed meanwhile is left out.
   for (const ModelKey& key : keys) {
     ModelMemory out;
     out.model = key;
-    const bool whole = WalkModel(key, {}, [&](const ModelState& m, IndexNode* n) {
-      mu_.AssertHeld();
-      const BlockTokenState& ts = n->tokens_state();
-      if (n->payload != nullptr) {
-        ++out.host_blocks;
-        out.host_bytes += n->payload->size();
-        // Pinned by a lease, a reader or a move.
-        if (n->payload->pins().pinned()) ++out.referenced_blocks;
-      }
-      for (size_t r = 0; r < kPinReasons; ++r) {
-        const auto reason = static_cast<PinReason>(r);
-        if ((n->payload != nullptr && n->payload->pins().of(reason) != 0) ||
-            (n->lower != nullptr && n->lower->pins().of(reason) != 0)) {
-          ++out.pinned_by[r];
-        }
-      }
-      if (n->lower != nullptr) {
-        ++out.lower_blocks;
-        out.lower_bytes += n->lower->seal().size;
-      }
-      if (device_copies_.Find(n) != nullptr) ++out.device_blocks;
-      if (!ts.compressed) {
-        ++out.raw_blocks;
-      } else if (ts.int8_entries + ts.int4_entries + ts.pruned_entries > 0) {
-        ++out.budget_blocks;
-      } else {
-        ++out.int8_blocks;
-      }
-      out.raw_bytes += m.layout.BlockBytes();
-      if (lease_blocks.contains({&m.index, n->lookup_hash})) ++out.leased_blocks;
-      for (uint8_t p : ts.pinned) out.pinned_tokens += p != 0 ? 1 : 0;
-      out.metadata_bytes += n->metadata_bytes;
-    });
+    const bool whole = access_.Walk(
+        key, {}, [&](const CacheAccess::Held& held, const ModelState& m, const IndexNode& node) {
+          const IndexNode* n = &node;
+          const BlockTokenState& ts = n->tokens_state();
+          if (n->payload != nullptr) {
+            ++out.host_blocks;
+            out.host_bytes += n->payload->size();
+            // Pinned by a lease, a reader or a move.
+            if (n->payload->pins().pinned()) ++out.referenced_blocks;
+          }
+          for (size_t r = 0; r < kPinReasons; ++r) {
+            const auto reason = static_cast<PinReason>(r);
+            if ((n->payload != nullptr && n->payload->pins().of(reason) != 0) ||
+                (n->lower != nullptr && n->lower->pins().of(reason) != 0)) {
+              ++out.pinned_by[r];
+            }
+          }
+          if (n->lower != nullptr) {
+            ++out.lower_blocks;
+            out.lower_bytes += n->lower->seal().size;
+          }
+          if (held.OnDevice(node)) ++out.device_blocks;
+          if (!ts.compressed) {
+            ++out.raw_blocks;
+          } else if (ts.int8_entries + ts.int4_entries + ts.pruned_entries > 0) {
+            ++out.budget_blocks;
+          } else {
+            ++out.int8_blocks;
+          }
+          out.raw_bytes += m.layout.BlockBytes();
+          if (lease_blocks.contains({&m.index, n->lookup_hash})) ++out.leased_blocks;
+          for (uint8_t p : ts.pinned) out.pinned_tokens += p != 0 ? 1 : 0;
+          out.metadata_bytes += n->metadata_bytes;
+        });
     if (whole) s.models.push_back(std::move(out));
   }
   return s;
@@ -331,19 +320,19 @@ struct PathBlock {
 
 }  // namespace
 
-absl::StatusOr<SequenceInspection> Cache::InspectSequence(const ModelKey& model,
-                                                          std::span<const Token> tokens,
-                                                          bool include_heads) const {
-  absl::StatusOr<BlockHashes> hashes = HashBlocks(model, tokens);
+absl::StatusOr<SequenceInspection> CacheInspector::InspectSequence(const ModelKey& model,
+                                                                   std::span<const Token> tokens,
+                                                                   bool include_heads) const {
+  absl::StatusOr<BlockHashes> hashes = access_.HashBlocks(model, tokens);
   if (!hashes.ok()) return hashes.status();
   return InspectPath(model, include_heads, [&](const ModelState& m, std::vector<IndexNode*>* path) {
     m.index.Match(tokens, *hashes, path);
   });
 }
 
-absl::StatusOr<SequenceInspection> Cache::InspectHottestPath(const ModelKey& model,
-                                                             uint64_t first_block_key,
-                                                             bool include_heads) const {
+absl::StatusOr<SequenceInspection> CacheInspector::InspectHottestPath(const ModelKey& model,
+                                                                      uint64_t first_block_key,
+                                                                      bool include_heads) const {
   return InspectPath(model, include_heads, [&](const ModelState& m, std::vector<IndexNode*>* path) {
     // Every use of a cached sequence uses each of its blocks, so a child's
     // own count is the uses of everything below it: follow the largest.
@@ -362,20 +351,20 @@ absl::StatusOr<SequenceInspection> Cache::InspectHottestPath(const ModelKey& mod
   });
 }
 
-absl::StatusOr<SequenceInspection> Cache::InspectPath(
+absl::StatusOr<SequenceInspection> CacheInspector::InspectPath(
     const ModelKey& model, bool include_heads,
     absl::FunctionRef<void(const ModelState&, std::vector<IndexNode*>*)> find_path) const {
   SequenceInspection out;
   std::vector<PathBlock> blocks;
   int64_t sequence_tokens = 0;
   absl::Time now;
-  double half_life = options_.importance.activity_half_life_seconds;
+  const double half_life = access_.options().importance.activity_half_life_seconds;
   {
-    WriteLock lock(this);
-    absl::StatusOr<ModelState*> found = FindModelLocked(model);
+    CacheAccess::Locked locked(access_);
+    absl::StatusOr<const ModelState*> found = locked.FindModel(model);
     if (!found.ok()) return found.status();
     const ModelState& m = **found;
-    now = clock_->Now();
+    now = locked.Now();
     out.layout = m.layout;
     out.policy = m.policy;
     out.attention_reports = m.attention_reports;
@@ -475,9 +464,9 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
     std::span<const std::byte> bytes;
     if (b.host != nullptr) {
       bytes = b.host->data();
-    } else if (lower_ != nullptr && b.lower != nullptr) {
+    } else if (Tier* lower = access_.lower_tier(); lower != nullptr && b.lower != nullptr) {
       read.resize(b.lower->seal().size);
-      if (!lower_->Read(*b.lower, read).ok()) continue;
+      if (!lower->Read(*b.lower, read).ok()) continue;
       bytes = read;
     }
     absl::StatusOr<importance::CompressedBlockView> view = importance::ParseCompressedBlock(bytes);
@@ -507,10 +496,10 @@ absl::StatusOr<SequenceInspection> Cache::InspectPath(
 
 // --- TopPrefixes --------------------------------------------------------------
 
-std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
+std::vector<PrefixSummary> CacheInspector::TopPrefixes(size_t limit) const {
   // Ranked by the first block's own uses: every use of a cached sequence uses
   // its first block, so that counts the whole subtree's. Both passes walk in
-  // steps (WalkModel): the first blocks of every model, keeping the `limit`
+  // steps (CacheAccess::Walk): the first blocks of every model, keeping the `limit`
   // used most, then the subtrees of those for their totals.
   struct First {
     size_t model;  // in `keys`
@@ -524,8 +513,8 @@ std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
   };
   std::vector<ModelKey> keys;
   {
-    WriteLock lock(this);
-    for (const auto& [key, m] : models_) keys.push_back(key);
+    CacheAccess::Locked locked(access_);
+    locked.ForEachModel([&](const ModelState& m) { keys.push_back(m.key); });
   }
   std::vector<First> firsts;
   auto keep_best = [&](size_t n) {
@@ -535,10 +524,11 @@ std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
     firsts.resize(n);
   };
   for (size_t i = 0; i < keys.size(); ++i) {
-    WalkModel(keys[i], {.max_depth = 0}, [&](const ModelState&, IndexNode* n) {
-      firsts.push_back({i, n->lookup_hash, n->key, n->references});
-      if (firsts.size() >= 2 * limit + 64) keep_best(limit);
-    });
+    access_.Walk(keys[i], {.max_depth = 0},
+                 [&](const CacheAccess::Held&, const ModelState&, const IndexNode& n) {
+                   firsts.push_back({i, n.lookup_hash, n.key, n.references});
+                   if (firsts.size() >= 2 * limit + 64) keep_best(limit);
+                 });
   }
   keep_best(limit);
   std::sort(firsts.begin(), firsts.end(), before);
@@ -550,8 +540,10 @@ std::vector<PrefixSummary> Cache::TopPrefixes(size_t limit) const {
     s.model = keys[f.model];
     s.key = f.key;
     s.references = f.references;
-    const bool whole = WalkModel(
-        keys[f.model], {.top_lookup_hash = f.lookup_hash}, [&](const ModelState&, IndexNode* n) {
+    const bool whole = access_.Walk(
+        keys[f.model], {.top_lookup_hash = f.lookup_hash},
+        [&](const CacheAccess::Held&, const ModelState&, const IndexNode& node) {
+          const IndexNode* n = &node;
           if (n->depth == 0) {
             const std::span<const Token> t = n->tokens();
             s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));

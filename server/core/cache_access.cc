@@ -1,0 +1,137 @@
+// CacheAccess: the cache's components' one door into it (cache_access.h).
+#include "server/core/cache_access.h"
+
+#include <memory>
+#include <thread>
+
+#include "server/core/cache.h"
+
+namespace kvcache {
+
+// --- Held ---------------------------------------------------------------------
+
+absl::StatusOr<const ModelState*> CacheAccess::Held::FindModel(const ModelKey& model) const {
+  cache_->mu_.AssertHeld();
+  absl::StatusOr<ModelState*> found = cache_->FindModelLocked(model);
+  if (!found.ok()) return found.status();
+  return *found;
+}
+
+const ModelState* CacheAccess::Held::ModelOf(const PrefixIndex* index) const {
+  cache_->mu_.AssertHeld();
+  return cache_->models_.OfIndex(index);
+}
+
+void CacheAccess::Held::ForEachModel(absl::FunctionRef<void(const ModelState& model)> visit) const {
+  cache_->mu_.AssertHeld();
+  for (const auto& [key, m] : cache_->models_) visit(*m);
+}
+
+absl::Time CacheAccess::Held::Now() const { return cache_->clock_->Now(); }
+
+bool CacheAccess::Held::OnDevice(const IndexNode& node) const {
+  cache_->mu_.AssertHeld();
+  return cache_->device_copies_.Find(&node) != nullptr;
+}
+
+void CacheAccess::Held::ForEachLease(
+    absl::FunctionRef<void(uint64_t id, const Lease& lease)> visit) const {
+  cache_->mu_.AssertHeld();
+  cache_->leases_.ForEachWithId(visit);
+}
+
+std::optional<uint64_t> CacheAccess::Held::DropCorrupt(const BlockMove& claimed, BlockTier level,
+                                                       const char* reason,
+                                                       std::vector<BlockRef>* dropped) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  IndexNode* n = claimed.Refind(c.models_);
+  if (n == nullptr) return std::nullopt;
+  ModelState& m = *c.models_.OfIndex(claimed.index());
+  ++m.corrupt_blocks;
+  if (level == BlockTier::kLower && n->payload != nullptr) {
+    // The host copy is good: the bad lower copy goes alone, if it is still
+    // the one checked.
+    if (n->lower != claimed.lower()) return std::nullopt;
+    c.LogMoveLocked(*n, "ssd", "none", reason, n->lower->seal().size);
+    ++c.tier_.checksum_failures;
+    c.DropLowerCopyLocked(n);
+    return 0;
+  }
+  c.LogMoveLocked(*n, level == BlockTier::kLower ? "ssd" : "host", "none", reason, n->seal().size);
+  return c.RemoveSubtreeLocked(m, n, dropped).evicted_blocks;
+}
+
+// --- Locked -------------------------------------------------------------------
+
+CacheAccess::Locked::Locked(const CacheAccess& access) ABSL_NO_THREAD_SAFETY_ANALYSIS
+    : Held(access.cache_) {
+  Cache& c = *access.cache_;
+  c.mu_.Lock();
+  c.ApplyTouchesLocked();  // as every exclusive section does (Cache::WriteLock)
+}
+
+CacheAccess::Locked::~Locked() ABSL_NO_THREAD_SAFETY_ANALYSIS { Held::cache_->mu_.Unlock(); }
+
+// --- Walks --------------------------------------------------------------------
+
+bool CacheAccess::Walk(
+    const ModelKey& model, const WalkScope& scope,
+    absl::FunctionRef<void(const Held&, const ModelState&, const IndexNode&)> visit) const {
+  // The cursor is created, stepped and destroyed under the lock only; the
+  // index tells it of every removal in between, and detaches it when the
+  // model goes.
+  std::unique_ptr<PrefixIndex::Cursor> cursor;
+  {
+    Locked locked(*this);
+    cache_->mu_.AssertHeld();
+    const ModelState* m = cache_->models_.Find(model);
+    if (m == nullptr) return false;
+    const IndexNode* top = nullptr;
+    if (scope.top_lookup_hash.has_value()) {
+      top = m->index.FindByLookupHash(*scope.top_lookup_hash);
+      if (top == nullptr) return false;
+    }
+    cursor = std::make_unique<PrefixIndex::Cursor>(&m->index, top, scope.max_depth);
+  }
+  while (true) {
+    const auto start = std::chrono::steady_clock::now();
+    {
+      Locked locked(*this);
+      cache_->mu_.AssertHeld();
+      const ModelState* m = cache_->models_.Find(model);
+      // Gone, or registered anew (a new index): the walk ends short.
+      if (m == nullptr || cursor->index() != &m->index) {
+        cursor.reset();
+        return false;
+      }
+      cursor->Step(kWalkStepNodes, [&](IndexNode* n) { visit(locked, *m, *n); });
+      if (cursor->done()) {
+        cursor.reset();
+        return true;
+      }
+    }
+    GiveWayAfterStep(start);
+  }
+}
+
+void CacheAccess::GiveWayAfterStep(std::chrono::steady_clock::time_point step_start) {
+  std::this_thread::sleep_for(std::chrono::steady_clock::now() - step_start);
+}
+
+// --- Without the lock -----------------------------------------------------------
+
+absl::StatusOr<BlockHashes> CacheAccess::HashBlocks(const ModelKey& model,
+                                                    std::span<const Token> tokens) const {
+  return cache_->HashBlocks(model, tokens);
+}
+
+Tier* CacheAccess::lower_tier() const { return cache_->lower_.get(); }
+
+std::vector<SlabClassStats> CacheAccess::PoolClasses() const {
+  return cache_->pool_->GetClassStats();
+}
+
+const CacheOptions& CacheAccess::options() const { return cache_->options_; }
+
+}  // namespace kvcache

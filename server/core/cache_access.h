@@ -1,0 +1,147 @@
+// CacheAccess: what the cache's components see of it. The operator's view
+// (CacheInspector) and checkpoint capture (CheckpointSource) work on the
+// cache's indexes from outside Cache; this class is the one door they take,
+// and Cache keeps its lock, registry, leases and tiers private to everyone
+// else. It offers:
+//
+//   Walk      a model's blocks, parents first, in steps of kWalkStepNodes
+//             blocks under the lock, giving way between steps
+//   Locked    a hold of the cache's lock (exclusive, pending touches
+//             applied first) and, through it, the reads and the one repair
+//             (DropCorrupt) a component may make while it holds the lock
+//   HashBlocks, ListModels, lower_tier, options, GiveWayAfterStep
+//             what a component needs of the cache without the lock
+//
+// A component copies what it needs under the lock and does its slow work
+// (hashing, reading the lower tier, scoring) after it, as the cache does.
+// Anything that holds a copy past the lock pins it first (a BlockMove claim,
+// a PinnedBlock): the lock keeps nothing alive once it is let go.
+//
+// Thread-safety: a CacheAccess is a pointer and is safe to use from any
+// thread; `Held` and `Locked` belong to the thread that holds the lock.
+#ifndef KVCACHE_SERVER_CORE_CACHE_ACCESS_H_
+#define KVCACHE_SERVER_CORE_CACHE_ACCESS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/block.h"
+#include "server/core/block_hasher.h"
+#include "server/core/block_move.h"
+#include "server/core/cache_types.h"
+#include "server/core/layout.h"
+#include "server/core/lease_table.h"
+#include "server/core/model_registry.h"
+#include "server/core/prefix_index.h"
+#include "server/core/slab_pool.h"
+#include "server/core/tier.h"
+
+namespace kvcache {
+
+class Cache;
+
+class CacheAccess {
+ public:
+  // REQUIRES: `cache` outlives this and everything taken through it.
+  explicit CacheAccess(Cache* cache) : cache_(cache) {}
+
+  // The reads and the repair a component may make while it holds the
+  // cache's lock (exclusively). Valid only for that hold: a Walk's visitor
+  // gets one for its step; a Locked is one for its scope.
+  class Held {
+   public:
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+
+    // The registered model `model`; NOT_FOUND (naming it) when it is not.
+    absl::StatusOr<const ModelState*> FindModel(const ModelKey& model) const;
+    // The model whose index is `index`; null once it was removed.
+    const ModelState* ModelOf(const PrefixIndex* index) const;
+    // Calls `visit` for every registered model, in the registry's order.
+    void ForEachModel(absl::FunctionRef<void(const ModelState& model)> visit) const;
+    // The cache's clock, read now.
+    absl::Time Now() const;
+    // Whether the GPU tier holds a copy of `node`.
+    bool OnDevice(const IndexNode& node) const;
+    // Every live lease, with its id.
+    void ForEachLease(absl::FunctionRef<void(uint64_t id, const Lease& lease)> visit) const;
+
+    // The copy at `level` of the block `claimed` claimed failed a check
+    // (its checksum, its format): removes it, provided the block is still
+    // the one claimed. A bad lower copy of a block that has a host copy too
+    // goes alone (and only if it is still the copy claimed); any other bad
+    // copy takes the block and every block below it out of the index. The
+    // block counts in its model's corrupt_blocks whenever it is found.
+    // Returns the blocks removed from the index (0: the lower copy alone),
+    // or nullopt when nothing was dropped (gone, changed meanwhile).
+    // References to dropped host copies go to `dropped`, to be released
+    // after the lock. `reason` names the check in the move log.
+    std::optional<uint64_t> DropCorrupt(const BlockMove& claimed, BlockTier level,
+                                        const char* reason, std::vector<BlockRef>* dropped) const;
+
+   protected:
+    explicit Held(Cache* cache) : cache_(cache) {}
+
+   private:
+    friend class CacheAccess;
+    Cache* const cache_;
+  };
+
+  // Holds the cache's lock exclusively for its scope, having applied the
+  // touches readers left (as every exclusive section of the cache does).
+  // Not annotated for the thread-safety analysis: a component names none of
+  // the cache's guarded members, and each of Held's methods asserts the
+  // lock is held by the calling thread (SharedMutex::AssertHeld checks it).
+  class Locked : public Held {
+   public:
+    explicit Locked(const CacheAccess& access);
+    ~Locked();
+  };
+
+  // Which part of a model's index a walk covers.
+  struct WalkScope {
+    std::optional<uint64_t> top_lookup_hash;  // this block and those below it; unset: all
+    uint32_t max_depth = PrefixIndex::Cursor::kAllDepths;  // levels below the first
+  };
+  // Calls `visit` for the blocks of `model` in `scope`, parents first,
+  // holding the lock for at most kWalkStepNodes of them at a time (visit
+  // runs under it and must not add or remove blocks), and giving way
+  // between steps (GiveWayAfterStep). A block added or removed meanwhile
+  // may or may not be visited. Returns true when the walk reached its end;
+  // false when `model` (or the scope's top block) was not there, or the
+  // model was removed or registered anew during the walk.
+  bool Walk(const ModelKey& model, const WalkScope& scope,
+            absl::FunctionRef<void(const Held&, const ModelState&, const IndexNode&)> visit) const;
+  static constexpr size_t kWalkStepNodes = 256;
+
+  // After a bulk step that took the lock at `step_start` and has let it go:
+  // waits as long as the step held it. A mutex hands nothing over, so a
+  // bulk caller that took it again at once would barge ahead of the
+  // requests woken to take it, step after step; waiting gives them the lock
+  // and bounds bulk work to half of it.
+  static void GiveWayAfterStep(std::chrono::steady_clock::time_point step_start);
+
+  // The lookup and chain hashes of `tokens`' whole blocks under `model`'s
+  // hasher; NOT_FOUND for an unknown model.
+  absl::StatusOr<BlockHashes> HashBlocks(const ModelKey& model,
+                                         std::span<const Token> tokens) const;
+  // The lower tier (null: none), to read lower copies back.
+  Tier* lower_tier() const;
+  // The host pool's size classes, smallest first.
+  std::vector<SlabClassStats> PoolClasses() const;
+  const CacheOptions& options() const;
+  Cache& cache() const { return *cache_; }
+
+ private:
+  Cache* const cache_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_CORE_CACHE_ACCESS_H_
