@@ -497,9 +497,9 @@ CacheStats Cache::GetStats() const {
   stats.quota_evictions = quota_evictions_;
   stats.namespace_metadata_evictions = namespace_metadata_evictions_;
   stats.rejected_appends = rejected_appends_;
-  stats.scores = score_histogram_;
-  stats.compaction_passes = compaction_passes_;
-  stats.pool_compaction = pool_compaction_;
+  stats.scores = compactor_.scores;
+  stats.compaction_passes = compactor_.passes;
+  stats.pool_compaction = compactor_.pool;
   stats.conflicting_appends = conflicting_appends_.load(std::memory_order_relaxed);
   stats.metadata_evictions = metadata_evictions_;
   stats.metadata_bytes = MetadataBytesLocked();

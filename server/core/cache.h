@@ -17,14 +17,8 @@
 //   ReportAttention  per-token attention a worker observed, folded into each
 //                  token's decayed activity (and sampled for calibration)
 //   UpdatePolicy   a model's compression mode, weights and target mass
-//   Compact        one pass of importance-aware compression: cold blocks (or
-//                  the coldest, under memory pressure) of models in quantize
-//                  or prune mode are re-encoded (server/importance)
-//   Calibrate      refits each model's weights on its sampled reports
 //   Migrate        one pass of the tier migrator: demotes cold host blocks to
 //                  the lower tier (SSD) past the host's high watermark
-//   CompactPool    one pass of host pool compaction: blocks in sparse spans
-//                  move to fuller ones so the pool can release the spans
 //   RestoreModel / RestoreBlock
 //                  what a restart puts back of a checkpoint
 //   PlaceOnDevice  copies a prefix's blocks into the GPU tier and leases
@@ -32,7 +26,8 @@
 //
 // The cache's components work on it from outside, through CacheAccess
 // (cache_access.h), the one door to its lock and indexes: CacheInspector
-// (the operator's view) and CheckpointSource (what a checkpoint captures).
+// (the operator's view), CheckpointSource (what a checkpoint captures) and
+// Compactor (compression, pool compaction and calibration passes).
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -239,29 +234,6 @@ class Cache {
                                                uint64_t lease_id, std::span<const float> attention,
                                                uint32_t num_layers);
 
-  // One compaction pass; the daemon calls it periodically. Verifies each
-  // candidate's checksum (a corrupt block is dropped, never re-encoded),
-  // encodes outside the lock, and swaps a block only if it is unchanged and
-  // its model's policy has not changed meanwhile. A block whose compressed
-  // copy would free no pool memory stays raw. Compressed copies are made in
-  // the pool memory append staging keeps free, so a full tier still
-  // compacts. Also enforces the budgets (attention reports grow metadata).
-  CompactionResult Compact();
-
-  // One pass of host pool compaction: the pool names the live chunks of its
-  // sparsest spans (SlabPool::PlanCompaction); each block held there is
-  // copied, outside the lock, into a chunk of a fuller span of its class,
-  // the copy verified against the block's checksum, and the block's payload
-  // swapped under the lock only if the block still holds the payload copied.
-  // Readers never wait: a fetch holding the old payload keeps reading it,
-  // and its chunk returns to the pool when the last reference drops (then
-  // the drained span is released). The daemon calls it periodically.
-  PoolCompactionResult CompactPool(const PoolCompactionOptions& options = {});
-
-  // Refits every model's weights that has enough samples (calibration.h),
-  // moving them at most calibration_max_step, and starts a new sample.
-  std::vector<CalibrationOutcome> Calibrate();
-
   // One pass of the tier migrator: when the host's committed bytes are past
   // its high watermark, demotes blocks until they are below the low one, at
   // most max_demotions_per_pass (nothing without a lower tier); when the GPU
@@ -348,7 +320,8 @@ class Cache {
 
  private:
   friend class AppendSession;
-  // The door of the cache's components (CacheInspector, CheckpointSource):
+  // The door of the cache's components (CacheInspector, CheckpointSource,
+  // Compactor):
   // cache_access.h says what they may do through it.
   friend class CacheAccess;
 
@@ -591,12 +564,6 @@ class Cache {
   // size. REQUIRES: mu_ exclusively, or shared with the node's model's
   // index_lock held exclusively.
   void RecountMetadataLocked(IndexNode* node) ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  struct CompactionJob;
-  // Installs the compressed copies of a pass whose blocks and policies did
-  // not change meanwhile; drops blocks found corrupt.
-  void SwapCompactedLocked(std::vector<CompactionJob>& jobs, const std::vector<float>& all_scores,
-                           std::vector<BlockRef>* dropped, CompactionResult* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room in the pool: demotes a block when there is a lower tier,
   // else evicts a batch: one block, then more while the batch has room for
   // another block the size of the last one (at most kEvictionBatchBlocks
@@ -684,9 +651,7 @@ class Cache {
   // Host payloads a compression or pool compaction move claimed
   // (block_move.h), so the other pass does not claim them too.
   absl::flat_hash_set<const BlockPayload*> moving_ ABSL_GUARDED_BY(mu_);
-  ScoreHistogram score_histogram_ ABSL_GUARDED_BY(mu_);
-  uint64_t compaction_passes_ ABSL_GUARDED_BY(mu_) = 0;
-  PoolCompactionCounters pool_compaction_ ABSL_GUARDED_BY(mu_);  // CompactPool totals
+  CompactorCounters compactor_ ABSL_GUARDED_BY(mu_);
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
   DeviceCopies device_copies_ ABSL_GUARDED_BY(mu_);  // the GPU tier's copies
   std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);

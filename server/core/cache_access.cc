@@ -62,6 +62,68 @@ std::optional<uint64_t> CacheAccess::Held::DropCorrupt(const BlockMove& claimed,
   return c.RemoveSubtreeLocked(m, n, dropped).evicted_blocks;
 }
 
+void CacheAccess::Held::ForEachMutableModel(
+    absl::FunctionRef<void(ModelState& model)> visit) const {
+  cache_->mu_.AssertHeld();
+  for (const auto& [key, m] : cache_->models_) visit(*m);
+}
+
+ModelState& CacheAccess::Held::ModelOfBlock(const IndexNode& node) const {
+  cache_->mu_.AssertHeld();
+  return *cache_->models_.OfIndex(node.index);
+}
+
+BlockMove CacheAccess::Held::ClaimRewrite(const IndexNode& node) const {
+  cache_->mu_.AssertHeld();
+  cache_->moving_.insert(node.payload.get());
+  return BlockMove::Claim(node);
+}
+
+bool CacheAccess::Held::Rewriting(const IndexNode& node) const {
+  cache_->mu_.AssertHeld();
+  return cache_->moving_.contains(node.payload.get());
+}
+
+IndexNode* CacheAccess::Held::EndRewrite(const BlockMove& claimed) const {
+  cache_->mu_.AssertHeld();
+  cache_->moving_.erase(claimed.host().get());
+  return claimed.Refind(cache_->models_);
+}
+
+void CacheAccess::Held::ReplaceHostCopy(IndexNode* node, BlockRef copy) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  const BlockSeal old = node->payload->seal();
+  if (copy->seal() == old) {  // the same bytes elsewhere
+    node->payload = std::move(copy);
+    return;
+  }
+  ModelState& m = *c.models_.OfIndex(node->index);
+  const uint64_t old_size = old.size;
+  const uint64_t new_size = copy->size();
+  node->payload = std::move(copy);
+  c.DropLowerCopyLocked(node);                                     // no longer matches the seal
+  c.DropDeviceCopyLocked(node, Cache::DeviceDrop::kRecompressed);  // nor does a device copy
+  m.bytes = m.bytes - old_size + new_size;
+  c.payload_bytes_ += new_size;
+  c.payload_bytes_ -= old_size;
+}
+
+void CacheAccess::Held::RecountMetadata(IndexNode* node) const {
+  cache_->mu_.AssertHeld();
+  cache_->RecountMetadataLocked(node);
+}
+
+uint64_t CacheAccess::Held::EnforceBudgets(std::vector<BlockRef>* dropped) const {
+  cache_->mu_.AssertHeld();
+  return cache_->EnforceBudgetsLocked(dropped);
+}
+
+CompactorCounters& CacheAccess::Held::compactor_counters() const {
+  cache_->mu_.AssertHeld();
+  return cache_->compactor_;
+}
+
 // --- Locked -------------------------------------------------------------------
 
 CacheAccess::Locked::Locked(const CacheAccess& access) ABSL_NO_THREAD_SAFETY_ANALYSIS
@@ -131,6 +193,8 @@ Tier* CacheAccess::lower_tier() const { return cache_->lower_.get(); }
 std::vector<SlabClassStats> CacheAccess::PoolClasses() const {
   return cache_->pool_->GetClassStats();
 }
+
+SlabPool& CacheAccess::pool() const { return *cache_->pool_; }
 
 const CacheOptions& CacheAccess::options() const { return cache_->options_; }
 

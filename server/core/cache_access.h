@@ -1,15 +1,19 @@
 // CacheAccess: what the cache's components see of it. The operator's view
-// (CacheInspector) and checkpoint capture (CheckpointSource) work on the
-// cache's indexes from outside Cache; this class is the one door they take,
+// (CacheInspector), checkpoint capture (CheckpointSource) and the passes
+// that rewrite blocks (Compactor) work on the cache's indexes from outside
+// Cache; this class is the one door they take,
 // and Cache keeps its lock, registry, leases and tiers private to everyone
 // else. It offers:
 //
 //   Walk      a model's blocks, parents first, in steps of kWalkStepNodes
 //             blocks under the lock, giving way between steps
 //   Locked    a hold of the cache's lock (exclusive, pending touches
-//             applied first) and, through it, the reads and the one repair
-//             (DropCorrupt) a component may make while it holds the lock
-//   HashBlocks, ListModels, lower_tier, options, GiveWayAfterStep
+//             applied first) and, through it, what a component may read
+//             and change while it holds the lock: the registry and leases
+//             to read, a bad copy to drop (DropCorrupt), and a host copy to
+//             rewrite by the move protocol (ClaimRewrite, EndRewrite,
+//             ReplaceHostCopy)
+//   HashBlocks, lower_tier, pool, options, GiveWayAfterStep
 //             what a component needs of the cache without the lock
 //
 // A component copies what it needs under the lock and does its slow work
@@ -34,6 +38,7 @@
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
 #include "server/core/block_move.h"
+#include "server/core/cache_stats.h"
 #include "server/core/cache_types.h"
 #include "server/core/layout.h"
 #include "server/core/lease_table.h"
@@ -85,6 +90,37 @@ class CacheAccess {
     std::optional<uint64_t> DropCorrupt(const BlockMove& claimed, BlockTier level,
                                         const char* reason, std::vector<BlockRef>* dropped) const;
 
+    // --- What a rewriting component (Compactor) may change ----------------
+    // Every registered model, to change its own state (its policy and
+    // calibration sample, its counters of what a rewrite did).
+    void ForEachMutableModel(absl::FunctionRef<void(ModelState& model)> visit) const;
+    // The model of a block EndRewrite returned, to count what changed.
+    ModelState& ModelOfBlock(const IndexNode& node) const;
+    // A rewrite of a block's host copy (re-encoding, pool compaction)
+    // follows the move protocol (block_move.h). ClaimRewrite claims `node`'s
+    // copies and marks the block as being rewritten, so other rewriters
+    // skip it (Rewriting) until EndRewrite. REQUIRES: node has a host copy
+    // and !Rewriting(node).
+    BlockMove ClaimRewrite(const IndexNode& node) const;
+    bool Rewriting(const IndexNode& node) const;
+    // Ends the rewrite `claimed` (every claim ends once, whatever became of
+    // it); returns the block when it is still the one claimed, to commit
+    // to, else null.
+    IndexNode* EndRewrite(const BlockMove& claimed) const;
+    // Gives `node` (EndRewrite's) `copy` as its host copy. A copy under the
+    // old one's seal (the same bytes elsewhere) leaves the block's other
+    // copies as they are; a copy under another seal (re-encoded) drops the
+    // lower and device copies, which no longer match it, and the model's
+    // and the cache's payload bytes change by the difference in size.
+    void ReplaceHostCopy(IndexNode* node, BlockRef copy) const;
+    // Recounts `node`'s metadata bytes after its token state changed.
+    void RecountMetadata(IndexNode* node) const;
+    // Evicts down to the staging and metadata budgets; returns the blocks
+    // evicted (their host copies go to `dropped`).
+    uint64_t EnforceBudgets(std::vector<BlockRef>* dropped) const;
+    // The counters GetStats reports of the Compactor's passes.
+    CompactorCounters& compactor_counters() const;
+
    protected:
     explicit Held(Cache* cache) : cache_(cache) {}
 
@@ -135,6 +171,8 @@ class CacheAccess {
   Tier* lower_tier() const;
   // The host pool's size classes, smallest first.
   std::vector<SlabClassStats> PoolClasses() const;
+  // The host pool, to allocate a rewritten copy in (thread-safe itself).
+  SlabPool& pool() const;
   const CacheOptions& options() const;
   Cache& cache() const { return *cache_; }
 

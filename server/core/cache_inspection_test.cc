@@ -11,6 +11,7 @@
 #include "server/core/cache.h"
 #include "server/core/cache_inspector.h"
 #include "server/core/cache_test_util.h"
+#include "server/core/compactor.h"
 #include "server/core/memory_tier.h"
 
 namespace kvcache::cache_test {
@@ -212,7 +213,7 @@ class CompressedInspectionTest : public CacheInspectionTest {
   void Compress(CompressionMode mode, uint64_t expected_blocks = 3) {
     ASSERT_TRUE(cache_->UpdatePolicy(Model().key, {.mode = mode}).ok());
     clock_.Advance(absl::Seconds(61));
-    const CompactionResult c = cache_->Compact();
+    const CompactionResult c = Compactor(cache_.get()).Compact();
     ASSERT_EQ(c.compressed_blocks, expected_blocks);
   }
   std::vector<Token> tokens_;

@@ -157,7 +157,7 @@ struct CheckpointCounters {
   void VisitCounters(absl::Time now, CounterVisitor& visitor) const;
 };
 
-// Host pool compaction (Cache::CompactPool) since start.
+// Host pool compaction (Compactor::CompactPool) since start.
 struct PoolCompactionCounters {
   uint64_t passes = 0;
   uint64_t moved_blocks = 0;
@@ -166,6 +166,14 @@ struct PoolCompactionCounters {
   uint64_t mismatched_blocks = 0;  // copied, not swapped: the copy failed its checksum
 
   void VisitCounters(CounterVisitor& visitor) const;
+};
+
+// What the Compactor's passes counted since start, kept by the cache under
+// its lock (CacheAccess::Held::compactor_counters) for GetStats.
+struct CompactorCounters {
+  ScoreHistogram scores;  // of every token (entry) a compression pass scored
+  uint64_t passes = 0;    // compression passes (Compactor::Compact)
+  PoolCompactionCounters pool;
 };
 
 struct CacheStats {

@@ -1,6 +1,6 @@
-// Cache: importance-aware retention. Attention reports, policy updates and
-// calibration of the score's weights; compaction (re-encoding cold blocks
-// with INT8 and pruned tokens) is in importance_compaction.cc.
+// Cache: importance-aware retention. Attention reports and policy updates;
+// calibration of the score's weights and compaction (re-encoding cold blocks
+// with INT8 and pruned tokens) are the Compactor's (compactor.h).
 // docs/importance.md explains the model.
 #include <algorithm>
 #include <cmath>
@@ -215,35 +215,6 @@ absl::StatusOr<ReportResult> Cache::ReportAttention(const ModelKey& model,
   }
   ++m.attention_reports;
   return result;
-}
-
-std::vector<CalibrationOutcome> Cache::Calibrate() {
-  std::vector<CalibrationOutcome> outcomes;
-  const ImportanceOptions& o = options_.importance;
-  WriteLock lock(this);
-  for (auto& [key, mp] : models_) {
-    ModelState& m = *mp;
-    if (m.calibrator.size() == 0) continue;
-    CalibrationOutcome out{.model = key, .samples = m.calibrator.size()};
-    out.before = {m.policy.params.alpha, m.policy.params.beta, m.policy.params.gamma};
-    out.correlation_before = importance::ScoreCorrelation(m.calibrator.samples(), out.before);
-    const importance::FitResult fit =
-        importance::FitWeights(m.calibrator.samples(), o.calibration_min_samples);
-    out.after = out.before;
-    if (fit.ok) {
-      out.fitted = fit.weights;
-      out.after = importance::StepToward(out.before, fit.weights, o.calibration_max_step);
-      out.applied = true;
-      m.policy.params.alpha = out.after.alpha;
-      m.policy.params.beta = out.after.beta;
-      m.policy.params.gamma = out.after.gamma;
-      ++m.calibrations;
-    }
-    out.correlation_after = importance::ScoreCorrelation(m.calibrator.samples(), out.after);
-    if (fit.ok) m.calibrator.Clear();  // the next refit learns from newer reports
-    outcomes.push_back(out);
-  }
-  return outcomes;
 }
 
 }  // namespace kvcache

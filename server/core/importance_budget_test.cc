@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "server/core/cache.h"
+#include "server/core/compactor.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
 #include "server/importance/block_codec.h"
@@ -59,7 +60,7 @@ TEST_F(BudgetModeTest, CompactsWithinTargetBytesKeepingSinksExact) {
   ASSERT_TRUE(
       cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kBudget, .target_bytes = 0.3}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_EQ(r.compressed_blocks, kBlocks);  // the recent window is not protected in budget mode
   EXPECT_EQ(r.budget_overruns, 0u);
   const ModelStats s = Stats();
@@ -130,7 +131,7 @@ TEST_F(BudgetModeTest, AGenerousBudgetPromotesToFull) {
   ASSERT_TRUE(
       cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kBudget, .target_bytes = 0.6}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_EQ(r.int4_entries + r.pruned_entries, 0u);
   // Each block is compressed within the budget, or left raw where the copy
   // would not take a smaller piece of the pool.
@@ -175,7 +176,7 @@ TEST_F(BudgetModeTest, PerHeadReportsAreAcceptedAndBadInputChangesNothing) {
   EXPECT_EQ(cache_->GetPolicy(kModel)->mode, CompressionMode::kBudget);
   // Compaction with per-head activity still meets the budget.
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_EQ(r.compressed_blocks, kBlocks);
   for (const PinnedBlock& b : Stored()) {
     EXPECT_LE(static_cast<double>(b->size()),

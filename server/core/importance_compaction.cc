@@ -1,4 +1,4 @@
-// Cache::Compact: importance-aware compaction. Plans under the lock which
+// Compactor::Compact: importance-aware compaction. Plans under the lock which
 // cold (or, under pool pressure, any) host blocks to re-encode, scores and
 // encodes them outside it (INT8 and pruned tokens, or budget mode's
 // per-entry precisions), and swaps the smaller copies in when nothing
@@ -10,15 +10,16 @@
 #include <vector>
 
 #include "server/core/block_move.h"
-#include "server/core/cache.h"
+#include "server/core/compactor.h"
 #include "server/importance/block_codec.h"
 #include "server/importance/budget_allocation.h"
 #include "server/importance/scoring.h"
 
 namespace kvcache {
+namespace {
 
 // One block a compaction pass re-encodes outside the lock.
-struct Cache::CompactionJob {
+struct CompactionJob {
   BlockMove move;  // the raw block, re-encoded outside the lock
   ModelLayout layout;
   ImportancePolicy policy;
@@ -41,8 +42,6 @@ struct Cache::CompactionJob {
   uint32_t pruned_entries = 0;
   bool over_budget = false;
 };
-
-namespace {
 
 // True for a token that stays full whatever the budget: a sink or pinned (and,
 // in the modes other than budget, the recent window).
@@ -106,35 +105,91 @@ absl::StatusOr<importance::BudgetAllocation> PlanBudget(
                                     policy.target_bytes * static_cast<double>(shape.raw_bytes()));
 }
 
+// Installs the compressed copies of a pass whose blocks and policies did
+// not change meanwhile; drops blocks found corrupt.
+void SwapCompacted(const CacheAccess::Held& held, std::vector<CompactionJob>& jobs,
+                   const std::vector<float>& all_scores, std::vector<BlockRef>* dropped,
+                   CompactionResult* out) {
+  CompactionResult& result = *out;
+  for (float s : all_scores) held.compactor_counters().scores.Add(s);
+  for (CompactionJob& job : jobs) {
+    IndexNode* node = held.EndRewrite(job.move);
+    if (node == nullptr) continue;
+    if (job.corrupt) {
+      if (held.DropCorrupt(job.move, BlockTier::kHost, "checksum", dropped).has_value()) {
+        ++result.corrupt_blocks;
+      }
+      continue;
+    }
+    ModelState& m = held.ModelOfBlock(*node);
+    if (job.novelty_computed && node->tokens_state().novelty.empty()) {
+      node->mutable_tokens_state().novelty = std::move(job.novelty);
+      held.RecountMetadata(node);
+    }
+    // A policy change since planning (above all a switch to off) voids the job.
+    if (job.encoded == nullptr || m.policy_generation != job.policy_generation ||
+        m.policy.mode == CompressionMode::kOff) {
+      continue;
+    }
+    const uint64_t saved = job.move.host()->footprint() - job.encoded->footprint();
+    held.ReplaceHostCopy(node, std::move(job.encoded));
+    BlockTokenState& ts = node->mutable_tokens_state();
+    ts.compressed = true;
+    ts.num_int8 = job.num_int8;
+    ts.num_pruned = job.num_pruned;
+    ts.int8_entries = job.int8_entries;
+    ts.int4_entries = job.int4_entries;
+    ts.pruned_entries = job.pruned_entries;
+    ts.bytes_saved = saved;
+    held.RecountMetadata(node);  // the state may be new
+    ++m.compressed_blocks;
+    m.int8_tokens += job.num_int8;
+    m.pruned_tokens += job.num_pruned;
+    m.int8_entries += job.int8_entries;
+    m.int4_entries += job.int4_entries;
+    m.pruned_entries += job.pruned_entries;
+    m.budget_overruns += job.over_budget ? 1 : 0;
+    m.bytes_saved += saved;
+    ++result.compressed_blocks;
+    result.bytes_saved += saved;
+    result.int8_tokens += job.num_int8;
+    result.pruned_tokens += job.num_pruned;
+    result.int8_entries += job.int8_entries;
+    result.int4_entries += job.int4_entries;
+    result.pruned_entries += job.pruned_entries;
+    result.budget_overruns += job.over_budget ? 1 : 0;
+  }
+}
+
 }  // namespace
 
-CompactionResult Cache::Compact() {
+CompactionResult Compactor::Compact() const {
   CompactionResult result;
   std::vector<CompactionJob> jobs;  // destroyed after the lock: old payloads free there
   std::vector<float> all_scores;
-  const ImportanceOptions& o = options_.importance;
+  const ImportanceOptions& o = access_.options().importance;
+  SlabPool& pool = access_.pool();
   {
-    const SlabPoolStats pool = pool_->GetStats();
-    WriteLock lock(this);
-    ++compaction_passes_;
-    const absl::Time now = clock_->Now();
-    result.under_pressure = pool.capacity_bytes > 0 &&
-                            static_cast<double>(pool.reserved_bytes) >=
-                                o.pressure_watermark * static_cast<double>(pool.capacity_bytes);
+    const SlabPoolStats pool_stats = pool.GetStats();
+    CacheAccess::Locked locked(access_);
+    ++locked.compactor_counters().passes;
+    const absl::Time now = locked.Now();
+    result.under_pressure =
+        pool_stats.capacity_bytes > 0 &&
+        static_cast<double>(pool_stats.reserved_bytes) >=
+            o.pressure_watermark * static_cast<double>(pool_stats.capacity_bytes);
     struct Candidate {
       absl::Time last_access;
-      ModelState* model;
-      IndexNode* node;
+      const ModelState* model;
+      const IndexNode* node;
       int64_t sequence_tokens;
     };
     std::vector<Candidate> candidates;
-    for (auto& [key, mp] : models_) {
-      ModelState& m = *mp;
-      if (m.policy.mode == CompressionMode::kOff) continue;
+    locked.ForEachModel([&](const ModelState& m) {
+      if (m.policy.mode == CompressionMode::kOff) return;
       const int64_t bt = m.layout.block_tokens;
       absl::flat_hash_map<const IndexNode*, uint32_t> deepest;
       m.index.VisitPostOrder([&](IndexNode* n) {
-        mu_.AssertHeld();  // the lambda runs under the lock
         // Children come first, so deepest[n] already holds their maximum.
         // (Copy it out: inserting the parent may move the map's values.)
         const uint32_t d = std::max(deepest[n], n->depth);
@@ -155,7 +210,7 @@ CompactionResult Cache::Compact() {
         }
         candidates.push_back({n->last_access, &m, n, seq});
       });
-    }
+    });
     result.candidates = candidates.size();
     std::sort(candidates.begin(), candidates.end(),
               [](const Candidate& a, const Candidate& b) { return a.last_access < b.last_access; });
@@ -163,7 +218,7 @@ CompactionResult Cache::Compact() {
     jobs.reserve(candidates.size());
     for (const Candidate& c : candidates) {
       const BlockTokenState& ts = c.node->tokens_state();
-      CompactionJob job{.move = BlockMove::Claim(*c.node),
+      CompactionJob job{.move = locked.ClaimRewrite(*c.node),
                         .layout = c.model->layout,
                         .policy = c.model->policy,
                         .first_position = int64_t{c.node->depth} * c.model->layout.block_tokens,
@@ -186,7 +241,6 @@ CompactionResult Cache::Compact() {
           }
         }
       }
-      moving_.insert(c.node->payload.get());
       jobs.push_back(std::move(job));
     }
   }
@@ -202,9 +256,9 @@ CompactionResult Cache::Compact() {
   };
   auto encode_and_seal = [&](const BlockPayload& old, uint64_t bytes,
                              const std::function<absl::Status(std::span<std::byte>)>& encode) {
-    absl::StatusOr<Allocation> a = pool_->Allocate(bytes);
+    absl::StatusOr<Allocation> a = pool.Allocate(bytes);
     if (!a.ok()) return Sealed{.pool_full = true};
-    StagingBlock encoded(pool_.get(), *a, bytes);
+    StagingBlock encoded(&pool, *a, bytes);
     if (!encode(encoded.data()).ok()) return Sealed{};
     std::vector<std::byte> decoded(old.size());
     absl::StatusOr<importance::CompressedBlockView> view =
@@ -247,7 +301,7 @@ CompactionResult Cache::Compact() {
       }
       job.over_budget = !plan->fits;
       if (job.int8_entries + job.int4_entries + job.pruned_entries == 0) continue;
-      if (pool_->RoundedSize(plan->bytes) >= old.footprint()) {
+      if (pool.RoundedSize(plan->bytes) >= old.footprint()) {
         ++result.no_saving_blocks;
         continue;
       }
@@ -297,7 +351,7 @@ CompactionResult Cache::Compact() {
     absl::StatusOr<uint64_t> size = importance::CompressedSize(shape, precision);
     if (!size.ok()) continue;
     // Lossy only when it pays: the copy must take a smaller piece of the pool.
-    if (pool_->RoundedSize(*size) >= old.footprint()) {
+    if (pool.RoundedSize(*size) >= old.footprint()) {
       ++result.no_saving_blocks;
       continue;
     }
@@ -311,79 +365,18 @@ CompactionResult Cache::Compact() {
     job.encoded = sealed.block;
   }
 
-  if (options_.on_compaction_encoded) options_.on_compaction_encoded();
+  if (access_.options().on_compaction_encoded) access_.options().on_compaction_encoded();
   std::vector<BlockRef> dropped;  // released after the lock
   {
-    WriteLock lock(this);
-    SwapCompactedLocked(jobs, all_scores, &dropped, &result);
+    CacheAccess::Locked locked(access_);
+    SwapCompacted(locked, jobs, all_scores, &dropped, &result);
   }
   jobs.clear();  // frees the raw copies replaced
   dropped.clear();
   // Attention reports and novelty grow metadata between appends.
-  WriteLock lock(this);
-  result.evicted_blocks += EnforceBudgetsLocked(&dropped);
+  CacheAccess::Locked locked(access_);
+  result.evicted_blocks += locked.EnforceBudgets(&dropped);
   return result;
-}
-
-void Cache::SwapCompactedLocked(std::vector<CompactionJob>& jobs,
-                                const std::vector<float>& all_scores,
-                                std::vector<BlockRef>* dropped, CompactionResult* out) {
-  CompactionResult& result = *out;
-  for (float s : all_scores) score_histogram_.Add(s);
-  for (CompactionJob& job : jobs) {
-    const BlockPayload& old = *job.move.host();
-    moving_.erase(&old);
-    IndexNode* node = job.move.Refind(models_);
-    if (node == nullptr) continue;
-    ModelState& m = *models_.OfIndex(node->index);
-    if (job.corrupt) {
-      ++m.corrupt_blocks;
-      ++result.corrupt_blocks;
-      RemoveSubtreeLocked(m, node, dropped);
-      continue;
-    }
-    if (job.novelty_computed && node->tokens_state().novelty.empty()) {
-      node->mutable_tokens_state().novelty = std::move(job.novelty);
-      RecountMetadataLocked(node);
-    }
-    // A policy change since planning (above all a switch to off) voids the job.
-    if (job.encoded == nullptr || m.policy_generation != job.policy_generation ||
-        m.policy.mode == CompressionMode::kOff) {
-      continue;
-    }
-    const uint64_t delta = old.size() - job.encoded->size();
-    const uint64_t saved = old.footprint() - job.encoded->footprint();
-    node->payload = job.encoded;
-    DropLowerCopyLocked(node);  // a raw copy below no longer matches the seal
-    DropDeviceCopyLocked(node, DeviceDrop::kRecompressed);  // nor does a device copy
-    BlockTokenState& ts = node->mutable_tokens_state();
-    ts.compressed = true;
-    ts.num_int8 = job.num_int8;
-    ts.num_pruned = job.num_pruned;
-    ts.int8_entries = job.int8_entries;
-    ts.int4_entries = job.int4_entries;
-    ts.pruned_entries = job.pruned_entries;
-    ts.bytes_saved = saved;
-    RecountMetadataLocked(node);  // the state may be new
-    ++m.compressed_blocks;
-    m.int8_tokens += job.num_int8;
-    m.pruned_tokens += job.num_pruned;
-    m.int8_entries += job.int8_entries;
-    m.int4_entries += job.int4_entries;
-    m.pruned_entries += job.pruned_entries;
-    m.budget_overruns += job.over_budget ? 1 : 0;
-    m.bytes_saved += saved;
-    m.bytes -= delta;
-    payload_bytes_ -= delta;
-    ++result.compressed_blocks;
-    result.bytes_saved += saved;
-    result.int8_tokens += job.num_int8;
-    result.pruned_tokens += job.num_pruned;
-    result.int8_entries += job.int8_entries;
-    result.int4_entries += job.int4_entries;
-    result.pruned_entries += job.pruned_entries;
-    result.budget_overruns += job.over_budget ? 1 : 0;
-  }
 }
 
 }  // namespace kvcache

@@ -16,6 +16,7 @@
 #include "kvcache/kernels/novelty.h"
 #include "server/core/block_test_util.h"
 #include "server/core/cache.h"
+#include "server/core/compactor.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
 #include "server/importance/block_codec.h"
@@ -90,7 +91,7 @@ class ImportanceTest : public ::testing::Test {
 TEST_F(ImportanceTest, OffModeNeverCompresses) {
   AppendAll();
   clock_.Advance(absl::Hours(1));
-  EXPECT_EQ(cache_->Compact().compressed_blocks, 0u);
+  EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 0u);
   EXPECT_EQ(FetchFloats(), kv_);
   EXPECT_EQ(Stats().compressed_blocks, 0u);
   EXPECT_EQ(Stats().full_tokens, kBlocks * kBt);
@@ -103,7 +104,7 @@ TEST_F(ImportanceTest, QuantizeKeepsProtectedTokensExactAndBoundsTheRest) {
   const uint64_t raw_allocated = cache_->GetStats().host_pool.allocated_bytes;
   SetMode(CompressionMode::kQuantize);
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   // The last block is the recent window (16 tokens): nothing to compress there.
   EXPECT_EQ(r.compressed_blocks, kBlocks - 1);
   EXPECT_EQ(r.pruned_tokens, 0u);
@@ -167,7 +168,7 @@ TEST_F(ImportanceTest, CompressedFetchCarriesTheStoredFormat) {
   AppendAll();
   SetMode(CompressionMode::kQuantize);
   clock_.Advance(absl::Seconds(61));
-  ASSERT_EQ(cache_->Compact().compressed_blocks, kBlocks - 1);
+  ASSERT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
   auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
   ASSERT_TRUE(plan.ok());
   absl::StatusOr<FetchBlock> b = MaterializeForFetch(plan->blocks[1], true);
@@ -196,13 +197,13 @@ TEST_F(ImportanceTest, OnlyColdBlocksAreCompressed) {
   AppendAll();
   SetMode(CompressionMode::kQuantize);
   clock_.Advance(absl::Seconds(30));
-  EXPECT_EQ(cache_->Compact().compressed_blocks, 0u);
+  EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 0u);
   clock_.Advance(absl::Seconds(20));
   ASSERT_TRUE(cache_->Lookup(kModel, std::span(tokens_).first(2 * kBt)).ok());  // blocks 0-1
   clock_.Advance(absl::Seconds(20));  // block 2 idle 70 s, blocks 0-1 20 s
-  EXPECT_EQ(cache_->Compact().compressed_blocks, 1u);
+  EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 1u);
   clock_.Advance(absl::Seconds(60));
-  EXPECT_EQ(cache_->Compact().compressed_blocks, 2u);
+  EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 2u);
 }
 
 TEST_F(ImportanceTest, MemoryPressureCompressesWithoutWaiting) {
@@ -210,7 +211,7 @@ TEST_F(ImportanceTest, MemoryPressureCompressesWithoutWaiting) {
   MakeCache();
   AppendAll();
   SetMode(CompressionMode::kQuantize);
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_TRUE(r.under_pressure);
   EXPECT_EQ(r.compressed_blocks, kBlocks - 1);
 }
@@ -223,9 +224,9 @@ TEST_F(ImportanceTest, BlocksBeingFetchedAreLeftAlone) {
     auto plan = cache_->PrepareFetch(kModel, tokens_);  // holds every block
     ASSERT_TRUE(plan.ok());
     clock_.Advance(absl::Seconds(61));
-    EXPECT_EQ(cache_->Compact().compressed_blocks, 0u);
+    EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 0u);
   }
-  EXPECT_EQ(cache_->Compact().compressed_blocks, kBlocks - 1);
+  EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
 }
 
 // Reports attention with two heavy hitters and checks what prune mode keeps
@@ -244,7 +245,7 @@ TEST_F(ImportanceTest, PruneKeepsTheSmallestSetCoveringTheTargetMass) {
   EXPECT_EQ(report->matched_tokens, tokens_.size());
   EXPECT_EQ(report->updated_tokens, tokens_.size());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   ASSERT_EQ(r.compressed_blocks, kBlocks - 1);
   EXPECT_GT(r.pruned_tokens, 0u);
 
@@ -323,7 +324,7 @@ TEST_F(ImportanceTest, PruneDropsRedundantRunsFirst) {
   }
   AppendAll();
   clock_.Advance(absl::Seconds(61));
-  ASSERT_EQ(cache_->Compact().compressed_blocks, kBlocks - 1);
+  ASSERT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
   auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
   ASSERT_TRUE(plan.ok());
   for (uint32_t b = 1; b + 1 < kBlocks; ++b) {  // block 0 holds the sinks
@@ -339,7 +340,7 @@ TEST_F(ImportanceTest, SwitchingOffRemovesCompressedBlocks) {
   AppendAll();
   SetMode(CompressionMode::kQuantize);
   clock_.Advance(absl::Seconds(61));
-  ASSERT_EQ(cache_->Compact().compressed_blocks, kBlocks - 1);
+  ASSERT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
   absl::StatusOr<PolicyChange> change =
       cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kOff});
   ASSERT_TRUE(change.ok());
@@ -355,7 +356,7 @@ TEST_F(ImportanceTest, SwitchingOffRemovesCompressedBlocks) {
   // Appending again serves lossless KV.
   AppendAll();
   clock_.Advance(absl::Hours(1));
-  EXPECT_EQ(cache_->Compact().compressed_blocks, 0u);
+  EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 0u);
   EXPECT_EQ(FetchFloats(), kv_);
 }
 
@@ -363,7 +364,7 @@ TEST_F(ImportanceTest, EvictingCompressedBlocksResetsTheirStats) {
   AppendAll();
   SetMode(CompressionMode::kPrune);
   clock_.Advance(absl::Seconds(61));
-  ASSERT_GT(cache_->Compact().compressed_blocks, 0u);
+  ASSERT_GT(Compactor(cache_.get()).Compact().compressed_blocks, 0u);
   ASSERT_TRUE(cache_->EvictModel(kModel).ok());
   const ModelStats s = Stats();
   EXPECT_EQ(s.compressed_blocks, 0u);
@@ -441,7 +442,7 @@ TEST_F(ImportanceTest, CalibrationMovesWeightsTowardPlantedTruth) {
                                            static_cast<int64_t>(attention.size()), policy.params);
   }
   ASSERT_TRUE(cache_->ReportAttention(kModel, tokens_, 0, attention, 1).ok());
-  const std::vector<CalibrationOutcome> outcomes = cache_->Calibrate();
+  const std::vector<CalibrationOutcome> outcomes = Compactor(cache_.get()).Calibrate();
   ASSERT_EQ(outcomes.size(), 1u);
   const CalibrationOutcome& c = outcomes[0];
   ASSERT_TRUE(c.applied);
@@ -457,7 +458,7 @@ TEST_F(ImportanceTest, CalibrationMovesWeightsTowardPlantedTruth) {
   EXPECT_EQ(now.params.beta, c.after.beta);
   EXPECT_EQ(Stats().calibrations, 1u);
   // Nothing new reported: nothing to refit.
-  EXPECT_TRUE(cache_->Calibrate().empty());
+  EXPECT_TRUE(Compactor(cache_.get()).Calibrate().empty());
 }
 
 // Workers append, fetch, report and evict while compaction runs and the
@@ -543,14 +544,14 @@ TEST_F(ImportanceTest, ConcurrentCompactionNeverServesWrongKv) {
     const auto start = std::chrono::steady_clock::now();
     int applied = 0;
     for (int round = 0; !stop.load(); ++round) {
-      compressed += cache_->Compact().compressed_blocks;
+      compressed += Compactor(cache_.get()).Compact().compressed_blocks;
       const int phase = static_cast<int>((std::chrono::steady_clock::now() - start) /
                                          std::chrono::milliseconds(30));
       if (phase != applied) {
         applied = phase;
         (void)cache_->UpdatePolicy(kModel, {.mode = modes[phase % 3]});
       }
-      if (round % 20 == 0) (void)cache_->Calibrate();
+      if (round % 20 == 0) (void)Compactor(cache_.get()).Calibrate();
       std::this_thread::yield();
     }
   });

@@ -14,6 +14,7 @@
 #include "server/common/status_macros.h"
 #include "server/core/block_test_util.h"
 #include "server/core/cache.h"
+#include "server/core/compactor.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
 #include "server/importance/block_codec.h"
@@ -78,7 +79,7 @@ class IntegrityTest : public ::testing::Test {
   void CompressAll() {
     ASSERT_TRUE(cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kQuantize}).ok());
     clock_.Advance(absl::Seconds(61));
-    ASSERT_EQ(cache_->Compact().compressed_blocks, kBlocks - 1);
+    ASSERT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
   }
   // Every block of `plan` is exactly the appended bytes.
   bool Exact(const FetchPlan& plan, const std::vector<float>& kv) {
@@ -147,7 +148,7 @@ TEST_F(IntegrityTest, SwitchingOffDuringACompactionPassCompressesNothing) {
   AppendAll();
   ASSERT_TRUE(cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kQuantize}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_EQ(r.compressed_blocks, 0u);
   EXPECT_EQ(Stats().compressed_blocks, 0u);
   EXPECT_EQ(Stats().policy.mode, CompressionMode::kOff);
@@ -193,7 +194,7 @@ TEST_F(IntegrityTest, CorruptRawBlockIsDroppedNotCompressed) {
   }
   ASSERT_TRUE(cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kQuantize}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_EQ(r.corrupt_blocks, 1u);
   EXPECT_EQ(Stats().corrupt_blocks, 1u);
   // Block 1 (and what hangs below it) is gone; block 0 is intact (compressed).
@@ -366,7 +367,7 @@ TEST_F(IntegrityTest, CompactionLeavesBlocksRawWhenTheCopyFreesNoMemory) {
   const uint64_t allocated = cache_->GetStats().host_pool.allocated_bytes;
   ASSERT_TRUE(cache_->UpdatePolicy(big, {.mode = CompressionMode::kQuantize}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_EQ(r.compressed_blocks, 0u);
   EXPECT_GE(r.no_saving_blocks, 3u);
   EXPECT_EQ(r.bytes_saved, 0u);
@@ -416,7 +417,7 @@ TEST_F(IntegrityTest, CompactionWorksWhenTheTierIsAtItsBudget) {
   const CacheStats full = cache_->GetStats();
   EXPECT_GT(full.capacity_evictions, 0u);
   EXPECT_LE(full.host_pool.allocated_bytes, 12 * kSlab);
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   EXPECT_TRUE(r.under_pressure);
   EXPECT_GT(r.compressed_blocks, 0u);
   EXPECT_GT(r.bytes_saved, 0u);
@@ -439,7 +440,7 @@ TEST_F(IntegrityTest, ProtectedRangesAreCappedAndMerged) {
   ASSERT_TRUE(Append(tokens_, kv_, 0, overlapping).ok());
   ASSERT_TRUE(cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kQuantize}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult r = cache_->Compact();
+  const CompactionResult r = Compactor(cache_.get()).Compact();
   // Blocks 0-2 hold 48 tokens: 4 sinks and tokens 20..39 stay full.
   EXPECT_EQ(r.int8_tokens, 48u - 4 - 20);
 }

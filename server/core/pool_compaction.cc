@@ -1,19 +1,20 @@
-// Cache::CompactPool: host pool compaction, the cache's side of it.
+// Compactor::CompactPool: host pool compaction, the cache's side of it.
 //
 // The pool decides which spans to drain and names their live chunks
 // (SlabPool::PlanCompaction); the cache knows which block each chunk holds.
 // Each block is a BlockMove (block_move.h): claimed under the lock, copied
 // and verified outside it, swapped in under it only if it did not change
 // meanwhile. Unlike the other moves it also moves blocks readers hold (their
-// old chunk is freed when they let go); claimed payloads sit in moving_, so
-// a compression pass and this one never claim the same block.
+// old chunk is freed when they let go); a block claimed for a rewrite
+// (CacheAccess::Held::ClaimRewrite) is skipped, so a compression pass and
+// this one never claim the same block.
 #include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "server/core/block_move.h"
-#include "server/core/cache.h"
+#include "server/core/compactor.h"
 
 namespace kvcache {
 namespace {
@@ -26,42 +27,41 @@ struct MoveJob {
 
 }  // namespace
 
-PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
+PoolCompactionResult Compactor::CompactPool(const PoolCompactionOptions& options) const {
   PoolCompactionResult result;
-  absl::StatusOr<CompactionPlan> plan = pool_->PlanCompaction(options.plan);
+  SlabPool& pool = access_.pool();
+  absl::StatusOr<CompactionPlan> plan = pool.PlanCompaction(options.plan);
   {
-    WriteLock lock(this);
-    ++pool_compaction_.passes;
+    CacheAccess::Locked locked(access_);
+    ++locked.compactor_counters().pool.passes;
   }
   if (!plan.ok() || plan->moves.empty()) return result;
   result.draining_spans = plan->spans;
 
   std::vector<MoveJob> jobs;  // destroyed after the lock: old payloads free there
   {
-    WriteLock lock(this);
-    for (auto& [key, mp] : models_) {
-      mp->index.VisitPostOrder([&](IndexNode* n) {
-        mu_.AssertHeld();  // the lambda runs under the lock
-        if (n->payload == nullptr || moving_.contains(n->payload.get()) ||
+    CacheAccess::Locked locked(access_);
+    locked.ForEachModel([&](const ModelState& m) {
+      m.index.VisitPostOrder([&](IndexNode* n) {
+        if (n->payload == nullptr || locked.Rewriting(*n) ||
             !plan->Contains(n->payload->allocation().data)) {
           return;
         }
-        moving_.insert(n->payload.get());
-        jobs.push_back({.move = BlockMove::Claim(*n)});
+        jobs.push_back({.move = locked.ClaimRewrite(*n)});
       });
-    }
+    });
   }
   result.planned_blocks = jobs.size();
 
   // Outside the lock: copy into a chunk of a fuller span, and verify.
   for (MoveJob& job : jobs) {
     const BlockPayload& old = *job.move.host();
-    absl::StatusOr<Allocation> target = pool_->AllocateMoveTarget(old.allocation());
+    absl::StatusOr<Allocation> target = pool.AllocateMoveTarget(old.allocation());
     if (!target.ok()) {
       result.out_of_targets = true;
       break;
     }
-    StagingBlock copy(pool_.get(), *target, old.size());
+    StagingBlock copy(&pool, *target, old.size());
     std::memcpy(copy.data().data(), old.data().data(), old.size());
     // Install only a copy that matches the seal: a block whose stored bytes
     // fail their checksum is dropped below, never served.
@@ -76,18 +76,14 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
   if (options.on_copied) options.on_copied();
   std::vector<BlockRef> dropped;  // freed after the lock
   {
-    WriteLock lock(this);
+    CacheAccess::Locked locked(access_);
     for (MoveJob& job : jobs) {
       const BlockPayload& old = *job.move.host();
-      moving_.erase(&old);
-      IndexNode* node = job.move.Refind(models_);
+      IndexNode* node = locked.EndRewrite(job.move);
       if (job.corrupt && node != nullptr) {
         // As Compact() does: the block (and what hangs below it) leaves the
         // cache, counted in its model's corrupt_blocks.
-        ModelState& m = *models_.OfIndex(node->index);
-        ++m.corrupt_blocks;
-        LogMoveLocked(*node, "host", "none", "checksum", old.size());
-        RemoveSubtreeLocked(m, node, &dropped);
+        locked.DropCorrupt(job.move, BlockTier::kHost, "checksum", &dropped);
         continue;
       }
       if (job.copy == nullptr) continue;
@@ -95,14 +91,15 @@ PoolCompactionResult Cache::CompactPool(const PoolCompactionOptions& options) {
         ++result.changed_blocks;
         continue;
       }
-      node->payload = std::move(job.copy);
+      locked.ReplaceHostCopy(node, std::move(job.copy));
       ++result.moved_blocks;
       result.moved_bytes += old.size();
     }
-    pool_compaction_.moved_blocks += result.moved_blocks;
-    pool_compaction_.moved_bytes += result.moved_bytes;
-    pool_compaction_.changed_blocks += result.changed_blocks;
-    pool_compaction_.mismatched_blocks += result.mismatched_blocks;
+    PoolCompactionCounters& counters = locked.compactor_counters().pool;
+    counters.moved_blocks += result.moved_blocks;
+    counters.moved_bytes += result.moved_bytes;
+    counters.changed_blocks += result.changed_blocks;
+    counters.mismatched_blocks += result.mismatched_blocks;
   }
   return result;  // jobs go here: old payloads nothing else holds return to the pool
 }

@@ -1,4 +1,4 @@
-// Cache::CompactPool: blocks move to fuller spans without a reader waiting,
+// Compactor::CompactPool: blocks move to fuller spans without a reader waiting,
 // every byte read afterwards is exact, and a block that changes during the
 // copy is left alone.
 #include <atomic>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/core/cache_test_util.h"
+#include "server/core/compactor.h"
 
 namespace kvcache {
 namespace cache_test {
@@ -53,7 +54,7 @@ TEST_F(PoolCompactionTest, MovesBlocksWhileAFetchHoldsTheOldPayload) {
   ASSERT_EQ(in_flight->blocks.size(), 1u);
   const BlockPayload* old = in_flight->blocks[0].get();
 
-  const PoolCompactionResult r = cache_->CompactPool();
+  const PoolCompactionResult r = Compactor(cache_.get()).CompactPool();
   EXPECT_EQ(r.draining_spans, 1u);
   EXPECT_EQ(r.planned_blocks, kPerSlab / 4);
   EXPECT_EQ(r.moved_blocks, kPerSlab / 4);  // block 0 too: its reader keeps the old copy
@@ -84,7 +85,7 @@ TEST_F(PoolCompactionTest, MovesBlocksWhileAFetchHoldsTheOldPayload) {
     EXPECT_EQ(Fetched(Small(), Seq({id})), kBt) << id;
   }
   // Nothing left to move: one partly used span.
-  EXPECT_EQ(cache_->CompactPool().planned_blocks, 0u);
+  EXPECT_EQ(Compactor(cache_.get()).CompactPool().planned_blocks, 0u);
 }
 
 TEST_F(PoolCompactionTest, ABlockChangedDuringTheCopyIsNotSwapped) {
@@ -97,7 +98,7 @@ TEST_F(PoolCompactionTest, ABlockChangedDuringTheCopyIsNotSwapped) {
     ASSERT_TRUE(Append(*cache_, Small(), Seq({4})).ok());
     ASSERT_TRUE(cache_->EvictPrefix(Small().key, Seq({8})).ok());
   };
-  const PoolCompactionResult r = cache_->CompactPool(options);
+  const PoolCompactionResult r = Compactor(cache_.get()).CompactPool(options);
   EXPECT_EQ(r.planned_blocks, kPerSlab / 4);
   EXPECT_EQ(r.changed_blocks, 2u);
   EXPECT_EQ(r.moved_blocks, kPerSlab / 4 - 2);
@@ -122,7 +123,7 @@ TEST_F(PoolCompactionTest, ABlockThatFailsItsChecksumIsDroppedNotMoved) {
   // Memory corruption in pool memory: the stored bytes no longer match.
   const_cast<std::byte*>(stored->data().data())[5] ^= std::byte{1};
   plan = FetchPlan{};
-  const PoolCompactionResult r = cache_->CompactPool();
+  const PoolCompactionResult r = Compactor(cache_.get()).CompactPool();
   EXPECT_EQ(r.mismatched_blocks, 1u);
   EXPECT_EQ(r.moved_blocks, kPerSlab / 4 - 1);
   // Never served again: the block left the cache, counted as corrupt.
@@ -175,7 +176,8 @@ TEST_F(PoolCompactionTest, ConcurrentWithAppendsFetchesAndEvictions) {
     }
   };
   std::thread compactor([&] {
-    while (!done.load()) cache_->CompactPool({.plan = {.max_span_occupancy = 0.75}});
+    while (!done.load())
+      Compactor(cache_.get()).CompactPool({.plan = {.max_span_occupancy = 0.75}});
   });
   std::vector<std::thread> threads;
   for (uint64_t t = 0; t < 4; ++t) threads.emplace_back(worker, 77 + t);

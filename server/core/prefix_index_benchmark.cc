@@ -15,7 +15,7 @@
 //                   with the system clock and the LRU policy
 //   BM_CacheLookupLease  the same, taking a lease (released in the loop)
 //   BM_IndexWalk    a post-order walk of the whole tree reading each node's
-//                   payload pointer: what Cache::CompactPool does under the
+//                   payload pointer: what Compactor::CompactPool does under the
 //                   cache lock to find the blocks of the spans it drains
 //
 // Kinds (the second argument): 0 a full hit of all 32K tokens; 1 a partial

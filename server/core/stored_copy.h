@@ -40,6 +40,8 @@ struct BlockSeal {
   }
   // Checksum of what a fetch that decodes the block sends.
   uint64_t fetch_checksum() const { return compressed ? decoded_checksum : checksum; }
+
+  friend bool operator==(const BlockSeal&, const BlockSeal&) = default;
 };
 
 class StoredCopy {

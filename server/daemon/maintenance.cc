@@ -5,6 +5,7 @@
 #include <string>
 
 #include "server/config/calibration_file.h"
+#include "server/core/compactor.h"
 #include "server/logging/logging.h"
 
 namespace kvcache {
@@ -73,7 +74,7 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
       next_expiry = now + absl::Seconds(1);
     }
     if (now >= next_compaction) {
-      const CompactionResult r = cache.Compact();
+      const CompactionResult r = Compactor(&cache).Compact();
       if (r.corrupt_blocks > 0) {
         spdlog::error(
             "compaction: {} blocks did not match their checksums (memory corruption) and were "
@@ -90,11 +91,11 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
       next_compaction = absl::Now() + compaction_every;
     }
     if (pool_compaction_every > absl::ZeroDuration() && now >= next_pool_compaction) {
-      const PoolCompactionResult r = cache.CompactPool(pool_compaction);
+      const PoolCompactionResult r = Compactor(&cache).CompactPool(pool_compaction);
       if (r.mismatched_blocks > 0) {
         spdlog::error(
-            "pool compaction: {} blocks did not match their checksums (memory corruption); "
-            "left in place",
+            "pool compaction: {} blocks did not match their checksums (memory corruption) and "
+            "were dropped",
             r.mismatched_blocks);
       }
       if (r.moved_blocks > 0) {
@@ -104,7 +105,7 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
       next_pool_compaction = absl::Now() + pool_compaction_every;
     }
     if (calibration_every > absl::ZeroDuration() && now >= next_calibration) {
-      const std::vector<CalibrationOutcome> outcomes = cache.Calibrate();
+      const std::vector<CalibrationOutcome> outcomes = Compactor(&cache).Calibrate();
       for (const CalibrationOutcome& c : outcomes) {
         spdlog::info(
             "calibration of {}: {} samples, weights {:.3f}/{:.3f}/{:.3f} -> {:.3f}/{:.3f}/{:.3f} "

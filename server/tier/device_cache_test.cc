@@ -17,6 +17,7 @@
 #include "kvcache/gpu/arena_mappings.h"
 #include "kvcache/gpu/device_memory.h"
 #include "server/core/cache.h"
+#include "server/core/compactor.h"
 #include "server/core/memory_tier.h"
 #include "server/tier/gpu_device_tier.h"
 
@@ -244,7 +245,7 @@ TEST_F(DeviceCacheTest, ACopyWhoseBlockIsRecompressedIsDroppedAndNotPlacedAgain)
   ASSERT_EQ(cache_->GetStats().tiers.device_blocks, 4u);
   ASSERT_TRUE(cache_->UpdatePolicy(kModel, {.mode = CompressionMode::kQuantize}).ok());
   clock_.Advance(absl::Seconds(61));
-  const CompactionResult c = cache_->Compact();
+  const CompactionResult c = Compactor(cache_.get()).Compact();
   ASSERT_GT(c.compressed_blocks, 0u);
   const CacheStats s = cache_->GetStats();
   EXPECT_EQ(s.tiers.device_drops_invalidated, c.compressed_blocks);

@@ -1,7 +1,7 @@
 """A numpy replica of what kvcached's budget mode does to one sequence's KV.
 
 Contract. `budget_plan(cache, reports, policy, layout)` computes per block what the daemon's
-compaction (server/core/importance_compaction.cc, PlanBudget and Cache::Compact) decides and
+compaction (server/core/importance_compaction.cc, PlanBudget and Compactor::Compact) decides and
 stores for a model in budget mode (docs/importance.md, "Budget mode"), and what a fetch with
 `accept_lossy` serves:
 

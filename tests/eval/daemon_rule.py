@@ -3,7 +3,7 @@
 Contract. Given a model layout, the prefix KV a worker appends (a smollm_reference.KvCache,
 stored as FP16 blocks of `block_tokens` tokens), the attention report(s) the worker sends with
 ReportAttention, and the model's policy, `plan()` computes per block what the daemon's
-compaction (server/core/importance_compaction.cc, Cache::Compact) decides and stores, and what a
+compaction (server/core/importance_compaction.cc, Compactor::Compact) decides and stores, and what a
 fetch with `accept_lossy` then serves:
 
 * the precision map (0 full, 1 INT8, 2 pruned) and whether the block is compressed at all;
