@@ -343,7 +343,7 @@ TEST_F(CheckpointCacheTest, BlocksOnlyInAVolatileLowerTierAreLeftOut) {
   source_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_,
                                     MemoryTier::Create(uint64_t{64} << 20), NewLruPolicy());
   ASSERT_NO_FATAL_FAILURE(Fill(*source_, Big(), 40));  // 8 KiB blocks: past the host tier
-  for (int i = 0; i < 20 && source_->NeedsMigration(); ++i) source_->Migrate();
+  for (int i = 0; i < 20 && source_->tiers().NeedsMigration(); ++i) source_->tiers().Migrate();
   const CacheStats stats = source_->GetStats();
   ASSERT_GT(stats.tiers.lower_only_blocks, 0u);
   auto run = Checkpoint(*source_, DefaultFileSystem(), 1);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
+#include "server/core/cache_access.h"
 
 namespace kvcache {
 
@@ -22,9 +23,10 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
       policy_(std::move(policy)),
       lower_policy_(std::move(lower_policy)),
       models_(options.max_models, options.namespace_share),
-      leases_(options.max_leases, options.max_lease_tokens, options.namespace_share),
-      lower_writes_(options.tiers.lower_write_bytes_per_second) {
+      leases_(options.max_leases, options.max_lease_tokens, options.namespace_share) {
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
+  tiers_ = std::make_unique<TierManager>(CacheAccess(this), options_.tiers,
+                                         /*log_moves=*/lower_ != nullptr || device_ != nullptr);
   if (lower_ != nullptr) {
     prefetcher_ = std::make_unique<TierWorkers>(std::max(1u, options_.tiers.prefetch_threads),
                                                 std::max(1u, options_.tiers.prefetch_queue));
@@ -449,7 +451,7 @@ absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming
           " (security.tenant_limits.max_cached_bytes), and none of its blocks can be evicted "
           "(leased, being fetched, or not in host memory)"));
     }
-    LogMoveLocked(*victim, "host", "none", "quota", victim->payload->size());
+    tiers_->LogMove(*victim, "host", "none", "quota", victim->payload->size());
     ModelState& state = *models_.OfIndex(victim->index);
     RemoveSubtreeLocked(state, victim, &dropped);
     ++quota_evictions_;
@@ -506,6 +508,7 @@ CacheStats Cache::GetStats() const {
   stats.staged_bytes = staged_bytes_.load(std::memory_order_relaxed);
   stats.lease_tokens = leases_.tokens();
   stats.tiers = tier_;
+  stats.tiers.moves_unlogged = tiers_->moves_unlogged();
   if (lower_ != nullptr) {
     stats.has_lower = true;
     stats.lower_store = lower_->GetStats();

@@ -17,8 +17,6 @@
 //   ReportAttention  per-token attention a worker observed, folded into each
 //                  token's decayed activity (and sampled for calibration)
 //   UpdatePolicy   a model's compression mode, weights and target mass
-//   Migrate        one pass of the tier migrator: demotes cold host blocks to
-//                  the lower tier (SSD) past the host's high watermark
 //   RestoreModel / RestoreBlock
 //                  what a restart puts back of a checkpoint
 //   PlaceOnDevice  copies a prefix's blocks into the GPU tier and leases
@@ -27,7 +25,9 @@
 // The cache's components work on it from outside, through CacheAccess
 // (cache_access.h), the one door to its lock and indexes: CacheInspector
 // (the operator's view), CheckpointSource (what a checkpoint captures) and
-// Compactor (compression, pool compaction and calibration passes).
+// Compactor (compression, pool compaction and calibration passes) and
+// TierManager (the migrator between host memory and the lower tier, with
+// the move log; owned by the cache, reached by tiers()).
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -37,7 +37,7 @@
 //
 // Tiers (docs/tiers.md). With a lower tier (a Tier: the SSD), host
 // memory is the upper tier and blocks move between the two instead of
-// leaving: the migrator (Migrate) and an append that finds the pool full
+// leaving: the migrator (TierManager) and an append that finds the pool full
 // demote the host block the host policy picks (written to the lower tier
 // outside the lock, the host copy dropped once written; a block already
 // there is dropped without a write), admitted by a frequency gate and a
@@ -100,7 +100,6 @@
 #include "server/common/clock.h"
 #include "server/common/mutex.h"
 #include "server/common/shared_mutex.h"
-#include "server/common/token_bucket.h"
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
 #include "server/core/block_image.h"
@@ -117,6 +116,7 @@
 #include "server/core/model_registry.h"
 #include "server/core/prefix_index.h"
 #include "server/core/slab_pool.h"
+#include "server/core/tier_manager.h"
 #include "server/core/tier_workers.h"
 #include "server/core/tiered_block.h"
 #include "server/core/touch_buffer.h"
@@ -234,21 +234,9 @@ class Cache {
                                                uint64_t lease_id, std::span<const float> attention,
                                                uint32_t num_layers);
 
-  // One pass of the tier migrator: when the host's committed bytes are past
-  // its high watermark, demotes blocks until they are below the low one, at
-  // most max_demotions_per_pass (nothing without a lower tier); when the GPU
-  // tier is past its own, drops its least recently used unleased copies
-  // down to its low watermark. The
-  // daemon calls it from a thread of its own (it writes to the SSD).
-  MigrationResult Migrate();
-  // Whether the host tier (with a lower tier) or the GPU tier is past its
-  // high watermark (Migrate has work).
-  bool NeedsMigration() const;
-  // The tier moves since the last call, oldest first (at most kMaxPendingMoves
-  // are kept; older ones are counted in TierCounters::moves_unlogged). The
-  // daemon's migrator writes them to the migration log.
-  std::vector<MoveRecord> DrainMoves();
-  static constexpr size_t kMaxPendingMoves = 65536;
+  // The migrator (Migrate, NeedsMigration) and the migration log
+  // (DrainMoves): tier_manager.h.
+  TierManager& tiers() const { return *tiers_; }
   bool HasLowerTier() const { return lower_ != nullptr; }
 
   // Reads the lower-tier blocks of `tokens`' cached prefix back into host
@@ -506,25 +494,8 @@ class Cache {
   void SetHostCopyLocked(IndexNode* node, BlockRef payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `node`'s lower copy, if any (stale after its host copy changed).
   void DropLowerCopyLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the admission gate and the write budget let `node` be written
-  // to the lower tier now (consumes budget when it does).
-  bool AdmitLowerLocked(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts one lower-only leaf nothing else references; false when none.
   bool EvictLowerOneLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes a copy of `payload` to the lower tier, evicting lower blocks for
-  // room (a bounded number of times).
-  absl::StatusOr<StoredRef> WriteLower(uint64_t key, const BlockPayload& payload)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  enum class DemoteOutcome : uint8_t { kNothing, kDemoted, kCleanDrop, kEvicted, kRaced };
-  // The move primitive for host -> lower: picks the host policy's victim,
-  // writes it outside the lock and installs the copy only if the block did
-  // not change meanwhile. `refused` counts a refusal by the gate or budget.
-  DemoteOutcome DemoteOne(uint64_t* bytes, bool* refused, const char* reason)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues a move for the migration log.
-  void LogMoveLocked(const IndexNode& node, const char* from, const char* to, const char* reason,
-                     uint64_t bytes, absl::Duration took = absl::ZeroDuration())
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Committed host bytes: the pool's allocated bytes less appends in flight.
   uint64_t CommittedHostBytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts least recently used blocks until the committed blocks leave
@@ -602,10 +573,8 @@ class Cache {
   // bounded number of times).
   absl::StatusOr<StoredRef> WriteDevice(uint64_t key, const BlockPayload& payload)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the GPU tier / the host tier (with a lower one) is past its high
-  // watermark.
+  // Whether the GPU tier is past its high watermark.
   bool DeviceNeedsMigration() const;
-  bool HostNeedsMigration() const;
   // Drops device copies down to the low watermark; returns how many.
   uint64_t MigrateDevice() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -654,9 +623,9 @@ class Cache {
   CompactorCounters compactor_ ABSL_GUARDED_BY(mu_);
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
   DeviceCopies device_copies_ ABSL_GUARDED_BY(mu_);  // the GPU tier's copies
-  std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);
-  // The lower tier's write budget: bytes that may be written now, and when.
-  TokenBucket lower_writes_ ABSL_GUARDED_BY(mu_);  // tiers.lower_write_bytes_per_second
+  // The migrator, the lower tier's admission and the move log; made by the
+  // constructor (it reaches the cache through CacheAccess).
+  std::unique_ptr<TierManager> tiers_;
 };
 
 }  // namespace kvcache

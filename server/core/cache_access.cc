@@ -53,12 +53,13 @@ std::optional<uint64_t> CacheAccess::Held::DropCorrupt(const BlockMove& claimed,
     // The host copy is good: the bad lower copy goes alone, if it is still
     // the one checked.
     if (n->lower != claimed.lower()) return std::nullopt;
-    c.LogMoveLocked(*n, "ssd", "none", reason, n->lower->seal().size);
+    c.tiers_->LogMove(*n, "ssd", "none", reason, n->lower->seal().size);
     ++c.tier_.checksum_failures;
     c.DropLowerCopyLocked(n);
     return 0;
   }
-  c.LogMoveLocked(*n, level == BlockTier::kLower ? "ssd" : "host", "none", reason, n->seal().size);
+  c.tiers_->LogMove(*n, level == BlockTier::kLower ? "ssd" : "host", "none", reason,
+                    n->seal().size);
   return c.RemoveSubtreeLocked(m, n, dropped).evicted_blocks;
 }
 
@@ -122,6 +123,62 @@ uint64_t CacheAccess::Held::EnforceBudgets(std::vector<BlockRef>* dropped) const
 CompactorCounters& CacheAccess::Held::compactor_counters() const {
   cache_->mu_.AssertHeld();
   return cache_->compactor_;
+}
+
+void CacheAccess::Held::ExpireLeases() const {
+  cache_->mu_.AssertHeld();
+  cache_->ExpireLeasesLocked(cache_->clock_->Now());
+}
+
+IndexNode* CacheAccess::Held::ColdestHostBlock() const {
+  cache_->mu_.AssertHeld();
+  return cache_->policy_->PickVictim(
+      [](const IndexNode& n) { return !n.payload->pins().pinned(); });
+}
+
+void CacheAccess::Held::DropHostCopy(IndexNode* node, std::vector<BlockRef>* dropped) const {
+  cache_->mu_.AssertHeld();
+  cache_->DropHostCopyLocked(node, dropped);
+}
+
+void CacheAccess::Held::AddLowerCopy(IndexNode* node, StoredRef copy) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  const uint64_t size = copy->seal().size;
+  node->lower = std::move(copy);
+  ++c.tier_.lower_blocks;
+  c.tier_.lower_payload_bytes += size;
+}
+
+uint64_t CacheAccess::Held::RemoveBlock(IndexNode* node, std::vector<BlockRef>* dropped) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  return c.RemoveSubtreeLocked(*c.models_.OfIndex(node->index), node, dropped).evicted_blocks;
+}
+
+bool CacheAccess::Held::EvictHostLeaf(std::vector<BlockRef>* dropped) const {
+  cache_->mu_.AssertHeld();
+  return cache_->EvictHostLeafLocked(dropped);
+}
+
+bool CacheAccess::Held::EvictLowerLeaf(std::vector<BlockRef>* dropped) const {
+  cache_->mu_.AssertHeld();
+  return cache_->EvictLowerOneLocked(dropped);
+}
+
+void CacheAccess::Held::CountCapacityEviction() const {
+  cache_->mu_.AssertHeld();
+  ++cache_->capacity_evictions_;
+}
+
+IndexNode* CacheAccess::Held::Refind(const BlockMove& claimed) const {
+  cache_->mu_.AssertHeld();
+  return claimed.Refind(cache_->models_);
+}
+
+TierCounters& CacheAccess::Held::tier_counters() const {
+  cache_->mu_.AssertHeld();
+  return cache_->tier_;
 }
 
 // --- Locked -------------------------------------------------------------------
@@ -195,6 +252,14 @@ std::vector<SlabClassStats> CacheAccess::PoolClasses() const {
 }
 
 SlabPool& CacheAccess::pool() const { return *cache_->pool_; }
+
+uint64_t CacheAccess::CommittedHostBytes() const { return cache_->CommittedHostBytes(); }
+
+bool CacheAccess::DeviceNeedsMigration() const { return cache_->DeviceNeedsMigration(); }
+
+uint64_t CacheAccess::MigrateDevice() const { return cache_->MigrateDevice(); }
+
+absl::Time CacheAccess::Now() const { return cache_->clock_->Now(); }
 
 const CacheOptions& CacheAccess::options() const { return cache_->options_; }
 

@@ -1,7 +1,7 @@
 // CacheAccess: what the cache's components see of it. The operator's view
-// (CacheInspector), checkpoint capture (CheckpointSource) and the passes
-// that rewrite blocks (Compactor) work on the cache's indexes from outside
-// Cache; this class is the one door they take,
+// (CacheInspector), checkpoint capture (CheckpointSource), the passes
+// that rewrite blocks (Compactor) and the migrator (TierManager) work on
+// the cache's indexes from outside Cache; this class is the one door they take,
 // and Cache keeps its lock, registry, leases and tiers private to everyone
 // else. It offers:
 //
@@ -10,10 +10,11 @@
 //   Locked    a hold of the cache's lock (exclusive, pending touches
 //             applied first) and, through it, what a component may read
 //             and change while it holds the lock: the registry and leases
-//             to read, a bad copy to drop (DropCorrupt), and a host copy to
+//             to read, a bad copy to drop (DropCorrupt), a host copy to
 //             rewrite by the move protocol (ClaimRewrite, EndRewrite,
-//             ReplaceHostCopy)
-//   HashBlocks, lower_tier, pool, options, GiveWayAfterStep
+//             ReplaceHostCopy), and a block's copies to move between levels
+//             (ColdestHostBlock, AddLowerCopy, DropHostCopy, ...)
+//   HashBlocks, lower_tier, pool, options, GiveWayAfterStep, ...
 //             what a component needs of the cache without the lock
 //
 // A component copies what it needs under the lock and does its slow work
@@ -121,6 +122,31 @@ class CacheAccess {
     // The counters GetStats reports of the Compactor's passes.
     CompactorCounters& compactor_counters() const;
 
+    // --- What the TierManager may change -----------------------------------
+    // Ends the leases whose time is up.
+    void ExpireLeases() const;
+    // The host policy's coldest block that nothing pins; null when none.
+    IndexNode* ColdestHostBlock() const;
+    // Drops `node`'s host copy (its reference to `dropped`); the block
+    // stays, in the lower tier. REQUIRES: node has a lower copy.
+    void DropHostCopy(IndexNode* node, std::vector<BlockRef>* dropped) const;
+    // Gives `node` `copy` as its lower copy. REQUIRES: it has none.
+    void AddLowerCopy(IndexNode* node, StoredRef copy) const;
+    // Takes `node` and every block below it out of the index; returns how
+    // many blocks left.
+    uint64_t RemoveBlock(IndexNode* node, std::vector<BlockRef>* dropped) const;
+    // Evicts the host policy's coldest unpinned leaf; false when none.
+    bool EvictHostLeaf(std::vector<BlockRef>* dropped) const;
+    // Evicts the lower tier's coldest unpinned lower-only leaf; false when
+    // none.
+    bool EvictLowerLeaf(std::vector<BlockRef>* dropped) const;
+    // Counts an eviction made for room in CacheStats::capacity_evictions.
+    void CountCapacityEviction() const;
+    // The block `claimed` claimed, when it is still that block; else null.
+    IndexNode* Refind(const BlockMove& claimed) const;
+    // The counters GetStats reports of the cache's tiers.
+    TierCounters& tier_counters() const;
+
    protected:
     explicit Held(Cache* cache) : cache_(cache) {}
 
@@ -169,6 +195,14 @@ class CacheAccess {
                                          std::span<const Token> tokens) const;
   // The lower tier (null: none), to read lower copies back.
   Tier* lower_tier() const;
+  // The host pool's allocated bytes less what appends in flight stage.
+  uint64_t CommittedHostBytes() const;
+  // Whether the GPU tier is past its high watermark, and the pass that
+  // drops its copies down to the low one (returns how many it dropped).
+  bool DeviceNeedsMigration() const;
+  uint64_t MigrateDevice() const;
+  // The cache's clock, read now.
+  absl::Time Now() const;
   // The host pool's size classes, smallest first.
   std::vector<SlabClassStats> PoolClasses() const;
   // The host pool, to allocate a rewritten copy in (thread-safe itself).

@@ -22,7 +22,7 @@ bool Cache::EvictHostLeafLocked(std::vector<BlockRef>* dropped) {
   IndexNode* victim = policy_->PickVictim(
       [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); });
   if (victim == nullptr) return false;
-  LogMoveLocked(*victim, "host", "none", "evicted", victim->payload->size());
+  tiers_->LogMove(*victim, "host", "none", "evicted", victim->payload->size());
   ModelState& state = *models_.OfIndex(victim->index);
   RemoveSubtreeLocked(state, victim, dropped);
   return true;
@@ -82,7 +82,7 @@ bool Cache::MakeRoomForSpace() {
   if (lower_ != nullptr) {
     uint64_t bytes = 0;
     bool refused = false;
-    return DemoteOne(&bytes, &refused, "append") != DemoteOutcome::kNothing;
+    return tiers_->DemoteOne(&bytes, &refused, "append") != TierManager::DemoteOutcome::kNothing;
   }
   std::vector<BlockRef> dropped;  // freed after the lock is released
   WriteLock lock(this);

@@ -164,7 +164,7 @@ TEST_F(CacheInspectionTest, VerifyReadsLowerCopiesWhenAsked) {
                                    NewLruPolicy());
   Register(Big());  // 8 KiB blocks: 32 fit the host
   AppendSequences(Big(), 12, 4);
-  while (cache_->NeedsMigration()) cache_->Migrate();
+  while (cache_->tiers().NeedsMigration()) cache_->tiers().Migrate();
   const std::vector<Token> tokens = SequenceOf(0, 4);  // demoted first
   ASSERT_EQ(lower->Corrupt(PrefixKey(tokens, 2), 100), 1);
 

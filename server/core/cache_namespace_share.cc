@@ -30,7 +30,7 @@ bool Cache::EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
     IndexNode* victim = lower_policy_->PickVictim(
         [&](const IndexNode& n) { return n.is_leaf() && !n.lower->pins().pinned() && owned(n); });
     if (victim != nullptr) {
-      LogMoveLocked(*victim, "ssd", "none", reason, victim->lower->seal().size);
+      tiers_->LogMove(*victim, "ssd", "none", reason, victim->lower->seal().size);
       RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
       ++tier_.lower_evictions;
       return true;
@@ -39,7 +39,7 @@ bool Cache::EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
   IndexNode* victim = policy_->PickVictim(
       [&](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned() && owned(n); });
   if (victim == nullptr) return false;
-  LogMoveLocked(*victim, "host", "none", reason, victim->payload->size());
+  tiers_->LogMove(*victim, "host", "none", reason, victim->payload->size());
   RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
   return true;
 }

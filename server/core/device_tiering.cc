@@ -46,7 +46,7 @@ void Cache::DropDeviceCopyLocked(IndexNode* node, DeviceDrop why) {
   const uint64_t size = (*copy)->seal().size;
   --tier_.device_blocks;
   tier_.device_payload_bytes -= size;
-  LogMoveLocked(*node, "gpu", "none", reason, size);
+  tiers_->LogMove(*node, "gpu", "none", reason, size);
   // The slot is freed here unless a lease still holds the copy (then when
   // the lease ends).
   device_copies_.Take(node);
@@ -191,7 +191,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
     device_copies_.Put(node, b.device.ref());
     ++tier_.device_blocks;
     tier_.device_payload_bytes += seal.size;
-    LogMoveLocked(*node, node->in_host() ? "host" : "ssd", "gpu", "place", seal.size);
+    tiers_->LogMove(*node, node->in_host() ? "host" : "ssd", "gpu", "place", seal.size);
   }
   out.matched_tokens = blocks.size() * bt;
   out.unplaced_tokens = (matched - blocks.size()) * bt;

@@ -67,7 +67,7 @@ class TierTest : public CacheTest, public ::testing::WithParamInterface<std::str
     MakeTiered(4, 4 << 20);
     Register(Big());
     AppendSequences(12, 4);
-    while (cache_->NeedsMigration()) cache_->Migrate();
+    while (cache_->tiers().NeedsMigration()) cache_->tiers().Migrate();
   }
 
   std::shared_ptr<MemoryTier> lower_;
@@ -142,7 +142,7 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   AppendSequences(12, 4);
   const std::vector<Token> tokens = SequenceOf(0, 4);
   // Make room so the fetch may promote.
-  while (cache_->NeedsMigration()) cache_->Migrate();
+  while (cache_->tiers().NeedsMigration()) cache_->tiers().Migrate();
   const uint64_t writes_before = lower_->GetStats().writes;
   const uint64_t demotions_before = Tiers().demotions;
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
@@ -151,7 +151,7 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   ASSERT_TRUE(again.ok());
   for (const BlockInfo& b : again->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
   // The migration log has every move so far: demotions and the promotions.
-  std::vector<MoveRecord> moves = cache_->DrainMoves();
+  std::vector<MoveRecord> moves = cache_->tiers().DrainMoves();
   EXPECT_EQ(std::count_if(moves.begin(), moves.end(),
                           [](const MoveRecord& m) {
                             return std::string_view(m.reason) == "fetch" &&
@@ -161,11 +161,11 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   EXPECT_EQ(std::count_if(moves.begin(), moves.end(),
                           [](const MoveRecord& m) { return std::string_view(m.to) == "ssd"; }),
             static_cast<ptrdiff_t>(Tiers().demotions));
-  EXPECT_TRUE(cache_->DrainMoves().empty());
+  EXPECT_TRUE(cache_->tiers().DrainMoves().empty());
   // Push the promoted blocks out again: they are still below, so no write.
   AppendSequences(24, 4);
   EXPECT_GE(Tiers().clean_drops, 4u);
-  moves = cache_->DrainMoves();
+  moves = cache_->tiers().DrainMoves();
   EXPECT_GE(
       std::count_if(moves.begin(), moves.end(),
                     [](const MoveRecord& m) { return std::string_view(m.reason) == "clean"; }),
@@ -262,7 +262,7 @@ TEST_P(TierTest, AnAsyncFetchReadsOnItsOwnThreadWhenTheReadQueueIsFull) {
   MakeTiered(4, 4 << 20, options, /*gated=*/true);
   Register(Big());
   AppendSequences(12, 4);
-  while (cache_->NeedsMigration()) cache_->Migrate();
+  while (cache_->tiers().NeedsMigration()) cache_->tiers().Migrate();
   for (uint32_t s = 0; s < 3; ++s) {
     ASSERT_EQ(cache_->Lookup(Big().key, SequenceOf(s, 4))->blocks[0].tier, BlockTier::kLower);
   }
@@ -331,14 +331,14 @@ TEST_P(TierTest, MigrateBringsTheHostBelowItsLowWatermark) {
   MakeTiered(8, 4 << 20, options);
   Register(Big());
   AppendSequences(10, 4);  // 40 of 64 host blocks: past the high watermark
-  ASSERT_TRUE(cache_->NeedsMigration());
+  ASSERT_TRUE(cache_->tiers().NeedsMigration());
   MigrationResult r;
-  while (cache_->NeedsMigration() || r.demoted_blocks == 0) {
-    const MigrationResult pass = cache_->Migrate();
+  while (cache_->tiers().NeedsMigration() || r.demoted_blocks == 0) {
+    const MigrationResult pass = cache_->tiers().Migrate();
     r.demoted_blocks += pass.demoted_blocks;
     if (pass.demoted_blocks == 0) break;
   }
-  EXPECT_FALSE(cache_->NeedsMigration());
+  EXPECT_FALSE(cache_->tiers().NeedsMigration());
   EXPECT_LE(Allocated(), 8 * kSlab / 4);
   EXPECT_GT(r.demoted_blocks, 0u);
   for (uint32_t s = 0; s < 10; ++s) EXPECT_EQ(Fetched(Big(), SequenceOf(s, 4)), 4 * kBt);
@@ -463,7 +463,7 @@ TEST_P(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
   std::atomic<uint64_t> fetched_blocks{0}, bad{0};
   std::thread migrator([&] {
     while (!stop.load()) {
-      if (cache_->Migrate().demoted_blocks == 0) std::this_thread::yield();
+      if (cache_->tiers().Migrate().demoted_blocks == 0) std::this_thread::yield();
     }
   });
   std::vector<std::thread> workers;

@@ -1,6 +1,7 @@
-// The Cache's tier moves: demotion of host blocks to the lower tier, the
-// lower tier's eviction, reading lower blocks back for a fetch, and
-// promotion. See cache.h ("Tiers") and docs/tiers.md.
+// The Cache's side of its tier moves: a block's copies changing level, the
+// lower tier's eviction, reading lower blocks back for a fetch, promotion
+// and prefetch. The migrator and demotion are TierManager's
+// (tier_manager.h). See cache.h ("Tiers") and docs/tiers.md.
 #include <algorithm>
 #include <utility>
 
@@ -9,14 +10,6 @@
 #include "server/core/cache.h"
 
 namespace kvcache {
-namespace {
-
-// Evictions from the lower tier one write may cause before it gives up
-// (its size class may need several).
-constexpr int kMaxLowerEvictionsPerWrite = 32;
-
-}  // namespace
-
 void Cache::DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped) {
   policy_->Release(node);
   payload_bytes_ -= node->payload->size();
@@ -40,179 +33,20 @@ void Cache::DropLowerCopyLocked(IndexNode* node) {
   node->lower.reset();
 }
 
-bool Cache::AdmitLowerLocked(const IndexNode& node) {
-  const TierOptions& o = options_.tiers;
-  if (node.references < o.lower_admit_min_references) return false;
-  return lower_writes_.TryTake(node.payload->size(), clock_->Now());
-}
-
 bool Cache::EvictLowerOneLocked(std::vector<BlockRef>* dropped) {
   // A lower-only leaf that nothing pins (leases and reads in flight do).
   IndexNode* victim = lower_policy_->PickVictim(
       [](const IndexNode& n) { return n.is_leaf() && !n.lower->pins().pinned(); });
   if (victim == nullptr) return false;
-  LogMoveLocked(*victim, "ssd", "none", "capacity", victim->lower->seal().size);
+  tiers_->LogMove(*victim, "ssd", "none", "capacity", victim->lower->seal().size);
   RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
   ++tier_.lower_evictions;
   return true;
 }
 
-absl::StatusOr<StoredRef> Cache::WriteLower(uint64_t key, const BlockPayload& payload) {
-  for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<StoredRef> copy = lower_->Write(key, payload);
-    if (copy.ok() || !absl::IsResourceExhausted(copy.status()) ||
-        attempt == kMaxLowerEvictionsPerWrite) {
-      return copy;
-    }
-    std::vector<BlockRef> dropped;  // freed after the lock
-    WriteLock lock(this);
-    if (!EvictLowerOneLocked(&dropped)) return copy;
-  }
-}
-
-void Cache::LogMoveLocked(const IndexNode& node, const char* from, const char* to,
-                          const char* reason, uint64_t bytes, absl::Duration took) {
-  // One tier: nothing moves, nothing drains the log.
-  if (lower_ == nullptr && device_ == nullptr) return;
-  if (pending_moves_.size() >= kMaxPendingMoves) {
-    pending_moves_.erase(pending_moves_.begin(),
-                         pending_moves_.begin() + static_cast<ptrdiff_t>(kMaxPendingMoves / 2));
-    tier_.moves_unlogged += kMaxPendingMoves / 2;
-  }
-  pending_moves_.push_back({.when = clock_->Now(),
-                            .key = node.key,
-                            .from = from,
-                            .to = to,
-                            .reason = reason,
-                            .bytes = bytes,
-                            .took = took});
-}
-
-std::vector<MoveRecord> Cache::DrainMoves() {
-  std::vector<MoveRecord> out;
-  WriteLock lock(this);
-  out.swap(pending_moves_);
-  return out;
-}
-
-Cache::DemoteOutcome Cache::DemoteOne(uint64_t* bytes, bool* refused, const char* reason) {
-  *refused = false;
-  BlockMove move;  // its claim keeps the victim from being picked (or compacted) twice
-  {
-    std::vector<BlockRef> dropped;  // freed after the lock
-    WriteLock lock(this);
-    ExpireLeasesLocked(clock_->Now());
-    IndexNode* victim =
-        policy_->PickVictim([](const IndexNode& n) { return !n.payload->pins().pinned(); });
-    if (victim == nullptr) return DemoteOutcome::kNothing;
-    if (victim->lower != nullptr) {  // clean: the lower tier has it already
-      *bytes = victim->payload->size();
-      LogMoveLocked(*victim, "host", "ssd", "clean", *bytes);
-      DropHostCopyLocked(victim, &dropped);
-      ++tier_.clean_drops;
-      return DemoteOutcome::kCleanDrop;
-    }
-    if (!AdmitLowerLocked(*victim)) {
-      *refused = true;
-      ++tier_.admissions_refused;
-      // Not worth an SSD write: evict it, or the host's coldest leaf when it
-      // has children (they stay, below it).
-      if (victim->is_leaf()) {
-        LogMoveLocked(*victim, "host", "none", "not_admitted", victim->payload->size());
-        RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, &dropped);
-      } else if (!EvictHostLeafLocked(&dropped)) {
-        return DemoteOutcome::kNothing;
-      }
-      ++tier_.not_admitted_evictions;
-      ++capacity_evictions_;
-      return DemoteOutcome::kEvicted;
-    }
-    move = BlockMove::Claim(*victim);
-  }
-  // The write, outside the lock.
-  const BlockPayload& payload = *move.host();
-  const absl::Time start = absl::Now();
-  absl::StatusOr<StoredRef> copy = WriteLower(move.key(), payload);
-  const absl::Duration took = absl::Now() - start;
-
-  std::vector<BlockRef> dropped;
-  WriteLock lock(this);
-  IndexNode* node = move.Refind(models_);
-  if (node == nullptr || node->lower != nullptr) return DemoteOutcome::kRaced;
-  if (!copy.ok()) {
-    ++tier_.lower_write_failures;
-    // The lower tier cannot take it: evict it instead, if it is still a
-    // leaf nothing but this move pins.
-    if (node->is_leaf() && node->payload->pins().only(PinReason::kMove, 1)) {
-      LogMoveLocked(*node, "host", "none", "write_failed", payload.size(), took);
-      RemoveSubtreeLocked(*models_.OfIndex(move.index()), node, &dropped);
-      ++tier_.not_admitted_evictions;
-      ++capacity_evictions_;
-      return DemoteOutcome::kEvicted;
-    }
-    return DemoteOutcome::kRaced;
-  }
-  node->lower = *std::move(copy);
-  ++tier_.lower_blocks;
-  tier_.lower_payload_bytes += payload.size();
-  ++tier_.demotions;
-  tier_.demoted_bytes += payload.size();
-  *bytes = payload.size();
-  LogMoveLocked(*node, "host", "ssd", reason, payload.size(), took);
-  DropHostCopyLocked(node, &dropped);
-  return DemoteOutcome::kDemoted;
-}
-
 uint64_t Cache::CommittedHostBytes() const {
   const uint64_t allocated = pool_->GetStats().allocated_bytes;
   return allocated - std::min(allocated, staged_bytes_.load(std::memory_order_relaxed));
-}
-
-bool Cache::NeedsMigration() const { return DeviceNeedsMigration() || HostNeedsMigration(); }
-
-bool Cache::HostNeedsMigration() const {
-  if (lower_ == nullptr) return false;
-  const double capacity = static_cast<double>(pool_->GetStats().capacity_bytes);
-  return static_cast<double>(CommittedHostBytes()) > options_.tiers.host_high_watermark * capacity;
-}
-
-MigrationResult Cache::Migrate() {
-  MigrationResult result;
-  if (DeviceNeedsMigration()) result.device_drops = MigrateDevice();
-  if (!HostNeedsMigration()) {
-    WriteLock lock(this);
-    ++tier_.migrate_passes;
-    return result;
-  }
-  const uint64_t capacity = pool_->GetStats().capacity_bytes;
-  uint64_t target =
-      static_cast<uint64_t>(options_.tiers.host_low_watermark * static_cast<double>(capacity));
-  target = std::min(target, capacity - std::min(capacity, options_.append_staging_bytes));
-  for (uint32_t i = 0; i < options_.tiers.max_demotions_per_pass && CommittedHostBytes() > target;
-       ++i) {
-    uint64_t bytes = 0;
-    bool refused = false;
-    const DemoteOutcome outcome = DemoteOne(&bytes, &refused, "pressure");
-    if (outcome == DemoteOutcome::kNothing) break;
-    switch (outcome) {
-      case DemoteOutcome::kDemoted:
-        ++result.demoted_blocks;
-        result.demoted_bytes += bytes;
-        break;
-      case DemoteOutcome::kCleanDrop:
-        ++result.clean_drops;
-        break;
-      case DemoteOutcome::kEvicted:
-        ++result.evicted_blocks;
-        if (refused) ++result.refused_blocks;
-        break;
-      default:
-        break;
-    }
-  }
-  WriteLock lock(this);
-  ++tier_.migrate_passes;
-  return result;
 }
 
 std::shared_ptr<WorkTicket> Cache::StartPrefetch(const ModelKey& model,
@@ -304,7 +138,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
         // Never served: the block leaves the cache (with what hangs below it).
         ++tier_.checksum_failures;
         if (same) {
-          LogMoveLocked(*node, "ssd", "none", "checksum", b.lower->seal().size, took);
+          tiers_->LogMove(*node, "ssd", "none", "checksum", b.lower->seal().size, took);
           ModelState& m = *models_.OfIndex(index);
           ++m.corrupt_blocks;
           RemoveSubtreeLocked(m, node, &dropped);
@@ -320,7 +154,7 @@ size_t Cache::LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>
     if (pooled[k] && same) {
       tier_.promoted_bytes += b.host->size();
       ++tier_.promotions;
-      LogMoveLocked(*node, "ssd", "host", "fetch", b.host->size(), took);
+      tiers_->LogMove(*node, "ssd", "host", "fetch", b.host->size(), took);
       SetHostCopyLocked(node, b.host.ref());
     }
   }

@@ -60,7 +60,7 @@ class CapacityTest : public ::testing::Test {
       ASSERT_TRUE((*session)->Write(kv).ok());
       auto committed = (*session)->Commit();
       ASSERT_TRUE(committed.ok()) << committed.status();
-      cache.Migrate();
+      cache.tiers().Migrate();
     }
   }
 

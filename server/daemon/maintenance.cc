@@ -137,7 +137,7 @@ std::shared_ptr<spdlog::logger> OpenMigrationLog(const v1::LoggingConfig& c) {
 }
 
 void WriteMoves(Cache& cache, spdlog::logger* log, EventLog* events) {
-  for (const MoveRecord& m : cache.DrainMoves()) {
+  for (const MoveRecord& m : cache.tiers().DrainMoves()) {
     if (events != nullptr) events->AddMove(m);
     if (log == nullptr) continue;
     log->info("key={:016x} from={} to={} reason={} bytes={} us={}", m.key, m.from, m.to, m.reason,
@@ -149,12 +149,12 @@ void RunMigrator(Cache& cache, spdlog::logger* migration_log, EventLog* events,
                  const std::atomic<bool>& stopping) {
   while (!stopping.load()) {
     WriteMoves(cache, migration_log, events);
-    if (!cache.NeedsMigration()) {
+    if (!cache.tiers().NeedsMigration()) {
       absl::SleepFor(absl::Milliseconds(20));
       continue;
     }
     const absl::Time start = absl::Now();
-    const MigrationResult r = cache.Migrate();
+    const MigrationResult r = cache.tiers().Migrate();
     spdlog::debug(
         "migration: {} blocks ({} bytes) demoted to ssd, {} clean host copies dropped, {} "
         "evicted ({} not admitted), {} gpu copies dropped in {:.1f} ms",

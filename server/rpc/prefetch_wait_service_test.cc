@@ -66,7 +66,7 @@ class PrefetchWaitServiceTest : public ::testing::Test {
       ASSERT_TRUE((*session)->Write(std::vector<std::byte>(4 * kBlockBytes, std::byte(s))).ok());
       ASSERT_TRUE((*session)->Commit().ok());
     }
-    while (cache_->NeedsMigration()) cache_->Migrate();  // room to promote into
+    while (cache_->tiers().NeedsMigration()) cache_->tiers().Migrate();  // room to promote into
   }
   void TearDown() override {
     store_->Open();

@@ -4,7 +4,7 @@
 // Two bounded rings of `capacity` entries each (status_page.recent_events);
 // the oldest entry goes when a new one arrives. Warnings and errors arrive
 // through an spdlog sink (NewEventLogSink) attached to the daemon's logger;
-// tier moves from the migrator, which drains Cache::DrainMoves() into the
+// tier moves from the migrator, which drains TierManager::DrainMoves() into the
 // migration log and here. Texts are kept as logged, cut at
 // kMaxMessageBytes; the page escapes them.
 //

@@ -220,12 +220,12 @@ TEST_F(DeviceCacheTest, MigrateDropsUnleasedCopiesDownToTheLowWatermark) {
   auto p = cache_->PlaceOnDevice(kModel, Sequence(1, 12));
   ASSERT_TRUE(p.ok());
   ASSERT_EQ(p->matched_tokens, 12 * kBt);
-  EXPECT_TRUE(cache_->NeedsMigration());
-  EXPECT_EQ(cache_->Migrate().device_drops, 0u);  // all leased
+  EXPECT_TRUE(cache_->tiers().NeedsMigration());
+  EXPECT_EQ(cache_->tiers().Migrate().device_drops, 0u);  // all leased
   ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
-  const MigrationResult r = cache_->Migrate();
+  const MigrationResult r = cache_->tiers().Migrate();
   EXPECT_EQ(r.device_drops, 8u);  // 12 -> 4 blocks of 16
-  EXPECT_FALSE(cache_->NeedsMigration());
+  EXPECT_FALSE(cache_->tiers().NeedsMigration());
   EXPECT_EQ(cache_->GetStats().tiers.device_drops_pressure, 8u);
   EXPECT_EQ(cache_->GetStats().device_store.live_copies, 4u);
   // LRU order: the placement touched blocks leaf first, so the prefix's
@@ -277,7 +277,7 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
   EXPECT_GT(cache_->GetStats().tiers.lower_reads, 0u);
   // The first 4 blocks of sequence 1 are the least recently placed: they
   // lose their device copies, the other 28 keep theirs.
-  ASSERT_EQ(cache_->Migrate().device_drops, 4u);
+  ASSERT_EQ(cache_->tiers().Migrate().device_drops, 4u);
   const CacheStats placed = cache_->GetStats();
   // Placed again: only blocks without a device copy may be read back.
   auto p = cache_->PlaceOnDevice(kModel, Sequence(1, 8));
@@ -303,7 +303,7 @@ TEST_F(DeviceCacheTest, FetchByAPlacementLeaseReadsBlocksOnlyTheSsdAndTheDeviceH
   // Newer sequences push sequence 1's host copies down to the lower tier;
   // its device copies stay.
   for (uint32_t id = 2; id <= 4; ++id) Append(id, 8);
-  (void)cache_->Migrate();
+  (void)cache_->tiers().Migrate();
   // Placed again: every block is on the device already, some only there
   // and in the lower tier.
   auto placed = cache_->PlaceOnDevice(kModel, Sequence(1, 8));
@@ -334,7 +334,7 @@ TEST_F(DeviceCacheTest, ConcurrentPlacementsAppendsAndMigrationServeOnlyAppended
   std::atomic<int> bad{0};
   std::atomic<uint64_t> placed{0};
   std::thread migrator([&] {
-    while (!stop.load()) (void)cache_->Migrate();
+    while (!stop.load()) (void)cache_->tiers().Migrate();
   });
   std::vector<std::thread> workers;
   for (int t = 0; t < 8; ++t) {

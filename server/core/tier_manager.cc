@@ -1,0 +1,203 @@
+// TierManager: the migrator, the lower tier's admission and the move log
+// (tier_manager.h, docs/tiers.md).
+#include "server/core/tier_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "server/core/block_move.h"
+#include "server/core/tier.h"
+
+namespace kvcache {
+namespace {
+
+// Evictions from the lower tier one write may cause before it gives up
+// (its size class may need several).
+constexpr int kMaxLowerEvictionsPerWrite = 32;
+
+}  // namespace
+
+TierManager::TierManager(CacheAccess access, const TierOptions& options, bool log_moves)
+    : access_(access),
+      options_(options),
+      log_moves_(log_moves),
+      lower_writes_(options.lower_write_bytes_per_second) {}
+
+bool TierManager::has_lower_tier() const { return access_.lower_tier() != nullptr; }
+
+// --- The move log ---------------------------------------------------------------
+
+void TierManager::LogMove(const IndexNode& node, const char* from, const char* to,
+                          const char* reason, uint64_t bytes, absl::Duration took) {
+  if (!log_moves_) return;  // one level: nothing moves, nothing drains the log
+  const absl::Time now = access_.Now();
+  MutexLock lock(&mu_);
+  if (pending_moves_.size() >= kMaxPendingMoves) {
+    pending_moves_.erase(pending_moves_.begin(),
+                         pending_moves_.begin() + static_cast<ptrdiff_t>(kMaxPendingMoves / 2));
+    moves_unlogged_ += kMaxPendingMoves / 2;
+  }
+  pending_moves_.push_back({.when = now,
+                            .key = node.key,
+                            .from = from,
+                            .to = to,
+                            .reason = reason,
+                            .bytes = bytes,
+                            .took = took});
+}
+
+std::vector<MoveRecord> TierManager::DrainMoves() {
+  std::vector<MoveRecord> out;
+  MutexLock lock(&mu_);
+  out.swap(pending_moves_);
+  return out;
+}
+
+uint64_t TierManager::moves_unlogged() const {
+  MutexLock lock(&mu_);
+  return moves_unlogged_;
+}
+
+// --- Demotion -------------------------------------------------------------------
+
+bool TierManager::Admit(const IndexNode& node, uint64_t bytes, absl::Time now) {
+  if (node.references < options_.lower_admit_min_references) return false;
+  MutexLock lock(&mu_);
+  return lower_writes_.TryTake(bytes, now);
+}
+
+absl::StatusOr<StoredRef> TierManager::WriteLower(uint64_t key, const BlockPayload& payload) {
+  Tier& lower = *access_.lower_tier();
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<StoredRef> copy = lower.Write(key, payload);
+    if (copy.ok() || !absl::IsResourceExhausted(copy.status()) ||
+        attempt == kMaxLowerEvictionsPerWrite) {
+      return copy;
+    }
+    std::vector<BlockRef> dropped;  // freed after the lock
+    CacheAccess::Locked locked(access_);
+    if (!locked.EvictLowerLeaf(&dropped)) return copy;
+  }
+}
+
+TierManager::DemoteOutcome TierManager::DemoteOne(uint64_t* bytes, bool* refused,
+                                                  const char* reason) {
+  *refused = false;
+  BlockMove move;  // its claim keeps the victim from being picked (or compacted) twice
+  {
+    std::vector<BlockRef> dropped;  // freed after the lock
+    CacheAccess::Locked locked(access_);
+    locked.ExpireLeases();
+    IndexNode* victim = locked.ColdestHostBlock();
+    if (victim == nullptr) return DemoteOutcome::kNothing;
+    TierCounters& counters = locked.tier_counters();
+    if (victim->lower != nullptr) {  // clean: the lower tier has it already
+      *bytes = victim->payload->size();
+      LogMove(*victim, "host", "ssd", "clean", *bytes);
+      locked.DropHostCopy(victim, &dropped);
+      ++counters.clean_drops;
+      return DemoteOutcome::kCleanDrop;
+    }
+    if (!Admit(*victim, victim->payload->size(), locked.Now())) {
+      *refused = true;
+      ++counters.admissions_refused;
+      // Not worth an SSD write: evict it, or the host's coldest leaf when it
+      // has children (they stay, below it).
+      if (victim->is_leaf()) {
+        LogMove(*victim, "host", "none", "not_admitted", victim->payload->size());
+        locked.RemoveBlock(victim, &dropped);
+      } else if (!locked.EvictHostLeaf(&dropped)) {
+        return DemoteOutcome::kNothing;
+      }
+      ++counters.not_admitted_evictions;
+      locked.CountCapacityEviction();
+      return DemoteOutcome::kEvicted;
+    }
+    move = BlockMove::Claim(*victim);
+  }
+  // The write, outside the lock.
+  const BlockPayload& payload = *move.host();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<StoredRef> copy = WriteLower(move.key(), payload);
+  const absl::Duration took = absl::Now() - start;
+
+  std::vector<BlockRef> dropped;
+  CacheAccess::Locked locked(access_);
+  IndexNode* node = locked.Refind(move);
+  if (node == nullptr || node->lower != nullptr) return DemoteOutcome::kRaced;
+  TierCounters& counters = locked.tier_counters();
+  if (!copy.ok()) {
+    ++counters.lower_write_failures;
+    // The lower tier cannot take it: evict it instead, if it is still a
+    // leaf nothing but this move pins.
+    if (node->is_leaf() && node->payload->pins().only(PinReason::kMove, 1)) {
+      LogMove(*node, "host", "none", "write_failed", payload.size(), took);
+      locked.RemoveBlock(node, &dropped);
+      ++counters.not_admitted_evictions;
+      locked.CountCapacityEviction();
+      return DemoteOutcome::kEvicted;
+    }
+    return DemoteOutcome::kRaced;
+  }
+  locked.AddLowerCopy(node, *std::move(copy));
+  ++counters.demotions;
+  counters.demoted_bytes += payload.size();
+  *bytes = payload.size();
+  LogMove(*node, "host", "ssd", reason, payload.size(), took);
+  locked.DropHostCopy(node, &dropped);
+  return DemoteOutcome::kDemoted;
+}
+
+// --- The migrator -----------------------------------------------------------------
+
+bool TierManager::NeedsMigration() const {
+  return access_.DeviceNeedsMigration() || HostNeedsMigration();
+}
+
+bool TierManager::HostNeedsMigration() const {
+  if (!has_lower_tier()) return false;
+  const double capacity = static_cast<double>(access_.pool().GetStats().capacity_bytes);
+  return static_cast<double>(access_.CommittedHostBytes()) >
+         options_.host_high_watermark * capacity;
+}
+
+MigrationResult TierManager::Migrate() {
+  MigrationResult result;
+  if (access_.DeviceNeedsMigration()) result.device_drops = access_.MigrateDevice();
+  if (!HostNeedsMigration()) {
+    CacheAccess::Locked locked(access_);
+    ++locked.tier_counters().migrate_passes;
+    return result;
+  }
+  const uint64_t capacity = access_.pool().GetStats().capacity_bytes;
+  uint64_t target =
+      static_cast<uint64_t>(options_.host_low_watermark * static_cast<double>(capacity));
+  target = std::min(target, capacity - std::min(capacity, access_.options().append_staging_bytes));
+  for (uint32_t i = 0; i < options_.max_demotions_per_pass && access_.CommittedHostBytes() > target;
+       ++i) {
+    uint64_t bytes = 0;
+    bool refused = false;
+    const DemoteOutcome outcome = DemoteOne(&bytes, &refused, "pressure");
+    if (outcome == DemoteOutcome::kNothing) break;
+    switch (outcome) {
+      case DemoteOutcome::kDemoted:
+        ++result.demoted_blocks;
+        result.demoted_bytes += bytes;
+        break;
+      case DemoteOutcome::kCleanDrop:
+        ++result.clean_drops;
+        break;
+      case DemoteOutcome::kEvicted:
+        ++result.evicted_blocks;
+        if (refused) ++result.refused_blocks;
+        break;
+      default:
+        break;
+    }
+  }
+  CacheAccess::Locked locked(access_);
+  ++locked.tier_counters().migrate_passes;
+  return result;
+}
+
+}  // namespace kvcache
