@@ -27,17 +27,10 @@ Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
   if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
   tiers_ = std::make_unique<TierManager>(CacheAccess(this), options_.tiers,
                                          /*log_moves=*/lower_ != nullptr || device_ != nullptr);
-  if (lower_ != nullptr) {
-    prefetcher_ = std::make_unique<TierWorkers>(std::max(1u, options_.tiers.prefetch_threads),
-                                                std::max(1u, options_.tiers.prefetch_queue));
-    fetch_readers_ = std::make_unique<TierWorkers>(std::max(1u, options_.tiers.fetch_read_threads),
-                                                   std::max(1u, options_.tiers.fetch_read_queue));
-  }
 }
 
 Cache::~Cache() {
-  prefetcher_.reset();  // their jobs use the cache
-  fetch_readers_.reset();
+  tiers_->StopWorkers();  // their jobs use the cache
   WriteLock lock(this);
   leases_.Clear();
   for (auto& entry : models_) {
@@ -512,8 +505,8 @@ CacheStats Cache::GetStats() const {
   if (lower_ != nullptr) {
     stats.has_lower = true;
     stats.lower_store = lower_->GetStats();
-    stats.prefetch = prefetcher_->GetStats();
-    stats.fetch_reads = fetch_readers_->GetStats();
+    stats.prefetch = tiers_->prefetch_stats();
+    stats.fetch_reads = tiers_->fetch_read_stats();
   }
   if (device_ != nullptr) {
     stats.has_device = true;

@@ -234,27 +234,11 @@ class Cache {
                                                uint64_t lease_id, std::span<const float> attention,
                                                uint32_t num_layers);
 
-  // The migrator (Migrate, NeedsMigration) and the migration log
-  // (DrainMoves): tier_manager.h.
+  // The moves between levels (tier_manager.h): the migrator (Migrate,
+  // NeedsMigration), prefetch (Prefetch, StartPrefetch) and the migration
+  // log (DrainMoves).
   TierManager& tiers() const { return *tiers_; }
   bool HasLowerTier() const { return lower_ != nullptr; }
-
-  // Reads the lower-tier blocks of `tokens`' cached prefix back into host
-  // memory (promotes them while the host has room), as a fetch would. With
-  // kBestEffort it queues the work and returns false at once (true when the
-  // cache has no lower tier); with kWait it returns once the work is done
-  // (true) or `timeout` passed (false; the work goes on). A zero `timeout`
-  // waits as long as the work takes. Counted in CacheStats::prefetch.
-  bool Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
-                PrefetchMode mode, absl::Duration timeout);
-  // Queues that read-back (as kBestEffort does) and returns its ticket, for a
-  // caller that waits without blocking a thread (WorkTicket::OnDone;
-  // a gRPC PREFETCH_WAIT lookup). Null when the cache has no lower tier or
-  // the prefetch queue is full (counted as dropped).
-  std::shared_ptr<WorkTicket> StartPrefetch(const ModelKey& model, std::span<const Token> tokens,
-                                            bool accept_lossy);
-  // Counts a waiter that stopped waiting before its prefetch was done.
-  void CountLatePrefetch();
 
   // Copies the exact blocks of `tokens`' cached prefix that the GPU tier
   // does not hold yet into it (reading SSD-only blocks back first, verified)
@@ -347,12 +331,6 @@ class Cache {
   void TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  // What LoadLowerBlocks reads back, and into what.
-  enum class LoadFor : uint8_t {
-    kFetch,     // every block without a host copy: the caller serves host bytes
-    kDevice,    // only blocks with neither a host nor a device copy
-    kPromotion  // into pool memory only: stops at the first block with no room
-  };
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckTokenCount(size_t n) const;
@@ -462,21 +440,15 @@ class Cache {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether FinishPlan would read any of `blocks` back from the lower tier.
   static bool NeedsLowerReads(std::span<const TieredBlock> blocks);
-  // PrepareFetch, reading lower-tier blocks back as `load_for` says.
+  // PrepareFetch, reading lower-tier blocks back as `read_for` says.
   absl::StatusOr<FetchPlan> PlanFetch(const ModelKey& model, std::span<const Token> tokens,
-                                      bool accept_lossy, size_t max_blocks, LoadFor load_for)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                      bool accept_lossy, size_t max_blocks,
+                                      TierManager::ReadFor read_for) ABSL_LOCKS_EXCLUDED(mu_);
   // Puts `blocks` (of `index`) into `plan`, reading lower-only blocks back
   // first; the plan ends before a block that could not be read.
   FetchPlan FinishPlan(FetchPlan plan, const PrefixIndex* index, std::vector<TieredBlock> blocks,
-                       LoadFor load_for = LoadFor::kFetch) ABSL_LOCKS_EXCLUDED(mu_);
-  // Reads the blocks of `blocks` that `load_for` needs into host payloads
-  // (pool memory while the pool has room, else the heap up to
-  // options_.max_fetch_heap_bytes); returns how many blocks from the first
-  // are readable. Promotes what it read into pool memory; drops a block
-  // whose copy fails its checksum. Called without mu_.
-  size_t LoadLowerBlocks(const PrefixIndex* index, std::vector<TieredBlock>& blocks,
-                         LoadFor load_for) ABSL_LOCKS_EXCLUDED(mu_);
+                       TierManager::ReadFor read_for = TierManager::ReadFor::kFetch)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The policy that ranks `node`: the host's while it has a host copy.
   EvictionPolicy* PolicyFor(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -585,10 +557,6 @@ class Cache {
   Clock* const clock_;
   const std::shared_ptr<Tier> lower_;         // null: one tier
   const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
-  // Run background promotions, and the lower-tier reads of
-  // PrepareFetchAsync; null without a lower tier. Destroyed first.
-  std::unique_ptr<TierWorkers> prefetcher_;
-  std::unique_ptr<TierWorkers> fetch_readers_;
 
   mutable SharedMutex mu_;
   // Touches of hits made under the shared lock; not guarded by mu_ (see

@@ -150,6 +150,11 @@ void CacheAccess::Held::AddLowerCopy(IndexNode* node, StoredRef copy) const {
   c.tier_.lower_payload_bytes += size;
 }
 
+void CacheAccess::Held::SetHostCopy(IndexNode* node, BlockRef copy) const {
+  cache_->mu_.AssertHeld();
+  cache_->SetHostCopyLocked(node, std::move(copy));
+}
+
 uint64_t CacheAccess::Held::RemoveBlock(IndexNode* node, std::vector<BlockRef>* dropped) const {
   Cache& c = *cache_;
   c.mu_.AssertHeld();
@@ -260,6 +265,13 @@ bool CacheAccess::DeviceNeedsMigration() const { return cache_->DeviceNeedsMigra
 uint64_t CacheAccess::MigrateDevice() const { return cache_->MigrateDevice(); }
 
 absl::Time CacheAccess::Now() const { return cache_->clock_->Now(); }
+
+absl::StatusOr<FetchPlan> CacheAccess::PlanPromotion(const ModelKey& model,
+                                                     std::span<const Token> tokens,
+                                                     bool accept_lossy) const {
+  return cache_->PlanFetch(model, tokens, accept_lossy, /*max_blocks=*/0,
+                           TierManager::ReadFor::kPromotion);
+}
 
 const CacheOptions& CacheAccess::options() const { return cache_->options_; }
 

@@ -132,6 +132,9 @@ class CacheAccess {
     void DropHostCopy(IndexNode* node, std::vector<BlockRef>* dropped) const;
     // Gives `node` `copy` as its lower copy. REQUIRES: it has none.
     void AddLowerCopy(IndexNode* node, StoredRef copy) const;
+    // Gives `node` `copy` (read back from its lower copy) as its host copy
+    // again. REQUIRES: it has none.
+    void SetHostCopy(IndexNode* node, BlockRef copy) const;
     // Takes `node` and every block below it out of the index; returns how
     // many blocks left.
     uint64_t RemoveBlock(IndexNode* node, std::vector<BlockRef>* dropped) const;
@@ -203,6 +206,10 @@ class CacheAccess {
   uint64_t MigrateDevice() const;
   // The cache's clock, read now.
   absl::Time Now() const;
+  // A fetch of `tokens`' cached prefix whose lower-tier blocks are read
+  // back into pool memory only (a prefetch's promotion).
+  absl::StatusOr<FetchPlan> PlanPromotion(const ModelKey& model, std::span<const Token> tokens,
+                                          bool accept_lossy) const;
   // The host pool's size classes, smallest first.
   std::vector<SlabClassStats> PoolClasses() const;
   // The host pool, to allocate a rewritten copy in (thread-safe itself).

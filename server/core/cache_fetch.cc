@@ -15,14 +15,15 @@ namespace kvcache {
 
 absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
                                               bool accept_lossy, size_t max_blocks) {
-  return PlanFetch(model, tokens, accept_lossy, max_blocks, LoadFor::kFetch);
+  return PlanFetch(model, tokens, accept_lossy, max_blocks, TierManager::ReadFor::kFetch);
 }
 
 absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<const Token> tokens,
-                                           bool accept_lossy, size_t max_blocks, LoadFor load_for) {
+                                           bool accept_lossy, size_t max_blocks,
+                                           TierManager::ReadFor read_for) {
   absl::StatusOr<MatchedFetch> matched = MatchFetch(model, tokens, accept_lossy, max_blocks);
   if (!matched.ok()) return matched.status();
-  return FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks), load_for);
+  return FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks), read_for);
 }
 
 absl::StatusOr<Cache::MatchedFetch> Cache::MatchFetch(const ModelKey& model,
@@ -84,9 +85,9 @@ bool Cache::NeedsLowerReads(std::span<const TieredBlock> blocks) {
 }
 
 FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
-                            std::vector<TieredBlock> blocks, LoadFor load_for) {
+                            std::vector<TieredBlock> blocks, TierManager::ReadFor read_for) {
   if (NeedsLowerReads(blocks)) {
-    const size_t readable = LoadLowerBlocks(index, blocks, load_for);
+    const size_t readable = tiers_->ReadBack(index, blocks, read_for);
     if (readable < blocks.size()) {
       blocks.resize(readable);
       plan.matched_tokens = readable * plan.layout.block_tokens;
@@ -156,7 +157,7 @@ void Cache::PrepareFetchAsync(const ModelKey& model, const FetchQuery& query, Fe
     std::move(reads->done)(absl::UnavailableError(
         "the daemon is shutting down: the fetch's reads from the lower tier were not done"));
   };
-  if (fetch_readers_->TrySubmit(run, drop) == nullptr) std::move(run)();
+  tiers_->RunRead(std::move(run), std::move(drop));
 }
 
 }  // namespace kvcache

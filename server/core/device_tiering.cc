@@ -148,7 +148,7 @@ absl::StatusOr<DevicePlacement> Cache::PlaceOnDevice(const ModelKey& model,
   const bool needs_lower = std::any_of(blocks.begin(), blocks.end(), [](const TieredBlock& b) {
     return b.device == nullptr && b.host == nullptr;
   });
-  if (needs_lower) usable = LoadLowerBlocks(index, blocks, LoadFor::kDevice);
+  if (needs_lower) usable = tiers_->ReadBack(index, blocks, TierManager::ReadFor::kDevice);
   blocks.resize(usable);
 
   // 3. The device writes, outside the lock (each verifies the bytes against

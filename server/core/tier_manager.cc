@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "server/core/block_move.h"
+#include "server/core/slab_pool.h"
 #include "server/core/tier.h"
 
 namespace kvcache {
@@ -21,7 +22,21 @@ TierManager::TierManager(CacheAccess access, const TierOptions& options, bool lo
     : access_(access),
       options_(options),
       log_moves_(log_moves),
-      lower_writes_(options.lower_write_bytes_per_second) {}
+      lower_writes_(options.lower_write_bytes_per_second) {
+  if (access_.lower_tier() != nullptr) {
+    prefetcher_ = std::make_unique<TierWorkers>(std::max(1u, options_.prefetch_threads),
+                                                std::max(1u, options_.prefetch_queue));
+    fetch_readers_ = std::make_unique<TierWorkers>(std::max(1u, options_.fetch_read_threads),
+                                                   std::max(1u, options_.fetch_read_queue));
+  }
+}
+
+TierManager::~TierManager() { StopWorkers(); }
+
+void TierManager::StopWorkers() {
+  prefetcher_.reset();
+  fetch_readers_.reset();
+}
 
 bool TierManager::has_lower_tier() const { return access_.lower_tier() != nullptr; }
 
@@ -198,6 +213,138 @@ MigrationResult TierManager::Migrate() {
   CacheAccess::Locked locked(access_);
   ++locked.tier_counters().migrate_passes;
   return result;
+}
+
+// --- Read-back and prefetch -------------------------------------------------------
+
+size_t TierManager::ReadBack(const PrefixIndex* index, std::vector<TieredBlock>& blocks,
+                             ReadFor read_for) {
+  // Read into pool memory (to promote) while the pool has room; else into
+  // the heap, for this request only, up to max_fetch_heap_bytes (the plan
+  // ends before the block that would pass it). A promotion may pass the high
+  // watermark: the block was just asked for, and the migrator demotes colder
+  // ones.
+  SlabPool& pool = access_.pool();
+  const uint64_t max_heap_bytes = access_.options().max_fetch_heap_bytes;
+  const bool promote = options_.promote_on_fetch || read_for == ReadFor::kPromotion;
+  std::vector<StoredRead> reads;
+  std::vector<size_t> which;
+  std::vector<bool> pooled;
+  std::vector<BlockMove> moves;      // lower -> host, committed below
+  std::vector<StagingBlock> staged;  // what each read lands in
+  uint64_t heap_bytes = 0;
+  size_t limit = blocks.size();  // blocks past it are not read
+  for (size_t i = 0; i < limit; ++i) {
+    TieredBlock& b = blocks[i];
+    if (b.host != nullptr) continue;
+    // A block a placement holds on the device needs no read-back to be
+    // placed; a fetch serves host bytes, so it reads it all the same.
+    if (read_for == ReadFor::kDevice && b.device != nullptr) continue;
+    const uint64_t size = b.lower->seal().size;
+    StagingBlock into;
+    if (promote) {
+      absl::StatusOr<Allocation> a = pool.Allocate(size);
+      if (a.ok()) into = StagingBlock(&pool, *a, size);
+    }
+    if (into.empty()) {
+      const bool over = heap_bytes + size > max_heap_bytes && !reads.empty();
+      if (read_for == ReadFor::kPromotion || over) {
+        limit = i;
+        break;
+      }
+      heap_bytes += size;
+      into = StagingBlock::OnHeap(size);
+      pooled.push_back(false);
+    } else {
+      pooled.push_back(true);
+    }
+    moves.push_back(BlockMove::Claim(index, b));
+    reads.push_back({.copy = b.lower.get(), .out = into.data()});
+    which.push_back(i);
+    staged.push_back(std::move(into));
+  }
+  const absl::Time start = absl::Now();
+  access_.lower_tier()->ReadBatch(std::span<StoredRead>(reads));
+  const absl::Duration took = absl::Now() - start;
+
+  size_t readable = limit;
+  std::vector<BlockRef> dropped;  // freed after the lock
+  CacheAccess::Locked locked(access_);
+  TierCounters& counters = locked.tier_counters();
+  if (limit < blocks.size() && read_for != ReadFor::kPromotion) ++counters.heap_bounded_fetches;
+  for (size_t k = 0; k < reads.size(); ++k) {
+    TieredBlock& b = blocks[which[k]];
+    IndexNode* node = locked.Refind(moves[k]);
+    if (!reads[k].status.ok()) {
+      readable = std::min(readable, which[k]);
+      if (absl::IsDataLoss(reads[k].status)) {
+        // Never served: the block leaves the cache (with what hangs below it).
+        ++counters.checksum_failures;
+        if (node != nullptr) {
+          LogMove(*node, "ssd", "none", "checksum", b.lower->seal().size, took);
+          ++locked.ModelOfBlock(*node).corrupt_blocks;
+          locked.RemoveBlock(node, &dropped);
+        }
+      }
+      continue;
+    }
+    // Read and verified against the seal it is now born with.
+    b.host =
+        PinnedBlock(std::move(staged[k]).Seal(b.lower->key(), b.lower->seal()), b.lower.reason());
+    ++counters.lower_reads;
+    counters.lower_read_bytes += b.host->size();
+    if (pooled[k] && node != nullptr) {
+      counters.promoted_bytes += b.host->size();
+      ++counters.promotions;
+      LogMove(*node, "ssd", "host", "fetch", b.host->size(), took);
+      locked.SetHostCopy(node, b.host.ref());
+    }
+  }
+  return readable;
+}
+
+std::shared_ptr<WorkTicket> TierManager::StartPrefetch(const ModelKey& model,
+                                                       std::span<const Token> tokens,
+                                                       bool accept_lossy) {
+  if (prefetcher_ == nullptr) return nullptr;
+  auto job = [this, model, tokens = std::vector<Token>(tokens.begin(), tokens.end()),
+              accept_lossy] {
+    // The plan is dropped at once: what matters is the promotion on the way.
+    // Into pool memory only: a prefetch that cannot promote has nothing to
+    // keep, so it reads nothing into the heap.
+    (void)access_.PlanPromotion(model, tokens, accept_lossy);
+  };
+  return prefetcher_->Submit(std::move(job));
+}
+
+void TierManager::CountLatePrefetch() {
+  if (prefetcher_ != nullptr) prefetcher_->CountLate();
+}
+
+bool TierManager::Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
+                           PrefetchMode mode, absl::Duration timeout) {
+  if (prefetcher_ == nullptr || mode == PrefetchMode::kNone) return true;
+  std::shared_ptr<WorkTicket> ticket = StartPrefetch(model, tokens, accept_lossy);
+  if (ticket == nullptr || mode == PrefetchMode::kBestEffort) return false;
+  if (ticket->WaitFor(timeout == absl::ZeroDuration() ? absl::InfiniteDuration() : timeout)) {
+    return true;
+  }
+  CountLatePrefetch();
+  return false;
+}
+
+void TierManager::RunRead(TierWorkers::Job run, TierWorkers::Job drop) {
+  if (fetch_readers_ == nullptr || fetch_readers_->TrySubmit(run, drop) == nullptr) {
+    std::move(run)();
+  }
+}
+
+WorkStats TierManager::prefetch_stats() const {
+  return prefetcher_ != nullptr ? prefetcher_->GetStats() : WorkStats{};
+}
+
+WorkStats TierManager::fetch_read_stats() const {
+  return fetch_readers_ != nullptr ? fetch_readers_->GetStats() : WorkStats{};
 }
 
 }  // namespace kvcache

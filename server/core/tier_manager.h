@@ -1,23 +1,29 @@
 // TierManager: the moves of blocks between the cache's levels (docs/tiers.md,
 // docs/core-reshape.md step 3).
 //
-// It holds the migrator and what the migrator alone uses:
-//   Migrate         one pass: demotes the host policy's coldest blocks to the
-//                   lower tier while the host is past its high watermark, down
-//                   to its low one; drops GPU copies past the GPU tier's own
-//                   watermark
+// It holds:
+//   Migrate         one pass of the migrator: demotes the host policy's
+//                   coldest blocks to the lower tier while the host is past
+//                   its high watermark, down to its low one; drops GPU copies
+//                   past the GPU tier's own watermark
 //   DemoteOne       one demotion, for the migrator and for an append that
-//                   finds the host pool full (Cache::MakeRoomForSpace)
-//   the lower tier's admission (a frequency gate and a write-rate budget),
-//   the lower tier's eviction for a write that finds it full, and the
-//   migration log (DrainMoves) every move of the cache is recorded in.
+//                   finds the host pool full (Cache::MakeRoomForSpace), with
+//                   the lower tier's admission (a frequency gate and a
+//                   write-rate budget) and its eviction for a full write
+//   ReadBack        a plan's lower-tier blocks read back, verified, and
+//                   promoted into host memory where the pool has room
+//   Prefetch / StartPrefetch
+//                   that read-back ahead of a fetch, on the prefetch threads
+//   RunRead         a fetch's read-back on the fetch-read threads, so that
+//                   no thread serving requests waits on the disk
+//   DrainMoves      the migration log every move of the cache is recorded in
 //
 // It reaches the index through CacheAccess, by the move protocol
 // (block_move.h): a victim is picked and claimed under the cache's lock,
 // written to the lower tier with no lock held, and committed under the lock
-// only if the block is still the one claimed. Not here yet (the rest of
-// step 3): read-back and promotion on fetch, prefetch, GPU placement and the
-// I/O threads, which are still Cache's, and one copy slot per level.
+// only if the block is still the one claimed; a read-back claims the blocks
+// it reads the same way. Not here yet (the rest of step 3): GPU placement,
+// the per-level policies (the Cache's), and one copy slot per level.
 //
 // Thread-safety: thread-safe. The move log and the write budget have a lock
 // of their own, taken after the cache's and never held during I/O.
@@ -26,6 +32,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +44,8 @@
 #include "server/core/cache_access.h"
 #include "server/core/cache_stats.h"
 #include "server/core/cache_types.h"
+#include "server/core/tier_workers.h"
+#include "server/core/tiered_block.h"
 
 namespace kvcache {
 
@@ -44,6 +54,7 @@ class TierManager {
   // REQUIRES: `access`'s cache outlives this. `log_moves`: whether the cache
   // has more than one level (one level moves nothing and drains no log).
   TierManager(CacheAccess access, const TierOptions& options, bool log_moves);
+  ~TierManager();
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
 
@@ -86,6 +97,51 @@ class TierManager {
   // REQUIRES: a lower tier.
   DemoteOutcome DemoteOne(uint64_t* bytes, bool* refused, const char* reason);
 
+  // What ReadBack reads, and into what.
+  enum class ReadFor : uint8_t {
+    kFetch,     // every block without a host copy: the caller serves host bytes
+    kDevice,    // only blocks with neither a host nor a device copy
+    kPromotion  // into pool memory only: stops at the first block with no room
+  };
+  // Reads the blocks of `blocks` (of `index`, pinned by the caller) that
+  // `read_for` needs into host copies: pool memory while the pool has room
+  // (promoted: the block's host copy again, when it is still the block
+  // read), else the heap, for this caller only, up to max_fetch_heap_bytes.
+  // Returns how many blocks from the first are readable; a block whose copy
+  // fails its checksum is dropped from the cache (with the blocks below it),
+  // never served. REQUIRES: a lower tier; the cache's lock not held.
+  size_t ReadBack(const PrefixIndex* index, std::vector<TieredBlock>& blocks, ReadFor read_for);
+
+  // Reads the lower-tier blocks of `tokens`' cached prefix back into host
+  // memory (promotes them while the host has room), as a fetch would. With
+  // kBestEffort it queues the work and returns false at once (true when the
+  // cache has no lower tier); with kWait it returns once the work is done
+  // (true) or `timeout` passed (false; the work goes on). A zero `timeout`
+  // waits as long as the work takes. Counted in CacheStats::prefetch.
+  bool Prefetch(const ModelKey& model, std::span<const Token> tokens, bool accept_lossy,
+                PrefetchMode mode, absl::Duration timeout);
+  // Queues that read-back (as kBestEffort does) and returns its ticket, for a
+  // caller that waits without blocking a thread (WorkTicket::OnDone;
+  // a gRPC PREFETCH_WAIT lookup). Null when the cache has no lower tier or
+  // the prefetch queue is full (counted as dropped).
+  std::shared_ptr<WorkTicket> StartPrefetch(const ModelKey& model, std::span<const Token> tokens,
+                                            bool accept_lossy);
+  // Counts a waiter that stopped waiting before its prefetch was done.
+  void CountLatePrefetch();
+
+  // Runs `run` on a fetch-read thread; when the queue is full, or without a
+  // lower tier, runs it on the caller's thread. A job still queued when the
+  // cache shuts down runs `drop` instead.
+  void RunRead(TierWorkers::Job run, TierWorkers::Job drop);
+
+  // The I/O threads' counters (zero without a lower tier).
+  WorkStats prefetch_stats() const;
+  WorkStats fetch_read_stats() const;
+  // Finishes the running reads and drops the queued ones (their `drop`s
+  // run); their jobs use the cache, so the cache calls it first thing in
+  // its destructor.
+  void StopWorkers();
+
  private:
   // The frequency gate and the write-rate budget.
   bool Admit(const IndexNode& node, uint64_t bytes, absl::Time now);
@@ -97,6 +153,10 @@ class TierManager {
   const CacheAccess access_;
   const TierOptions options_;
   const bool log_moves_;
+  // Background promotions, and the lower-tier reads of fetches; null
+  // without a lower tier.
+  std::unique_ptr<TierWorkers> prefetcher_;
+  std::unique_ptr<TierWorkers> fetch_readers_;
   mutable Mutex mu_;
   std::vector<MoveRecord> pending_moves_ ABSL_GUARDED_BY(mu_);
   uint64_t moves_unlogged_ ABSL_GUARDED_BY(mu_) = 0;

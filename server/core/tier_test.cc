@@ -179,8 +179,8 @@ TEST_P(TierTest, PrefetchWaitPromotesBeforeItReturns) {
   FillPastTheHost();
   const std::vector<Token> tokens = SequenceOf(0, 4);
   ASSERT_EQ(cache_->Lookup(Big().key, tokens)->blocks[0].tier, BlockTier::kLower);
-  EXPECT_TRUE(
-      cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kWait, absl::ZeroDuration()));
+  EXPECT_TRUE(cache_->tiers().Prefetch(Big().key, tokens, false, PrefetchMode::kWait,
+                                       absl::ZeroDuration()));
   auto after = cache_->Lookup(Big().key, tokens);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->matched_tokens, 4 * kBt);
@@ -312,8 +312,8 @@ TEST_P(TierTest, AnAsyncFetchReadsOnItsOwnThreadWhenTheReadQueueIsFull) {
 TEST_P(TierTest, PrefetchBestEffortPromotesInTheBackground) {
   FillPastTheHost();
   const std::vector<Token> tokens = SequenceOf(1, 4);
-  EXPECT_FALSE(
-      cache_->Prefetch(Big().key, tokens, false, PrefetchMode::kBestEffort, absl::ZeroDuration()));
+  EXPECT_FALSE(cache_->tiers().Prefetch(Big().key, tokens, false, PrefetchMode::kBestEffort,
+                                        absl::ZeroDuration()));
   // The worker thread finishes on its own; wait for it (bounded).
   for (int i = 0; i < 5000 && cache_->GetStats().prefetch.completed == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -1,5 +1,5 @@
 // TierWorkers: threads that run the tiers' reads off the threads that serve
-// requests. The cache keeps two pools: one for background promotions (a
+// requests. The cache's TierManager keeps two pools: one for background promotions (a
 // lookup's SSD blocks read back into host memory before the worker fetches
 // them) and one for the SSD reads of fetches, so that no gRPC callback
 // thread waits on the disk (Cache::PrepareFetchAsync).

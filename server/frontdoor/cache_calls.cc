@@ -21,8 +21,8 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
                                                    kMaxPrefetchTimeoutMs));
   }
   if (request.prefetch() == v1::PREFETCH_WAIT && wait == PrefetchWait::kBlock) {
-    cache.Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(), PrefetchMode::kWait,
-                   absl::Milliseconds(request.prefetch_timeout_ms()));
+    cache.tiers().Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
+                           PrefetchMode::kWait, absl::Milliseconds(request.prefetch_timeout_ms()));
   }
   auto result = cache.Lookup(*key, TokensOf(request.tokens()), lease, request.accept_lossy());
   if (!result.ok()) return result.status();
@@ -44,8 +44,8 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
   if (request.prefetch() == v1::PREFETCH_BEST_EFFORT &&
       std::any_of(result->blocks.begin(), result->blocks.end(),
                   [](const BlockInfo& b) { return b.tier == BlockTier::kLower; })) {
-    cache.Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
-                   PrefetchMode::kBestEffort, absl::ZeroDuration());
+    cache.tiers().Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
+                           PrefetchMode::kBestEffort, absl::ZeroDuration());
   }
   if (result->lease_id != 0) {
     response->set_lease_id(result->lease_id);
@@ -83,7 +83,7 @@ StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
     auto key = ScopedModelKey(caller, lookup->namespace_(), lookup->model_id());
     if (!key.ok()) continue;
     std::shared_ptr<WorkTicket> ticket =
-        cache.StartPrefetch(*key, TokensOf(lookup->tokens()), lookup->accept_lossy());
+        cache.tiers().StartPrefetch(*key, TokensOf(lookup->tokens()), lookup->accept_lossy());
     if (ticket == nullptr) continue;  // no lower tier, or the queue is full: nothing to wait for
     started.tickets.push_back(std::move(ticket));
     if (lookup->prefetch_timeout_ms() == 0) unbounded = true;

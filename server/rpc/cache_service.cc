@@ -154,7 +154,7 @@ grpc::ServerUnaryReactor* CacheService::AnswerAfterPrefetches(
   AwaitPrefetches(prefetch_timer_, std::move(started.tickets), started.timeout,
                   [this, ctx, reactor, method, start, model, caller = *std::move(caller),
                    held = std::move(held), answer = std::move(answer)](bool in_time) {
-                    if (!in_time) cache_->CountLatePrefetch();
+                    if (!in_time) cache_->tiers().CountLatePrefetch();
                     const absl::Status status = answer(caller);
                     *held = TenantStreamSlot();
                     unary_.Release();
