@@ -143,13 +143,7 @@ void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
 void Cache::ForgetCompressionLocked(ModelState& state, IndexNode* node) {
   if (!node->tokens_state().compressed) return;
   BlockTokenState& ts = node->mutable_tokens_state();
-  --state.compressed_blocks;
-  state.int8_tokens -= ts.num_int8;
-  state.pruned_tokens -= ts.num_pruned;
-  state.int8_entries -= ts.int8_entries;
-  state.int4_entries -= ts.int4_entries;
-  state.pruned_entries -= ts.pruned_entries;
-  state.bytes_saved -= ts.bytes_saved;
+  state.UncountCompressed(ts);
   ts.compressed = false;
   ts.num_int8 = ts.num_pruned = 0;
   ts.int8_entries = ts.int4_entries = ts.pruned_entries = 0;

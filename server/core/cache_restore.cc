@@ -96,15 +96,7 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (!ts.novelty.empty() || !ts.activity.empty() || !ts.pinned.empty() || ts.compressed) {
     node->mutable_tokens_state() = ts;
   }
-  if (ts.compressed) {
-    ++m.compressed_blocks;
-    m.int8_tokens += ts.num_int8;
-    m.pruned_tokens += ts.num_pruned;
-    m.int8_entries += ts.int8_entries;
-    m.int4_entries += ts.int4_entries;
-    m.pruned_entries += ts.pruned_entries;
-    m.bytes_saved += ts.bytes_saved;
-  }
+  if (ts.compressed) m.CountCompressed(ts);
   RecountMetadataLocked(node);
   m.bytes += image.seal.size;
   if (in_host) payload_bytes_ += image.seal.size;

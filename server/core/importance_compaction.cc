@@ -142,14 +142,8 @@ void SwapCompacted(const CacheAccess::Held& held, std::vector<CompactionJob>& jo
     ts.pruned_entries = job.pruned_entries;
     ts.bytes_saved = saved;
     held.RecountMetadata(node);  // the state may be new
-    ++m.compressed_blocks;
-    m.int8_tokens += job.num_int8;
-    m.pruned_tokens += job.num_pruned;
-    m.int8_entries += job.int8_entries;
-    m.int4_entries += job.int4_entries;
-    m.pruned_entries += job.pruned_entries;
+    m.CountCompressed(ts);
     m.budget_overruns += job.over_budget ? 1 : 0;
-    m.bytes_saved += saved;
     ++result.compressed_blocks;
     result.bytes_saved += saved;
     result.int8_tokens += job.num_int8;

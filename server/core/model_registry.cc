@@ -7,6 +7,26 @@
 
 namespace kvcache {
 
+void ModelState::CountCompressed(const BlockTokenState& ts) {
+  ++compressed_blocks;
+  int8_tokens += ts.num_int8;
+  pruned_tokens += ts.num_pruned;
+  int8_entries += ts.int8_entries;
+  int4_entries += ts.int4_entries;
+  pruned_entries += ts.pruned_entries;
+  bytes_saved += ts.bytes_saved;
+}
+
+void ModelState::UncountCompressed(const BlockTokenState& ts) {
+  --compressed_blocks;
+  int8_tokens -= ts.num_int8;
+  pruned_tokens -= ts.num_pruned;
+  int8_entries -= ts.int8_entries;
+  int4_entries -= ts.int4_entries;
+  pruned_entries -= ts.pruned_entries;
+  bytes_saved -= ts.bytes_saved;
+}
+
 absl::StatusOr<ModelState*> ModelRegistry::Add(std::unique_ptr<ModelState> state) {
   if (models_.size() >= max_models_) {
     return absl::ResourceExhaustedError(

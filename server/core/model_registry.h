@@ -27,6 +27,7 @@
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/prefix_index.h"
+#include "server/core/token_state.h"
 #include "server/importance/calibration.h"
 
 namespace kvcache {
@@ -75,6 +76,10 @@ struct ModelState {
   uint64_t pruned_entries = 0;     // ... dropped
   uint64_t budget_overruns = 0;    // blocks that did not fit target_bytes even pruned
   uint64_t bytes_saved = 0;        // raw bytes minus compressed bytes, now
+  // A compressed block (`ts.compressed`) joins or leaves the counts above
+  // (all but budget_overruns, which counts compaction outcomes).
+  void CountCompressed(const BlockTokenState& ts);
+  void UncountCompressed(const BlockTokenState& ts);
   uint64_t attention_reports = 0;
   uint64_t calibrations = 0;
   std::atomic<uint64_t> conflicting_blocks{

@@ -38,8 +38,6 @@ void TierManager::StopWorkers() {
   fetch_readers_.reset();
 }
 
-bool TierManager::has_lower_tier() const { return access_.lower_tier() != nullptr; }
-
 // --- The move log ---------------------------------------------------------------
 
 void TierManager::LogMove(const IndexNode& node, const char* from, const char* to,
@@ -170,7 +168,7 @@ bool TierManager::NeedsMigration() const {
 }
 
 bool TierManager::HostNeedsMigration() const {
-  if (!has_lower_tier()) return false;
+  if (access_.lower_tier() == nullptr) return false;
   const double capacity = static_cast<double>(access_.pool().GetStats().capacity_bytes);
   return static_cast<double>(access_.CommittedHostBytes()) >
          options_.host_high_watermark * capacity;

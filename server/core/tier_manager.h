@@ -68,7 +68,6 @@ class TierManager {
   // Whether the host tier (with a lower tier) or the GPU tier is past its
   // high watermark (Migrate has work).
   bool NeedsMigration() const;
-  bool has_lower_tier() const;
 
   // The tier moves since the last call, oldest first (at most
   // kMaxPendingMoves are kept; older ones are counted in
