@@ -24,10 +24,11 @@
 //
 // The cache's components work on it from outside, through CacheAccess
 // (cache_access.h), the one door to its lock and indexes: CacheInspector
-// (the operator's view), CheckpointSource (what a checkpoint captures) and
+// (the operator's view), CheckpointSource (what a checkpoint captures),
 // Compactor (compression, pool compaction and calibration passes) and
-// TierManager (the migrator between host memory and the lower tier, with
-// the move log; owned by the cache, reached by tiers()).
+// TierManager (the moves between levels: the migrator, read-back and
+// promotion, prefetch, their I/O threads and the move log; owned by the
+// cache, reached by tiers()).
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -293,8 +294,7 @@ class Cache {
  private:
   friend class AppendSession;
   // The door of the cache's components (CacheInspector, CheckpointSource,
-  // Compactor):
-  // cache_access.h says what they may do through it.
+  // Compactor, TierManager): cache_access.h says what they may do through it.
   friend class CacheAccess;
 
   static TieredBlock TakeBlock(const IndexNode& n, PinReason why) {
@@ -591,7 +591,7 @@ class Cache {
   CompactorCounters compactor_ ABSL_GUARDED_BY(mu_);
   TierCounters tier_ ABSL_GUARDED_BY(mu_);
   DeviceCopies device_copies_ ABSL_GUARDED_BY(mu_);  // the GPU tier's copies
-  // The migrator, the lower tier's admission and the move log; made by the
+  // The moves between levels, their I/O threads and the move log; made by the
   // constructor (it reaches the cache through CacheAccess).
   std::unique_ptr<TierManager> tiers_;
 };
