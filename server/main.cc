@@ -258,13 +258,15 @@ int Serve(const v1::ServerConfig& config) {
   auto memory_source = [&cache, &checkpoints, &shm_counted, &trimmer,
                         capacity = config.host_tier().capacity_bytes()] {
     const CacheStats stats = cache.GetStats();
+    uint64_t staging_bytes = 0;  // the lower levels' bounce buffers
+    for (const TierStats& level : stats.lower_stores) staging_bytes += level.staging_bytes;
     MemoryInputs in{
         .malloc = ReadMallocStats(),
         .malloc_trims = trimmer.trims(),
         .capacity_bytes = capacity,
         .pool_reserved_bytes = stats.host_pool.reserved_bytes,
         .metadata_bytes = stats.metadata_bytes,
-        .ssd_staging_bytes = stats.has_lower ? stats.lower_store.staging_bytes : 0,
+        .ssd_staging_bytes = staging_bytes,
         .checkpoint_writer_bytes = checkpoints != nullptr ? checkpoints->Status().writer_bytes : 0,
         .shm_connections = 0};
     if (const ShmServer* shm = shm_counted.load(); shm != nullptr) {

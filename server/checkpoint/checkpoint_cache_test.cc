@@ -345,10 +345,10 @@ TEST_F(CheckpointCacheTest, BlocksOnlyInAVolatileLowerTierAreLeftOut) {
   ASSERT_NO_FATAL_FAILURE(Fill(*source_, Big(), 40));  // 8 KiB blocks: past the host tier
   for (int i = 0; i < 20 && source_->tiers().NeedsMigration(); ++i) source_->tiers().Migrate();
   const CacheStats stats = source_->GetStats();
-  ASSERT_GT(stats.tiers.lower_only_blocks, 0u);
+  ASSERT_GT(stats.tiers.lower_only_blocks(), 0u);
   auto run = Checkpoint(*source_, DefaultFileSystem(), 1);
   ASSERT_TRUE(run.ok()) << run.status();
-  EXPECT_EQ(run->gone_blocks, stats.tiers.lower_only_blocks);
+  EXPECT_EQ(run->gone_blocks, stats.tiers.lower_only_blocks());
   EXPECT_EQ(run->lower_copies, 0u);
 
   std::unique_ptr<Cache> target = MakeCache(64);

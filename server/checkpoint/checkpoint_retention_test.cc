@@ -117,15 +117,15 @@ TEST_F(CheckpointRetentionTest, FailingCheckpointsRetainNoMoreThanTheLastCommitL
   for (int round = 0; round < 6; ++round) {
     SCOPED_TRACE(::testing::Message() << "round " << round);
     ASSERT_NO_FATAL_FAILURE(FailedCheckpoint());
-    const uint64_t demotions = Tiers().demotions;
+    const uint64_t demotions = Tiers().lower[0].demotions;
     ASSERT_NO_FATAL_FAILURE(AppendSequences(next, 30));  // 120 blocks: the SSD tier turns over
     next += 30;
-    EXPECT_GT(Tiers().demotions, demotions + 60);
+    EXPECT_GT(Tiers().lower[0].demotions, demotions + 60);
     const TierStats lower = Lower();
     EXPECT_LE(lower.retained_bytes, listed * kFootprint);
-    EXPECT_EQ(Tiers().lower_write_failures, 0u) << "retained space filled the tier";
+    EXPECT_EQ(Tiers().lower[0].write_failures, 0u) << "retained space filled the tier";
   }
-  EXPECT_GT(Tiers().lower_evictions, 0u);
+  EXPECT_GT(Tiers().lower[0].evictions, 0u);
   EXPECT_EQ(Lower().retained_reused, 0u);
 
   // A checkpoint that commits at last releases what the old one listed.
@@ -153,7 +153,7 @@ TEST_F(CheckpointRetentionTest, ACommitListingTheWholeTierGivesWayPastItsShare) 
     const TierStats lower = Lower();
     EXPECT_LE(lower.retained_bytes, kSsdBytes / 10 + kFootprint);
     EXPECT_GE(lower.allocated_bytes, kSsdBytes * 3 / 4) << "the tier holds too little";
-    EXPECT_EQ(Tiers().lower_write_failures, 0u);
+    EXPECT_EQ(Tiers().lower[0].write_failures, 0u);
   }
   EXPECT_GT(Lower().retained_reused, 0u);
 }

@@ -229,7 +229,7 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
     const BlockSeal cached_seal = cached->seal();
     if (CountCached(i, cached_seal, &result) && cached_seal.compressed && payload != nullptr) {
       // The exact bytes of a block stored lossy: make it exact again (in
-      // host memory; a lossy copy in the lower tier is stale now).
+      // host memory; a lossy copy in a lower level is stale now).
       const uint64_t old_size = cached_seal.size;
       cache_->ForgetCompressionLocked(m, cached);
       m.bytes = m.bytes - old_size + payload->size();
@@ -237,11 +237,10 @@ absl::StatusOr<AppendResult> AppendSession::Commit() {
       if (cached->payload != nullptr) {
         cache_->payload_bytes_ += payload->size() - old_size;  // mod 2^64
         unused.push_back(std::exchange(cached->payload, std::move(payload)));
-        cache_->DropLowerCopyLocked(cached);
       } else {
         cache_->SetHostCopyLocked(cached, std::move(payload));
-        cache_->DropLowerCopyLocked(cached);
       }
+      cache_->DropLowerCopiesLocked(cached);
       cache_->DropDeviceCopyLocked(cached, Cache::DeviceDrop::kRestored);
       ++result.restored_blocks;
     }

@@ -1,8 +1,8 @@
 // BlockMove: the one "move a block" step of the cache. Every copy of a
 // block's bytes that runs outside the cache lock goes through it: pool
 // compaction (host -> host), compression (host -> host, re-encoded),
-// demotion (host -> SSD), promotion (SSD -> host) and GPU placement
-// (host or SSD -> GPU).
+// demotion (host -> SSD, one lower level to the next), promotion (a lower
+// level -> host) and GPU placement (host or a lower level -> GPU).
 //
 // A move has three steps:
 //
@@ -45,15 +45,22 @@ class BlockMove {
  public:
   BlockMove() = default;
 
-  // Claims `node`'s copies as they are now: its host copy and its lower
-  // copy, each possibly null (not both).
+  // Claims `node`'s copies as they are now: its host copy and its top
+  // lower copy, each possibly null (not both).
   static BlockMove Claim(const IndexNode& node, PinReason why = PinReason::kMove) {
+    const int top = node.lower.top();
+    return Claim(node, top == LowerCopies::kNone ? 0 : static_cast<size_t>(top), why);
+  }
+  // Claims `node`'s host copy and its copy at lower level `level` (either
+  // possibly null, not both).
+  static BlockMove Claim(const IndexNode& node, size_t level, PinReason why = PinReason::kMove) {
     BlockMove m;
     m.index_ = node.index;
     m.lookup_hash_ = node.lookup_hash;
     m.key_ = node.key;
     m.host_ = PinnedBlock(node.payload, why);
-    m.lower_ = PinnedCopy(node.lower, why);
+    m.lower_ = PinnedCopy(node.lower.at(level), why);
+    m.lower_level_ = static_cast<uint8_t>(level);
     m.seal_ = node.seal();
     return m;
   }
@@ -67,19 +74,20 @@ class BlockMove {
     m.key_ = block.key;
     m.host_ = PinnedBlock(block.host.ref(), why);
     m.lower_ = PinnedCopy(block.host == nullptr ? block.lower.ref() : nullptr, why);
+    m.lower_level_ = block.lower_level;
     m.seal_ = block.seal();
     return m;
   }
 
   // The node, if it still has exactly the copies claimed: the same host
-  // copy and, when the claim was of a lower-only block, the same lower copy
-  // and still no host copy. nullptr when it was removed, its model
+  // copy and, when the claim was of a lower-only block, the same copy at the
+  // claimed level and still no host copy. nullptr when it was removed, its model
   // unregistered, or its bytes were replaced, re-encoded, demoted or
   // promoted meanwhile: the move's copy must then be discarded.
   IndexNode* Refind(const ModelRegistry& models) const {
     IndexNode* n = Find(models);
     if (n == nullptr || !(host_ == n->payload)) return nullptr;
-    if (host_ == nullptr && !(lower_ == n->lower)) return nullptr;
+    if (host_ == nullptr && !(lower_ == n->lower.at(lower_level_))) return nullptr;
     return n;
   }
   // The node, if it still holds the claimed bytes (the same seal) in some
@@ -101,7 +109,8 @@ class BlockMove {
   const PrefixIndex* index() const { return index_; }
   uint64_t key() const { return key_; }
   const PinnedBlock& host() const { return host_; }   // null: the block was lower-only
-  const PinnedCopy& lower() const { return lower_; }  // the SSD copy, or null
+  const PinnedCopy& lower() const { return lower_; }  // the copy at lower_level(), or null
+  size_t lower_level() const { return lower_level_; }
   const BlockSeal& seal() const { return seal_; }
 
   // Lets go of the claimed copies (the ones the index no longer holds are
@@ -119,6 +128,7 @@ class BlockMove {
   uint64_t key_ = 0;
   PinnedBlock host_;
   PinnedCopy lower_;
+  uint8_t lower_level_ = 0;
   BlockSeal seal_;
 };
 

@@ -109,11 +109,11 @@ TEST_F(BlockMoveTest, ABlockOfAnUnregisteredModelIsNotFound) {
 TEST_F(BlockMoveTest, ALowerOnlyClaimNeedsTheSameLowerCopyAndNoHostCopy) {
   absl::StatusOr<StoredRef> lower = ssd_->Write(node_->key, *node_->payload);
   ASSERT_TRUE(lower.ok()) << lower.status();
-  node_->lower = *lower;
+  node_->lower.at(0) = *lower;
   BlockRef host = std::move(node_->payload);  // demoted: lower-only now
   const BlockMove move = BlockMove::Claim(*node_);
   EXPECT_EQ(move.host(), nullptr);
-  EXPECT_EQ(move.lower(), node_->lower);
+  EXPECT_EQ(move.lower(), node_->lower.at(0));
   EXPECT_EQ(move.Refind(models_), node_);
 
   node_->payload = host;  // promoted by another reader meanwhile
@@ -123,7 +123,7 @@ TEST_F(BlockMoveTest, ALowerOnlyClaimNeedsTheSameLowerCopyAndNoHostCopy) {
   node_->payload = nullptr;  // and demoted again, to a new lower copy
   absl::StatusOr<StoredRef> rewritten = ssd_->Write(node_->key, *host);
   ASSERT_TRUE(rewritten.ok());
-  node_->lower = *rewritten;
+  node_->lower.at(0) = *rewritten;
   EXPECT_EQ(move.Refind(models_), nullptr);
   EXPECT_EQ(move.RefindSealed(models_), node_);
 }

@@ -1,6 +1,8 @@
 #include "server/core/cache.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <tuple>
 #include <utility>
 
@@ -10,23 +12,62 @@
 
 namespace kvcache {
 
+namespace {
+
+std::vector<Cache::LowerLevel> OneLevel(std::shared_ptr<Tier> lower,
+                                        std::unique_ptr<EvictionPolicy> policy) {
+  std::vector<Cache::LowerLevel> levels;
+  if (lower != nullptr) levels.push_back({std::move(lower), std::move(policy)});
+  return levels;
+}
+
+std::vector<std::shared_ptr<Tier>> TiersOf(const std::vector<Cache::LowerLevel>& levels) {
+  std::vector<std::shared_ptr<Tier>> tiers;
+  for (const Cache::LowerLevel& l : levels) tiers.push_back(l.tier);
+  return tiers;
+}
+
+std::vector<std::string> KindsOf(const std::vector<Cache::LowerLevel>& levels) {
+  std::vector<std::string> kinds;
+  for (const Cache::LowerLevel& l : levels) {
+    std::string kind = l.tier->GetStats().kind;
+    kinds.push_back(kind.empty() ? absl::StrCat("level", kinds.size()) : std::move(kind));
+  }
+  return kinds;
+}
+
+}  // namespace
+
 Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
              std::unique_ptr<EvictionPolicy> policy, Clock* clock, std::shared_ptr<Tier> lower,
              std::unique_ptr<EvictionPolicy> lower_policy, std::shared_ptr<DeviceTier> device)
+    : Cache(options, std::move(pool), std::move(policy), clock,
+            OneLevel(std::move(lower), std::move(lower_policy)), std::move(device)) {}
+
+Cache::Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
+             std::unique_ptr<EvictionPolicy> policy, Clock* clock, std::vector<LowerLevel> lower,
+             std::shared_ptr<DeviceTier> device)
     : options_(options),
       pool_(std::move(pool)),
       pool_capacity_bytes_(pool_->GetStats().capacity_bytes),
       eviction_batch_bytes_(pool_capacity_bytes_ / kEvictionBatchFraction),
       clock_(clock),
-      lower_(std::move(lower)),
+      lower_(TiersOf(lower)),
+      lower_names_(KindsOf(lower)),
       device_(std::move(device)),
       policy_(std::move(policy)),
-      lower_policy_(std::move(lower_policy)),
       models_(options.max_models, options.namespace_share),
       leases_(options.max_leases, options.max_lease_tokens, options.namespace_share) {
-  if (lower_policy_ == nullptr) lower_policy_ = NewLruPolicy();
+  if (lower.size() > kMaxLowerLevels) {
+    std::fprintf(stderr, "Cache: %zu levels below host memory; a block has %zu slots\n",
+                 lower.size(), kMaxLowerLevels);
+    std::abort();
+  }
+  for (LowerLevel& l : lower) {
+    lower_policies_.push_back(l.policy != nullptr ? std::move(l.policy) : NewLruPolicy());
+  }
   tiers_ = std::make_unique<TierManager>(CacheAccess(this), options_.tiers,
-                                         /*log_moves=*/lower_ != nullptr || device_ != nullptr);
+                                         /*log_moves=*/!lower_.empty() || device_ != nullptr);
 }
 
 Cache::~Cache() {
@@ -125,10 +166,11 @@ absl::StatusOr<BlockHashes> Cache::HashBlocks(const ModelKey& model,
 
 void Cache::ForgetNodeLocked(ModelState& state, IndexNode* node) {
   PolicyFor(*node)->Erase(node);
-  if (node->lower != nullptr) {
-    --tier_.lower_blocks;
-    tier_.lower_payload_bytes -= node->lower->seal().size;
-    if (node->payload == nullptr) --tier_.lower_only_blocks;
+  if (node->payload == nullptr) --tier_.lower[static_cast<size_t>(node->lower.top())].only_blocks;
+  for (size_t level = 0; level < lower_.size(); ++level) {
+    if (node->lower.at(level) == nullptr) continue;
+    --tier_.lower[level].blocks;
+    tier_.lower[level].payload_bytes -= node->lower.at(level)->seal().size;
   }
   if (StoredRef device = device_copies_.Take(node); device != nullptr) {
     --tier_.device_blocks;
@@ -496,9 +538,8 @@ CacheStats Cache::GetStats() const {
   stats.lease_tokens = leases_.tokens();
   stats.tiers = tier_;
   stats.tiers.moves_unlogged = tiers_->moves_unlogged();
-  if (lower_ != nullptr) {
-    stats.has_lower = true;
-    stats.lower_store = lower_->GetStats();
+  for (const std::shared_ptr<Tier>& level : lower_) stats.lower_stores.push_back(level->GetStats());
+  if (!lower_.empty()) {
     stats.prefetch = tiers_->prefetch_stats();
     stats.fetch_reads = tiers_->fetch_read_stats();
   }

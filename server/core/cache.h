@@ -36,17 +36,20 @@
 // the prefix of an append in flight). When nothing is evictable the append
 // fails with RESOURCE_EXHAUSTED and what was stored stays as it was.
 //
-// Tiers (docs/tiers.md). With a lower tier (a Tier: the SSD), host
-// memory is the upper tier and blocks move between the two instead of
-// leaving: the migrator (TierManager) and an append that finds the pool full
-// demote the host block the host policy picks (written to the lower tier
-// outside the lock, the host copy dropped once written; a block already
-// there is dropped without a write), admitted by a frequency gate and a
-// write-rate budget; eviction happens only in the lower tier (its own
-// policy, leaves only) or for a block not admitted. A lookup matches blocks
-// in either tier (BlockInfo::tier says where); a fetch reads lower blocks
-// back, verified (a copy that fails its checksum is dropped, never served:
-// the fetch ends before it), and promotes them when the host has room.
+// Tiers (docs/tiers.md). With levels below host memory (Tiers, in order:
+// the SSD, later a remote store), host memory is the top level and blocks
+// move down instead of leaving: the migrator (TierManager) and an append
+// that finds the pool full demote the host block the host policy picks
+// (written to level 0 outside the lock, the host copy dropped once written;
+// a block already below is dropped without a write), admitted by a
+// frequency gate and a write-rate budget; a level past its watermark
+// demotes to the next the same way. Eviction happens only in the deepest
+// level a block reaches (each level's own policy ranks the blocks whose top
+// copy it holds; leaves only) or for a block not admitted. A lookup matches
+// blocks at any level (BlockInfo::tier says where); a fetch reads lower
+// blocks back from their top copy, verified (a copy that fails its checksum
+// is dropped, never served: the fetch ends before it), and promotes them
+// when the host has room.
 //
 // The GPU tier (a DeviceTier, optional) sits above host memory and is
 // inclusive: a device copy is placed on demand (PlaceOnDevice) next to a
@@ -129,10 +132,21 @@ class AppendSession;
 
 class Cache {
  public:
-  // REQUIRES: pool, policy non-null; clock outlives the cache. `lower` (may
-  // be null: one tier) is the tier below host memory, ranked by
-  // `lower_policy` (REQUIRES: non-null with `lower`). `device` (may be null)
-  // is the GPU tier above it.
+  // A level below host memory: its store, and the policy that ranks the
+  // blocks whose top copy it holds (null: LRU).
+  struct LowerLevel {
+    std::shared_ptr<Tier> tier;
+    std::unique_ptr<EvictionPolicy> policy;
+  };
+  // REQUIRES: pool, policy non-null; clock outlives the cache; `lower` (at
+  // most kMaxLowerLevels, each with a tier) are the levels below host
+  // memory, fastest first (empty: one level). `device` (may be null) is the
+  // GPU tier above it.
+  Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
+        std::unique_ptr<EvictionPolicy> policy, Clock* clock, std::vector<LowerLevel> lower,
+        std::shared_ptr<DeviceTier> device = nullptr);
+  // One level below host memory at most: `lower` (may be null), ranked by
+  // `lower_policy` (null: LRU).
   Cache(const CacheOptions& options, std::unique_ptr<SlabPool> pool,
         std::unique_ptr<EvictionPolicy> policy, Clock* clock, std::shared_ptr<Tier> lower = nullptr,
         std::unique_ptr<EvictionPolicy> lower_policy = nullptr,
@@ -239,7 +253,7 @@ class Cache {
   // NeedsMigration), prefetch (Prefetch, StartPrefetch) and the migration
   // log (DrainMoves).
   TierManager& tiers() const { return *tiers_; }
-  bool HasLowerTier() const { return lower_ != nullptr; }
+  bool HasLowerTier() const { return !lower_.empty(); }
 
   // Copies the exact blocks of `tokens`' cached prefix that the GPU tier
   // does not hold yet into it (reading SSD-only blocks back first, verified)
@@ -276,7 +290,7 @@ class Cache {
   // image.parent_lookup_hash (an image with neither copy only reports
   // whether the block is cached). REQUIRES: image.host, when set, holds
   // image.seal.size bytes whose checksum the caller verified; image.lower,
-  // when set, came from this cache's lower tier. Nothing changes unless the
+  // when set, came from this cache's level 0 (lower_tier()). Nothing changes unless the
   // outcome is kRestored (or kPresent, see below).
   //
   // The block's lookup hash and chain key are computed again from its tokens
@@ -288,8 +302,11 @@ class Cache {
   RestoreOutcome RestoreBlock(const ModelKey& model, BlockImage image);
   // Forgets the other names RestoreBlock remembered (a restore is over).
   void EndRestore();
-  // The lower tier (null: one tier), for the checkpoint's re-attachment.
-  const std::shared_ptr<Tier>& lower_tier() const { return lower_; }
+  // Level 0 below host memory (null: none), the level whose copies a
+  // checkpoint re-attaches.
+  const std::shared_ptr<Tier>& lower_tier() const {
+    return lower_.empty() ? kNoTier : lower_.front();
+  }
 
  private:
   friend class AppendSession;
@@ -450,24 +467,41 @@ class Cache {
                        TierManager::ReadFor read_for = TierManager::ReadFor::kFetch)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The policy that ranks `node`: the host's while it has a host copy.
+  // The policy that ranks `node`: the host's while it has a host copy, else
+  // that of the level of its top copy.
   EvictionPolicy* PolicyFor(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return node.payload != nullptr ? policy_.get() : lower_policy_.get();
+    return node.payload != nullptr ? policy_.get()
+                                   : lower_policies_[static_cast<size_t>(node.lower.top())].get();
   }
   // A use of `node` at `now`: its place in its policy, last access and use
   // count. Inserts it into the host policy when it is not tracked yet (a
   // block a commit added with mu_ shared, IndexNode::in_policy).
   void TouchLocked(IndexNode* node, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops `node`'s host copy (into `dropped`), leaving its lower copy.
-  // REQUIRES: node->payload and node->lower set.
+  // Drops `node`'s host copy (into `dropped`), leaving its lower copies.
+  // REQUIRES: node->payload set, and a lower copy.
   void DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `node` a host copy again (a promotion or a restore).
   void SetHostCopyLocked(IndexNode* node, BlockRef payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops `node`'s lower copy, if any (stale after its host copy changed).
-  void DropLowerCopyLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts one lower-only leaf nothing else references; false when none.
-  bool EvictLowerOneLocked(std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `node` `copy` at lower level `level`. REQUIRES: it has none there.
+  void AddLowerCopyLocked(IndexNode* node, size_t level, StoredRef copy)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `node`'s copy at `level`, if any. REQUIRES: the block keeps a copy
+  // (host or another level).
+  void DropLowerCopyLocked(IndexNode* node, size_t level) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops every lower copy of `node` (stale after its host copy changed).
+  // REQUIRES: node->payload set.
+  void DropLowerCopiesLocked(IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees room in level `level`: its policy's coldest unpinned block whose
+  // top copy is there loses that copy when a deeper level has the block too,
+  // else (a leaf) leaves the cache. False when there is none.
+  bool FreeLowerLevelLocked(size_t level, std::vector<BlockRef>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts one lower-only leaf that `also` accepts and nothing else
+  // references, the deepest level's first (its blocks are the coldest);
+  // `reason` goes to the move log. False when there is none.
+  bool EvictLowerLeafLocked(absl::FunctionRef<bool(const IndexNode&)> also, const char* reason,
+                            std::vector<BlockRef>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Committed host bytes: the pool's allocated bytes less appends in flight.
   uint64_t CommittedHostBytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts least recently used blocks until the committed blocks leave
@@ -555,15 +589,18 @@ class Cache {
   const uint64_t pool_capacity_bytes_;
   const uint64_t eviction_batch_bytes_;  // pool_capacity_bytes_ / kEvictionBatchFraction
   Clock* const clock_;
-  const std::shared_ptr<Tier> lower_;         // null: one tier
-  const std::shared_ptr<DeviceTier> device_;  // null: no GPU tier
+  static inline const std::shared_ptr<Tier> kNoTier;
+  const std::vector<std::shared_ptr<Tier>> lower_;  // by level; empty: one level
+  const std::vector<std::string> lower_names_;      // their kinds, for the move log
+  const std::shared_ptr<DeviceTier> device_;        // null: no GPU tier
 
   mutable SharedMutex mu_;
   // Touches of hits made under the shared lock; not guarded by mu_ (see
   // touch_buffer.h for its rules).
   mutable TouchBuffer touches_;
-  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);        // host-resident blocks
-  std::unique_ptr<EvictionPolicy> lower_policy_ ABSL_GUARDED_BY(mu_);  // lower-only blocks
+  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);  // host-resident blocks
+  // By level: the blocks with no host copy whose top copy is there.
+  std::vector<std::unique_ptr<EvictionPolicy>> lower_policies_ ABSL_GUARDED_BY(mu_);
   ModelRegistry models_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   uint64_t capacity_evictions_ ABSL_GUARDED_BY(mu_) = 0;

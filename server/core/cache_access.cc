@@ -49,17 +49,21 @@ std::optional<uint64_t> CacheAccess::Held::DropCorrupt(const BlockMove& claimed,
   if (n == nullptr) return std::nullopt;
   ModelState& m = *c.models_.OfIndex(claimed.index());
   ++m.corrupt_blocks;
-  if (level == BlockTier::kLower && n->payload != nullptr) {
-    // The host copy is good: the bad lower copy goes alone, if it is still
+  const size_t lower = claimed.lower_level();
+  if (level == BlockTier::kLower &&
+      (n->payload != nullptr || n->lower.below(lower) != LowerCopies::kNone ||
+       n->lower.top() < static_cast<int>(lower))) {
+    // Another copy is good: the bad lower copy goes alone, if it is still
     // the one checked.
-    if (n->lower != claimed.lower()) return std::nullopt;
-    c.tiers_->LogMove(*n, "ssd", "none", reason, n->lower->seal().size);
-    ++c.tier_.checksum_failures;
-    c.DropLowerCopyLocked(n);
+    const StoredRef& bad = n->lower.at(lower);
+    if (bad == nullptr || bad != claimed.lower()) return std::nullopt;
+    c.tiers_->LogMove(*n, c.lower_names_[lower].c_str(), "none", reason, bad->seal().size);
+    ++c.tier_.lower[lower].checksum_failures;
+    c.DropLowerCopyLocked(n, lower);
     return 0;
   }
-  c.tiers_->LogMove(*n, level == BlockTier::kLower ? "ssd" : "host", "none", reason,
-                    n->seal().size);
+  c.tiers_->LogMove(*n, level == BlockTier::kLower ? c.lower_names_[lower].c_str() : "host", "none",
+                    reason, n->seal().size);
   return c.RemoveSubtreeLocked(m, n, dropped).evicted_blocks;
 }
 
@@ -103,7 +107,7 @@ void CacheAccess::Held::ReplaceHostCopy(IndexNode* node, BlockRef copy) const {
   const uint64_t old_size = old.size;
   const uint64_t new_size = copy->size();
   node->payload = std::move(copy);
-  c.DropLowerCopyLocked(node);                                     // no longer matches the seal
+  c.DropLowerCopiesLocked(node);                                   // no longer match the seal
   c.DropDeviceCopyLocked(node, Cache::DeviceDrop::kRecompressed);  // nor does a device copy
   m.bytes = m.bytes - old_size + new_size;
   c.payload_bytes_ += new_size;
@@ -141,13 +145,20 @@ void CacheAccess::Held::DropHostCopy(IndexNode* node, std::vector<BlockRef>* dro
   cache_->DropHostCopyLocked(node, dropped);
 }
 
-void CacheAccess::Held::AddLowerCopy(IndexNode* node, StoredRef copy) const {
-  Cache& c = *cache_;
-  c.mu_.AssertHeld();
-  const uint64_t size = copy->seal().size;
-  node->lower = std::move(copy);
-  ++c.tier_.lower_blocks;
-  c.tier_.lower_payload_bytes += size;
+IndexNode* CacheAccess::Held::ColdestLowerBlock(size_t level) const {
+  cache_->mu_.AssertHeld();
+  return cache_->lower_policies_[level]->PickVictim(
+      [level](const IndexNode& n) { return !n.lower.at(level)->pins().pinned(); });
+}
+
+void CacheAccess::Held::AddLowerCopy(IndexNode* node, size_t level, StoredRef copy) const {
+  cache_->mu_.AssertHeld();
+  cache_->AddLowerCopyLocked(node, level, std::move(copy));
+}
+
+void CacheAccess::Held::DropLowerCopy(IndexNode* node, size_t level) const {
+  cache_->mu_.AssertHeld();
+  cache_->DropLowerCopyLocked(node, level);
 }
 
 void CacheAccess::Held::SetHostCopy(IndexNode* node, BlockRef copy) const {
@@ -166,9 +177,9 @@ bool CacheAccess::Held::EvictHostLeaf(std::vector<BlockRef>* dropped) const {
   return cache_->EvictHostLeafLocked(dropped);
 }
 
-bool CacheAccess::Held::EvictLowerLeaf(std::vector<BlockRef>* dropped) const {
+bool CacheAccess::Held::FreeLowerLevel(size_t level, std::vector<BlockRef>* dropped) const {
   cache_->mu_.AssertHeld();
-  return cache_->EvictLowerOneLocked(dropped);
+  return cache_->FreeLowerLevelLocked(level, dropped);
 }
 
 void CacheAccess::Held::CountCapacityEviction() const {
@@ -250,7 +261,13 @@ absl::StatusOr<BlockHashes> CacheAccess::HashBlocks(const ModelKey& model,
   return cache_->HashBlocks(model, tokens);
 }
 
-Tier* CacheAccess::lower_tier() const { return cache_->lower_.get(); }
+size_t CacheAccess::lower_levels() const { return cache_->lower_.size(); }
+
+Tier& CacheAccess::lower_tier(size_t level) const { return *cache_->lower_[level]; }
+
+const char* CacheAccess::lower_name(size_t level) const {
+  return cache_->lower_names_[level].c_str();
+}
 
 std::vector<SlabClassStats> CacheAccess::PoolClasses() const {
   return cache_->pool_->GetClassStats();

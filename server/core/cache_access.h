@@ -78,9 +78,10 @@ class CacheAccess {
     // Every live lease, with its id.
     void ForEachLease(absl::FunctionRef<void(uint64_t id, const Lease& lease)> visit) const;
 
-    // The copy at `level` of the block `claimed` claimed failed a check
-    // (its checksum, its format): removes it, provided the block is still
-    // the one claimed. A bad lower copy of a block that has a host copy too
+    // The copy at `level` of the block `claimed` claimed (kLower: its copy
+    // at claimed.lower_level()) failed a check (its checksum, its format):
+    // removes it, provided the block is still the one claimed. A bad lower
+    // copy of a block that has another copy too (host or another level)
     // goes alone (and only if it is still the copy claimed); any other bad
     // copy takes the block and every block below it out of the index. The
     // block counts in its model's corrupt_blocks whenever it is found.
@@ -127,12 +128,19 @@ class CacheAccess {
     void ExpireLeases() const;
     // The host policy's coldest block that nothing pins; null when none.
     IndexNode* ColdestHostBlock() const;
+    // The coldest block whose top copy is at lower level `level` (no host
+    // copy) and that nothing pins there; null when none.
+    IndexNode* ColdestLowerBlock(size_t level) const;
     // Drops `node`'s host copy (its reference to `dropped`); the block
-    // stays, in the lower tier. REQUIRES: node has a lower copy.
+    // stays, in the lower levels. REQUIRES: node has a lower copy.
     void DropHostCopy(IndexNode* node, std::vector<BlockRef>* dropped) const;
-    // Gives `node` `copy` as its lower copy. REQUIRES: it has none.
-    void AddLowerCopy(IndexNode* node, StoredRef copy) const;
-    // Gives `node` `copy` (read back from its lower copy) as its host copy
+    // Gives `node` `copy` as its copy at lower level `level`. REQUIRES: it
+    // has none there.
+    void AddLowerCopy(IndexNode* node, size_t level, StoredRef copy) const;
+    // Drops `node`'s copy at lower level `level`. REQUIRES: the block has
+    // another copy (host or another level).
+    void DropLowerCopy(IndexNode* node, size_t level) const;
+    // Gives `node` `copy` (read back from a lower copy) as its host copy
     // again. REQUIRES: it has none.
     void SetHostCopy(IndexNode* node, BlockRef copy) const;
     // Takes `node` and every block below it out of the index; returns how
@@ -140,9 +148,10 @@ class CacheAccess {
     uint64_t RemoveBlock(IndexNode* node, std::vector<BlockRef>* dropped) const;
     // Evicts the host policy's coldest unpinned leaf; false when none.
     bool EvictHostLeaf(std::vector<BlockRef>* dropped) const;
-    // Evicts the lower tier's coldest unpinned lower-only leaf; false when
-    // none.
-    bool EvictLowerLeaf(std::vector<BlockRef>* dropped) const;
+    // Frees room in lower level `level`: its coldest unpinned block whose
+    // top copy is there loses that copy when a deeper level has the block,
+    // else (a leaf) leaves the cache; false when there is none.
+    bool FreeLowerLevel(size_t level, std::vector<BlockRef>* dropped) const;
     // Counts an eviction made for room in CacheStats::capacity_evictions.
     void CountCapacityEviction() const;
     // The block `claimed` claimed, when it is still that block; else null.
@@ -196,8 +205,12 @@ class CacheAccess {
   // hasher; NOT_FOUND for an unknown model.
   absl::StatusOr<BlockHashes> HashBlocks(const ModelKey& model,
                                          std::span<const Token> tokens) const;
-  // The lower tier (null: none), to read lower copies back.
-  Tier* lower_tier() const;
+  // The levels below host memory, fastest first: how many, each one's
+  // store (to read its copies back and write new ones) and its kind (for
+  // the move log; valid as long as the cache).
+  size_t lower_levels() const;
+  Tier& lower_tier(size_t level) const;
+  const char* lower_name(size_t level) const;
   // The host pool's allocated bytes less what appends in flight stage.
   uint64_t CommittedHostBytes() const;
   // Whether the GPU tier is past its high watermark, and the pass that

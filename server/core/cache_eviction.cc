@@ -11,8 +11,10 @@
 namespace kvcache {
 
 bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
-  // The lower tier's blocks are colder than the host's: they go first.
-  if (lower_ != nullptr && EvictLowerOneLocked(dropped)) return true;
+  // The lower levels' blocks are colder than the host's: they go first.
+  if (EvictLowerLeafLocked([](const IndexNode&) { return true; }, "capacity", dropped)) {
+    return true;
+  }
   return EvictHostLeafLocked(dropped);
 }
 
@@ -62,7 +64,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   while (true) {
     // With a lower tier, room is made by demotion (Migrate, MakeRoomForSpace).
     bool for_space = false;
-    if (staging != 0 && lower_ == nullptr) {
+    if (staging != 0 && lower_.empty()) {
       const uint64_t held = committed();
       const uint64_t last =
           dropped->empty() || dropped->back() == nullptr ? 0 : dropped->back()->footprint();
@@ -79,7 +81,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
 }
 
 bool Cache::MakeRoomForSpace() {
-  if (lower_ != nullptr) {
+  if (!lower_.empty()) {
     uint64_t bytes = 0;
     bool refused = false;
     return tiers_->DemoteOne(&bytes, &refused, "append") != TierManager::DemoteOutcome::kNothing;
@@ -110,7 +112,7 @@ void Cache::EnforceBudgets() {
   const uint64_t staging = options_.append_staging_bytes;
   const uint64_t meta_cap = options_.max_metadata_bytes;
   bool over = false;
-  if (staging != 0 && lower_ == nullptr) {
+  if (staging != 0 && lower_.empty()) {
     over = CommittedHostBytes() > pool_capacity_bytes_ - std::min(pool_capacity_bytes_, staging);
   }
   if (!over && meta_cap != 0) {
@@ -137,7 +139,7 @@ absl::StatusOr<StagingBlock> Cache::AllocatePayload(uint64_t bytes) {
       ++rejected_appends_;
       return absl::ResourceExhaustedError(absl::StrCat(
           "host tier is full: capacity_bytes ", s.capacity_bytes, ", ", s.reserved_bytes,
-          " reserved, and no block can be ", lower_ != nullptr ? "demoted or " : "",
+          " reserved, and no block can be ", !lower_.empty() ? "demoted or " : "",
           "evicted (all leased, being fetched or appended to)"));
     }
   }

@@ -78,16 +78,16 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
   std::vector<ModelKey> walk;  // models whose every block is a target
   auto add = [&](const IndexNode* n) {
     const bool host = n->payload != nullptr;
-    const bool lower = n->lower != nullptr && options.include_lower;
+    const bool lower = n->lower.any() && options.include_lower;
     if (!host && !lower) return;
     targets.push_back({n->index, n->lookup_hash});
     if (host) {
       ++total.blocks_total;
       total.bytes_total += n->payload->size();
     }
-    if (lower) {
+    if (lower) {  // its top lower copy is checked
       ++total.blocks_total;
-      total.bytes_total += n->lower->seal().size;
+      total.bytes_total += n->lower.top_copy()->seal().size;
     }
   };
   {
@@ -153,7 +153,7 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
                          .model = m->key,
                          .raw_bytes = m->layout.BlockBytes(),
                          .depth = n->depth,
-                         .check_lower = options.include_lower && n->lower != nullptr});
+                         .check_lower = options.include_lower && n->lower.any()});
       }
     }
     for (Claimed& c : batch) {
@@ -168,10 +168,10 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
         total.bytes_checked += c.move.host()->size();
         if (!problem.empty()) findings.push_back({BlockTier::kHost, std::move(problem)});
       }
-      if (Tier* lower = access_.lower_tier(); c.check_lower && lower != nullptr) {
+      if (c.check_lower && c.move.lower() != nullptr) {
         const PinnedCopy& copy = c.move.lower();
         std::vector<std::byte> bytes(copy->seal().size);
-        const absl::Status read = lower->Read(*copy, bytes);
+        const absl::Status read = access_.lower_tier(c.move.lower_level()).Read(*copy, bytes);
         std::string problem;
         if (!read.ok()) {
           problem = std::string(read.message());
@@ -276,13 +276,13 @@ MemorySnapshot CacheInspector::SnapshotMemory(size_t max_leases) const {
           for (size_t r = 0; r < kPinReasons; ++r) {
             const auto reason = static_cast<PinReason>(r);
             if ((n->payload != nullptr && n->payload->pins().of(reason) != 0) ||
-                (n->lower != nullptr && n->lower->pins().of(reason) != 0)) {
+                n->lower.pinned_for(reason)) {
               ++out.pinned_by[r];
             }
           }
-          if (n->lower != nullptr) {
+          if (n->lower.any()) {  // in some level below the host, each copy's bytes
             ++out.lower_blocks;
-            out.lower_bytes += n->lower->seal().size;
+            out.lower_bytes += n->lower.bytes();
           }
           if (held.OnDevice(node)) ++out.device_blocks;
           if (!ts.compressed) {
@@ -311,7 +311,8 @@ struct PathBlock {
   uint32_t depth = 0;
   uint64_t key = 0;
   PinnedBlock host;  // pinned while the inspection reads it
-  PinnedCopy lower;
+  PinnedCopy lower;  // the top lower copy, at lower_level
+  size_t lower_level = 0;
   BlockSeal seal;
   float importance = 0;
   std::vector<Token> tokens;
@@ -382,7 +383,9 @@ absl::StatusOr<SequenceInspection> CacheInspector::InspectPath(
       b.depth = n->depth;
       b.key = n->key;
       b.host = PinnedBlock(n->payload, PinReason::kInspect);
-      b.lower = PinnedCopy(n->lower, PinReason::kInspect);
+      const int top = n->lower.top();
+      b.lower = PinnedCopy(n->lower.top_copy(), PinReason::kInspect);
+      b.lower_level = top == LowerCopies::kNone ? 0 : static_cast<size_t>(top);
       b.seal = n->seal();
       b.importance = n->importance();
       const std::span<const Token> t = n->tokens();
@@ -464,9 +467,9 @@ absl::StatusOr<SequenceInspection> CacheInspector::InspectPath(
     std::span<const std::byte> bytes;
     if (b.host != nullptr) {
       bytes = b.host->data();
-    } else if (Tier* lower = access_.lower_tier(); lower != nullptr && b.lower != nullptr) {
+    } else if (b.lower != nullptr) {
       read.resize(b.lower->seal().size);
-      if (!lower->Read(*b.lower, read).ok()) continue;
+      if (!access_.lower_tier(b.lower_level).Read(*b.lower, read).ok()) continue;
       bytes = read;
     }
     absl::StatusOr<importance::CompressedBlockView> view = importance::ParseCompressedBlock(bytes);
@@ -549,8 +552,7 @@ std::vector<PrefixSummary> CacheInspector::TopPrefixes(size_t limit) const {
             s.first_tokens.assign(t.begin(), t.begin() + std::min<size_t>(t.size(), 16));
           }
           ++s.blocks;
-          s.bytes += (n->payload != nullptr ? n->payload->size() : 0) +
-                     (n->lower != nullptr ? n->lower->seal().size : 0);
+          s.bytes += (n->payload != nullptr ? n->payload->size() : 0) + n->lower.bytes();
           s.depth = std::max(s.depth, n->depth + 1);
           s.last_access = std::max(s.last_access, n->last_access);
         });

@@ -25,17 +25,8 @@ bool Cache::EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
     const ModelState* owner = models_.OfIndex(n.index);
     return owner != nullptr && owner->key.ns == ns;
   };
-  // The lower tier's blocks are colder than the host's: they go first.
-  if (lower_ != nullptr) {
-    IndexNode* victim = lower_policy_->PickVictim(
-        [&](const IndexNode& n) { return n.is_leaf() && !n.lower->pins().pinned() && owned(n); });
-    if (victim != nullptr) {
-      tiers_->LogMove(*victim, "ssd", "none", reason, victim->lower->seal().size);
-      RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);
-      ++tier_.lower_evictions;
-      return true;
-    }
-  }
+  // The lower levels' blocks are colder than the host's: they go first.
+  if (EvictLowerLeafLocked(owned, reason, dropped)) return true;
   IndexNode* victim = policy_->PickVictim(
       [&](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned() && owned(n); });
   if (victim == nullptr) return false;

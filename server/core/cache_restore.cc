@@ -39,7 +39,7 @@ absl::StatusOr<StagingBlock> Cache::AllocateRestoredPayload(uint64_t size) {
       if (a.ok()) return StagingBlock(pool_.get(), *a, size);
       if (!absl::IsResourceExhausted(a.status())) return a.status();
     }
-    if (lower_ == nullptr || demoted == kMaxDemotions || !MakeRoomForSpace()) {
+    if (lower_.empty() || demoted == kMaxDemotions || !MakeRoomForSpace()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the host tier has no room to restore a block of ", size, " bytes (", limit,
                        " of its ", capacity, " bytes may hold blocks)"));
@@ -58,7 +58,7 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   if (image.host != nullptr && image.host->size() != image.seal.size) {
     return RestoreOutcome::kMismatch;
   }
-  if (image.lower != nullptr && lower_ == nullptr) image.lower.reset();
+  if (image.lower != nullptr && lower_.empty()) image.lower.reset();
   std::vector<BlockRef> unused;  // released after the lock
   WriteLock lock(this);
   ModelState* found = models_.Find(model);
@@ -85,7 +85,7 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   const bool in_host = image.host != nullptr;
   IndexNode* node = m.index.AddChild(parent, image.tokens, image.host.Unpin());
   if (node == nullptr) return RestoreOutcome::kPresent;  // a lookup-hash collision
-  node->lower = image.lower.Unpin();
+  node->lower.at(0) = image.lower.Unpin();
   node->expires = image.expires;
   node->last_access = image.last_access;
   node->priority = image.priority;
@@ -100,10 +100,10 @@ RestoreOutcome Cache::RestoreBlock(const ModelKey& model, BlockImage image) {
   RecountMetadataLocked(node);
   m.bytes += image.seal.size;
   if (in_host) payload_bytes_ += image.seal.size;
-  if (node->lower != nullptr) {
-    ++tier_.lower_blocks;
-    tier_.lower_payload_bytes += image.seal.size;
-    if (!in_host) ++tier_.lower_only_blocks;
+  if (node->lower.at(0) != nullptr) {
+    ++tier_.lower[0].blocks;
+    tier_.lower[0].payload_bytes += image.seal.size;
+    if (!in_host) ++tier_.lower[0].only_blocks;
   }
   // A new block to its tier's policy, then its reference history back (the
   // policy re-ranks it on Adopt); its last use counts from now.

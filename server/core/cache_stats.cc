@@ -149,7 +149,8 @@ void ModelStats::VisitCounters(CounterVisitor& visitor) const {
       l, corrupt_blocks);
 }
 
-void TierCounters::VisitLowerCounters(std::string_view tier, CounterVisitor& visitor) const {
+void LowerLevelCounters::VisitCounters(std::string_view tier, std::string_view above,
+                                       CounterVisitor& visitor) const {
   const std::array<CounterLabel, 1> l = {{{"tier", tier}}};
   constexpr CounterFamily kMoves{"kvcached_tier_migrations_total",
                                  "Blocks moved between tiers, by direction and reason",
@@ -160,31 +161,26 @@ void TierCounters::VisitLowerCounters(std::string_view tier, CounterVisitor& vis
   constexpr CounterFamily kEvictions{"kvcached_tier_evictions_total",
                                      "Blocks evicted from a tier, by reason",
                                      CounterType::kCounter};
-  visitor.Visit(kMoves, {{"from", "host"}, {"to", tier}, {"reason", "demote"}}, demotions);
-  visitor.Visit(kMovedBytes, {{"from", "host"}, {"to", tier}}, demoted_bytes);
-  visitor.Visit(kMoves, {{"from", "host"}, {"to", tier}, {"reason", "clean_drop"}}, clean_drops);
+  visitor.Visit(kMoves, {{"from", above}, {"to", tier}, {"reason", "demote"}}, demotions);
+  visitor.Visit(kMovedBytes, {{"from", above}, {"to", tier}}, demoted_bytes);
+  visitor.Visit(kMoves, {{"from", above}, {"to", tier}, {"reason", "clean_drop"}}, clean_drops);
   visitor.Visit(kMoves, {{"from", tier}, {"to", "host"}, {"reason", "promote"}}, promotions);
   visitor.Visit(kMovedBytes, {{"from", tier}, {"to", "host"}}, promoted_bytes);
   visitor.Visit({"kvcached_tier_reads_total", "Blocks read back from a tier for fetches",
                  CounterType::kCounter},
-                l, lower_reads);
+                l, reads);
   visitor.Visit({"kvcached_tier_read_bytes_total", "Bytes read back from a tier for fetches",
                  CounterType::kCounter},
-                l, lower_read_bytes);
-  visitor.Visit({"kvcached_tier_heap_bounded_fetches_total",
-                 "Fetches cut short because their read-back into the heap reached "
-                 "limits.max_fetch_heap_bytes",
-                 CounterType::kCounter},
-                l, heap_bounded_fetches);
-  visitor.Visit(kEvictions, {{"tier", tier}, {"reason", "capacity"}}, lower_evictions);
+                l, read_bytes);
+  visitor.Visit(kEvictions, {{"tier", tier}, {"reason", "capacity"}}, evictions);
   visitor.Visit({"kvcached_tier_admissions_refused_total",
                  "Demotions the admission gate or the write budget refused", CounterType::kCounter},
                 l, admissions_refused);
-  visitor.Visit(kEvictions, {{"tier", "host"}, {"reason", "not_admitted"}}, not_admitted_evictions);
+  visitor.Visit(kEvictions, {{"tier", above}, {"reason", "not_admitted"}}, not_admitted_evictions);
   visitor.Visit(
       {"kvcached_tier_write_failures_total",
        "Writes a tier refused (full after evicting, or an I/O error)", CounterType::kCounter},
-      l, lower_write_failures);
+      l, write_failures);
   visitor.Visit(
       {"kvcached_tier_checksum_failures_total",
        "Copies that failed verification when read: dropped, never served", CounterType::kCounter},
@@ -291,16 +287,18 @@ void CacheStats::VisitCounters(absl::Time now, CounterVisitor& visitor) const {
            .capacity_bytes = host_pool.capacity_bytes,
            .used_bytes = host_pool.reserved_bytes,
            .payload_bytes = payload_bytes,
-           .blocks = blocks - tiers.lower_only_blocks,
+           .blocks = blocks - tiers.lower_only_blocks(),
            .utilization = Ratio(payload_bytes, host_pool.reserved_bytes)}
       .VisitCounters(visitor);
-  if (has_lower) {
-    TierSize{.tier = lower_store.kind,
-             .capacity_bytes = lower_store.capacity_bytes,
-             .used_bytes = lower_store.allocated_bytes,
-             .payload_bytes = tiers.lower_payload_bytes,
-             .blocks = tiers.lower_blocks,
-             .utilization = Ratio(tiers.lower_payload_bytes, lower_store.allocated_bytes)}
+  for (size_t i = 0; i < lower_stores.size(); ++i) {
+    const TierStats& store = lower_stores[i];
+    const LowerLevelCounters& level = tiers.lower[i];
+    TierSize{.tier = store.kind,
+             .capacity_bytes = store.capacity_bytes,
+             .used_bytes = store.allocated_bytes,
+             .payload_bytes = level.payload_bytes,
+             .blocks = level.blocks,
+             .utilization = Ratio(level.payload_bytes, store.allocated_bytes)}
         .VisitCounters(visitor);
   }
   if (has_device) {
@@ -349,18 +347,28 @@ void CacheStats::VisitCounters(absl::Time now, CounterVisitor& visitor) const {
   visitor.Visit({"kvcached_lease_tokens", "Tokens held by live leases", CounterType::kGauge},
                 lease_tokens);
 
-  if (has_lower) {
-    tiers.VisitLowerCounters(lower_store.kind, visitor);
-    prefetch.VisitPrefetchCounters(lower_store.kind, visitor);
-    fetch_reads.VisitFetchReadCounters(lower_store.kind, visitor);
+  for (size_t i = 0; i < lower_stores.size(); ++i) {
+    const TierStats& store = lower_stores[i];
+    tiers.lower[i].VisitCounters(store.kind, i == 0 ? "host" : lower_stores[i - 1].kind, visitor);
     visitor.Visit(
         {"kvcached_tier_retained_bytes",
          "Space of freed copies kept for the newest checkpoint's re-attach", CounterType::kGauge},
-        {{"tier", lower_store.kind}}, lower_store.retained_bytes);
+        {{"tier", store.kind}}, store.retained_bytes);
     visitor.Visit({"kvcached_tier_retained_reused_total",
                    "Retained copies whose space a write reused past checkpoint.ssd_retained_share",
                    CounterType::kCounter},
-                  {{"tier", lower_store.kind}}, lower_store.retained_reused);
+                  {{"tier", store.kind}}, store.retained_reused);
+  }
+  if (has_lower()) {
+    // The read-back's own: by the first level's kind, the one they read most.
+    const std::string& first = lower_stores.front().kind;
+    visitor.Visit({"kvcached_tier_heap_bounded_fetches_total",
+                   "Fetches cut short because their read-back into the heap reached "
+                   "limits.max_fetch_heap_bytes",
+                   CounterType::kCounter},
+                  {{"tier", first}}, tiers.heap_bounded_fetches);
+    prefetch.VisitPrefetchCounters(first, visitor);
+    fetch_reads.VisitFetchReadCounters(first, visitor);
   }
   if (has_device) tiers.VisitDeviceCounters(visitor);
   checkpoint.VisitCounters(now, visitor);

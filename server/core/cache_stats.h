@@ -13,6 +13,7 @@
 #ifndef KVCACHE_SERVER_CORE_CACHE_STATS_H_
 #define KVCACHE_SERVER_CORE_CACHE_STATS_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -22,6 +23,7 @@
 #include "server/common/counter_visitor.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
+#include "server/core/lower_copies.h"
 #include "server/core/slab_pool.h"
 #include "server/core/tier.h"
 #include "server/core/tier_workers.h"
@@ -93,31 +95,43 @@ struct MoveRecord {
 };
 
 // What the cache did across its tiers (docs/tiers.md).
-struct TierCounters {
-  uint64_t lower_blocks = 0;         // blocks with a lower-tier copy
-  uint64_t lower_payload_bytes = 0;  // their sizes
-  uint64_t lower_only_blocks = 0;    // of those, without a host copy
-  uint64_t demotions = 0;            // host -> lower writes
+// One level below host memory (lower_copies.h): its blocks, the moves into
+// and out of it, its reads and failures. `above` in the comments is the level
+// a demotion into this one comes from: host memory for level 0, level i-1 for
+// level i.
+struct LowerLevelCounters {
+  uint64_t blocks = 0;         // blocks with a copy in this level
+  uint64_t payload_bytes = 0;  // their sizes
+  uint64_t only_blocks = 0;    // of those, whose top copy this is (none above, none in host)
+  uint64_t demotions = 0;      // writes into this level from the one above
   uint64_t demoted_bytes = 0;
-  uint64_t clean_drops = 0;  // host copies dropped with no write (already below)
-  uint64_t promotions = 0;   // lower -> host on a fetch
+  uint64_t clean_drops = 0;  // copies above dropped with no write (this level had the block)
+  uint64_t promotions = 0;   // this level -> host on a fetch
   uint64_t promoted_bytes = 0;
-  uint64_t lower_reads = 0;  // blocks a fetch read back
-  uint64_t lower_read_bytes = 0;
+  uint64_t reads = 0;  // blocks a fetch read back from this level
+  uint64_t read_bytes = 0;
+  uint64_t evictions = 0;               // blocks evicted from this level for room
+  uint64_t admissions_refused = 0;      // by the frequency gate or the write budget
+  uint64_t not_admitted_evictions = 0;  // blocks above evicted instead of demoted here
+  uint64_t write_failures = 0;          // writes this level refused (full, I/O)
+  uint64_t checksum_failures = 0;       // copies here that failed verification: dropped
+
+  // This level's moves, evictions, reads and failures; `tier` is its kind
+  // ("ssd"), `above` the kind of the level its demotions come from ("host").
+  void VisitCounters(std::string_view tier, std::string_view above, CounterVisitor& visitor) const;
+};
+
+struct TierCounters {
+  std::array<LowerLevelCounters, kMaxLowerLevels> lower;  // by level, level 0 first
   // Fetches whose plan ended early because the blocks read back into the heap
   // (the pool was full) reached max_fetch_heap_bytes.
   uint64_t heap_bounded_fetches = 0;
-  uint64_t lower_evictions = 0;         // evicted from the lower tier for room
-  uint64_t admissions_refused = 0;      // by the frequency gate or the write budget
-  uint64_t not_admitted_evictions = 0;  // host blocks evicted instead of demoted
-  uint64_t lower_write_failures = 0;    // writes the lower tier refused (full, I/O)
-  uint64_t checksum_failures = 0;       // lower copies that failed verification: dropped
   uint64_t migrate_passes = 0;
-  uint64_t moves_unlogged = 0;
+  uint64_t moves_unlogged = 0;  // move records dropped: the log was not drained in time
   // The GPU tier (device_tier.h): blocks with a device copy and their sizes,
-  // copies placed (host or ssd -> gpu), blocks a placement found there
-  // already, copies dropped (for room, past the watermark, or because the
-  // block's bytes changed or it left the cache) and writes it refused.
+  // copies placed (host or a lower level -> gpu), blocks a placement found
+  // there already, copies dropped (for room, past the watermark, or because
+  // the block's bytes changed or it left the cache) and writes it refused.
   uint64_t device_blocks = 0;
   uint64_t device_payload_bytes = 0;
   uint64_t device_placements = 0;
@@ -126,11 +140,14 @@ struct TierCounters {
   uint64_t device_drops_room = 0;
   uint64_t device_drops_pressure = 0;
   uint64_t device_drops_invalidated = 0;
-  uint64_t device_write_failures = 0;  // move records dropped: the log was not drained in time
+  uint64_t device_write_failures = 0;
 
-  // The lower tier's moves, evictions, reads and failures; `tier` is its
-  // kind ("ssd"). Only when there is a lower tier.
-  void VisitLowerCounters(std::string_view tier, CounterVisitor& visitor) const;
+  // Blocks with no host copy (in some lower level only).
+  uint64_t lower_only_blocks() const {
+    uint64_t n = 0;
+    for (const LowerLevelCounters& l : lower) n += l.only_blocks;
+    return n;
+  }
   // The GPU tier's placements, drops and failures. Only when there is one.
   void VisitDeviceCounters(CounterVisitor& visitor) const;
 };
@@ -196,9 +213,10 @@ struct CacheStats {
   uint64_t metadata_bytes = 0;       // index nodes, tokens, importance state, lease tokens
   uint64_t staged_bytes = 0;         // pool memory of appends in flight
   uint64_t lease_tokens = 0;         // tokens held by live leases
-  // The lower tier, when there is one.
-  bool has_lower = false;
-  TierStats lower_store;
+  // The levels below host memory, in order (level 0 first); empty: none.
+  // TierCounters::lower holds their counters by the same index.
+  std::vector<TierStats> lower_stores;
+  bool has_lower() const { return !lower_stores.empty(); }
   // The GPU tier, when there is one.
   bool has_device = false;
   TierStats device_store;

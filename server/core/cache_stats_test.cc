@@ -72,10 +72,9 @@ CacheStats Everything() {
   b.blocks = 4;
   s.models = {a, b};
   s.blocks = 10;
-  s.tiers.lower_only_blocks = 4;
-  s.tiers.lower_blocks = 6;
-  s.has_lower = true;
-  s.lower_store.kind = "ssd";
+  s.tiers.lower[0].only_blocks = 4;
+  s.tiers.lower[0].blocks = 6;
+  s.lower_stores.push_back({.kind = "ssd"});
   s.has_device = true;
   s.checkpoint.enabled = true;
   s.checkpoint.last_success_unix_seconds = 900;

@@ -33,14 +33,21 @@ struct TierOptions {
   // capacity - append_staging_bytes). 0 < low <= high <= 1.
   double host_high_watermark = 0.98;
   double host_low_watermark = 0.96;
-  // A block is written to the lower tier only once lookups, fetches and
-  // appends used it this many times (1: every block; 2: seen twice);
-  // a block not admitted is evicted.
+  // A block is written to level 0 below host memory only once lookups,
+  // fetches and appends used it this many times (1: every block; 2: seen
+  // twice); a block not admitted is evicted. (A deeper level admits every
+  // block demoted to it.)
   uint32_t lower_admit_min_references = 1;
-  // Bytes per second the migrator may write to the lower tier (a token
-  // bucket holding one second); 0: no limit.
+  // Bytes per second the migrator may write to level 0 (a token bucket
+  // holding one second); 0: no limit.
   uint64_t lower_write_bytes_per_second = 0;
-  // Most blocks one Migrate() call moves.
+  // A level below host memory with another level below it demotes its
+  // coldest blocks (those with no copy above) to the next once its
+  // allocated bytes pass lower_high_watermark x its capacity, down to
+  // lower_low_watermark x its capacity. 0 < low <= high <= 1.
+  double lower_high_watermark = 0.95;
+  double lower_low_watermark = 0.90;
+  // Most blocks one Migrate() call moves out of each level.
   uint32_t max_demotions_per_pass = 256;
   // A fetch that reads a lower block back keeps it in host memory when the
   // pool has room for it without evicting.

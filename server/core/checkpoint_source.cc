@@ -66,7 +66,9 @@ size_t CheckpointSource::CaptureBlocks(const ModelKey& model,
       // A claim with no commit (block_move.h): the copy goes to the
       // checkpoint file, and the claim's references keep the copies readable
       // (and the block out of the movers' hands) until the batch is written.
-      BlockMove claim = BlockMove::Claim(*n, PinReason::kCheckpoint);
+      // Level 0's copy is the one a restart re-attaches (a deeper level's is
+      // not in the checkpoint).
+      BlockMove claim = BlockMove::Claim(*n, /*level=*/0, PinReason::kCheckpoint);
       b.seal = claim.seal();
       b.host = claim.host();
       b.lower = claim.lower();

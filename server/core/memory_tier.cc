@@ -1,6 +1,8 @@
 #include "server/core/memory_tier.h"
 
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -33,7 +35,9 @@ class MemoryCopy final : public StoredCopy {
 
 class MemoryStore final : public MemoryTier, public std::enable_shared_from_this<MemoryStore> {
  public:
-  explicit MemoryStore(uint64_t capacity) { stats_.capacity_bytes = capacity; }
+  MemoryStore(uint64_t capacity, std::string kind) : kind_(std::move(kind)) {
+    stats_.capacity_bytes = capacity;
+  }
 
   absl::StatusOr<StoredRef> Write(uint64_t key, const BlockPayload& payload) override {
     const uint64_t footprint = (payload.size() + kPage - 1) / kPage * kPage;
@@ -84,7 +88,7 @@ class MemoryStore final : public MemoryTier, public std::enable_shared_from_this
   TierStats GetStats() const override {
     MutexLock lock(&mu_);
     TierStats s = stats_;
-    s.kind = "memory";
+    s.kind = kind_;
     return s;
   }
 
@@ -114,6 +118,7 @@ class MemoryStore final : public MemoryTier, public std::enable_shared_from_this
   }
 
  private:
+  const std::string kind_;
   mutable Mutex mu_;
   TierStats stats_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<const MemoryCopy*>> by_key_
@@ -124,8 +129,8 @@ MemoryCopy::~MemoryCopy() { store_->Release(this, footprint(), seal().size); }
 
 }  // namespace
 
-std::shared_ptr<MemoryTier> MemoryTier::Create(uint64_t capacity_bytes) {
-  return std::make_shared<MemoryStore>(capacity_bytes);
+std::shared_ptr<MemoryTier> MemoryTier::Create(uint64_t capacity_bytes, std::string kind) {
+  return std::make_shared<MemoryStore>(capacity_bytes, std::move(kind));
 }
 
 }  // namespace kvcache

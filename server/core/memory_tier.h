@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "server/core/tier.h"
 
@@ -19,8 +20,8 @@ namespace kvcache {
 class MemoryTier : public Tier {
  public:
   // A store that holds at most `capacity_bytes` of copies (each copy's
-  // footprint is its size rounded up to 4 KiB).
-  static std::shared_ptr<MemoryTier> Create(uint64_t capacity_bytes);
+  // footprint is its size rounded up to 4 KiB); GetStats() names it `kind`.
+  static std::shared_ptr<MemoryTier> Create(uint64_t capacity_bytes, std::string kind = "memory");
 
   // Flips the byte at `offset` of every live copy written under `key` (those
   // shorter are left alone): the next read of one answers DATA_LOSS. Returns

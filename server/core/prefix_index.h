@@ -40,6 +40,7 @@
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
 #include "server/core/layout.h"
+#include "server/core/lower_copies.h"
 #include "server/core/tier.h"
 #include "server/core/token_state.h"
 
@@ -64,10 +65,11 @@ struct BlockHashes {
 // node's first two cache lines (a node is 64-byte aligned); its tokens follow
 // the node in the same allocation.
 //
-// A block lives in host memory (`payload`), in the lower tier (`lower`), or
-// in both (a host copy of a block also on SSD is clean: dropping it needs no
-// write). At least one of the two is set. (A copy in the GPU tier, when a
-// block has one, is kept by the cache apart from the node: device_copies.h.)
+// A block lives in host memory (`payload`), in the levels below it (`lower`,
+// one slot per level: lower_copies.h), or in several (a host copy of a block
+// also on SSD is clean: dropping it needs no write). At least one copy is
+// set. (A copy in the GPU tier, when a block has one, is kept by the cache
+// apart from the node: device_copies.h.)
 struct IndexNode {
   IndexNode* parent = nullptr;  // nullptr for a first block
   BlockRef payload;             // the host copy, or null
@@ -115,13 +117,15 @@ struct IndexNode {
   // Lookups, fetches and appends that used the block (saturating); the lower
   // tier's admission gate reads it.
   uint16_t references = 0;
-  StoredRef lower;  // the copy in the lower tier, or null
+  LowerCopies lower;  // the copies below host memory, one slot per level
 
   bool is_leaf() const { return num_children == 0; }
   bool in_host() const { return payload != nullptr; }
   // The seal of the block, from whichever copy it has.
   // Valid while that copy is the node's.
-  const BlockSeal& seal() const { return payload != nullptr ? payload->seal() : lower->seal(); }
+  const BlockSeal& seal() const {
+    return payload != nullptr ? payload->seal() : lower.top_copy()->seal();
+  }
   // How much the cache values the block, in [0, 1] (0 until set); stored in
   // 16 bits. Policies that rank by it must be told when it changes
   // (EvictionPolicy::SetImportance), so set it through the policy while the

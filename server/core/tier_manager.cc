@@ -23,7 +23,7 @@ TierManager::TierManager(CacheAccess access, const TierOptions& options, bool lo
       options_(options),
       log_moves_(log_moves),
       lower_writes_(options.lower_write_bytes_per_second) {
-  if (access_.lower_tier() != nullptr) {
+  if (access_.lower_levels() != 0) {
     prefetcher_ = std::make_unique<TierWorkers>(std::max(1u, options_.prefetch_threads),
                                                 std::max(1u, options_.prefetch_queue));
     fetch_readers_ = std::make_unique<TierWorkers>(std::max(1u, options_.fetch_read_threads),
@@ -79,17 +79,24 @@ bool TierManager::Admit(const IndexNode& node, uint64_t bytes, absl::Time now) {
   return lower_writes_.TryTake(bytes, now);
 }
 
-absl::StatusOr<StoredRef> TierManager::WriteLower(uint64_t key, const BlockPayload& payload) {
-  Tier& lower = *access_.lower_tier();
+absl::StatusOr<StoredRef> TierManager::WriteLower(size_t level, uint64_t key,
+                                                  const BlockPayload& payload) {
+  Tier& lower = access_.lower_tier(level);
   for (int attempt = 0;; ++attempt) {
     absl::StatusOr<StoredRef> copy = lower.Write(key, payload);
     if (copy.ok() || !absl::IsResourceExhausted(copy.status()) ||
         attempt == kMaxLowerEvictionsPerWrite) {
       return copy;
     }
+    // Room by demotion to the next level, when there is one and it takes a
+    // block; else by dropping copies (or blocks) from this one.
+    if (level + 1 < access_.lower_levels()) {
+      uint64_t bytes = 0;
+      if (DemoteLowerOne(level, &bytes) != DemoteOutcome::kNothing) continue;
+    }
     std::vector<BlockRef> dropped;  // freed after the lock
     CacheAccess::Locked locked(access_);
-    if (!locked.EvictLowerLeaf(&dropped)) return copy;
+    if (!locked.FreeLowerLevel(level, &dropped)) return copy;
   }
 }
 
@@ -103,12 +110,13 @@ TierManager::DemoteOutcome TierManager::DemoteOne(uint64_t* bytes, bool* refused
     locked.ExpireLeases();
     IndexNode* victim = locked.ColdestHostBlock();
     if (victim == nullptr) return DemoteOutcome::kNothing;
-    TierCounters& counters = locked.tier_counters();
-    if (victim->lower != nullptr) {  // clean: the lower tier has it already
+    LowerLevelCounters& counters = locked.tier_counters().lower[0];
+    if (const int top = victim->lower.top(); top != LowerCopies::kNone) {
+      // Clean: a lower level has it already.
       *bytes = victim->payload->size();
-      LogMove(*victim, "host", "ssd", "clean", *bytes);
+      LogMove(*victim, "host", access_.lower_name(static_cast<size_t>(top)), "clean", *bytes);
       locked.DropHostCopy(victim, &dropped);
-      ++counters.clean_drops;
+      ++locked.tier_counters().lower[static_cast<size_t>(top)].clean_drops;
       return DemoteOutcome::kCleanDrop;
     }
     if (!Admit(*victim, victim->payload->size(), locked.Now())) {
@@ -131,16 +139,16 @@ TierManager::DemoteOutcome TierManager::DemoteOne(uint64_t* bytes, bool* refused
   // The write, outside the lock.
   const BlockPayload& payload = *move.host();
   const absl::Time start = absl::Now();
-  absl::StatusOr<StoredRef> copy = WriteLower(move.key(), payload);
+  absl::StatusOr<StoredRef> copy = WriteLower(0, move.key(), payload);
   const absl::Duration took = absl::Now() - start;
 
   std::vector<BlockRef> dropped;
   CacheAccess::Locked locked(access_);
   IndexNode* node = locked.Refind(move);
-  if (node == nullptr || node->lower != nullptr) return DemoteOutcome::kRaced;
-  TierCounters& counters = locked.tier_counters();
+  if (node == nullptr || node->lower.at(0) != nullptr) return DemoteOutcome::kRaced;
+  LowerLevelCounters& counters = locked.tier_counters().lower[0];
   if (!copy.ok()) {
-    ++counters.lower_write_failures;
+    ++counters.write_failures;
     // The lower tier cannot take it: evict it instead, if it is still a
     // leaf nothing but this move pins.
     if (node->is_leaf() && node->payload->pins().only(PinReason::kMove, 1)) {
@@ -152,23 +160,89 @@ TierManager::DemoteOutcome TierManager::DemoteOne(uint64_t* bytes, bool* refused
     }
     return DemoteOutcome::kRaced;
   }
-  locked.AddLowerCopy(node, *std::move(copy));
+  locked.AddLowerCopy(node, 0, *std::move(copy));
   ++counters.demotions;
   counters.demoted_bytes += payload.size();
   *bytes = payload.size();
-  LogMove(*node, "host", "ssd", reason, payload.size(), took);
+  LogMove(*node, "host", access_.lower_name(0), reason, payload.size(), took);
   locked.DropHostCopy(node, &dropped);
+  return DemoteOutcome::kDemoted;
+}
+
+TierManager::DemoteOutcome TierManager::DemoteLowerOne(size_t level, uint64_t* bytes) {
+  const size_t next = level + 1;
+  BlockMove move;
+  {
+    CacheAccess::Locked locked(access_);
+    locked.ExpireLeases();
+    IndexNode* victim = locked.ColdestLowerBlock(level);
+    if (victim == nullptr) return DemoteOutcome::kNothing;
+    const StoredRef& copy = victim->lower.at(level);
+    *bytes = copy->seal().size;
+    if (const int below = victim->lower.below(level); below != LowerCopies::kNone) {
+      // Clean: a deeper level has it already.
+      LogMove(*victim, access_.lower_name(level), access_.lower_name(static_cast<size_t>(below)),
+              "clean", *bytes);
+      ++locked.tier_counters().lower[static_cast<size_t>(below)].clean_drops;
+      locked.DropLowerCopy(victim, level);
+      return DemoteOutcome::kCleanDrop;
+    }
+    move = BlockMove::Claim(*victim, level);
+  }
+  // The read and the write, outside the lock. The read verifies the copy
+  // against its seal, which the new copy is written under.
+  const BlockSeal& seal = move.seal();
+  const absl::Time start = absl::Now();
+  StagingBlock staging = StagingBlock::OnHeap(seal.size);
+  const absl::Status read = access_.lower_tier(level).Read(*move.lower(), staging.data());
+  absl::StatusOr<StoredRef> copy =
+      read.ok() ? WriteLower(next, move.key(), *std::move(staging).Seal(move.key(), seal))
+                : absl::StatusOr<StoredRef>(read);
+  const absl::Duration took = absl::Now() - start;
+
+  std::vector<BlockRef> dropped;
+  CacheAccess::Locked locked(access_);
+  if (absl::IsDataLoss(read)) {  // never written anywhere: the copy goes
+    // (DropCorrupt counts a copy that goes alone; a block it takes out is
+    // counted here.)
+    if (locked.DropCorrupt(move, BlockTier::kLower, "checksum", &dropped).value_or(0) != 0) {
+      ++locked.tier_counters().lower[level].checksum_failures;
+    }
+    return DemoteOutcome::kRaced;
+  }
+  IndexNode* node = locked.Refind(move);
+  if (node == nullptr || node->lower.at(next) != nullptr) return DemoteOutcome::kRaced;
+  LowerLevelCounters& counters = locked.tier_counters().lower[next];
+  if (!copy.ok()) {
+    ++counters.write_failures;
+    return DemoteOutcome::kRaced;  // it stays where it is
+  }
+  locked.AddLowerCopy(node, next, *std::move(copy));
+  ++counters.demotions;
+  counters.demoted_bytes += seal.size;
+  LogMove(*node, access_.lower_name(level), access_.lower_name(next), "pressure", seal.size, took);
+  locked.DropLowerCopy(node, level);
   return DemoteOutcome::kDemoted;
 }
 
 // --- The migrator -----------------------------------------------------------------
 
 bool TierManager::NeedsMigration() const {
-  return access_.DeviceNeedsMigration() || HostNeedsMigration();
+  if (access_.DeviceNeedsMigration() || HostNeedsMigration()) return true;
+  for (size_t level = 0; level + 1 < access_.lower_levels(); ++level) {
+    if (LowerNeedsMigration(level, options_.lower_high_watermark)) return true;
+  }
+  return false;
+}
+
+bool TierManager::LowerNeedsMigration(size_t level, double watermark) const {
+  const TierStats stats = access_.lower_tier(level).GetStats();
+  return static_cast<double>(stats.allocated_bytes) >
+         watermark * static_cast<double>(stats.capacity_bytes);
 }
 
 bool TierManager::HostNeedsMigration() const {
-  if (access_.lower_tier() == nullptr) return false;
+  if (access_.lower_levels() == 0) return false;
   const double capacity = static_cast<double>(access_.pool().GetStats().capacity_bytes);
   return static_cast<double>(access_.CommittedHostBytes()) >
          options_.host_high_watermark * capacity;
@@ -177,11 +251,33 @@ bool TierManager::HostNeedsMigration() const {
 MigrationResult TierManager::Migrate() {
   MigrationResult result;
   if (access_.DeviceNeedsMigration()) result.device_drops = access_.MigrateDevice();
-  if (!HostNeedsMigration()) {
-    CacheAccess::Locked locked(access_);
-    ++locked.tier_counters().migrate_passes;
-    return result;
+  // The deepest levels first: each makes room for what the one above sends.
+  for (size_t level = access_.lower_levels(); level-- > 1;) MigrateLower(level - 1, &result);
+  if (HostNeedsMigration()) MigrateHost(&result);
+  CacheAccess::Locked locked(access_);
+  ++locked.tier_counters().migrate_passes;
+  return result;
+}
+
+void TierManager::MigrateLower(size_t level, MigrationResult* result) {
+  if (!LowerNeedsMigration(level, options_.lower_high_watermark)) return;
+  for (uint32_t i = 0; i < options_.max_demotions_per_pass &&
+                       LowerNeedsMigration(level, options_.lower_low_watermark);
+       ++i) {
+    uint64_t bytes = 0;
+    const DemoteOutcome outcome = DemoteLowerOne(level, &bytes);
+    if (outcome == DemoteOutcome::kNothing) break;
+    if (outcome == DemoteOutcome::kDemoted) {
+      ++result->demoted_blocks;
+      result->demoted_bytes += bytes;
+    } else if (outcome == DemoteOutcome::kCleanDrop) {
+      ++result->clean_drops;
+    }
   }
+}
+
+void TierManager::MigrateHost(MigrationResult* result_out) {
+  MigrationResult& result = *result_out;
   const uint64_t capacity = access_.pool().GetStats().capacity_bytes;
   uint64_t target =
       static_cast<uint64_t>(options_.host_low_watermark * static_cast<double>(capacity));
@@ -208,9 +304,6 @@ MigrationResult TierManager::Migrate() {
         break;
     }
   }
-  CacheAccess::Locked locked(access_);
-  ++locked.tier_counters().migrate_passes;
-  return result;
 }
 
 // --- Read-back and prefetch -------------------------------------------------------
@@ -262,43 +355,57 @@ size_t TierManager::ReadBack(const PrefixIndex* index, std::vector<TieredBlock>&
     staged.push_back(std::move(into));
   }
   const absl::Time start = absl::Now();
-  access_.lower_tier()->ReadBatch(std::span<StoredRead>(reads));
+  ReadEachLevel(blocks, which, reads);
   const absl::Duration took = absl::Now() - start;
 
   size_t readable = limit;
   std::vector<BlockRef> dropped;  // freed after the lock
   CacheAccess::Locked locked(access_);
-  TierCounters& counters = locked.tier_counters();
-  if (limit < blocks.size() && read_for != ReadFor::kPromotion) ++counters.heap_bounded_fetches;
+  if (limit < blocks.size() && read_for != ReadFor::kPromotion) {
+    ++locked.tier_counters().heap_bounded_fetches;
+  }
   for (size_t k = 0; k < reads.size(); ++k) {
     TieredBlock& b = blocks[which[k]];
-    IndexNode* node = locked.Refind(moves[k]);
+    LowerLevelCounters& counters = locked.tier_counters().lower[b.lower_level];
     if (!reads[k].status.ok()) {
       readable = std::min(readable, which[k]);
-      if (absl::IsDataLoss(reads[k].status)) {
-        // Never served: the block leaves the cache (with what hangs below it).
-        ++counters.checksum_failures;
-        if (node != nullptr) {
-          LogMove(*node, "ssd", "none", "checksum", b.lower->seal().size, took);
-          ++locked.ModelOfBlock(*node).corrupt_blocks;
-          locked.RemoveBlock(node, &dropped);
-        }
+      // Never served: the copy goes (with the blocks below it when it was
+      // the block's last).
+      if (absl::IsDataLoss(reads[k].status) &&
+          locked.DropCorrupt(moves[k], BlockTier::kLower, "checksum", &dropped).value_or(0) != 0) {
+        ++counters.checksum_failures;  // (DropCorrupt counts a copy that goes alone)
       }
       continue;
     }
     // Read and verified against the seal it is now born with.
     b.host =
         PinnedBlock(std::move(staged[k]).Seal(b.lower->key(), b.lower->seal()), b.lower.reason());
-    ++counters.lower_reads;
-    counters.lower_read_bytes += b.host->size();
-    if (pooled[k] && node != nullptr) {
+    ++counters.reads;
+    counters.read_bytes += b.host->size();
+    if (IndexNode* node = locked.Refind(moves[k]); pooled[k] && node != nullptr) {
       counters.promoted_bytes += b.host->size();
       ++counters.promotions;
-      LogMove(*node, "ssd", "host", "fetch", b.host->size(), took);
+      LogMove(*node, access_.lower_name(b.lower_level), "host", "fetch", b.host->size(), took);
       locked.SetHostCopy(node, b.host.ref());
     }
   }
   return readable;
+}
+
+void TierManager::ReadEachLevel(const std::vector<TieredBlock>& blocks,
+                                const std::vector<size_t>& which, std::vector<StoredRead>& reads) {
+  for (size_t level = 0; level < access_.lower_levels(); ++level) {
+    std::vector<StoredRead> batch;
+    std::vector<size_t> of;  // each one's place in `reads`
+    for (size_t k = 0; k < reads.size(); ++k) {
+      if (blocks[which[k]].lower_level != level) continue;
+      batch.push_back(reads[k]);
+      of.push_back(k);
+    }
+    if (batch.empty()) continue;
+    access_.lower_tier(level).ReadBatch(std::span<StoredRead>(batch));
+    for (size_t j = 0; j < batch.size(); ++j) reads[of[j]].status = std::move(batch[j].status);
+  }
 }
 
 std::shared_ptr<WorkTicket> TierManager::StartPrefetch(const ModelKey& model,

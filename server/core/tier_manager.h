@@ -3,9 +3,10 @@
 //
 // It holds:
 //   Migrate         one pass of the migrator: demotes the host policy's
-//                   coldest blocks to the lower tier while the host is past
-//                   its high watermark, down to its low one; drops GPU copies
-//                   past the GPU tier's own watermark
+//                   coldest blocks to level 0 while the host is past its
+//                   high watermark, down to its low one, and each lower
+//                   level's to the next the same way; drops GPU copies past
+//                   the GPU tier's own watermark
 //   DemoteOne       one demotion, for the migrator and for an append that
 //                   finds the host pool full (Cache::MakeRoomForSpace), with
 //                   the lower tier's admission (a frequency gate and a
@@ -22,8 +23,10 @@
 // (block_move.h): a victim is picked and claimed under the cache's lock,
 // written to the lower tier with no lock held, and committed under the lock
 // only if the block is still the one claimed; a read-back claims the blocks
-// it reads the same way. Not here yet (the rest of step 3): GPU placement,
-// the per-level policies (the Cache's), and one copy slot per level.
+// it reads the same way. The levels below host memory are an ordered list
+// (CacheAccess::lower_levels); a node keeps one copy slot per level
+// (lower_copies.h) and each level's policy ranks the blocks whose top copy
+// it holds (the Cache's). Not here yet (the rest of step 3): GPU placement.
 //
 // Thread-safety: thread-safe. The move log and the write budget have a lock
 // of their own, taken after the cache's and never held during I/O.
@@ -58,15 +61,18 @@ class TierManager {
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
 
-  // One pass of the migrator: when the host's committed bytes are past its
-  // high watermark (with a lower tier), demotes blocks until they are below
-  // the low one, at most max_demotions_per_pass; when the GPU tier is past
-  // its own, drops its least recently used unleased copies down to its low
-  // watermark. The daemon calls it from a thread of its own (it writes to
-  // the SSD).
+  // One pass of the migrator: each lower level with a level below it that
+  // is past lower_high_watermark demotes its coldest blocks to the next one
+  // until it is below lower_low_watermark (deepest first, so each makes room
+  // for the one above); when the host's committed bytes are past its high
+  // watermark (with a lower level), it demotes blocks to level 0 until they
+  // are below the low one; at most max_demotions_per_pass blocks from each.
+  // When the GPU tier is past its own watermark, drops its least recently
+  // used unleased copies down to its low one. The daemon calls it from a
+  // thread of its own (it writes to the SSD).
   MigrationResult Migrate();
-  // Whether the host tier (with a lower tier) or the GPU tier is past its
-  // high watermark (Migrate has work).
+  // Whether the host tier (with a lower level), a lower level with one below
+  // it, or the GPU tier is past its high watermark (Migrate has work).
   bool NeedsMigration() const;
 
   // The tier moves since the last call, oldest first (at most
@@ -90,11 +96,20 @@ class TierManager {
     kRaced,      // the block changed during the write: nothing freed
   };
   // Frees one host block by demotion: the host policy's first unpinned
-  // block, written to the lower tier outside the lock when the admission
-  // takes it, else evicted. Sets *bytes to the host bytes freed and
-  // *refused when the admission refused it. `reason` goes to the move log.
-  // REQUIRES: a lower tier.
+  // block, written to level 0 outside the lock when the admission takes it,
+  // else evicted (a block some level has already is only dropped from the
+  // host). Sets *bytes to the host bytes freed and *refused when the
+  // admission refused it. `reason` goes to the move log. REQUIRES: a lower
+  // level.
   DemoteOutcome DemoteOne(uint64_t* bytes, bool* refused, const char* reason);
+  // Frees one block's room in lower level `level` by demotion to the next:
+  // the coldest unpinned block whose top copy is there, read and written to
+  // level + 1 outside the lock (only dropped from `level` when a deeper
+  // level has it). Sets *bytes to the bytes moved. A copy that fails its
+  // checksum on the way is dropped (kRaced); a write the next level refuses
+  // leaves the block where it was (kRaced). REQUIRES: level + 1 <
+  // lower_levels().
+  DemoteOutcome DemoteLowerOne(size_t level, uint64_t* bytes);
 
   // What ReadBack reads, and into what.
   enum class ReadFor : uint8_t {
@@ -103,12 +118,11 @@ class TierManager {
     kPromotion  // into pool memory only: stops at the first block with no room
   };
   // Reads the blocks of `blocks` (of `index`, pinned by the caller) that
-  // `read_for` needs into host copies: pool memory while the pool has room
-  // (promoted: the block's host copy again, when it is still the block
-  // read), else the heap, for this caller only, up to max_fetch_heap_bytes.
-  // Returns how many blocks from the first are readable; a block whose copy
-  // fails its checksum is dropped from the cache (with the blocks below it),
-  // never served. REQUIRES: a lower tier; the cache's lock not held.
+  // `read_for` needs into host copies, each from its top lower copy: pool memory while the pool has
+  // room (promoted: the block's host copy again, when it is still the block read), else the heap,
+  // for this caller only, up to max_fetch_heap_bytes. Returns how many blocks from the first are
+  // readable; a block whose copy fails its checksum is dropped from the cache (with the blocks
+  // below it), never served. REQUIRES: a lower level; the cache's lock not held.
   size_t ReadBack(const PrefixIndex* index, std::vector<TieredBlock>& blocks, ReadFor read_for);
 
   // Reads the lower-tier blocks of `tokens`' cached prefix back into host
@@ -144,10 +158,21 @@ class TierManager {
  private:
   // The frequency gate and the write-rate budget.
   bool Admit(const IndexNode& node, uint64_t bytes, absl::Time now);
-  // Writes `payload` to the lower tier, evicting lower-only leaves (a few
-  // at most) while it reports it is full.
-  absl::StatusOr<StoredRef> WriteLower(uint64_t key, const BlockPayload& payload);
+  // Writes `payload` to lower level `level`, making room there while it
+  // reports it is full (a few blocks at most): by demotion to the next
+  // level when there is one (DemoteLowerOne), else by FreeLowerLevel.
+  absl::StatusOr<StoredRef> WriteLower(size_t level, uint64_t key, const BlockPayload& payload);
   bool HostNeedsMigration() const;
+  // Whether level `level`'s allocated bytes are past `watermark` x its
+  // capacity.
+  bool LowerNeedsMigration(size_t level, double watermark) const;
+  // The migrator's passes over the host and over one lower level.
+  void MigrateHost(MigrationResult* result);
+  void MigrateLower(size_t level, MigrationResult* result);
+  // Reads `reads` (of blocks[which[k]], each from its block's level) one
+  // batch per level.
+  void ReadEachLevel(const std::vector<TieredBlock>& blocks, const std::vector<size_t>& which,
+                     std::vector<StoredRead>& reads);
 
   const CacheAccess access_;
   const TierOptions options_;

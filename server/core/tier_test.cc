@@ -80,10 +80,10 @@ TEST_P(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
   AppendSequences(20, 4);  // 80 blocks: 2.5x the host
   const CacheStats stats = cache_->GetStats();
   EXPECT_EQ(stats.blocks, 80u);
-  EXPECT_GT(stats.tiers.demotions, 0u);
-  EXPECT_EQ(stats.tiers.lower_evictions, 0u);
+  EXPECT_GT(stats.tiers.lower[0].demotions, 0u);
+  EXPECT_EQ(stats.tiers.lower[0].evictions, 0u);
   EXPECT_EQ(stats.capacity_evictions, 0u);
-  EXPECT_EQ(stats.lower_store.live_copies, stats.tiers.lower_blocks);
+  EXPECT_EQ(stats.lower_stores[0].live_copies, stats.tiers.lower[0].blocks);
   // Every sequence is still whole, whichever tier holds it, and every byte
   // fetched back is the byte appended.
   for (uint32_t s = 0; s < 20; ++s) {
@@ -91,7 +91,7 @@ TEST_P(TierTest, AppendsPastHostCapacityDemoteInsteadOfEvicting) {
     EXPECT_EQ(Matched(Big(), tokens), 4 * kBt) << "sequence " << s;
     EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt) << "sequence " << s;
   }
-  EXPECT_GT(Tiers().lower_reads, 0u);
+  EXPECT_GT(Tiers().lower[0].reads, 0u);
 }
 
 TEST_P(TierTest, AFetchHoldsAtMostMaxFetchHeapBytesOfReadBackBlocks) {
@@ -105,18 +105,18 @@ TEST_P(TierTest, AFetchHoldsAtMostMaxFetchHeapBytesOfReadBackBlocks) {
   AppendSequences(12, 4);  // the first sequences live in the lower tier only
   const std::vector<Token> tokens = SequenceOf(0, 4);
   ASSERT_EQ(Matched(Big(), tokens), 4 * kBt);
-  const uint64_t reads_before = Tiers().lower_reads;
+  const uint64_t reads_before = Tiers().lower[0].reads;
   // The plan ends where the heap bound is reached: a shorter prefix, every
   // byte of it the byte appended, and no block past it read.
   EXPECT_EQ(Fetched(Big(), tokens), 2 * kBt);
-  EXPECT_EQ(Tiers().lower_reads - reads_before, 2u);
+  EXPECT_EQ(Tiers().lower[0].reads - reads_before, 2u);
   EXPECT_EQ(Tiers().heap_bounded_fetches, 1u);
   // max_blocks cuts the plan before anything is read back.
   auto one = cache_->PrepareFetch(Big().key, tokens, false, /*max_blocks=*/1);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->matched_tokens, kBt);
   EXPECT_TRUE(PlanHolds(*one, Big(), tokens));
-  EXPECT_EQ(Tiers().lower_reads - reads_before, 3u);
+  EXPECT_EQ(Tiers().lower[0].reads - reads_before, 3u);
 }
 
 TEST_P(TierTest, LookupSaysWhichTierHoldsEachBlock) {
@@ -144,9 +144,9 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
   // Make room so the fetch may promote.
   while (cache_->tiers().NeedsMigration()) cache_->tiers().Migrate();
   const uint64_t writes_before = lower_->GetStats().writes;
-  const uint64_t demotions_before = Tiers().demotions;
+  const uint64_t demotions_before = Tiers().lower[0].demotions;
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
-  EXPECT_EQ(Tiers().promotions, 4u);
+  EXPECT_EQ(Tiers().lower[0].promotions, 4u);
   auto again = cache_->Lookup(Big().key, tokens);
   ASSERT_TRUE(again.ok());
   for (const BlockInfo& b : again->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
@@ -159,19 +159,20 @@ TEST_P(TierTest, FetchPromotesAndALaterDemotionIsAFreeDrop) {
                           }),
             4);
   EXPECT_EQ(std::count_if(moves.begin(), moves.end(),
-                          [](const MoveRecord& m) { return std::string_view(m.to) == "ssd"; }),
-            static_cast<ptrdiff_t>(Tiers().demotions));
+                          [](const MoveRecord& m) { return std::string_view(m.to) == "memory"; }),
+            static_cast<ptrdiff_t>(Tiers().lower[0].demotions));
   EXPECT_TRUE(cache_->tiers().DrainMoves().empty());
   // Push the promoted blocks out again: they are still below, so no write.
   AppendSequences(24, 4);
-  EXPECT_GE(Tiers().clean_drops, 4u);
+  EXPECT_GE(Tiers().lower[0].clean_drops, 4u);
   moves = cache_->tiers().DrainMoves();
   EXPECT_GE(
       std::count_if(moves.begin(), moves.end(),
                     [](const MoveRecord& m) { return std::string_view(m.reason) == "clean"; }),
       4);
   // Writes are demotions only: the clean drops wrote nothing.
-  EXPECT_EQ(lower_->GetStats().writes - writes_before, Tiers().demotions - demotions_before);
+  EXPECT_EQ(lower_->GetStats().writes - writes_before,
+            Tiers().lower[0].demotions - demotions_before);
   EXPECT_EQ(Fetched(Big(), tokens), 4 * kBt);
 }
 
@@ -185,7 +186,7 @@ TEST_P(TierTest, PrefetchWaitPromotesBeforeItReturns) {
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->matched_tokens, 4 * kBt);
   for (const BlockInfo& b : after->blocks) EXPECT_EQ(b.tier, BlockTier::kHost);
-  EXPECT_EQ(Tiers().promotions, 4u);
+  EXPECT_EQ(Tiers().lower[0].promotions, 4u);
   const WorkStats p = cache_->GetStats().prefetch;
   EXPECT_EQ(p.issued, 1u);
   EXPECT_EQ(p.completed, 1u);
@@ -224,7 +225,7 @@ TEST_P(TierTest, AnAsyncFetchReadsTheLowerTierOnAFetchReadThread) {
   FillPastTheHost();
   const std::vector<Token> tokens = SequenceOf(0, 4);
   ASSERT_EQ(cache_->Lookup(Big().key, tokens)->blocks[0].tier, BlockTier::kLower);
-  const uint64_t reads_before = Tiers().lower_reads;
+  const uint64_t reads_before = Tiers().lower[0].reads;
   std::future<AsyncAnswer> future = PrepareAsync(*cache_, Big().key, tokens);
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   AsyncAnswer answer = future.get();
@@ -233,7 +234,7 @@ TEST_P(TierTest, AnAsyncFetchReadsTheLowerTierOnAFetchReadThread) {
   // The same plan the synchronous call makes: every block, the bytes appended.
   EXPECT_EQ(answer.plan->matched_tokens, 4 * kBt);
   EXPECT_TRUE(PlanHolds(*answer.plan, Big(), tokens));
-  EXPECT_EQ(Tiers().lower_reads - reads_before, 4u);
+  EXPECT_EQ(Tiers().lower[0].reads - reads_before, 4u);
   const WorkStats reads = SettledFetchReads(*cache_, 1);
   EXPECT_EQ(reads.issued, 1u);
   EXPECT_EQ(reads.completed, 1u);
@@ -358,7 +359,7 @@ TEST_P(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 2 * kBt);  // ends before the corrupt block
   EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));
-  EXPECT_EQ(Tiers().checksum_failures, 1u);
+  EXPECT_EQ(Tiers().lower[0].checksum_failures, 1u);
   EXPECT_EQ(StatsOf(Big()).corrupt_blocks, 1u);
   // The block (and the one below it) left the cache.
   EXPECT_EQ(Matched(Big(), tokens), 2 * kBt);
@@ -378,7 +379,7 @@ TEST_P(TierTest, TheAdmissionGateEvictsBlocksUsedOnce) {
   ASSERT_TRUE(Append(*cache_, Big(), hot).ok());
   EXPECT_EQ(Matched(Big(), hot), 4 * kBt);
   AppendSequences(12, 4);  // sequences 1..11 are used once; 0 (in the list again) hot
-  const TierCounters t = Tiers();
+  const LowerLevelCounters t = Tiers().lower[0];
   EXPECT_GT(t.admissions_refused, 0u);
   EXPECT_EQ(t.admissions_refused, t.not_admitted_evictions);
   // Only the hot sequence reached the lower tier; cold ones were evicted.
@@ -393,16 +394,16 @@ TEST_P(TierTest, TheWriteBudgetSparesTheDevice) {
   MakeTiered(4, 4 << 20, options);
   Register(Big());
   AppendSequences(12, 4);
-  TierCounters t = Tiers();
+  LowerLevelCounters t = Tiers().lower[0];
   EXPECT_EQ(t.demotions, 3u);
   EXPECT_GT(t.admissions_refused, 0u);
   // A refused block makes room by evicting a host block, never what the SSD
   // holds (that frees no host memory).
-  EXPECT_EQ(t.lower_evictions, 0u);
-  EXPECT_EQ(t.lower_blocks, 3u);
+  EXPECT_EQ(t.evictions, 0u);
+  EXPECT_EQ(t.blocks, 3u);
   clock_.Advance(absl::Seconds(1));  // the bucket refills
   AppendSequences(14, 4);
-  t = Tiers();
+  t = Tiers().lower[0];
   EXPECT_EQ(t.demotions, 6u);
 }
 
@@ -411,8 +412,8 @@ TEST_P(TierTest, AFullLowerTierEvictsItsColdestLeaves) {
   Register(Big());
   AppendSequences(20, 4);  // 80 blocks > 32 + 16
   const CacheStats stats = cache_->GetStats();
-  EXPECT_GT(stats.tiers.lower_evictions, 0u);
-  EXPECT_LE(stats.lower_store.allocated_bytes, uint64_t{128} << 10);
+  EXPECT_GT(stats.tiers.lower[0].evictions, 0u);
+  EXPECT_LE(stats.lower_stores[0].allocated_bytes, uint64_t{128} << 10);
   // The newest sequences are whole; every byte served is right.
   for (uint32_t s = 0; s < 20; ++s) {
     const std::vector<Token> tokens = SequenceOf(s, 4);
@@ -436,7 +437,7 @@ TEST_P(TierTest, ALeaseKeepsALowerBlockReadableAfterItLeaves) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 4 * kBt);
   EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));
-  EXPECT_EQ(Tiers().promotions, 0u);  // nothing to promote into: the blocks left
+  EXPECT_EQ(Tiers().lower[0].promotions, 0u);  // nothing to promote into: the blocks left
 }
 
 TEST_P(TierTest, UnregisterAndEvictFreeTheLowerTier) {
@@ -446,8 +447,8 @@ TEST_P(TierTest, UnregisterAndEvictFreeTheLowerTier) {
   ASSERT_GT(lower_->GetStats().live_copies, 0u);
   ASSERT_TRUE(cache_->EvictModel(Big().key).ok());
   EXPECT_EQ(lower_->GetStats().live_copies, 0u);
-  EXPECT_EQ(Tiers().lower_blocks, 0u);
-  EXPECT_EQ(Tiers().lower_only_blocks, 0u);
+  EXPECT_EQ(Tiers().lower[0].blocks, 0u);
+  EXPECT_EQ(Tiers().lower_only_blocks(), 0u);
   EXPECT_EQ(cache_->GetStats().payload_bytes, 0u);
 }
 
@@ -491,9 +492,9 @@ TEST_P(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
   EXPECT_EQ(bad.load(), 0u);
   EXPECT_GT(fetched_blocks.load(), 0u);
   const CacheStats stats = cache_->GetStats();
-  EXPECT_GT(stats.tiers.demotions, 0u);
-  EXPECT_EQ(stats.tiers.checksum_failures, 0u);
-  EXPECT_EQ(stats.lower_store.live_copies, stats.tiers.lower_blocks);
+  EXPECT_GT(stats.tiers.lower[0].demotions, 0u);
+  EXPECT_EQ(stats.tiers.lower[0].checksum_failures, 0u);
+  EXPECT_EQ(stats.lower_stores[0].live_copies, stats.tiers.lower[0].blocks);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, TierTest, ::testing::Values("lru", "lru_k"),

@@ -20,22 +20,25 @@ namespace kvcache {
 
 struct TieredBlock {
   PinnedBlock host;          // the host copy, or null
-  PinnedCopy lower;          // set only when there is no host copy: the copy to read back
+  PinnedCopy lower;          // set only when there is no host copy: the top lower copy
   uint64_t lookup_hash = 0;  // finds the block's node again
   PinnedCopy device;         // the GPU tier copy a placement holds, or null
   uint64_t key = 0;          // the block's chain key
   uint32_t depth = 0;        // its index in the sequence
+  uint8_t lower_level = 0;   // the level of `lower` (lower_copies.h)
 
   BlockSeal seal() const { return host != nullptr ? host->seal() : lower->seal(); }
 
-  // The host copy of `n`, or its lower copy when it has none (no device
+  // The host copy of `n`, or its top lower copy when it has none (no device
   // copy), pinned for `why`.
   static TieredBlock Of(const IndexNode& n, PinReason why) {
+    const int top = n.payload == nullptr ? n.lower.top() : LowerCopies::kNone;
     return {.host = PinnedBlock(n.payload, why),
-            .lower = PinnedCopy(n.payload == nullptr ? n.lower : nullptr, why),
+            .lower = PinnedCopy(top == LowerCopies::kNone ? nullptr : n.lower.at(top), why),
             .lookup_hash = n.lookup_hash,
             .key = n.key,
-            .depth = n.depth};
+            .depth = n.depth,
+            .lower_level = static_cast<uint8_t>(top == LowerCopies::kNone ? 0 : top)};
   }
 };
 

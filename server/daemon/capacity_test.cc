@@ -84,8 +84,8 @@ TEST_F(CapacityTest, TheDefaultHostTierOverAnSsdTierHoldsAtLeast95PercentOfItsCa
   const CacheStats stats = cache->GetStats();
   const double held = static_cast<double>(stats.payload_bytes) / kCapacity;
   std::printf("host tier over a lower tier: %.4f of capacity holds KV, %llu blocks below\n", held,
-              static_cast<unsigned long long>(stats.tiers.lower_blocks));
-  EXPECT_GT(stats.tiers.lower_blocks, 0u);
+              static_cast<unsigned long long>(stats.tiers.lower[0].blocks));
+  EXPECT_GT(stats.tiers.lower[0].blocks, 0u);
   EXPECT_GE(held, 0.95);
 }
 

@@ -103,21 +103,23 @@ CacheStats RichStats(std::string lower_kind, bool device, bool checkpoint, bool 
   for (int b = 0; b < ScoreHistogram::kBuckets; ++b) s.scores.Add(b / 10.0f + 0.05f);
   s.scores.Add(0.3f);
   TierCounters& t = s.tiers;
-  for (uint64_t* f : {&t.lower_blocks,
-                      &t.lower_payload_bytes,
-                      &t.lower_only_blocks,
-                      &t.demotions,
-                      &t.demoted_bytes,
-                      &t.clean_drops,
-                      &t.promotions,
-                      &t.promoted_bytes,
-                      &t.lower_reads,
-                      &t.lower_read_bytes,
-                      &t.lower_evictions,
-                      &t.admissions_refused,
-                      &t.not_admitted_evictions,
-                      &t.lower_write_failures,
-                      &t.checksum_failures,
+  LowerLevelCounters& l = t.lower[0];
+  for (uint64_t* f : {&l.blocks,
+                      &l.payload_bytes,
+                      &l.only_blocks,
+                      &l.demotions,
+                      &l.demoted_bytes,
+                      &l.clean_drops,
+                      &l.promotions,
+                      &l.promoted_bytes,
+                      &l.reads,
+                      &l.read_bytes,
+                      &l.evictions,
+                      &l.admissions_refused,
+                      &l.not_admitted_evictions,
+                      &l.write_failures,
+                      &l.checksum_failures,
+                      &t.heap_bounded_fetches,
                       &t.migrate_passes,
                       &t.moves_unlogged,
                       &t.device_blocks,
@@ -132,11 +134,11 @@ CacheStats RichStats(std::string lower_kind, bool device, bool checkpoint, bool 
     *f = n++;
   }
   if (!lower_kind.empty()) {
-    s.has_lower = true;
-    s.lower_store.kind = lower_kind;
-    s.lower_store.capacity_bytes = uint64_t{8} << 30;
-    s.lower_store.allocated_bytes = 4096 + n++;
-    s.lower_store.payload_bytes = 2048 + n++;
+    TierStats& store = s.lower_stores.emplace_back();
+    store.kind = lower_kind;
+    store.capacity_bytes = uint64_t{8} << 30;
+    store.allocated_bytes = 4096 + n++;
+    store.payload_bytes = 2048 + n++;
     s.prefetch = {.issued = n++, .completed = n++, .dropped = n++, .late = n++};
   }
   if (device) {

@@ -81,31 +81,35 @@ void FillStats(const CacheStats& stats, v1::GetStatsResponse* response) {
   host->set_used_bytes(stats.host_pool.reserved_bytes);
   host->set_payload_bytes(stats.payload_bytes);
   host->set_slab_bytes(stats.host_pool.slab_bytes);
-  host->set_blocks(stats.blocks - stats.tiers.lower_only_blocks);
+  host->set_blocks(stats.blocks - stats.tiers.lower_only_blocks());
   host->set_pinned_bytes(stats.host_pool.pinned_bytes);
   host->set_pin_failures(stats.host_pool.pin_failures);
-  if (stats.has_lower) {
-    const TierCounters& t = stats.tiers;
+  // The levels below host memory, in their order (level 0 first).
+  for (size_t level = 0; level < stats.lower_stores.size(); ++level) {
+    const TierStats& store = stats.lower_stores[level];
+    const LowerLevelCounters& t = stats.tiers.lower[level];
     v1::TierStats* lower = response->add_tiers();
-    lower->set_name(stats.lower_store.kind);
-    lower->set_capacity_bytes(stats.lower_store.capacity_bytes);
-    lower->set_used_bytes(stats.lower_store.allocated_bytes);
-    lower->set_payload_bytes(t.lower_payload_bytes);
-    lower->set_blocks(t.lower_blocks);
+    lower->set_name(store.kind);
+    lower->set_capacity_bytes(store.capacity_bytes);
+    lower->set_used_bytes(store.allocated_bytes);
+    lower->set_payload_bytes(t.payload_bytes);
+    lower->set_blocks(t.blocks);
     lower->set_demotions(t.demotions);
     lower->set_promotions(t.promotions);
     lower->set_clean_drops(t.clean_drops);
-    lower->set_evictions(t.lower_evictions);
+    lower->set_evictions(t.evictions);
     lower->set_admissions_refused(t.admissions_refused);
     lower->set_checksum_failures(t.checksum_failures);
-    lower->set_reads(t.lower_reads);
-    lower->set_read_bytes(t.lower_read_bytes);
+    lower->set_reads(t.reads);
+    lower->set_read_bytes(t.read_bytes);
     lower->set_write_bytes(t.demoted_bytes);
-    lower->set_write_failures(t.lower_write_failures);
-    lower->set_prefetches_issued(stats.prefetch.issued);
-    lower->set_prefetches_completed(stats.prefetch.completed);
-    lower->set_prefetches_dropped(stats.prefetch.dropped);
-    lower->set_prefetches_late(stats.prefetch.late);
+    lower->set_write_failures(t.write_failures);
+    if (level == 0) {  // prefetches read from every level; they count once
+      lower->set_prefetches_issued(stats.prefetch.issued);
+      lower->set_prefetches_completed(stats.prefetch.completed);
+      lower->set_prefetches_dropped(stats.prefetch.dropped);
+      lower->set_prefetches_late(stats.prefetch.late);
+    }
   }
   response->set_active_leases(stats.active_leases);
   response->set_capacity_evictions(stats.capacity_evictions);

@@ -217,7 +217,7 @@ TEST_F(PrefetchWaitServiceTest, ABatchWaitsForAllItsPrefetchesAtOnce) {
   // its waiters are told), with what they promoted.
   EXPECT_EQ(cache_->GetStats().prefetch.completed, 2u);
   EXPECT_EQ(cache_->GetStats().prefetch.late, 0u);
-  EXPECT_GT(cache_->GetStats().tiers.promotions, 0u);
+  EXPECT_GT(cache_->GetStats().tiers.lower[0].promotions, 0u);
   ASSERT_EQ(resp.outcomes_size(), 2);
   for (const v1::LookupOutcome& o : resp.outcomes()) {
     EXPECT_EQ(o.code(), 0) << o.message();

@@ -83,24 +83,28 @@ void AppendTiers(const CacheStats& s, std::string* out) {
       "capacity</th><th>payload</th><th>blocks</th></tr>");
   AppendTierRow("host", s.host_pool.capacity_bytes, s.host_pool.reserved_bytes, s.payload_bytes,
                 s.blocks, out);
-  if (s.has_lower) {
-    AppendTierRow(s.lower_store.kind.empty() ? "lower" : s.lower_store.kind,
-                  s.lower_store.capacity_bytes, s.lower_store.allocated_bytes,
-                  s.lower_store.payload_bytes, s.tiers.lower_blocks, out);
+  for (size_t level = 0; level < s.lower_stores.size(); ++level) {
+    const TierStats& store = s.lower_stores[level];
+    AppendTierRow(store.kind.empty() ? "lower" : store.kind, store.capacity_bytes,
+                  store.allocated_bytes, store.payload_bytes, s.tiers.lower[level].blocks, out);
+  }
+  uint64_t demotions = 0, promotions = 0;
+  for (const LowerLevelCounters& level : s.tiers.lower) {
+    demotions += level.demotions;
+    promotions += level.promotions;
   }
   if (s.has_device) {
     AppendTierRow("gpu", s.device_store.capacity_bytes, s.device_store.allocated_bytes,
                   s.device_store.payload_bytes, s.tiers.device_blocks, out);
   }
-  absl::StrAppend(out, "</table><p>Dark: payload bytes of cached blocks; light: memory reserved. ",
-                  s.active_leases, " active leases holding ", s.lease_tokens, " tokens; ",
-                  BytesText(s.metadata_bytes), " of index metadata; ", BytesText(s.staged_bytes),
-                  " staged by appends in flight; ", s.capacity_evictions, " capacity evictions, ",
-                  s.rejected_appends, " rejected appends",
-                  s.has_lower ? absl::StrCat("; ", s.tiers.demotions, " demotions, ",
-                                             s.tiers.promotions, " promotions")
-                              : "",
-                  ".</p></section>\n");
+  absl::StrAppend(
+      out, "</table><p>Dark: payload bytes of cached blocks; light: memory reserved. ",
+      s.active_leases, " active leases holding ", s.lease_tokens, " tokens; ",
+      BytesText(s.metadata_bytes), " of index metadata; ", BytesText(s.staged_bytes),
+      " staged by appends in flight; ", s.capacity_evictions, " capacity evictions, ",
+      s.rejected_appends, " rejected appends",
+      s.has_lower() ? absl::StrCat("; ", demotions, " demotions, ", promotions, " promotions") : "",
+      ".</p></section>\n");
 }
 
 void AppendModels(const CacheStats& s, std::string* out) {

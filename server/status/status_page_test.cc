@@ -89,8 +89,7 @@ class FakeSource final : public StatusSource {
     s.host_pool.reserved_bytes = 1 << 29;
     s.payload_bytes = 1 << 28;
     s.blocks = 42;
-    s.has_lower = true;
-    s.lower_store = {.kind = "ssd", .capacity_bytes = 4 << 20, .allocated_bytes = 1 << 20};
+    s.lower_stores = {{.kind = "ssd", .capacity_bytes = 4 << 20, .allocated_bytes = 1 << 20}};
     ModelStats m;
     m.model = {.ns = "team", .model_id = kHostile};
     m.layout = {.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_tokens = 16};

@@ -266,7 +266,7 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
   MakeCache(2, uint64_t{1} << 20, /*lower=*/true);
   for (uint32_t id = 1; id <= 4; ++id) Append(id, 8);  // 32 blocks: half demoted
   const CacheStats before = cache_->GetStats();
-  ASSERT_GT(before.tiers.lower_only_blocks, 0u);
+  ASSERT_GT(before.tiers.lower_only_blocks(), 0u);
   for (uint32_t id = 1; id <= 4; ++id) {
     auto p = cache_->PlaceOnDevice(kModel, Sequence(id, 8));
     ASSERT_TRUE(p.ok()) << p.status();
@@ -274,7 +274,7 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
     ExpectPlacementHolds(*p, id);
     ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
   }
-  EXPECT_GT(cache_->GetStats().tiers.lower_reads, 0u);
+  EXPECT_GT(cache_->GetStats().tiers.lower[0].reads, 0u);
   // The first 4 blocks of sequence 1 are the least recently placed: they
   // lose their device copies, the other 28 keep theirs.
   ASSERT_EQ(cache_->tiers().Migrate().device_drops, 4u);
@@ -284,7 +284,7 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->copied_blocks, 4u);
   ExpectPlacementHolds(*p, 1);
-  EXPECT_LE(cache_->GetStats().tiers.lower_reads - placed.tiers.lower_reads, 4u);
+  EXPECT_LE(cache_->GetStats().tiers.lower[0].reads - placed.tiers.lower[0].reads, 4u);
   ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
 }
 
@@ -310,7 +310,7 @@ TEST_F(DeviceCacheTest, FetchByAPlacementLeaseReadsBlocksOnlyTheSsdAndTheDeviceH
   ASSERT_TRUE(placed.ok()) << placed.status();
   ASSERT_EQ(placed->matched_tokens, 8 * kBt);
   ASSERT_EQ(placed->copied_blocks, 0u);
-  ASSERT_GT(cache_->GetStats().tiers.lower_only_blocks, 0u);  // the state this test is about
+  ASSERT_GT(cache_->GetStats().tiers.lower_only_blocks(), 0u);  // the state this test is about
   auto plan = cache_->PrepareFetchLease(kModel, placed->lease_id, /*accept_lossy=*/false);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 8 * kBt);
