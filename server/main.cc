@@ -181,18 +181,17 @@ int Serve(const v1::ServerConfig& config) {
     cache_options.importance.initial_weights[ModelKey{m.namespace_(), m.model_id()}] = {
         .alpha = m.alpha(), .beta = m.beta(), .gamma = m.gamma()};
   }
-  absl::StatusOr<std::shared_ptr<Tier>> ssd = SsdTierFromConfig(config.ssd_tier());
-  if (!ssd.ok()) {
-    spdlog::error("{}", ssd.status().ToString());
+  absl::StatusOr<std::vector<Cache::LowerLevel>> levels =
+      LowerLevelsFromConfig(config, SystemClock::Get());
+  if (!levels.ok()) {
+    spdlog::error("{}", levels.status().ToString());
     return 2;
   }
   std::unique_ptr<EvictionPolicy> policy =
       EvictionPolicyFromConfig(config.cache(), SystemClock::Get());
   spdlog::info("eviction policy: {} (each tier ranks its blocks with its own)", policy->name());
-  Cache cache(
-      cache_options, *std::move(pool), std::move(policy), SystemClock::Get(), *ssd,
-      *ssd != nullptr ? EvictionPolicyFromConfig(config.cache(), SystemClock::Get()) : nullptr,
-      *gpu);
+  Cache cache(cache_options, *std::move(pool), std::move(policy), SystemClock::Get(),
+              *std::move(levels), *gpu);
 
   // Checkpoints: before anything can write to the SSD tier, the checkpoint
   // to restore is chosen and its SSD copies re-attached; the rest of the
@@ -402,7 +401,7 @@ int Serve(const v1::ServerConfig& config) {
   });
   std::thread migrator;
   std::shared_ptr<spdlog::logger> migration_log;
-  if (*ssd != nullptr || *gpu != nullptr) {
+  if (cache.HasLowerTier() || *gpu != nullptr) {
     migration_log = OpenMigrationLog(config.logging());
     migrator =
         std::thread([&] { RunMigrator(cache, migration_log.get(), events.get(), stopping); });

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/common/status_macros.h"
+#include "server/config/tier_list.h"
 #include "server/core/layout.h"
 
 namespace kvcache {
@@ -599,6 +600,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
     return s;
   }
   KVCACHE_RETURN_IF_ERROR(ValidateSsdTier(c.ssd_tier()));
+  KVCACHE_RETURN_IF_ERROR(ValidateTierList(c));
   KVCACHE_RETURN_IF_ERROR(ValidateMemory(c.memory()));
   KVCACHE_RETURN_IF_ERROR(ValidateGpuTier(c.gpu_tier()));
   KVCACHE_RETURN_IF_ERROR(ValidateCheckpoint(c.checkpoint()));

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/config/tier_list.h"
+#include "server/daemon/config_translation.h"
 #include "server/tier/gpu_device_tier.h"
 #include "server/tier/ssd_tier.h"
 
@@ -34,6 +36,21 @@ absl::StatusOr<std::shared_ptr<Tier>> SsdTierFromConfig(const v1::SsdTierConfig&
   spdlog::info("ssd tier: {} bytes at {}, {} I/O, engine {}", s.capacity_bytes, c.path(),
                s.direct_io ? "direct" : "buffered (the file system refused O_DIRECT)", s.engine);
   return store;
+}
+
+absl::StatusOr<std::vector<Cache::LowerLevel>> LowerLevelsFromConfig(const v1::ServerConfig& config,
+                                                                     Clock* clock) {
+  std::vector<Cache::LowerLevel> levels;
+  for (const std::string& kind : TierListOf(config)) {
+    if (kind == "host") continue;
+    absl::StatusOr<std::shared_ptr<Tier>> tier =
+        absl::InvalidArgumentError(absl::StrCat("tiers: \"", kind, "\" is not a level"));
+    if (kind == "ssd") tier = SsdTierFromConfig(config.ssd_tier());
+    if (!tier.ok()) return tier.status();
+    if (*tier == nullptr) continue;  // skipped: logged by its opener
+    levels.push_back({*std::move(tier), EvictionPolicyFromConfig(config.cache(), clock)});
+  }
+  return levels;
 }
 
 absl::StatusOr<std::shared_ptr<DeviceTier>> GpuTierFromConfig(const v1::GpuTierConfig& c) {
