@@ -40,7 +40,7 @@ struct BadBlockReport {
   ModelKey model;
   uint64_t key = 0;      // the block's chain key
   uint32_t index = 0;    // its position in its sequence
-  std::string tier;      // "host" or "ssd": the copy that failed
+  std::string tier;      // "host" or a lower level's kind ("ssd"): the copy that failed
   std::string problem;   // what did not match
   bool dropped = false;  // removed (with the blocks below it)
 };
@@ -64,7 +64,7 @@ struct VerifyOptions {
   std::string ns;
   std::vector<Token> prefix;
   bool drop_bad = false;
-  // Also read back the copies in the lower tier.
+  // Also read back the copies in the levels below host memory (each one).
   bool include_lower = false;
   // Bytes read back per second at most; 0: no limit.
   uint64_t max_bytes_per_second = uint64_t{256} << 20;

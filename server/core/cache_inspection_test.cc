@@ -159,7 +159,7 @@ TEST_F(CacheInspectionTest, VerifyReadsLowerCopiesWhenAsked) {
   auto pool =
       SlabPool::Create({.capacity_bytes = 4 * kSlab, .slab_bytes = kSlab, .min_class_bytes = 64});
   ASSERT_TRUE(pool.ok());
-  auto lower = MemoryTier::Create(4 << 20);
+  auto lower = MemoryTier::Create(4 << 20, "ssd");  // standing in for the SSD
   cache_ = std::make_unique<Cache>(CacheOptions{}, *std::move(pool), NewLruPolicy(), &clock_, lower,
                                    NewLruPolicy());
   Register(Big());  // 8 KiB blocks: 32 fit the host

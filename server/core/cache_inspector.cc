@@ -85,9 +85,9 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
       ++total.blocks_total;
       total.bytes_total += n->payload->size();
     }
-    if (lower) {  // its top lower copy is checked
-      ++total.blocks_total;
-      total.bytes_total += n->lower.top_copy()->seal().size;
+    if (lower) {  // each level's copy is checked
+      total.blocks_total += n->lower.count();
+      total.bytes_total += n->lower.bytes();
     }
   };
   {
@@ -132,11 +132,11 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
   for (size_t first = 0; first < targets.size(); first += kVerifyBatchBlocks) {
     const size_t last = std::min(targets.size(), first + kVerifyBatchBlocks);
     struct Claimed {
-      BlockMove move;
+      BlockMove move;                 // the host copy
+      std::vector<BlockMove> levels;  // each lower copy (with include_lower)
       ModelKey model;
       uint64_t raw_bytes = 0;
       uint32_t depth = 0;
-      bool check_lower = false;
     };
     std::vector<Claimed> batch;
     {
@@ -149,16 +149,21 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
           ++total.skipped_blocks;
           continue;
         }
-        batch.push_back({.move = BlockMove::Claim(*n, PinReason::kInspect),
-                         .model = m->key,
-                         .raw_bytes = m->layout.BlockBytes(),
-                         .depth = n->depth,
-                         .check_lower = options.include_lower && n->lower.any()});
+        Claimed& c = batch.emplace_back(Claimed{.move = BlockMove::Claim(*n, PinReason::kInspect),
+                                                .model = m->key,
+                                                .raw_bytes = m->layout.BlockBytes(),
+                                                .depth = n->depth});
+        for (size_t level = 0; options.include_lower && level < kMaxLowerLevels; ++level) {
+          if (n->lower.at(level) != nullptr) {
+            c.levels.push_back(BlockMove::Claim(*n, level, PinReason::kInspect));
+          }
+        }
       }
     }
     for (Claimed& c : batch) {
       struct Finding {
         BlockTier tier;
+        const BlockMove* claim;  // the copy's claim
         std::string problem;
       };
       std::vector<Finding> findings;
@@ -166,12 +171,12 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
         std::string problem = CheckCopy(c.move.host()->seal(), c.move.host()->data(), c.raw_bytes);
         ++total.blocks_checked;
         total.bytes_checked += c.move.host()->size();
-        if (!problem.empty()) findings.push_back({BlockTier::kHost, std::move(problem)});
+        if (!problem.empty()) findings.push_back({BlockTier::kHost, &c.move, std::move(problem)});
       }
-      if (c.check_lower && c.move.lower() != nullptr) {
-        const PinnedCopy& copy = c.move.lower();
+      for (const BlockMove& level : c.levels) {
+        const PinnedCopy& copy = level.lower();
         std::vector<std::byte> bytes(copy->seal().size);
-        const absl::Status read = access_.lower_tier(c.move.lower_level()).Read(*copy, bytes);
+        const absl::Status read = access_.lower_tier(level.lower_level()).Read(*copy, bytes);
         std::string problem;
         if (!read.ok()) {
           problem = std::string(read.message());
@@ -180,29 +185,34 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
         }
         ++total.blocks_checked;
         total.bytes_checked += bytes.size();
-        if (!problem.empty()) findings.push_back({BlockTier::kLower, std::move(problem)});
+        if (!problem.empty()) findings.push_back({BlockTier::kLower, &level, std::move(problem)});
       }
       for (Finding& f : findings) {
         BadBlockReport bad{.model = c.model,
                            .key = c.move.key(),
                            .index = c.depth,
-                           .tier = f.tier == BlockTier::kLower ? "ssd" : "host",
+                           .tier = f.tier == BlockTier::kLower
+                                       ? access_.lower_name(f.claim->lower_level())
+                                       : "host",
                            .problem = std::move(f.problem)};
+        bool gone = false;  // the block left the cache (not just a copy)
         if (options.drop_bad) {
           std::vector<BlockRef> dropped;  // freed after the lock
           CacheAccess::Locked locked(access_);
           const std::optional<uint64_t> removed =
-              locked.DropCorrupt(c.move, f.tier, "verify", &dropped);
+              locked.DropCorrupt(*f.claim, f.tier, "verify", &dropped);
           if (removed.has_value()) {
             total.dropped_blocks += *removed;
             bad.dropped = true;
+            gone = *removed != 0;
           }
         }
         report.bad_blocks.push_back(bad);
         total.bad_blocks.push_back(std::move(bad));
-        if (options.drop_bad && total.bad_blocks.back().dropped) break;  // the block is gone
+        if (gone) break;
       }
       c.move.Release();
+      c.levels.clear();
       // Throttle: never ahead of max_bytes_per_second since the start.
       if (options.max_bytes_per_second > 0) {
         const absl::Duration due = absl::Seconds(static_cast<double>(total.bytes_checked) /

@@ -3,6 +3,7 @@
 // store). Blocks sink level by level and come back whole from whichever
 // level holds their top copy; each level's moves, reads and failures are its
 // own; a full level makes room by demoting to the next, not by evicting.
+#include "server/core/cache_inspector.h"
 #include "server/core/cache_test_util.h"
 #include "server/core/memory_tier.h"
 
@@ -150,6 +151,28 @@ TEST_P(TierLevelsTest, ACorruptFarCopyIsDroppedNeverServed) {
                                    std::string_view(m.reason) == "checksum";
                           }),
             1);
+}
+
+TEST_P(TierLevelsTest, VerifyReadsEveryLevelAndNamesTheOneThatFailed) {
+  MakeLevels(4, 16, 4 << 20);
+  Register(Big());
+  AppendSequences(0, 24);
+  const std::vector<Token> tokens = SequenceOf(0);  // in the far level only
+  ASSERT_EQ(far_->Corrupt(PrefixKey(tokens, 3), 7), 1);
+  CacheInspector inspector(cache_.get());
+  absl::StatusOr<VerifyProgress> checked =
+      inspector.VerifyBlocks({.model = Big().key, .include_lower = true});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->blocks_checked, 96u);  // every block has one copy
+  ASSERT_EQ(checked->bad_blocks.size(), 1u);
+  EXPECT_EQ(checked->bad_blocks[0].tier, "far");
+  EXPECT_EQ(checked->bad_blocks[0].key, PrefixKey(tokens, 3));
+  EXPECT_FALSE(checked->bad_blocks[0].dropped);
+  checked = inspector.VerifyBlocks({.model = Big().key, .drop_bad = true, .include_lower = true});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  ASSERT_EQ(checked->bad_blocks.size(), 1u);
+  EXPECT_TRUE(checked->bad_blocks[0].dropped);
+  EXPECT_EQ(Matched(Big(), tokens), 3 * kBt);  // the leaf went, its parents stay
 }
 
 TEST_P(TierLevelsTest, AFullNearLevelDemotesToTheFarOneInsteadOfEvicting) {
