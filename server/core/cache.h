@@ -19,16 +19,14 @@
 //   UpdatePolicy   a model's compression mode, weights and target mass
 //   RestoreModel / RestoreBlock
 //                  what a restart puts back of a checkpoint
-//   PlaceOnDevice  copies a prefix's blocks into the GPU tier and leases
-//                  them, so a same-host worker copies them device to device
 //
 // The cache's components work on it from outside, through CacheAccess
 // (cache_access.h), the one door to its lock and indexes: CacheInspector
 // (the operator's view), CheckpointSource (what a checkpoint captures),
 // Compactor (compression, pool compaction and calibration passes) and
 // TierManager (the moves between levels: the migrator, read-back and
-// promotion, prefetch, their I/O threads and the move log; owned by the
-// cache, reached by tiers()).
+// promotion, prefetch, GPU placement, their I/O threads and the move log;
+// owned by the cache, reached by tiers()).
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
 // evicts blocks the policy picks among evictable ones: leaves of their tree
@@ -52,9 +50,10 @@
 // when the host has room.
 //
 // The GPU tier (a DeviceTier, optional) sits above host memory and is
-// inclusive: a device copy is placed on demand (PlaceOnDevice) next to a
-// host or lower copy with the same seal, so dropping it (its own LRU order,
-// past its high watermark or for room) never writes or loses anything. A
+// inclusive: a device copy is placed on demand (TierManager::PlaceOnDevice)
+// next to a host or lower copy with the same seal, so dropping it (its own
+// LRU order, past its high watermark or for room) never writes or loses
+// anything. A
 // device copy is dropped whenever its block's bytes change (compaction, an
 // append that makes a lossy block exact) or the block leaves the cache; a
 // lease taken by PlaceOnDevice keeps its copies alive until it ends.
@@ -255,21 +254,8 @@ class Cache {
   TierManager& tiers() const { return *tiers_; }
   bool HasLowerTier() const { return !lower_.empty(); }
 
-  // Copies the exact blocks of `tokens`' cached prefix that the GPU tier
-  // does not hold yet into it (reading SSD-only blocks back first, verified)
-  // and leases the whole placed prefix for `lease_ttl` (zero: the default),
-  // so that its device copies stay where DevicePlacement says until
-  // ReleaseLease or the expiry, whatever the tier does meanwhile. Room is
-  // made by dropping the least recently used device copies no lease holds;
-  // when none is left the placement stops there (unplaced_tokens).
-  // FAILED_PRECONDITION without a GPU tier; NOT_FOUND for an unknown model;
-  // INVALID_ARGUMENT for too many tokens or a ttl past max_lease_ttl;
-  // RESOURCE_EXHAUSTED when the lease would pass max_leases or
-  // max_lease_tokens (nothing is leased then, but copies placed stay).
-  absl::StatusOr<DevicePlacement> PlaceOnDevice(const ModelKey& model,
-                                                std::span<const Token> tokens,
-                                                absl::Duration lease_ttl = absl::ZeroDuration());
-  // The GPU tier (null: none), for its arenas and kind.
+  // The GPU tier (null: none), for its arenas and kind. Placing copies in
+  // it is the TierManager's (tiers().PlaceOnDevice).
   const std::shared_ptr<DeviceTier>& device_tier() const { return device_; }
 
   CacheStats GetStats() const;
@@ -567,22 +553,14 @@ class Cache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT for a negative ttl or one past max_lease_ttl.
   absl::Status CheckLeaseTtl(absl::Duration ttl) const;
-  // The GPU tier (device_tiering.cc). Why a device copy is dropped: for
-  // room, past the watermark, or because its block's bytes changed.
-  enum class DeviceDrop : uint8_t { kRoom, kPressure, kRecompressed, kRestored };
+  // The GPU tier's copies (device_tiering.cc; placing them is the
+  // TierManager's, device_placement.cc).
+  using DeviceDrop = ::kvcache::DeviceDrop;
   // Drops `node`'s device copy, if any (counted and logged by `why`).
   void DropDeviceCopyLocked(IndexNode* node, DeviceDrop why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the least recently used device copy no lease or reader holds;
   // false when there is none.
   bool DropDeviceVictimLocked(DeviceDrop why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes `payload` to the GPU tier, dropping device copies for room (a
-  // bounded number of times).
-  absl::StatusOr<StoredRef> WriteDevice(uint64_t key, const BlockPayload& payload)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the GPU tier is past its high watermark.
-  bool DeviceNeedsMigration() const;
-  // Drops device copies down to the low watermark; returns how many.
-  uint64_t MigrateDevice() ABSL_LOCKS_EXCLUDED(mu_);
 
   const CacheOptions options_;
   const std::unique_ptr<SlabPool> pool_;

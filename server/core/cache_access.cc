@@ -187,6 +187,68 @@ void CacheAccess::Held::CountCapacityEviction() const {
   ++cache_->capacity_evictions_;
 }
 
+absl::StatusOr<CacheAccess::Held::ExactMatch> CacheAccess::Held::MatchExact(
+    const ModelKey& model, std::span<const Token> tokens, const BlockHashes& hashes,
+    std::vector<BlockRef>* expired) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  absl::StatusOr<ModelState*> state = c.FindModelLocked(model);
+  if (!state.ok()) return state.status();
+  ModelState& m = **state;
+  ExactMatch out{.index = &m.index, .block_tokens = m.layout.block_tokens};
+  c.MatchLocked(m, tokens, hashes, &out.path, expired);
+  const size_t exact = Cache::ReadableBlocks(out.path, /*accept_lossy=*/false);
+  out.withheld_blocks = out.path.size() - exact;
+  out.path.resize(exact);
+  const uint64_t bt = out.block_tokens;
+  m.hit_tokens += exact * bt;
+  m.miss_tokens += (tokens.size() / bt) * bt - exact * bt;
+  return out;
+}
+
+const StoredRef* CacheAccess::Held::UseDeviceCopy(IndexNode* node) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  const StoredRef* copy = c.device_copies_.Find(node);
+  if (copy != nullptr) c.device_copies_.Touch(node);
+  return copy;
+}
+
+bool CacheAccess::Held::AddDeviceCopy(IndexNode* node, StoredRef copy) const {
+  Cache& c = *cache_;
+  c.mu_.AssertHeld();
+  if (c.device_copies_.Find(node) != nullptr) return false;
+  const uint64_t size = copy->seal().size;
+  c.device_copies_.Put(node, std::move(copy));
+  ++c.tier_.device_blocks;
+  c.tier_.device_payload_bytes += size;
+  const int top = node->lower.top();
+  c.tiers_->LogMove(*node,
+                    node->in_host()             ? "host"
+                    : top == LowerCopies::kNone ? "none"
+                                                : c.lower_names_[static_cast<size_t>(top)].c_str(),
+                    "gpu", "place", size);
+  return true;
+}
+
+bool CacheAccess::Held::DropDeviceVictim(DeviceDrop why) const {
+  cache_->mu_.AssertHeld();
+  return cache_->DropDeviceVictimLocked(why);
+}
+
+IndexNode* CacheAccess::Held::RefindSealed(const BlockMove& claimed) const {
+  cache_->mu_.AssertHeld();
+  return claimed.RefindSealed(cache_->models_);
+}
+
+absl::StatusOr<std::pair<uint64_t, absl::Time>> CacheAccess::Held::CreateLease(
+    const ModelKey& model, const PrefixIndex* index, std::vector<Token> tokens,
+    uint64_t matched_tokens, std::vector<TieredBlock> blocks, absl::Duration ttl) const {
+  cache_->mu_.AssertHeld();
+  return cache_->CreateLeaseLocked(model, index, std::move(tokens), matched_tokens,
+                                   std::move(blocks), ttl);
+}
+
 IndexNode* CacheAccess::Held::Refind(const BlockMove& claimed) const {
   cache_->mu_.AssertHeld();
   return claimed.Refind(cache_->models_);
@@ -277,9 +339,13 @@ SlabPool& CacheAccess::pool() const { return *cache_->pool_; }
 
 uint64_t CacheAccess::CommittedHostBytes() const { return cache_->CommittedHostBytes(); }
 
-bool CacheAccess::DeviceNeedsMigration() const { return cache_->DeviceNeedsMigration(); }
+DeviceTier* CacheAccess::device_tier() const { return cache_->device_.get(); }
 
-uint64_t CacheAccess::MigrateDevice() const { return cache_->MigrateDevice(); }
+absl::Status CacheAccess::CheckTokenCount(size_t n) const { return cache_->CheckTokenCount(n); }
+
+absl::Status CacheAccess::CheckLeaseTtl(absl::Duration ttl) const {
+  return cache_->CheckLeaseTtl(ttl);
+}
 
 absl::Time CacheAccess::Now() const { return cache_->clock_->Now(); }
 

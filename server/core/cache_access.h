@@ -41,6 +41,8 @@
 #include "server/core/block_move.h"
 #include "server/core/cache_stats.h"
 #include "server/core/cache_types.h"
+#include "server/core/device_copies.h"
+#include "server/core/device_tier.h"
 #include "server/core/layout.h"
 #include "server/core/lease_table.h"
 #include "server/core/model_registry.h"
@@ -154,6 +156,40 @@ class CacheAccess {
     bool FreeLowerLevel(size_t level, std::vector<BlockRef>* dropped) const;
     // Counts an eviction made for room in CacheStats::capacity_evictions.
     void CountCapacityEviction() const;
+
+    // --- What a GPU placement (TierManager::PlaceOnDevice) may do -----------
+    // The exact (lossless) cached prefix of `tokens` under `model`, matched
+    // as a lookup matches it (expired blocks removed into `expired`, the
+    // path touched, the model's hit and miss tokens counted); NOT_FOUND for
+    // an unknown model. `hashes` are HashBlocks' for `tokens`.
+    struct ExactMatch {
+      const PrefixIndex* index = nullptr;
+      uint32_t block_tokens = 0;
+      std::vector<IndexNode*> path;  // the exact blocks
+      size_t withheld_blocks = 0;    // matched after them, stored lossy
+    };
+    absl::StatusOr<ExactMatch> MatchExact(const ModelKey& model, std::span<const Token> tokens,
+                                          const BlockHashes& hashes,
+                                          std::vector<BlockRef>* expired) const;
+    // `node`'s device copy (used now: it moves to the front of the GPU
+    // tier's order), or null.
+    const StoredRef* UseDeviceCopy(IndexNode* node) const;
+    // Gives `node` `copy` as its device copy (counted, logged); false, with
+    // nothing changed, when it has one already.
+    bool AddDeviceCopy(IndexNode* node, StoredRef copy) const;
+    // Drops the least recently used device copy nothing holds, counted as
+    // `why`; false when there is none.
+    bool DropDeviceVictim(DeviceDrop why) const;
+    // The block a placement's claim was made of, if it still holds the
+    // bytes claimed (in whichever level); null otherwise.
+    IndexNode* RefindSealed(const BlockMove& claimed) const;
+    // A lease of `blocks` (the first matched_tokens of `tokens`) of `index`
+    // (model `model`'s), expiring after `ttl` (zero: the default).
+    // RESOURCE_EXHAUSTED past max_leases or max_lease_tokens. REQUIRES:
+    // blocks non-empty.
+    absl::StatusOr<std::pair<uint64_t, absl::Time>> CreateLease(
+        const ModelKey& model, const PrefixIndex* index, std::vector<Token> tokens,
+        uint64_t matched_tokens, std::vector<TieredBlock> blocks, absl::Duration ttl) const;
     // The block `claimed` claimed, when it is still that block; else null.
     IndexNode* Refind(const BlockMove& claimed) const;
     // The counters GetStats reports of the cache's tiers.
@@ -213,10 +249,12 @@ class CacheAccess {
   const char* lower_name(size_t level) const;
   // The host pool's allocated bytes less what appends in flight stage.
   uint64_t CommittedHostBytes() const;
-  // Whether the GPU tier is past its high watermark, and the pass that
-  // drops its copies down to the low one (returns how many it dropped).
-  bool DeviceNeedsMigration() const;
-  uint64_t MigrateDevice() const;
+  // The GPU tier (null: none).
+  DeviceTier* device_tier() const;
+  // INVALID_ARGUMENT for more tokens than max_tokens_per_request, and for a
+  // negative lease ttl or one past max_lease_ttl.
+  absl::Status CheckTokenCount(size_t n) const;
+  absl::Status CheckLeaseTtl(absl::Duration ttl) const;
   // The cache's clock, read now.
   absl::Time Now() const;
   // A fetch of `tokens`' cached prefix whose lower-tier blocks are read

@@ -23,6 +23,10 @@
 
 namespace kvcache {
 
+// Why a device copy is dropped: for room, past the GPU tier's watermark, or
+// because its block's bytes changed (re-encoded, made exact again).
+enum class DeviceDrop : uint8_t { kRoom, kPressure, kRecompressed, kRestored };
+
 class DeviceCopies {
  public:
   // `node`'s device copy, or null.

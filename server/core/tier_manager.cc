@@ -228,7 +228,7 @@ TierManager::DemoteOutcome TierManager::DemoteLowerOne(size_t level, uint64_t* b
 // --- The migrator -----------------------------------------------------------------
 
 bool TierManager::NeedsMigration() const {
-  if (access_.DeviceNeedsMigration() || HostNeedsMigration()) return true;
+  if (DeviceNeedsMigration() || HostNeedsMigration()) return true;
   for (size_t level = 0; level + 1 < access_.lower_levels(); ++level) {
     if (LowerNeedsMigration(level, options_.lower_high_watermark)) return true;
   }
@@ -250,7 +250,7 @@ bool TierManager::HostNeedsMigration() const {
 
 MigrationResult TierManager::Migrate() {
   MigrationResult result;
-  if (access_.DeviceNeedsMigration()) result.device_drops = access_.MigrateDevice();
+  if (DeviceNeedsMigration()) result.device_drops = MigrateDevice();
   // The deepest levels first: each makes room for what the one above sends.
   for (size_t level = access_.lower_levels(); level-- > 1;) MigrateLower(level - 1, &result);
   if (HostNeedsMigration()) MigrateHost(&result);

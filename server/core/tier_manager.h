@@ -17,6 +17,8 @@
 //                   that read-back ahead of a fetch, on the prefetch threads
 //   RunRead         a fetch's read-back on the fetch-read threads, so that
 //                   no thread serving requests waits on the disk
+//   PlaceOnDevice   a prefix's blocks copied into the GPU tier and leased,
+//                   for same-host workers (device_placement.cc)
 //   DrainMoves      the migration log every move of the cache is recorded in
 //
 // It reaches the index through CacheAccess, by the move protocol
@@ -26,7 +28,8 @@
 // it reads the same way. The levels below host memory are an ordered list
 // (CacheAccess::lower_levels); a node keeps one copy slot per level
 // (lower_copies.h) and each level's policy ranks the blocks whose top copy
-// it holds (the Cache's). Not here yet (the rest of step 3): GPU placement.
+// it holds (the Cache's). The GPU tier's copies are the cache's too (a side
+// map beside the nodes, DeviceCopies); placing and dropping them is here.
 //
 // Thread-safety: thread-safe. The move log and the write budget have a lock
 // of their own, taken after the cache's and never held during I/O.
@@ -142,6 +145,22 @@ class TierManager {
   // Counts a waiter that stopped waiting before its prefetch was done.
   void CountLatePrefetch();
 
+  // Copies the exact blocks of `tokens`' cached prefix that the GPU tier
+  // does not hold yet into it (reading lower-only blocks back first,
+  // verified) and leases the whole placed prefix for `lease_ttl` (zero: the
+  // default), so that its device copies stay where DevicePlacement says
+  // until ReleaseLease or the expiry, whatever the tier does meanwhile. Room
+  // is made by dropping the least recently used device copies no lease
+  // holds; when none is left the placement stops there (unplaced_tokens).
+  // FAILED_PRECONDITION without a GPU tier; NOT_FOUND for an unknown model;
+  // INVALID_ARGUMENT for too many tokens or a ttl past max_lease_ttl;
+  // RESOURCE_EXHAUSTED when the lease would pass max_leases or
+  // max_lease_tokens (nothing is leased then, but copies placed stay).
+  // (device_placement.cc)
+  absl::StatusOr<DevicePlacement> PlaceOnDevice(const ModelKey& model,
+                                                std::span<const Token> tokens,
+                                                absl::Duration lease_ttl = absl::ZeroDuration());
+
   // Runs `run` on a fetch-read thread; when the queue is full, or without a
   // lower tier, runs it on the caller's thread. A job still queued when the
   // cache shuts down runs `drop` instead.
@@ -163,6 +182,12 @@ class TierManager {
   // level when there is one (DemoteLowerOne), else by FreeLowerLevel.
   absl::StatusOr<StoredRef> WriteLower(size_t level, uint64_t key, const BlockPayload& payload);
   bool HostNeedsMigration() const;
+  // The GPU tier: whether it is past its high watermark; the pass that drops
+  // its copies down to the low one (returns how many it dropped); a write
+  // that drops copies for room (a bounded number of times).
+  bool DeviceNeedsMigration() const;
+  uint64_t MigrateDevice();
+  absl::StatusOr<StoredRef> WriteDevice(uint64_t key, const BlockPayload& payload);
   // Whether level `level`'s allocated bytes are past `watermark` x its
   // capacity.
   bool LowerNeedsMigration(size_t level, double watermark) const;

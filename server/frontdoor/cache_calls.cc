@@ -98,8 +98,8 @@ absl::Status RunPlaceOnDevice(Cache& cache, const Caller& caller,
                               v1::PlaceOnDeviceResponse* response) {
   auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
-  auto placed = cache.PlaceOnDevice(*key, TokensOf(request.tokens()),
-                                    absl::Milliseconds(request.lease_ttl_ms()));
+  auto placed = cache.tiers().PlaceOnDevice(*key, TokensOf(request.tokens()),
+                                            absl::Milliseconds(request.lease_ttl_ms()));
   if (!placed.ok()) return placed.status();
   response->set_matched_tokens(placed->matched_tokens);
   response->set_unplaced_tokens(placed->unplaced_tokens);

@@ -126,7 +126,7 @@ TEST_F(DeviceCacheTest, PlacesTheCachedPrefixAndAWorkerReadsItsSlots) {
   MakeCache(16, uint64_t{1} << 20);
   Append(1, 4);
   std::vector<Token> asked = Sequence(1, 6);  // two blocks more than cached
-  auto p = cache_->PlaceOnDevice(kModel, asked);
+  auto p = cache_->tiers().PlaceOnDevice(kModel, asked);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->matched_tokens, 4 * kBt);
   EXPECT_EQ(p->unplaced_tokens, 0u);
@@ -136,7 +136,7 @@ TEST_F(DeviceCacheTest, PlacesTheCachedPrefixAndAWorkerReadsItsSlots) {
   ExpectPlacementHolds(*p, 1);
 
   // Placed again: found there, nothing copied.
-  auto again = cache_->PlaceOnDevice(kModel, asked);
+  auto again = cache_->tiers().PlaceOnDevice(kModel, asked);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->copied_blocks, 0u);
   EXPECT_EQ(again->blocks[2].slot.offset, p->blocks[2].slot.offset);
@@ -158,11 +158,11 @@ TEST_F(DeviceCacheTest, PlacesTheCachedPrefixAndAWorkerReadsItsSlots) {
 TEST_F(DeviceCacheTest, BadRequestsChangeNothing) {
   MakeCache(16, uint64_t{1} << 20);
   Append(1, 2);
-  EXPECT_EQ(cache_->PlaceOnDevice({"default", "nope"}, Sequence(1, 2)).status().code(),
+  EXPECT_EQ(cache_->tiers().PlaceOnDevice({"default", "nope"}, Sequence(1, 2)).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(cache_->PlaceOnDevice(kModel, Sequence(1, 2), absl::Hours(48)).status().code(),
+  EXPECT_EQ(cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 2), absl::Hours(48)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto miss = cache_->PlaceOnDevice(kModel, Sequence(9, 2));
+  auto miss = cache_->tiers().PlaceOnDevice(kModel, Sequence(9, 2));
   ASSERT_TRUE(miss.ok());
   EXPECT_EQ(miss->matched_tokens, 0u);
   EXPECT_EQ(miss->lease_id, 0u);
@@ -174,7 +174,7 @@ TEST_F(DeviceCacheTest, BadRequestsChangeNothing) {
   ASSERT_TRUE(pool.ok());
   Cache plain(options_, *std::move(pool), NewLruPolicy(), &clock_);
   ASSERT_TRUE(plain.RegisterModel(kModel, kLayout).ok());
-  EXPECT_EQ(plain.PlaceOnDevice(kModel, Sequence(1, 2)).status().code(),
+  EXPECT_EQ(plain.tiers().PlaceOnDevice(kModel, Sequence(1, 2)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -182,14 +182,14 @@ TEST_F(DeviceCacheTest, LeasedCopiesStayPutWhileTheTierMakesRoom) {
   // Room for 8 blocks on the device; 12 blocks placed 4 at a time.
   MakeCache(64, 8 * kBlockBytes);
   for (uint32_t id = 1; id <= 3; ++id) Append(id, 4);
-  auto first = cache_->PlaceOnDevice(kModel, Sequence(1, 4));
+  auto first = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 4));
   ASSERT_TRUE(first.ok());
   ASSERT_EQ(first->matched_tokens, 4 * kBt);
-  auto second = cache_->PlaceOnDevice(kModel, Sequence(2, 4));
+  auto second = cache_->tiers().PlaceOnDevice(kModel, Sequence(2, 4));
   ASSERT_TRUE(second.ok());
   ASSERT_EQ(second->matched_tokens, 4 * kBt);
   // Full, and every copy leased: the third placement cannot make room.
-  auto third = cache_->PlaceOnDevice(kModel, Sequence(3, 4));
+  auto third = cache_->tiers().PlaceOnDevice(kModel, Sequence(3, 4));
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(third->matched_tokens, 0u);
   EXPECT_EQ(third->unplaced_tokens, 4 * kBt);
@@ -200,7 +200,7 @@ TEST_F(DeviceCacheTest, LeasedCopiesStayPutWhileTheTierMakesRoom) {
   // Released, the first sequence's copies are the least recently used: the
   // third placement takes their room, and the second's stay as reported.
   EXPECT_TRUE(cache_->ReleaseLease(first->lease_id));
-  auto retry = cache_->PlaceOnDevice(kModel, Sequence(3, 4));
+  auto retry = cache_->tiers().PlaceOnDevice(kModel, Sequence(3, 4));
   ASSERT_TRUE(retry.ok());
   EXPECT_EQ(retry->matched_tokens, 4 * kBt);
   ExpectPlacementHolds(*retry, 3);
@@ -217,7 +217,7 @@ TEST_F(DeviceCacheTest, MigrateDropsUnleasedCopiesDownToTheLowWatermark) {
   options_.tiers.device_low_watermark = 0.25;
   MakeCache(64, 16 * kBlockBytes);
   Append(1, 12);
-  auto p = cache_->PlaceOnDevice(kModel, Sequence(1, 12));
+  auto p = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 12));
   ASSERT_TRUE(p.ok());
   ASSERT_EQ(p->matched_tokens, 12 * kBt);
   EXPECT_TRUE(cache_->tiers().NeedsMigration());
@@ -230,7 +230,7 @@ TEST_F(DeviceCacheTest, MigrateDropsUnleasedCopiesDownToTheLowWatermark) {
   EXPECT_EQ(cache_->GetStats().device_store.live_copies, 4u);
   // LRU order: the placement touched blocks leaf first, so the prefix's
   // first blocks are the most recent and stay.
-  auto again = cache_->PlaceOnDevice(kModel, Sequence(1, 12));
+  auto again = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 12));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->copied_blocks, 8u);
   ExpectPlacementHolds(*again, 1);
@@ -239,7 +239,7 @@ TEST_F(DeviceCacheTest, MigrateDropsUnleasedCopiesDownToTheLowWatermark) {
 TEST_F(DeviceCacheTest, ACopyWhoseBlockIsRecompressedIsDroppedAndNotPlacedAgain) {
   MakeCache(64, uint64_t{1} << 20);
   Append(1, 4);
-  auto p = cache_->PlaceOnDevice(kModel, Sequence(1, 4));
+  auto p = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 4));
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(cache_->ReleaseLease(p->lease_id));
   ASSERT_EQ(cache_->GetStats().tiers.device_blocks, 4u);
@@ -251,7 +251,7 @@ TEST_F(DeviceCacheTest, ACopyWhoseBlockIsRecompressedIsDroppedAndNotPlacedAgain)
   EXPECT_EQ(s.tiers.device_drops_invalidated, c.compressed_blocks);
   EXPECT_EQ(s.tiers.device_blocks, 4 - c.compressed_blocks);
   // A lossy block is never placed: the placement stops before it.
-  auto after = cache_->PlaceOnDevice(kModel, Sequence(1, 4));
+  auto after = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 4));
   ASSERT_TRUE(after.ok());
   EXPECT_LT(after->matched_tokens, 4 * kBt);
   EXPECT_GT(after->withheld_tokens, 0u);
@@ -268,7 +268,7 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
   const CacheStats before = cache_->GetStats();
   ASSERT_GT(before.tiers.lower_only_blocks(), 0u);
   for (uint32_t id = 1; id <= 4; ++id) {
-    auto p = cache_->PlaceOnDevice(kModel, Sequence(id, 8));
+    auto p = cache_->tiers().PlaceOnDevice(kModel, Sequence(id, 8));
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->matched_tokens, 8 * kBt) << id;
     ExpectPlacementHolds(*p, id);
@@ -280,7 +280,7 @@ TEST_F(DeviceCacheTest, SsdOnlyBlocksAreReadBackAndPlaced) {
   ASSERT_EQ(cache_->tiers().Migrate().device_drops, 4u);
   const CacheStats placed = cache_->GetStats();
   // Placed again: only blocks without a device copy may be read back.
-  auto p = cache_->PlaceOnDevice(kModel, Sequence(1, 8));
+  auto p = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 8));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->copied_blocks, 4u);
   ExpectPlacementHolds(*p, 1);
@@ -296,7 +296,8 @@ TEST_F(DeviceCacheTest, FetchByAPlacementLeaseReadsBlocksOnlyTheSsdAndTheDeviceH
   options_.tiers.device_low_watermark = 0.9;
   MakeCache(2, uint64_t{1} << 20, /*lower=*/true);  // a 16-block host tier
   Append(1, 8);
-  auto first = cache_->PlaceOnDevice(kModel, Sequence(1, 8));  // device copies of sequence 1
+  auto first =
+      cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 8));  // device copies of sequence 1
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->matched_tokens, 8 * kBt);
   ASSERT_TRUE(cache_->ReleaseLease(first->lease_id));
@@ -306,7 +307,7 @@ TEST_F(DeviceCacheTest, FetchByAPlacementLeaseReadsBlocksOnlyTheSsdAndTheDeviceH
   (void)cache_->tiers().Migrate();
   // Placed again: every block is on the device already, some only there
   // and in the lower tier.
-  auto placed = cache_->PlaceOnDevice(kModel, Sequence(1, 8));
+  auto placed = cache_->tiers().PlaceOnDevice(kModel, Sequence(1, 8));
   ASSERT_TRUE(placed.ok()) << placed.status();
   ASSERT_EQ(placed->matched_tokens, 8 * kBt);
   ASSERT_EQ(placed->copied_blocks, 0u);
@@ -344,7 +345,7 @@ TEST_F(DeviceCacheTest, ConcurrentPlacementsAppendsAndMigrationServeOnlyAppended
       std::mt19937 rng(t);
       for (int i = 0; i < 300; ++i) {
         const uint32_t id = 1 + rng() % kSequences;
-        auto p = cache_->PlaceOnDevice(kModel, Sequence(id, 3));
+        auto p = cache_->tiers().PlaceOnDevice(kModel, Sequence(id, 3));
         if (!p.ok()) {
           ++bad;
           continue;
