@@ -186,7 +186,7 @@ struct Restorer::Pending {
 };
 
 Restorer::Restorer(Cache* cache, FileSystem* fs, std::string dir, const CheckpointKey& mac_key)
-    : cache_(cache), fs_(fs), dir_(std::move(dir)), mac_key_(mac_key) {}
+    : cache_(cache), target_(cache), fs_(fs), dir_(std::move(dir)), mac_key_(mac_key) {}
 
 Restorer::~Restorer() = default;
 
@@ -355,7 +355,7 @@ void Restorer::Run(const std::atomic<bool>& stop) {
       }
     }
   }
-  cache_->EndRestore();  // blocks re-hashed under other keys need no other names now
+  target_.EndRestore();  // blocks re-hashed under other keys need no other names now
   MutexLock lock(&mu_);
   progress_.duration = absl::Now() - started_;
   if (progress_.state == RestoreState::kOff) return;
@@ -408,7 +408,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
   // Inserts `image` (host copy or not); a block with no copy left is lost.
   auto insert = [&](BlockImage image) {
     const uint64_t bytes = image.host != nullptr ? image.seal.size : 0;
-    Count(cache_->RestoreBlock(*model, std::move(image)), bytes);
+    Count(target_.RestoreBlock(*model, std::move(image)), bytes);
   };
   while (!stop.load()) {
     RecordPrefetcher::Item item = records.Next();
@@ -437,7 +437,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
         absl::StatusOr<ModelImage> image = DecodeModel(m);
         if (!image.ok()) return image.status();
         model.reset();
-        if (absl::Status s = cache_->RestoreModel(*image); !s.ok()) {
+        if (absl::Status s = target_.RestoreModel(*image); !s.ok()) {
           spdlog::error("restore: model {} not restored: {}", image->key.ToString(), s.ToString());
           MutexLock lock(&mu_);
           progress_.skipped_blocks += m.blocks();
@@ -494,7 +494,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
           insert(std::move(image));  // its lower copy, if any
           break;
         }
-        absl::StatusOr<StagingBlock> host = cache_->AllocateRestoredPayload(bytes.size());
+        absl::StatusOr<StagingBlock> host = target_.AllocateRestoredPayload(bytes.size());
         if (host.ok()) {
           std::memcpy(host->data().data(), bytes.data(), bytes.size());
           image.host =
@@ -504,7 +504,7 @@ absl::Status Restorer::Replay(CheckpointReader& reader, const std::atomic<bool>&
         const uint64_t checksum = image.seal.checksum;
         const bool in_host = image.host != nullptr;
         const uint64_t size = in_host ? image.seal.size : 0;
-        const RestoreOutcome outcome = cache_->RestoreBlock(*model, std::move(image));
+        const RestoreOutcome outcome = target_.RestoreBlock(*model, std::move(image));
         Count(outcome, size);
         if (outcome == RestoreOutcome::kRestored && in_host) {
           payloads_[*model][lookup_hash] = {.sequence = payload->location.sequence,

@@ -42,6 +42,7 @@
 #include "server/checkpoint/records.h"
 #include "server/common/mutex.h"
 #include "server/core/cache.h"
+#include "server/core/checkpoint_source.h"
 
 namespace kvcache::checkpoint {
 
@@ -107,6 +108,7 @@ class Restorer {
   absl::Status ReattachLower(CheckpointReader& reader);
 
   Cache* const cache_;
+  CheckpointSource target_;  // what the restore puts blocks back through
   FileSystem* const fs_;
   const std::string dir_;
   const CheckpointKey mac_key_;

@@ -17,12 +17,11 @@
 //   ReportAttention  per-token attention a worker observed, folded into each
 //                  token's decayed activity (and sampled for calibration)
 //   UpdatePolicy   a model's compression mode, weights and target mass
-//   RestoreModel / RestoreBlock
-//                  what a restart puts back of a checkpoint
 //
 // The cache's components work on it from outside, through CacheAccess
 // (cache_access.h), the one door to its lock and indexes: CacheInspector
-// (the operator's view), CheckpointSource (what a checkpoint captures),
+// (the operator's view), CheckpointSource (what a checkpoint captures, and
+// what a restart puts back),
 // Compactor (compression, pool compaction and calibration passes) and
 // TierManager (the moves between levels: the migrator, read-back and
 // promotion, prefetch, GPU placement, their I/O threads and the move log;
@@ -260,34 +259,6 @@ class Cache {
 
   CacheStats GetStats() const;
 
-  // Restart (block_image.h, server/checkpoint): a restore replays
-  // RestoreModel() and, parents first, RestoreBlock(), while the cache
-  // serves. (A checkpoint captures through CheckpointSource.)
-  //
-  // Registers the model of `image` (as RegisterModel) and, when it was not
-  // registered yet, gives it the image's policy. ALREADY_EXISTS when it is
-  // registered with another layout: its blocks are then not restored.
-  absl::Status RestoreModel(const ModelImage& image);
-  // Pool memory for a block being restored, within the host tier's capacity
-  // minus the append staging. With a lower tier it demotes to make room, as
-  // an append does; without one it never evicts (RESOURCE_EXHAUSTED).
-  absl::StatusOr<StagingBlock> AllocateRestoredPayload(uint64_t size);
-  // Inserts one block from its image, under the block of
-  // image.parent_lookup_hash (an image with neither copy only reports
-  // whether the block is cached). REQUIRES: image.host, when set, holds
-  // image.seal.size bytes whose checksum the caller verified; image.lower,
-  // when set, came from this cache's level 0 (lower_tier()). Nothing changes unless the
-  // outcome is kRestored (or kPresent, see below).
-  //
-  // The block's lookup hash and chain key are computed again from its tokens
-  // and its parent, not taken from the image: an image written under other
-  // keys (a checkpoint from before hashes were keyed, block_hasher.h) is
-  // restored under this cache's keys, and its image.lookup_hash is remembered
-  // as another name of the block so that its children still find their
-  // parent, until EndRestore().
-  RestoreOutcome RestoreBlock(const ModelKey& model, BlockImage image);
-  // Forgets the other names RestoreBlock remembered (a restore is over).
-  void EndRestore();
   // Level 0 below host memory (null: none), the level whose copies a
   // checkpoint re-attaches.
   const std::shared_ptr<Tier>& lower_tier() const {
@@ -527,6 +498,12 @@ class Cache {
   // size. REQUIRES: mu_ exclusively, or shared with the node's model's
   // index_lock held exclusively.
   void RecountMetadataLocked(IndexNode* node) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A block restored from `image` under `parent` (null: a first block) of
+  // `state` (its lookup hash computed again, this cache's), with its copies,
+  // hints, token state and reference history, counted and ranked. Null (and
+  // nothing changed) on a lookup-hash collision. REQUIRES: image has a copy.
+  IndexNode* AddRestoredLocked(ModelState& state, IndexNode* parent, BlockImage image)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room in the pool: demotes a block when there is a lower tier,
   // else evicts a batch: one block, then more while the batch has room for
   // another block the size of the last one (at most kEvictionBatchBlocks

@@ -67,6 +67,17 @@ std::optional<uint64_t> CacheAccess::Held::DropCorrupt(const BlockMove& claimed,
   return c.RemoveSubtreeLocked(m, n, dropped).evicted_blocks;
 }
 
+ModelState* CacheAccess::Held::FindMutableModel(const ModelKey& model) const {
+  cache_->mu_.AssertHeld();
+  return cache_->models_.Find(model);
+}
+
+IndexNode* CacheAccess::Held::AddRestored(ModelState& model, IndexNode* parent,
+                                          BlockImage image) const {
+  cache_->mu_.AssertHeld();
+  return cache_->AddRestoredLocked(model, parent, std::move(image));
+}
+
 void CacheAccess::Held::ForEachMutableModel(
     absl::FunctionRef<void(ModelState& model)> visit) const {
   cache_->mu_.AssertHeld();

@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "server/core/block.h"
 #include "server/core/block_hasher.h"
+#include "server/core/block_image.h"
 #include "server/core/block_move.h"
 #include "server/core/cache_stats.h"
 #include "server/core/cache_types.h"
@@ -93,6 +94,15 @@ class CacheAccess {
     // after the lock. `reason` names the check in the move log.
     std::optional<uint64_t> DropCorrupt(const BlockMove& claimed, BlockTier level,
                                         const char* reason, std::vector<BlockRef>* dropped) const;
+
+    // --- What a restore (CheckpointSource) may change -----------------------
+    // The registered model `model`, to change; null when it is not.
+    ModelState* FindMutableModel(const ModelKey& model) const;
+    // Inserts a block restored from `image` under `parent` (null: a first
+    // block) of `model` (Cache::AddRestoredLocked); null, with nothing
+    // changed, on a lookup-hash collision. REQUIRES: image has a copy, and
+    // its lower copy (if any) is of level 0.
+    IndexNode* AddRestored(ModelState& model, IndexNode* parent, BlockImage image) const;
 
     // --- What a rewriting component (Compactor) may change ----------------
     // Every registered model, to change its own state (its policy and

@@ -97,16 +97,17 @@ TEST_F(CacheKeysTest, RestoreRehashesImagesWrittenUnderOtherKeys) {
   ASSERT_EQ(images.size(), 7u);
 
   std::unique_ptr<Cache> target = MakeCache(/*keyed=*/true);
-  ASSERT_TRUE(target->RestoreModel(models[0]).ok());
+  CheckpointSource restore(target.get());
+  ASSERT_TRUE(restore.RestoreModel(models[0]).ok());
   for (BlockImage& image : images) {
-    auto host = target->AllocateRestoredPayload(image.seal.size);
+    auto host = restore.AllocateRestoredPayload(image.seal.size);
     ASSERT_TRUE(host.ok()) << host.status();
     std::span<const std::byte> bytes = image.host->data();
     std::copy(bytes.begin(), bytes.end(), host->data().begin());
     image.host = PinnedBlock(std::move(*host).Seal(image.key, image.seal), PinReason::kCheckpoint);
-    EXPECT_EQ(target->RestoreBlock(m.key, std::move(image)), RestoreOutcome::kRestored);
+    EXPECT_EQ(restore.RestoreBlock(m.key, std::move(image)), RestoreOutcome::kRestored);
   }
-  target->EndRestore();
+  restore.EndRestore();
   EXPECT_EQ(target->GetStats().blocks, 7u);
   for (const auto& s : sequences) {
     auto plan = target->PrepareFetch(m.key, s);

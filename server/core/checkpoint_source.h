@@ -1,9 +1,11 @@
-// CheckpointSource: what a checkpoint captures of a Cache (block_image.h,
-// server/checkpoint). A checkpoint takes CaptureModels() once, then
-// CaptureBlocks() batch by batch, while the cache serves: both reach the
-// cache through CacheAccess and hold its lock for bounded steps only.
-// (Putting a checkpoint back is the cache's own: Cache::RestoreModel and
-// Cache::RestoreBlock, since a restore adds blocks as an append does.)
+// CheckpointSource: what a checkpoint captures of a Cache, and what a
+// restart puts back (block_image.h, server/checkpoint). A checkpoint takes
+// CaptureModels() once, then CaptureBlocks() batch by batch, while the cache
+// serves: both hold its lock for bounded steps only. A restore replays
+// RestoreModel() and, parents first, RestoreBlock(), also while the cache
+// serves, then EndRestore(). Everything reaches the cache through
+// CacheAccess; a restored block's insertion is the cache's own
+// (CacheAccess::Held::AddRestored), as an append's is.
 //
 // Thread-safety: thread-safe; the cache's lock orders it with requests.
 #ifndef KVCACHE_SERVER_CORE_CHECKPOINT_SOURCE_H_
@@ -13,8 +15,12 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/core/block.h"
 #include "server/core/block_image.h"
 #include "server/core/cache_access.h"
+#include "server/core/cache_types.h"
 
 namespace kvcache {
 
@@ -35,6 +41,32 @@ class CheckpointSource {
   // copies (PinReason::kCheckpoint) until it is dropped.
   size_t CaptureBlocks(const ModelKey& model, std::span<const uint64_t> lookup_hashes,
                        std::vector<BlockImage>* out) const;
+
+  // --- Restore (checkpoint_restore.cc) ----------------------------------------
+  // Registers the model of `image` (as RegisterModel) and, when it was not
+  // registered yet, gives it the image's policy. ALREADY_EXISTS when it is
+  // registered with another layout: its blocks are then not restored.
+  absl::Status RestoreModel(const ModelImage& image);
+  // Pool memory for a block being restored, within the host tier's capacity
+  // minus the append staging. With a lower level it demotes to make room, as
+  // an append does; without one it never evicts (RESOURCE_EXHAUSTED).
+  absl::StatusOr<StagingBlock> AllocateRestoredPayload(uint64_t size);
+  // Inserts one block from its image, under the block of
+  // image.parent_lookup_hash (an image with neither copy only reports
+  // whether the block is cached). REQUIRES: image.host, when set, holds
+  // image.seal.size bytes whose checksum the caller verified; image.lower,
+  // when set, came from the cache's level 0 (Cache::lower_tier()). Nothing
+  // changes unless the outcome is kRestored (or kPresent, see below).
+  //
+  // The block's lookup hash and chain key are computed again from its tokens
+  // and its parent, not taken from the image: an image written under other
+  // keys (a checkpoint from before hashes were keyed, block_hasher.h) is
+  // restored under this cache's keys, and its image.lookup_hash is remembered
+  // as another name of the block so that its children still find their
+  // parent, until EndRestore().
+  RestoreOutcome RestoreBlock(const ModelKey& model, BlockImage image);
+  // Forgets the other names RestoreBlock remembered (a restore is over).
+  void EndRestore();
 
  private:
   CacheAccess access_;
