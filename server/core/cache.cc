@@ -302,7 +302,7 @@ void Cache::WithholdLossy(const ModelState& m, bool accept_lossy, std::vector<In
 }
 
 void Cache::FillLookupResult(ModelState& m, size_t num_tokens, const std::vector<IndexNode*>& path,
-                             LookupResult* result) {
+                             LookupResult* result) const {
   const uint32_t bt = m.layout.block_tokens;
   result->matched_tokens = path.size() * bt;
   m.hit_tokens.fetch_add(result->matched_tokens, std::memory_order_relaxed);
@@ -312,14 +312,18 @@ void Cache::FillLookupResult(ModelState& m, size_t num_tokens, const std::vector
   const uint64_t block_bytes = m.layout.BlockBytes();
   for (const IndexNode* n : path) {
     const BlockSeal& seal = n->seal();
-    result->blocks.push_back({.index = n->depth,
-                              .tier = n->in_host() ? BlockTier::kHost : BlockTier::kLower,
-                              .key = n->key,
-                              .checksum = seal.fetch_checksum(),
-                              .bytes = block_bytes,
-                              .lossy = seal.compressed,
-                              .stored_bytes = seal.size,
-                              .stored_checksum = seal.checksum});
+    const int top = n->in_host() ? LowerCopies::kNone : n->lower.top();
+    result->blocks.push_back(
+        {.index = n->depth,
+         .tier = top == LowerCopies::kNone ? BlockTier::kHost : BlockTier::kLower,
+         .lower_kind =
+             top == LowerCopies::kNone ? "" : lower_names_[static_cast<size_t>(top)].c_str(),
+         .key = n->key,
+         .checksum = seal.fetch_checksum(),
+         .bytes = block_bytes,
+         .lossy = seal.compressed,
+         .stored_bytes = seal.size,
+         .stored_checksum = seal.checksum});
   }
 }
 

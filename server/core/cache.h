@@ -354,8 +354,8 @@ class Cache {
                             LookupResult* result);
   // A lookup's answer for its matched `path` of `state` (cut by
   // WithholdLossy), counting its hits and misses among `num_tokens` tokens.
-  static void FillLookupResult(ModelState& state, size_t num_tokens,
-                               const std::vector<IndexNode*>& path, LookupResult* result);
+  void FillLookupResult(ModelState& state, size_t num_tokens, const std::vector<IndexNode*>& path,
+                        LookupResult* result) const;
   // Removes the subtree at `node`; returns what it removed. Payload references
   // are moved to `dropped` so they are released after the lock.
   EvictResult RemoveSubtreeLocked(ModelState& state, IndexNode* node,

@@ -133,6 +133,7 @@ struct InspectedBlock {
   uint64_t key = 0;
   bool in_host = false;
   bool in_lower = false;
+  std::string lower_kind;  // with in_lower: the kind of its top lower level ("ssd")
   bool lossy = false;
   uint32_t format_version = 0;  // 0: raw; 1 or 2: compressed block format
   uint64_t stored_bytes = 0;

@@ -466,6 +466,7 @@ absl::StatusOr<SequenceInspection> CacheInspector::InspectPath(
     ib.key = b.key;
     ib.in_host = b.host != nullptr;
     ib.in_lower = b.lower != nullptr;
+    if (ib.in_lower) ib.lower_kind = access_.lower_name(b.lower_level);
     ib.lossy = b.seal.compressed;
     ib.stored_bytes = b.seal.size;
     ib.raw_bytes = layout.BlockBytes();

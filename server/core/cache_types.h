@@ -155,6 +155,9 @@ enum class BlockTier : uint8_t { kHost = 0, kLower = 1 };
 struct BlockInfo {
   uint32_t index = 0;
   BlockTier tier = BlockTier::kHost;  // where the block is now (host also when in both)
+  // With kLower: the kind of the level of its top copy ("ssd"), valid as
+  // long as the cache.
+  const char* lower_kind = "";
   uint64_t key = 0;
   uint64_t checksum = 0;         // of the bytes a fetch sends (raw, or decoded when lossy)
   uint64_t bytes = 0;            // raw block bytes

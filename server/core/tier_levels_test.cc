@@ -93,7 +93,10 @@ TEST_P(TierLevelsTest, BlocksSinkLevelByLevelAndComeBackWhole) {
   // a fetch reads them back from there, byte for byte, and promotes them.
   auto looked = cache_->Lookup(Big().key, SequenceOf(0));
   ASSERT_TRUE(looked.ok());
-  for (const BlockInfo& b : looked->blocks) EXPECT_EQ(b.tier, BlockTier::kLower);
+  for (const BlockInfo& b : looked->blocks) {
+    EXPECT_EQ(b.tier, BlockTier::kLower);
+    EXPECT_STREQ(b.lower_kind, "far");  // the level a fetch reads it from
+  }
   for (uint32_t s = 0; s < 24; ++s) {
     EXPECT_EQ(Fetched(Big(), SequenceOf(s)), 4 * kBt) << "sequence " << s;
     Settle();

@@ -203,11 +203,8 @@ TierManager::DemoteOutcome TierManager::DemoteLowerOne(size_t level, uint64_t* b
   std::vector<BlockRef> dropped;
   CacheAccess::Locked locked(access_);
   if (absl::IsDataLoss(read)) {  // never written anywhere: the copy goes
-    // (DropCorrupt counts a copy that goes alone; a block it takes out is
-    // counted here.)
-    if (locked.DropCorrupt(move, BlockTier::kLower, "checksum", &dropped).value_or(0) != 0) {
-      ++locked.tier_counters().lower[level].checksum_failures;
-    }
+    CountChecksumFailure(locked, level,
+                         locked.DropCorrupt(move, BlockTier::kLower, "checksum", &dropped));
     return DemoteOutcome::kRaced;
   }
   IndexNode* node = locked.Refind(move);
@@ -371,9 +368,9 @@ size_t TierManager::ReadBack(const PrefixIndex* index, std::vector<TieredBlock>&
       readable = std::min(readable, which[k]);
       // Never served: the copy goes (with the blocks below it when it was
       // the block's last).
-      if (absl::IsDataLoss(reads[k].status) &&
-          locked.DropCorrupt(moves[k], BlockTier::kLower, "checksum", &dropped).value_or(0) != 0) {
-        ++counters.checksum_failures;  // (DropCorrupt counts a copy that goes alone)
+      if (absl::IsDataLoss(reads[k].status)) {
+        CountChecksumFailure(locked, b.lower_level,
+                             locked.DropCorrupt(moves[k], BlockTier::kLower, "checksum", &dropped));
       }
       continue;
     }
@@ -390,6 +387,13 @@ size_t TierManager::ReadBack(const PrefixIndex* index, std::vector<TieredBlock>&
     }
   }
   return readable;
+}
+
+void TierManager::CountChecksumFailure(const CacheAccess::Held& locked, size_t level,
+                                       std::optional<uint64_t> dropped) {
+  // DropCorrupt counted a copy that went alone (0 blocks removed).
+  if (dropped != std::optional<uint64_t>(0))
+    ++locked.tier_counters().lower[level].checksum_failures;
 }
 
 void TierManager::ReadEachLevel(const std::vector<TieredBlock>& blocks,

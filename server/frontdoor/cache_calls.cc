@@ -34,7 +34,7 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
     d->set_key(b.key);
     d->set_checksum(b.checksum);
     d->set_bytes(b.bytes);
-    if (b.tier == BlockTier::kLower) d->set_tier("ssd");
+    if (b.tier == BlockTier::kLower) d->set_tier(b.lower_kind);
     if (b.lossy) {
       d->set_lossy(true);
       d->set_stored_bytes(b.stored_bytes);

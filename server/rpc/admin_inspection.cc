@@ -195,7 +195,9 @@ void ToProto(const SequenceInspection& in, v1::InspectSequenceResponse* out) {
     v1::InspectedBlock* ob = out->add_blocks();
     ob->set_index(b.index);
     ob->set_key(b.key);
-    ob->set_tier(b.in_host && b.in_lower ? "host+ssd" : (b.in_host ? "host" : "ssd"));
+    ob->set_tier(!b.in_lower ? "host"
+                 : b.in_host ? absl::StrCat("host+", b.lower_kind)
+                             : b.lower_kind);
     ob->set_lossy(b.lossy);
     ob->set_format_version(b.format_version);
     ob->set_stored_bytes(b.stored_bytes);
