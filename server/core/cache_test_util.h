@@ -1,6 +1,7 @@
-// Shared helpers for the Cache unit tests (cache_test.cc, cache_stress_test.cc):
-// test models, deterministic block patterns, and the CacheTest fixture over a
-// real SlabPool and a ManualClock. Test-only.
+// Shared helpers for the Cache unit tests (cache_test.cc, cache_eviction_test.cc,
+// tier_test.cc, tier_levels_test.cc and the others that include it): test
+// models, deterministic block patterns, and the CacheTest fixture over a real
+// SlabPool and a ManualClock. Test-only.
 #ifndef KVCACHE_SERVER_CORE_CACHE_TEST_UTIL_H_
 #define KVCACHE_SERVER_CORE_CACHE_TEST_UTIL_H_
 
@@ -223,8 +224,6 @@ class CacheTest : public ::testing::Test {
   ManualClock clock_;
   std::unique_ptr<Cache> cache_;
 };
-
-// ---- RegisterModel -----------------------------------------------------------
 
 }  // namespace cache_test
 }  // namespace kvcache
