@@ -136,13 +136,6 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
   return RegisterResult{.created = true, .layout = layout};
 }
 
-absl::StatusOr<ModelLayout> Cache::GetLayout(const ModelKey& model) const {
-  ReaderMutexLock lock(&mu_);
-  auto state = FindModelLocked(model);
-  if (!state.ok()) return state.status();
-  return (*state)->layout;
-}
-
 std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
   ReaderMutexLock lock(&mu_);
   std::vector<std::pair<ModelKey, ModelLayout>> out;

@@ -157,8 +157,7 @@ class Cache {
   // default); ALREADY_EXISTS when the id is registered with another layout;
   // RESOURCE_EXHAUSTED past max_models or when a block could never fit the tier.
   absl::StatusOr<RegisterResult> RegisterModel(const ModelKey& model, ModelLayout layout);
-  // NOT_FOUND for an unknown model.
-  absl::StatusOr<ModelLayout> GetLayout(const ModelKey& model) const;
+  // The registered models and their layouts.
   std::vector<std::pair<ModelKey, ModelLayout>> ListModels() const;
 
   // The longest cached prefix of `tokens`. Unless `accept_lossy`, it ends
@@ -251,7 +250,6 @@ class Cache {
   // NeedsMigration), prefetch (Prefetch, StartPrefetch) and the migration
   // log (DrainMoves).
   TierManager& tiers() const { return *tiers_; }
-  bool HasLowerTier() const { return !lower_.empty(); }
 
   // The GPU tier (null: none), for its arenas and kind. Placing copies in
   // it is the TierManager's (tiers().PlaceOnDevice).
@@ -259,8 +257,8 @@ class Cache {
 
   CacheStats GetStats() const;
 
-  // Level 0 below host memory (null: none), the level whose copies a
-  // checkpoint re-attaches.
+  // Level 0 below host memory (null: none: the cache has one level), the
+  // level whose copies a checkpoint re-attaches.
   const std::shared_ptr<Tier>& lower_tier() const {
     return lower_.empty() ? kNoTier : lower_.front();
   }

@@ -304,7 +304,7 @@ TEST_F(CacheTest, EvictModelEmptiesOnlyThatModel) {
   EXPECT_EQ(StatsOf(Small()).blocks, 0u);
   EXPECT_EQ(StatsOf(Small()).bytes, 0u);
   EXPECT_EQ(Fetched(Mid(), Seq({1, 2})), 2 * kBt);
-  EXPECT_TRUE(cache_->GetLayout(Small().key).ok());  // still registered
+  EXPECT_TRUE(LayoutOf(Small().key).has_value());  // still registered
   ASSERT_TRUE(Append(*cache_, Small(), Seq({1, 2, 3})).ok());
   EXPECT_EQ(Fetched(Small(), Seq({1, 2, 3})), 3 * kBt);
   EXPECT_EQ(CodeOf(cache_->EvictModel(kUnregistered)), kNotFound);
@@ -324,7 +324,7 @@ TEST_F(CacheTest, UnregisterRemovesBlocksLeasesAndTheRegistration) {
   auto r = cache_->UnregisterModel(Small().key);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(*r, FieldsAre(3u, 3 * 512u, 1u));
-  EXPECT_EQ(CodeOf(cache_->GetLayout(Small().key)), kNotFound);
+  EXPECT_EQ(LayoutOf(Small().key), std::nullopt);
   EXPECT_EQ(CodeOf(cache_->Lookup(Small().key, tokens)), kNotFound);
   EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Small().key, leased->lease_id)), kNotFound);
   EXPECT_FALSE(cache_->ReleaseLease(leased->lease_id));  // released with the model

@@ -26,8 +26,8 @@ TEST_F(CacheTest, RegisterIsIdempotentForTheSameLayout) {
   ASSERT_TRUE(tenant.ok());
   EXPECT_TRUE(tenant->created);
   EXPECT_EQ(cache_->ListModels().size(), 2u);
-  EXPECT_EQ(cache_->GetLayout(Small().key).value_or(ModelLayout{}), Small().layout);
-  EXPECT_EQ(CodeOf(cache_->GetLayout(kUnregistered)), kNotFound);
+  EXPECT_EQ(LayoutOf(Small().key), Small().layout);
+  EXPECT_EQ(LayoutOf(kUnregistered), std::nullopt);
 }
 
 TEST_F(CacheTest, RegisterNamesTheBadField) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -212,6 +213,14 @@ class CacheTest : public ::testing::Test {
   }
 
   uint64_t Allocated() const { return cache_->GetStats().host_pool.allocated_bytes; }
+
+  // The layout `model` is registered with, if it is.
+  std::optional<ModelLayout> LayoutOf(const ModelKey& model) const {
+    for (const auto& [key, layout] : cache_->ListModels()) {
+      if (key == model) return layout;
+    }
+    return std::nullopt;
+  }
 
   ModelStats StatsOf(const TestModel& m) const {
     for (const ModelStats& s : cache_->GetStats().models) {

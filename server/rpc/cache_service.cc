@@ -90,7 +90,7 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
   const ModelRef model{request->namespace_(), request->model_id()};
-  if (request->prefetch() == v1::PREFETCH_WAIT && cache_->HasLowerTier()) {
+  if (request->prefetch() == v1::PREFETCH_WAIT && cache_->lower_tier() != nullptr) {
     const v1::LookupRequest* const lookups[] = {request};
     return AnswerAfterPrefetches(
         ctx, "Lookup", start, model, lookups, [this, request, response](const Caller& caller) {
@@ -110,7 +110,7 @@ grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext*
   const bool waits =
       std::any_of(request->lookups().begin(), request->lookups().end(),
                   [](const v1::LookupRequest& l) { return l.prefetch() == v1::PREFETCH_WAIT; });
-  if (waits && cache_->HasLowerTier() && request->lookups_size() <= kMaxBatchLookups) {
+  if (waits && cache_->lower_tier() != nullptr && request->lookups_size() <= kMaxBatchLookups) {
     std::vector<const v1::LookupRequest*> lookups;
     lookups.reserve(request->lookups_size());
     for (const v1::LookupRequest& l : request->lookups()) lookups.push_back(&l);
