@@ -58,7 +58,6 @@ std::optional<uint64_t> CacheAccess::Held::DropCorrupt(const BlockMove& claimed,
     const StoredRef& bad = n->lower.at(lower);
     if (bad == nullptr || bad != claimed.lower()) return std::nullopt;
     c.tiers_->LogMove(*n, c.lower_names_[lower].c_str(), "none", reason, bad->seal().size);
-    ++c.tier_.lower[lower].checksum_failures;
     c.DropLowerCopyLocked(n, lower);
     return 0;
   }

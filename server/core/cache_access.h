@@ -91,7 +91,8 @@ class CacheAccess {
     // Returns the blocks removed from the index (0: the lower copy alone),
     // or nullopt when nothing was dropped (gone, changed meanwhile).
     // References to dropped host copies go to `dropped`, to be released
-    // after the lock. `reason` names the check in the move log.
+    // after the lock. `reason` names the check in the move log; the caller
+    // counts the failure (TierCounters) as its check's.
     std::optional<uint64_t> DropCorrupt(const BlockMove& claimed, BlockTier level,
                                         const char* reason, std::vector<BlockRef>* dropped) const;
 

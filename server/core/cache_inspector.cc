@@ -205,6 +205,9 @@ absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions&
             total.dropped_blocks += *removed;
             bad.dropped = true;
             gone = *removed != 0;
+            if (f.tier == BlockTier::kLower) {
+              ++locked.tier_counters().lower[f.claim->lower_level()].checksum_failures;
+            }
           }
         }
         report.bad_blocks.push_back(bad);

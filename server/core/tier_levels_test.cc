@@ -171,11 +171,39 @@ TEST_P(TierLevelsTest, VerifyReadsEveryLevelAndNamesTheOneThatFailed) {
   EXPECT_EQ(checked->bad_blocks[0].tier, "far");
   EXPECT_EQ(checked->bad_blocks[0].key, PrefixKey(tokens, 3));
   EXPECT_FALSE(checked->bad_blocks[0].dropped);
+  EXPECT_EQ(Level(1).checksum_failures, 0u);  // found, not dropped
   checked = inspector.VerifyBlocks({.model = Big().key, .drop_bad = true, .include_lower = true});
   ASSERT_TRUE(checked.ok()) << checked.status();
   ASSERT_EQ(checked->bad_blocks.size(), 1u);
   EXPECT_TRUE(checked->bad_blocks[0].dropped);
+  EXPECT_EQ(Level(1).checksum_failures, 1u);
   EXPECT_EQ(Matched(Big(), tokens), 3 * kBt);  // the leaf went, its parents stay
+}
+
+TEST_P(TierLevelsTest, ACopyThatFailsItsChecksumOnTheWayDownIsDroppedNotPassedOn) {
+  MakeLevels(4, 16, 4 << 20);
+  Register(Big());
+  const std::vector<Token> tokens = SequenceOf(0);
+  uint32_t next = 0;
+  // Until sequence 0's leaf sits in the near level (watched in the move log:
+  // a lookup would make it hot).
+  const uint64_t leaf = PrefixKey(tokens, 3);
+  for (bool near = false; !near && next < 24; ++next) {
+    AppendSequences(next, 1);
+    for (const MoveRecord& m : cache_->tiers().DrainMoves()) {
+      near = near || (m.key == leaf && std::string_view(m.to) == "near");
+    }
+  }
+  ASSERT_LT(next, 24u) << "sequence 0 never reached the near level";
+  ASSERT_EQ(near_->Corrupt(leaf, 11), 1);
+  // More sequences push it on to the far level: the read on the way fails.
+  AppendSequences(next, 24 - next);
+  EXPECT_EQ(Level(0).checksum_failures, 1u);
+  EXPECT_EQ(Level(1).checksum_failures, 0u);
+  EXPECT_EQ(StatsOf(Big()).corrupt_blocks, 1u);
+  // The leaf left the cache; its parents went down whole and come back whole.
+  EXPECT_EQ(Matched(Big(), tokens), 3 * kBt);
+  EXPECT_EQ(Fetched(Big(), tokens), 3 * kBt);
 }
 
 TEST_P(TierLevelsTest, AFullNearLevelDemotesToTheFarOneInsteadOfEvicting) {

@@ -203,8 +203,8 @@ TierManager::DemoteOutcome TierManager::DemoteLowerOne(size_t level, uint64_t* b
   std::vector<BlockRef> dropped;
   CacheAccess::Locked locked(access_);
   if (absl::IsDataLoss(read)) {  // never written anywhere: the copy goes
-    CountChecksumFailure(locked, level,
-                         locked.DropCorrupt(move, BlockTier::kLower, "checksum", &dropped));
+    ++locked.tier_counters().lower[level].checksum_failures;
+    locked.DropCorrupt(move, BlockTier::kLower, "checksum", &dropped);
     return DemoteOutcome::kRaced;
   }
   IndexNode* node = locked.Refind(move);
@@ -369,8 +369,8 @@ size_t TierManager::ReadBack(const PrefixIndex* index, std::vector<TieredBlock>&
       // Never served: the copy goes (with the blocks below it when it was
       // the block's last).
       if (absl::IsDataLoss(reads[k].status)) {
-        CountChecksumFailure(locked, b.lower_level,
-                             locked.DropCorrupt(moves[k], BlockTier::kLower, "checksum", &dropped));
+        ++counters.checksum_failures;
+        locked.DropCorrupt(moves[k], BlockTier::kLower, "checksum", &dropped);
       }
       continue;
     }
@@ -387,13 +387,6 @@ size_t TierManager::ReadBack(const PrefixIndex* index, std::vector<TieredBlock>&
     }
   }
   return readable;
-}
-
-void TierManager::CountChecksumFailure(const CacheAccess::Held& locked, size_t level,
-                                       std::optional<uint64_t> dropped) {
-  // DropCorrupt counted a copy that went alone (0 blocks removed).
-  if (dropped != std::optional<uint64_t>(0))
-    ++locked.tier_counters().lower[level].checksum_failures;
 }
 
 void TierManager::ReadEachLevel(const std::vector<TieredBlock>& blocks,

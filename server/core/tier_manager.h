@@ -39,7 +39,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -195,10 +194,6 @@ class TierManager {
   // The migrator's passes over the host and over one lower level.
   void MigrateHost(MigrationResult* result);
   void MigrateLower(size_t level, MigrationResult* result);
-  // Counts a copy of level `level` that failed its checksum, given what
-  // DropCorrupt did with it (`dropped`), once whatever that was.
-  static void CountChecksumFailure(const CacheAccess::Held& locked, size_t level,
-                                   std::optional<uint64_t> dropped);
   // Reads `reads` (of blocks[which[k]], each from its block's level) one
   // batch per level.
   void ReadEachLevel(const std::vector<TieredBlock>& blocks, const std::vector<size_t>& which,
