@@ -401,7 +401,7 @@ int Serve(const v1::ServerConfig& config) {
   });
   std::thread migrator;
   std::shared_ptr<spdlog::logger> migration_log;
-  if (cache.lower_tier() != nullptr || *gpu != nullptr) {
+  if (cache.tiers().lower_tier() != nullptr || *gpu != nullptr) {
     migration_log = OpenMigrationLog(config.logging());
     migrator =
         std::thread([&] { RunMigrator(cache, migration_log.get(), events.get(), stopping); });

@@ -293,7 +293,7 @@ class Readers {
       bool whole = false;
       auto found = cache_->Lookup(kModel, tokens);
       if (found.ok() && found->matched_tokens == tokens.size()) {
-        auto plan = cache_->PrepareFetch(kModel, tokens);
+        auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens});
         if (plan.ok() && plan->matched_tokens == tokens.size()) {
           size_t offset = 0;
           for (const PinnedBlock& block : plan->blocks) {

@@ -82,7 +82,7 @@ class CheckpointCacheTest : public ::testing::Test {
     return r.progress();
   }
   uint64_t Fetched(Cache& cache, const TestModel& m, const std::vector<Token>& tokens) {
-    auto plan = cache.PrepareFetch(m.key, tokens);
+    auto plan = cache.PrepareFetch(m.key, {.tokens = tokens});
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return 0;
     EXPECT_TRUE(PlanHolds(*plan, m, tokens));

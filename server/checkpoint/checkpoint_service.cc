@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Open(
   absl::StatusOr<uint64_t> next =
       CheckpointDirectory(fs, dir, options.checkpointer.mac_key).NextSequence();
   if (!next.ok()) return next.status();
-  if (Tier* lower = cache->lower_tier().get(); lower != nullptr && lower->persistent()) {
+  if (Tier* lower = cache->tiers().lower_tier(); lower != nullptr && lower->persistent()) {
     lower->SetRetention(true);
     const double share = std::clamp(options.lower_retained_share, 0.0, 1.0);
     lower->SetRetentionBudget(

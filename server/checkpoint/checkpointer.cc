@@ -60,7 +60,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::Run(Pacing pacing) {
     payloads_.clear();
     // What the lower tier retained for this run alone is free again; the
     // newest committed checkpoint's copies stay retained (within the budget).
-    if (Tier* lower = cache_->lower_tier().get(); lower != nullptr && lower->persistent()) {
+    if (Tier* lower = cache_->tiers().lower_tier(); lower != nullptr && lower->persistent()) {
       lower->CheckpointFailed();
     }
   }
@@ -79,7 +79,7 @@ absl::StatusOr<CheckpointRun> Checkpointer::RunLocked(Pacing pacing) {
   CheckpointRun run;
   run.sequence = next_sequence_++;
   run.full = !have_previous_ || runs_since_full_ + 1 >= options_.full_every;
-  Tier* lower = cache_->lower_tier().get();
+  Tier* lower = cache_->tiers().lower_tier();
   const bool reattachable = lower != nullptr && lower->persistent();
   const uint64_t mark = reattachable ? lower->CheckpointStarted() : 0;
 

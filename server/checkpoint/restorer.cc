@@ -265,7 +265,7 @@ absl::Status Restorer::Prepare() {
 }
 
 absl::Status Restorer::ReattachLower(CheckpointReader& reader) {
-  Tier* lower = cache_->lower_tier().get();
+  Tier* lower = cache_->tiers().lower_tier();
   const nlohmann::json& summary = reader.info().summary;  // CheckSummaryTypes passed
   if (!summary.contains("lower_index") || summary["lower_index"].empty()) {
     return absl::OkStatus();

@@ -136,13 +136,6 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
   return RegisterResult{.created = true, .layout = layout};
 }
 
-std::vector<std::pair<ModelKey, ModelLayout>> Cache::ListModels() const {
-  ReaderMutexLock lock(&mu_);
-  std::vector<std::pair<ModelKey, ModelLayout>> out;
-  for (const auto& [key, state] : models_) out.emplace_back(key, state->layout);
-  return out;
-}
-
 absl::StatusOr<BlockHashes> Cache::HashBlocks(const ModelKey& model,
                                               std::span<const Token> tokens) const {
   uint32_t block_tokens;
@@ -347,10 +340,6 @@ absl::StatusOr<std::pair<uint64_t, absl::Time>> Cache::CreateLeaseLocked(
   return std::make_pair(*id, expires);
 }
 
-bool Cache::ReleaseLease(uint64_t lease_id) {
-  return ReleaseLease(lease_id, [](const ModelKey&) { return true; });
-}
-
 bool Cache::ReleaseLease(uint64_t lease_id, absl::FunctionRef<bool(const ModelKey&)> may_release) {
   Lease released;  // its references drop after the lock
   WriteLock lock(this);
@@ -364,11 +353,6 @@ void Cache::ExpireLeasesLocked(absl::Time now) {
   // Expired leases' references drop here, under the lock; that only frees
   // pool memory and slots (no payload copies).
   leases_.Expire(now);
-}
-
-void Cache::ExpireLeases() {
-  WriteLock lock(this);
-  ExpireLeasesLocked(clock_->Now());
 }
 
 absl::StatusOr<EvictResult> Cache::EvictPrefix(const ModelKey& model,

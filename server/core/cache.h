@@ -157,8 +157,6 @@ class Cache {
   // default); ALREADY_EXISTS when the id is registered with another layout;
   // RESOURCE_EXHAUSTED past max_models or when a block could never fit the tier.
   absl::StatusOr<RegisterResult> RegisterModel(const ModelKey& model, ModelLayout layout);
-  // The registered models and their layouts.
-  std::vector<std::pair<ModelKey, ModelLayout>> ListModels() const;
 
   // The longest cached prefix of `tokens`. Unless `accept_lossy`, it ends
   // before the first block stored lossy (withheld_tokens says how many cached
@@ -166,11 +164,12 @@ class Cache {
   // RESOURCE_EXHAUSTED when a lease would pass max_leases or max_lease_tokens.
   absl::StatusOr<LookupResult> Lookup(const ModelKey& model, std::span<const Token> tokens,
                                       const LeaseRequest& lease = {}, bool accept_lossy = false);
-  // False when the lease is unknown (expired or released already).
-  bool ReleaseLease(uint64_t lease_id);
-  // As above, and false (the lease kept) when `may_release` refuses the
-  // lease's model: a caller may release only its own namespaces' leases.
-  bool ReleaseLease(uint64_t lease_id, absl::FunctionRef<bool(const ModelKey&)> may_release);
+  // False when the lease is unknown (expired or released already), and
+  // false (the lease kept) when `may_release` refuses the lease's model: a
+  // caller may release only its own namespaces' leases.
+  bool ReleaseLease(
+      uint64_t lease_id,
+      absl::FunctionRef<bool(const ModelKey&)> may_release = [](const ModelKey&) { return true; });
 
   // Starts an append of the KV of tokens[start_token:]'s whole blocks.
   // NOT_FOUND: unknown model. INVALID_ARGUMENT: too many tokens, start_token
@@ -184,22 +183,19 @@ class Cache {
                                                              const AppendHints& hints,
                                                              std::vector<uint64_t> block_checksums);
 
-  // The longest cached prefix of `tokens` (which may be empty); unless
-  // `accept_lossy`, it ends before the first block stored lossy. At most
-  // `max_blocks` blocks when not 0 (blocks past it are not read back). Blocks
-  // read back from the lower tier into the heap stop at
+  // The blocks to fetch: the longest cached prefix of query.tokens (which
+  // may be empty), or when query.lease_id is set the blocks of that live
+  // lease of `model` (query.tokens are then not read). Unless
+  // query.accept_lossy, they end before the first block stored lossy. At most
+  // query.max_blocks blocks when not 0 (blocks past it are not read back).
+  // Blocks read back from a level below host memory into the heap stop at
   // options.max_fetch_heap_bytes: the plan may then be shorter than the
   // cached prefix (a caller fetches the rest with a later call).
-  absl::StatusOr<FetchPlan> PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
-                                         bool accept_lossy = false, size_t max_blocks = 0);
-  // The blocks of a live lease of `model` (up to the first lossy one unless
-  // `accept_lossy`). NOT_FOUND when the lease is unknown or expired,
-  // INVALID_ARGUMENT when it belongs to another model.
-  absl::StatusOr<FetchPlan> PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
-                                              bool accept_lossy = false, size_t max_blocks = 0);
+  // NOT_FOUND for an unknown model, or a lease unknown or expired;
+  // INVALID_ARGUMENT for a lease of another model or too many tokens.
+  absl::StatusOr<FetchPlan> PrepareFetch(const ModelKey& model, const FetchQuery& query);
 
-  // PrepareFetch, or PrepareFetchLease when query.lease_id is set, for a
-  // caller that must not wait on the disk (a gRPC reactor): the blocks are
+  // PrepareFetch for a caller that must not wait on the disk (a gRPC reactor): the blocks are
   // matched (and pinned) before this returns, and when some must be read
   // back from the lower tier the reads run on the cache's fetch-read
   // threads (tiers.fetch_read_threads) and `done` runs there once they are
@@ -223,9 +219,6 @@ class Cache {
   // or ABORTED once the id is registered again with another layout).
   absl::StatusOr<UnregisterResult> UnregisterModel(const ModelKey& model);
 
-  // Drops expired leases; the daemon calls it periodically.
-  void ExpireLeases();
-
   // NOT_FOUND for an unknown model.
   absl::StatusOr<ImportancePolicy> GetPolicy(const ModelKey& model) const;
   // Applies the fields set in `update`. INVALID_ARGUMENT (nothing changed)
@@ -246,22 +239,13 @@ class Cache {
                                                uint64_t lease_id, std::span<const float> attention,
                                                uint32_t num_layers);
 
-  // The moves between levels (tier_manager.h): the migrator (Migrate,
-  // NeedsMigration), prefetch (Prefetch, StartPrefetch) and the migration
-  // log (DrainMoves).
+  // The levels and the moves between them (tier_manager.h): the migrator
+  // (Migrate, NeedsMigration), prefetch (Prefetch, StartPrefetch), GPU
+  // placement (PlaceOnDevice), the migration log (DrainMoves) and the
+  // levels themselves (lower_tier, device_tier).
   TierManager& tiers() const { return *tiers_; }
 
-  // The GPU tier (null: none), for its arenas and kind. Placing copies in
-  // it is the TierManager's (tiers().PlaceOnDevice).
-  const std::shared_ptr<DeviceTier>& device_tier() const { return device_; }
-
   CacheStats GetStats() const;
-
-  // Level 0 below host memory (null: none: the cache has one level), the
-  // level whose copies a checkpoint re-attaches.
-  const std::shared_ptr<Tier>& lower_tier() const {
-    return lower_.empty() ? kNoTier : lower_.front();
-  }
 
  private:
   friend class AppendSession;
@@ -400,7 +384,10 @@ class Cache {
     const PrefixIndex* index = nullptr;
     std::vector<TieredBlock> blocks;
   };
-  // The matching halves of PrepareFetch and PrepareFetchLease.
+  // The matching half of PrepareFetch: of the lease when query.lease_id is
+  // set (MatchLeaseFetch), else of the tokens (MatchFetch).
+  absl::StatusOr<MatchedFetch> MatchQuery(const ModelKey& model, const FetchQuery& query)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<MatchedFetch> MatchFetch(const ModelKey& model, std::span<const Token> tokens,
                                           bool accept_lossy, size_t max_blocks)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -542,7 +529,6 @@ class Cache {
   const uint64_t pool_capacity_bytes_;
   const uint64_t eviction_batch_bytes_;  // pool_capacity_bytes_ / kEvictionBatchFraction
   Clock* const clock_;
-  static inline const std::shared_ptr<Tier> kNoTier;
   const std::vector<std::shared_ptr<Tier>> lower_;  // by level; empty: one level
   const std::vector<std::string> lower_names_;      // their kinds, for the move log
   const std::shared_ptr<DeviceTier> device_;        // null: no GPU tier

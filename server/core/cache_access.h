@@ -137,7 +137,8 @@ class CacheAccess {
     CompactorCounters& compactor_counters() const;
 
     // --- What the TierManager may change -----------------------------------
-    // Ends the leases whose time is up.
+    // Ends the leases whose time is up (also the daemon's maintenance loop,
+    // every second: a lease no call meets again still lets go of its pins).
     void ExpireLeases() const;
     // The host policy's coldest block that nothing pins; null when none.
     IndexNode* ColdestHostBlock() const;

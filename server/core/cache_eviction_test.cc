@@ -226,7 +226,7 @@ TEST_F(CapacityTest, AppendFailsWhenEverythingIsLeased) {
 
 TEST_F(CapacityTest, FetchPlansPinTheirBlocks) {
   std::vector<FetchPlan> plans;
-  for (const auto& s : seqs_) plans.push_back(*cache_->PrepareFetch(Big().key, s));
+  for (const auto& s : seqs_) plans.push_back(*cache_->PrepareFetch(Big().key, {.tokens = s}));
   EXPECT_EQ(AppendNew(100, 1), kResourceExhausted);
   for (const auto& s : seqs_) EXPECT_EQ(Matched(Big(), s), 4 * kBt);  // none was dropped
   plans.pop_back();
@@ -243,8 +243,8 @@ TEST_F(CapacityTest, ExpiredLeasesStopPinning) {
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(AppendNew(100, 1), kOk);
   EXPECT_FALSE(cache_->ReleaseLease(leases[1]));
-  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Big().key, leases[2])), kNotFound);
-  cache_->ExpireLeases();
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Big().key, {.lease_id = leases[2]})), kNotFound);
+  CacheAccess::Locked(CacheAccess(cache_.get())).ExpireLeases();
   EXPECT_EQ(cache_->GetStats().active_leases, 0u);
 }
 
@@ -256,7 +256,7 @@ TEST_F(CacheTest, FetchPlansOutliveEviction) {
   for (bool whole_model : {false, true}) {
     ASSERT_TRUE(Append(*cache_, Small(), tokens).ok());
     const uint64_t allocated = Allocated();
-    auto plan = cache_->PrepareFetch(Small().key, tokens);
+    auto plan = cache_->PrepareFetch(Small().key, {.tokens = tokens});
     ASSERT_TRUE(plan.ok());
     auto evicted =
         whole_model ? cache_->EvictModel(Small().key) : cache_->EvictPrefix(Small().key, Seq({1}));
@@ -318,7 +318,7 @@ TEST_F(CacheTest, UnregisterRemovesBlocksLeasesAndTheRegistration) {
   ASSERT_TRUE(Append(*cache_, Mid(), Seq({1, 2})).ok());
   auto leased = cache_->Lookup(Small().key, tokens, {.acquire = true});
   ASSERT_TRUE(leased.ok());
-  auto plan = cache_->PrepareFetch(Small().key, tokens);  // a fetch already streaming
+  auto plan = cache_->PrepareFetch(Small().key, {.tokens = tokens});  // a fetch already streaming
   ASSERT_TRUE(plan.ok());
 
   auto r = cache_->UnregisterModel(Small().key);
@@ -326,7 +326,7 @@ TEST_F(CacheTest, UnregisterRemovesBlocksLeasesAndTheRegistration) {
   EXPECT_THAT(*r, FieldsAre(3u, 3 * 512u, 1u));
   EXPECT_EQ(LayoutOf(Small().key), std::nullopt);
   EXPECT_EQ(CodeOf(cache_->Lookup(Small().key, tokens)), kNotFound);
-  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Small().key, leased->lease_id)), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Small().key, {.lease_id = leased->lease_id})), kNotFound);
   EXPECT_FALSE(cache_->ReleaseLease(leased->lease_id));  // released with the model
   EXPECT_EQ(cache_->GetStats().active_leases, 0u);
   EXPECT_EQ(cache_->GetStats().payload_bytes, 2 * 2048u);  // Mid's blocks only

@@ -1,8 +1,7 @@
 // Cache's fetch planning: the blocks of a prefix (or of a lease) matched and
 // pinned under the lock, then made readable (lower-tier copies read back,
-// promoted where there is room) without it; synchronously (PrepareFetch,
-// PrepareFetchLease) or with the reads on the fetch-read threads
-// (PrepareFetchAsync).
+// promoted where there is room) without it; synchronously (PrepareFetch) or
+// with the reads on the fetch-read threads (PrepareFetchAsync).
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -13,9 +12,17 @@
 
 namespace kvcache {
 
-absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, std::span<const Token> tokens,
-                                              bool accept_lossy, size_t max_blocks) {
-  return PlanFetch(model, tokens, accept_lossy, max_blocks, TierManager::ReadFor::kFetch);
+absl::StatusOr<FetchPlan> Cache::PrepareFetch(const ModelKey& model, const FetchQuery& query) {
+  absl::StatusOr<MatchedFetch> matched = MatchQuery(model, query);
+  if (!matched.ok()) return matched.status();
+  return FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks));
+}
+
+absl::StatusOr<Cache::MatchedFetch> Cache::MatchQuery(const ModelKey& model,
+                                                      const FetchQuery& query) {
+  return query.lease_id != 0
+             ? MatchLeaseFetch(model, query.lease_id, query.accept_lossy, query.max_blocks)
+             : MatchFetch(model, query.tokens, query.accept_lossy, query.max_blocks);
 }
 
 absl::StatusOr<FetchPlan> Cache::PlanFetch(const ModelKey& model, std::span<const Token> tokens,
@@ -103,13 +110,6 @@ FetchPlan Cache::FinishPlan(FetchPlan plan, const PrefixIndex* index,
   return plan;
 }
 
-absl::StatusOr<FetchPlan> Cache::PrepareFetchLease(const ModelKey& model, uint64_t lease_id,
-                                                   bool accept_lossy, size_t max_blocks) {
-  absl::StatusOr<MatchedFetch> matched = MatchLeaseFetch(model, lease_id, accept_lossy, max_blocks);
-  if (!matched.ok()) return matched.status();
-  return FinishPlan(std::move(matched->plan), matched->index, std::move(matched->blocks));
-}
-
 absl::StatusOr<Cache::MatchedFetch> Cache::MatchLeaseFetch(const ModelKey& model, uint64_t lease_id,
                                                            bool accept_lossy, size_t max_blocks) {
   MatchedFetch matched;
@@ -134,10 +134,7 @@ absl::StatusOr<Cache::MatchedFetch> Cache::MatchLeaseFetch(const ModelKey& model
 }
 
 void Cache::PrepareFetchAsync(const ModelKey& model, const FetchQuery& query, FetchDone done) {
-  absl::StatusOr<MatchedFetch> matched =
-      query.lease_id != 0
-          ? MatchLeaseFetch(model, query.lease_id, query.accept_lossy, query.max_blocks)
-          : MatchFetch(model, query.tokens, query.accept_lossy, query.max_blocks);
+  absl::StatusOr<MatchedFetch> matched = MatchQuery(model, query);
   if (!matched.ok()) return std::move(done)(matched.status());
   if (!NeedsLowerReads(matched->blocks)) {
     return std::move(done)(

@@ -39,7 +39,7 @@ class CacheInspectionTest : public CacheTest {
   }
   // Flips one bit of the host copy of block `block` of `tokens`.
   void FlipHostByte(const TestModel& m, const std::vector<Token>& tokens, size_t block) {
-    auto plan = cache_->PrepareFetch(m.key, tokens);
+    auto plan = cache_->PrepareFetch(m.key, {.tokens = tokens});
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_GT(plan->blocks.size(), block);
     FlipBits(*plan->blocks[block], 3, std::byte{0x10});
@@ -222,7 +222,7 @@ class CompressedInspectionTest : public CacheInspectionTest {
 TEST_F(CompressedInspectionTest, VerifyDecodesCompressedBlocks) {
   Compress(CompressionMode::kQuantize);
   EXPECT_TRUE(Verify({}).bad_blocks.empty());
-  auto plan = cache_->PrepareFetch(Model().key, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(Model().key, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   ASSERT_TRUE(plan->blocks[1]->compressed());
   FlipBits(*plan->blocks[1], plan->blocks[1]->size() / 2, std::byte{0x40});
@@ -375,7 +375,7 @@ TEST_F(CacheInspectionTest, SnapshotCountsBlocksLeasesAndReaders) {
   auto lease = cache_->Lookup(Small().key, SequenceOf(1, 2), {.acquire = true});
   ASSERT_TRUE(lease.ok());
   clock_.Advance(absl::Seconds(2));
-  auto plan = cache_->PrepareFetch(Small().key, SequenceOf(2, 2));  // a fetch in flight
+  auto plan = cache_->PrepareFetch(Small().key, {.tokens = SequenceOf(2, 2)});  // a fetch in flight
   ASSERT_TRUE(plan.ok());
 
   const MemorySnapshot s = Inspector().SnapshotMemory();

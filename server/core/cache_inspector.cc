@@ -57,6 +57,13 @@ StoredPrecision FromCodec(importance::TokenPrecision p) {
 
 // --- VerifyBlocks -------------------------------------------------------------
 
+std::vector<std::pair<ModelKey, ModelLayout>> CacheInspector::ListModels() const {
+  std::vector<std::pair<ModelKey, ModelLayout>> out;
+  CacheAccess::Locked locked(access_);
+  locked.ForEachModel([&](const ModelState& m) { out.emplace_back(m.key, m.layout); });
+  return out;
+}
+
 absl::StatusOr<VerifyProgress> CacheInspector::VerifyBlocks(const VerifyOptions& options) const {
   if (!options.prefix.empty() && !options.model.has_value()) {
     return absl::InvalidArgumentError("a prefix to verify needs its model");

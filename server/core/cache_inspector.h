@@ -32,6 +32,8 @@ class CacheInspector {
   // REQUIRES: `cache` outlives the inspector.
   explicit CacheInspector(Cache* cache) : access_(cache) {}
 
+  // The registered models and their layouts, in the registry's order.
+  std::vector<std::pair<ModelKey, ModelLayout>> ListModels() const;
   // Reads back the chosen copies and checks each; NOT_FOUND for an unknown
   // model, INVALID_ARGUMENT for a prefix without a model. Returns the totals
   // with every bad block found. Stops early (the result not done) when

@@ -110,7 +110,7 @@ TEST_F(CacheKeysTest, RestoreRehashesImagesWrittenUnderOtherKeys) {
   restore.EndRestore();
   EXPECT_EQ(target->GetStats().blocks, 7u);
   for (const auto& s : sequences) {
-    auto plan = target->PrepareFetch(m.key, s);
+    auto plan = target->PrepareFetch(m.key, {.tokens = s});
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->matched_tokens, s.size());
     EXPECT_TRUE(PlanHolds(*plan, m, s));

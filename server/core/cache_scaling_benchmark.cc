@@ -156,7 +156,7 @@ void Run(benchmark::State& state, bool shared) {
       continue;
     }
     auto found = cache.Lookup(key, *prompt);
-    auto plan = cache.PrepareFetch(key, *prompt);
+    auto plan = cache.PrepareFetch(key, {.tokens = *prompt});
     if (!found.ok() || !plan.ok() || plan->matched_tokens != kPromptTokens) {
       state.SkipWithError("not a whole hit");
       break;

@@ -94,7 +94,7 @@ void RandomizedCacheTest::Run(bool exact, uint64_t seed, int ops) {
       r.registered = true;
     } else if (!r.registered) {
       EXPECT_EQ(CodeOf(cache_->Lookup(m.key, tokens)), kNotFound);
-      EXPECT_EQ(CodeOf(cache_->PrepareFetch(m.key, tokens)), kNotFound);
+      EXPECT_EQ(CodeOf(cache_->PrepareFetch(m.key, {.tokens = tokens})), kNotFound);
     } else if (kind < 40) {  // append from a random point of the cached prefix
       auto lookup = cache_->Lookup(m.key, tokens);
       ASSERT_TRUE(lookup.ok());
@@ -144,7 +144,7 @@ void RandomizedCacheTest::Run(bool exact, uint64_t seed, int ops) {
                           lookup->lease_expires});
       }
     } else if (kind < 75) {  // fetch and verify
-      auto plan = cache_->PrepareFetch(m.key, tokens);
+      auto plan = cache_->PrepareFetch(m.key, {.tokens = tokens});
       ASSERT_TRUE(plan.ok());
       expect_at_most(plan->matched_tokens, r.Match(ids, now) * kBt);
       EXPECT_TRUE(PlanHolds(*plan, m, tokens));
@@ -156,7 +156,7 @@ void RandomizedCacheTest::Run(bool exact, uint64_t seed, int ops) {
         l.released = true;
         continue;
       }
-      auto plan = cache_->PrepareFetchLease(models[l.model].key, l.id);
+      auto plan = cache_->PrepareFetch(models[l.model].key, {.lease_id = l.id});
       EXPECT_EQ(plan.ok(), live) << plan.status();
       if (!plan.ok()) continue;
       EXPECT_EQ(plan->matched_tokens, l.ids.size() * kBt);
@@ -177,7 +177,7 @@ void RandomizedCacheTest::Run(bool exact, uint64_t seed, int ops) {
     } else if (!exact && op % 10 == 0) {  // capacity eviction never takes a leased block
       for (const RefLease& l : leases) {
         if (l.released || l.broken || clock_.Now() >= l.expires) continue;
-        auto plan = cache_->PrepareFetch(models[l.model].key, l.tokens);
+        auto plan = cache_->PrepareFetch(models[l.model].key, {.tokens = l.tokens});
         ASSERT_TRUE(plan.ok());
         EXPECT_GE(plan->matched_tokens, l.ids.size() * kBt) << "lease " << l.id;
         EXPECT_TRUE(PlanHolds(*plan, models[l.model], l.tokens));
@@ -231,12 +231,12 @@ TEST_F(CacheTest, ConcurrentClientsOnlyEverSeeCorrectBytes) {
         auto lookup = cache_->Lookup(m.key, tokens, {.acquire = true});
         if (!lookup.ok()) return fail(lookup.status().ToString());
         if (lookup->lease_id == 0) continue;
-        auto plan = cache_->PrepareFetchLease(m.key, lookup->lease_id);
+        auto plan = cache_->PrepareFetch(m.key, {.lease_id = lookup->lease_id});
         if (!plan.ok() || plan->matched_tokens != lookup->matched_tokens) fail("lease fetch");
         if (plan.ok() && !PlanHolds(*plan, m, tokens)) fail("lease bytes");
         if (!cache_->ReleaseLease(lookup->lease_id)) fail("release");
       } else if (kind < 95) {
-        auto plan = cache_->PrepareFetch(m.key, tokens);
+        auto plan = cache_->PrepareFetch(m.key, {.tokens = tokens});
         if (!plan.ok()) return fail(plan.status().ToString());
         if (auto held = PlanHolds(*plan, m, tokens); !held) fail(held.message());
         fetched += plan->blocks.size();
@@ -296,7 +296,7 @@ TEST_F(CacheTest, ConcurrentHitsCountEveryUseOnce) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kHits; ++i) {
         auto found = cache_->Lookup(m.key, seqs[t]);
-        auto plan = cache_->PrepareFetch(m.key, seqs[t]);
+        auto plan = cache_->PrepareFetch(m.key, {.tokens = seqs[t]});
         if (!found.ok() || found->matched_tokens != seqs[t].size() || !plan.ok() ||
             !PlanHolds(*plan, m, seqs[t])) {
           ++failures;
@@ -358,7 +358,7 @@ TEST_F(CacheTest, ConcurrentAppendsStoreEachBlockOnceAndCountEveryBlock) {
   EXPECT_EQ(stats.models[0].deduplicated_blocks, deduplicated.load());
   EXPECT_EQ(stats.conflicting_appends, 0u);
   for (const auto& seq : prompts) {
-    auto plan = cache_->PrepareFetch(m.key, seq);
+    auto plan = cache_->PrepareFetch(m.key, {.tokens = seq});
     ASSERT_TRUE(plan.ok());
     EXPECT_TRUE(PlanHolds(*plan, m, seq));
     EXPECT_EQ(plan->matched_tokens, seq.size());
@@ -405,7 +405,7 @@ TEST_F(CacheTest, AppendsOfManyModelsStoreSideBySideAndCountEveryByte) {
           }
           const int other = (t + 1) % kModels;
           const std::vector<Token> seq = turn(other, i);
-          auto plan = cache_->PrepareFetch(models[other].key, seq);
+          auto plan = cache_->PrepareFetch(models[other].key, {.tokens = seq});
           if (!plan.ok() || !PlanHolds(*plan, models[other], seq)) ++failures;
         }
       });

@@ -25,7 +25,7 @@ TEST_F(CacheTest, RegisterIsIdempotentForTheSameLayout) {
   auto tenant = cache_->RegisterModel({"tenant-b", "small"}, Layout(16, DType::kFp16));
   ASSERT_TRUE(tenant.ok());
   EXPECT_TRUE(tenant->created);
-  EXPECT_EQ(cache_->ListModels().size(), 2u);
+  EXPECT_EQ(CacheInspector(cache_.get()).ListModels().size(), 2u);
   EXPECT_EQ(LayoutOf(Small().key), Small().layout);
   EXPECT_EQ(LayoutOf(kUnregistered), std::nullopt);
 }
@@ -62,7 +62,7 @@ TEST_F(CacheTest, RegisterNamesTheBadField) {
   bad_dtype.dtype = static_cast<DType>(0);
   const absl::Status dtype_status = cache_->RegisterModel(Small().key, bad_dtype).status();
   EXPECT_THAT(dtype_status.message(), HasSubstr("dtype"));
-  EXPECT_TRUE(cache_->ListModels().empty());
+  EXPECT_TRUE(CacheInspector(cache_.get()).ListModels().empty());
 }
 
 TEST_F(CacheTest, RegisterDefaultsBlockTokensAndChecksCapacity) {
@@ -265,13 +265,13 @@ TEST_F(CacheTest, LeasesPinExactlyTheMatchedBlocks) {
   ASSERT_NE(r->lease_id, 0u);
   EXPECT_EQ(r->lease_expires, clock_.Now() + CacheOptions{}.default_lease_ttl);
   EXPECT_EQ(cache_->GetStats().active_leases, 1u);
-  auto plan = cache_->PrepareFetchLease(Small().key, r->lease_id);
+  auto plan = cache_->PrepareFetch(Small().key, {.lease_id = r->lease_id});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 2 * kBt);
   EXPECT_TRUE(PlanHolds(*plan, Small(), tokens));
-  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Mid().key, r->lease_id)), kInvalidArgument);
-  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Small().key, r->lease_id + 1)), kNotFound);
-  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(kUnregistered, r->lease_id)), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Mid().key, {.lease_id = r->lease_id})), kInvalidArgument);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Small().key, {.lease_id = r->lease_id + 1})), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(kUnregistered, {.lease_id = r->lease_id})), kNotFound);
 
   const absl::Duration max_ttl = CacheOptions{}.max_lease_ttl;
   for (absl::Duration bad : {max_ttl + absl::Milliseconds(1), absl::Seconds(-1)}) {
@@ -283,7 +283,7 @@ TEST_F(CacheTest, LeasesPinExactlyTheMatchedBlocks) {
   EXPECT_EQ(longest->lease_expires, clock_.Now() + max_ttl);
   EXPECT_TRUE(cache_->ReleaseLease(r->lease_id));
   EXPECT_FALSE(cache_->ReleaseLease(r->lease_id));
-  EXPECT_EQ(CodeOf(cache_->PrepareFetchLease(Small().key, r->lease_id)), kNotFound);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Small().key, {.lease_id = r->lease_id})), kNotFound);
   EXPECT_EQ(cache_->GetStats().active_leases, 1u);
 }
 
@@ -323,7 +323,7 @@ TEST_F(CacheTest, MaxTokensPerRequest) {
   const std::vector<Token> too_many = Seq({1, 2, 3, 4}, 1);
   EXPECT_TRUE(Append(*cache_, Small(), ok).ok());
   EXPECT_EQ(CodeOf(cache_->Lookup(Small().key, too_many)), kInvalidArgument);
-  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Small().key, too_many)), kInvalidArgument);
+  EXPECT_EQ(CodeOf(cache_->PrepareFetch(Small().key, {.tokens = too_many})), kInvalidArgument);
   EXPECT_EQ(CodeOf(cache_->BeginAppend(Small().key, too_many, 0, {}, {})), kInvalidArgument);
   EXPECT_EQ(CodeOf(cache_->EvictPrefix(Small().key, Seq({1, 2, 3, 4, 5}))), kInvalidArgument);
   EXPECT_EQ(Matched(Small(), ok), 4 * kBt);

@@ -21,6 +21,7 @@
 #include "server/common/splitmix64.h"
 #include "server/common/status_macros.h"
 #include "server/core/cache.h"
+#include "server/core/cache_inspector.h"
 
 namespace kvcache {
 namespace cache_test {
@@ -205,7 +206,7 @@ class CacheTest : public ::testing::Test {
 
   // Fetches the cached prefix of `tokens`, checks every byte, returns its length.
   uint64_t Fetched(const TestModel& m, std::span<const Token> tokens) {
-    auto plan = cache_->PrepareFetch(m.key, tokens);
+    auto plan = cache_->PrepareFetch(m.key, {.tokens = tokens});
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return 0;
     EXPECT_TRUE(PlanHolds(*plan, m, tokens));
@@ -216,7 +217,7 @@ class CacheTest : public ::testing::Test {
 
   // The layout `model` is registered with, if it is.
   std::optional<ModelLayout> LayoutOf(const ModelKey& model) const {
-    for (const auto& [key, layout] : cache_->ListModels()) {
+    for (const auto& [key, layout] : CacheInspector(cache_.get()).ListModels()) {
       if (key == model) return layout;
     }
     return std::nullopt;

@@ -55,7 +55,7 @@ class CheckpointSource {
   // image.parent_lookup_hash (an image with neither copy only reports
   // whether the block is cached). REQUIRES: image.host, when set, holds
   // image.seal.size bytes whose checksum the caller verified; image.lower,
-  // when set, came from the cache's level 0 (Cache::lower_tier()). Nothing
+  // when set, came from the cache's level 0 (TierManager::lower_tier()). Nothing
   // changes unless the outcome is kRestored (or kPresent, see below).
   //
   // The block's lookup hash and chain key are computed again from its tokens

@@ -44,7 +44,7 @@ class BudgetModeTest : public ::testing::Test {
   }
   ModelStats Stats() const { return cache_->GetStats().models.at(0); }
   std::vector<PinnedBlock> Stored() {
-    auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+    auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
     EXPECT_TRUE(plan.ok());
     return plan.ok() ? plan->blocks : std::vector<PinnedBlock>{};
   }

@@ -64,7 +64,7 @@ class ImportanceTest : public ::testing::Test {
   // The decoded fetch of the whole sequence (lossy blocks accepted), as
   // floats, and each block's encoding.
   std::vector<float> FetchFloats(std::vector<FetchBlock>* blocks = nullptr) {
-    auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+    auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
     EXPECT_TRUE(plan.ok());
     std::vector<float> out;
     for (const PinnedBlock& stored : plan->blocks) {
@@ -169,7 +169,7 @@ TEST_F(ImportanceTest, CompressedFetchCarriesTheStoredFormat) {
   SetMode(CompressionMode::kQuantize);
   clock_.Advance(absl::Seconds(61));
   ASSERT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   absl::StatusOr<FetchBlock> b = MaterializeForFetch(plan->blocks[1], true);
   ASSERT_TRUE(b.ok());
@@ -221,7 +221,7 @@ TEST_F(ImportanceTest, BlocksBeingFetchedAreLeftAlone) {
   SetMode(CompressionMode::kQuantize);
   clock_.Advance(absl::Seconds(61));
   {
-    auto plan = cache_->PrepareFetch(kModel, tokens_);  // holds every block
+    auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_});  // holds every block
     ASSERT_TRUE(plan.ok());
     clock_.Advance(absl::Seconds(61));
     EXPECT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, 0u);
@@ -251,7 +251,7 @@ TEST_F(ImportanceTest, PruneKeepsTheSmallestSetCoveringTheTargetMass) {
 
   const ImportancePolicy policy = *cache_->GetPolicy(kModel);
   const double fade = std::exp2(-61.0 / options_.importance.activity_half_life_seconds);
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   for (uint32_t b = 0; b + 1 < kBlocks; ++b) {
     // This block's inputs, as the cache saw them.
@@ -325,7 +325,7 @@ TEST_F(ImportanceTest, PruneDropsRedundantRunsFirst) {
   AppendAll();
   clock_.Advance(absl::Seconds(61));
   ASSERT_EQ(Compactor(cache_.get()).Compact().compressed_blocks, kBlocks - 1);
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   for (uint32_t b = 1; b + 1 < kBlocks; ++b) {  // block 0 holds the sinks
     auto sent = MaterializeForFetch(plan->blocks[b], false);
@@ -503,7 +503,7 @@ TEST_F(ImportanceTest, ConcurrentCompactionNeverServesWrongKv) {
       std::vector<float> attention(tokens.size());
       for (float& a : attention) a = static_cast<float>(rng() % 100) / 100;
       (void)cache_->ReportAttention(kModel, tokens, 0, attention, 1);
-      auto plan = cache_->PrepareFetch(kModel, tokens, /*accept_lossy=*/true);
+      auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens, .accept_lossy = true});
       if (!plan.ok()) {
         ++failures;
         continue;

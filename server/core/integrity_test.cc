@@ -14,6 +14,7 @@
 #include "server/common/status_macros.h"
 #include "server/core/block_test_util.h"
 #include "server/core/cache.h"
+#include "server/core/cache_access.h"
 #include "server/core/compactor.h"
 #include "server/core/fetch_block.h"
 #include "server/core/importance_test_util.h"
@@ -110,7 +111,7 @@ TEST_F(IntegrityTest, LossyBlocksReachOnlyReadersThatAcceptThem) {
   ASSERT_TRUE(lookup.ok());
   EXPECT_EQ(lookup->matched_tokens, 0u);
   EXPECT_EQ(lookup->withheld_tokens, kBlocks * kBt);
-  auto plan = cache_->PrepareFetch(kModel, tokens_);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_});
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->blocks.empty());
   EXPECT_EQ(plan->withheld_tokens, kBlocks * kBt);
@@ -124,7 +125,7 @@ TEST_F(IntegrityTest, LossyBlocksReachOnlyReadersThatAcceptThem) {
   ASSERT_TRUE(lossy.ok());
   EXPECT_EQ(lossy->matched_tokens, kBlocks * kBt);
   EXPECT_EQ(lossy->withheld_tokens, 0u);
-  auto all = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto all = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->blocks.size(), kBlocks);
   for (uint32_t b = 0; b < kBlocks; ++b) {
@@ -152,7 +153,7 @@ TEST_F(IntegrityTest, SwitchingOffDuringACompactionPassCompressesNothing) {
   EXPECT_EQ(r.compressed_blocks, 0u);
   EXPECT_EQ(Stats().compressed_blocks, 0u);
   EXPECT_EQ(Stats().policy.mode, CompressionMode::kOff);
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->blocks.size(), kBlocks);
   EXPECT_TRUE(Exact(*plan, kv_));
@@ -161,7 +162,7 @@ TEST_F(IntegrityTest, SwitchingOffDuringACompactionPassCompressesNothing) {
 TEST_F(IntegrityTest, SwitchingOffRevokesLossyBlocksOfFetchesAndLeases) {
   AppendAll();
   CompressAll();
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   auto lease = cache_->Lookup(kModel, tokens_, {.acquire = true}, /*accept_lossy=*/true);
   ASSERT_TRUE(lease.ok());
@@ -171,13 +172,13 @@ TEST_F(IntegrityTest, SwitchingOffRevokesLossyBlocksOfFetchesAndLeases) {
   // The fetch in flight may no longer send its lossy blocks...
   EXPECT_FALSE(plan->MaySendLossy());
   // ...and the lease now ends before its first lossy block (block 0).
-  auto by_lease = cache_->PrepareFetchLease(kModel, lease->lease_id, /*accept_lossy=*/true);
+  auto by_lease = cache_->PrepareFetch(kModel, {.lease_id = lease->lease_id, .accept_lossy = true});
   ASSERT_TRUE(by_lease.ok());
   EXPECT_EQ(by_lease->matched_tokens, 0u);
   EXPECT_TRUE(by_lease->blocks.empty());
   // A plan made after the switch is lossless and stays sendable.
   AppendAll();
-  auto after = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto after = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(after->MaySendLossy());
   EXPECT_TRUE(Exact(*after, kv_));
@@ -188,7 +189,7 @@ TEST_F(IntegrityTest, SwitchingOffRevokesLossyBlocksOfFetchesAndLeases) {
 TEST_F(IntegrityTest, CorruptRawBlockIsDroppedNotCompressed) {
   AppendAll();
   {
-    auto plan = cache_->PrepareFetch(kModel, tokens_);
+    auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_});
     ASSERT_TRUE(plan.ok());
     FlipBits(*plan->blocks[1], 100, std::byte{0x01});  // a bit flips in memory
   }
@@ -198,7 +199,7 @@ TEST_F(IntegrityTest, CorruptRawBlockIsDroppedNotCompressed) {
   EXPECT_EQ(r.corrupt_blocks, 1u);
   EXPECT_EQ(Stats().corrupt_blocks, 1u);
   // Block 1 (and what hangs below it) is gone; block 0 is intact (compressed).
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, kBt);
 }
@@ -206,7 +207,7 @@ TEST_F(IntegrityTest, CorruptRawBlockIsDroppedNotCompressed) {
 TEST_F(IntegrityTest, CorruptCompressedBlockIsDataLossWhenDecoded) {
   AppendAll();
   CompressAll();
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   PinnedBlock stored = plan->blocks[1];
   ASSERT_TRUE(stored->compressed());
@@ -226,7 +227,7 @@ TEST_F(IntegrityTest, CorruptCompressedBlockIsDataLossWhenDecoded) {
 TEST_F(IntegrityTest, DecodingIntoTheWorkersMemoryWritesWhatTheHeapDecodeSends) {
   AppendAll();
   CompressAll();
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   const uint64_t block_bytes = TestLayout().BlockBytes();
   for (uint32_t b = 0; b + 1 < kBlocks; ++b) {
@@ -263,7 +264,7 @@ TEST_F(IntegrityTest, CompressedBlocksKeepTheirRawChecksum) {
     raw.push_back(Checksum(Bytes(kv_).subspan(b * kBlockFloats * 4, kBlockFloats * 4)));
   }
   CompressAll();
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   for (uint32_t b = 0; b < kBlocks; ++b) EXPECT_EQ(plan->blocks[b]->raw_checksum(), raw[b]);
 }
@@ -284,7 +285,7 @@ TEST_F(IntegrityTest, ConflictingAppendIsReportedAndTheCachedCopyKept) {
   EXPECT_EQ(r->deduplicated_blocks, kBlocks);
   EXPECT_EQ(Stats().conflicting_blocks, kBlocks);
   EXPECT_EQ(cache_->GetStats().conflicting_appends, 1u);
-  auto plan = cache_->PrepareFetch(kModel, tokens_);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_});
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(Exact(*plan, kv_));  // what readers were served before
   // The same bytes again are no conflict.
@@ -309,7 +310,7 @@ TEST_F(IntegrityTest, ReappendingTheExactBytesRestoresLossyBlocks) {
   EXPECT_EQ(s.restored_blocks, kBlocks - 1);
   EXPECT_GT(s.bytes, compressed_bytes);
   EXPECT_EQ(s.bytes, kBlocks * TestLayout().BlockBytes());
-  auto plan = cache_->PrepareFetch(kModel, tokens_);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->blocks.size(), kBlocks);
   EXPECT_TRUE(Exact(*plan, kv_));
@@ -340,7 +341,7 @@ TEST_F(IntegrityTest, ProtectingALossyBlockNeedsItsBytes) {
   auto with_bytes = Append(longer, longer_kv, 0, hints);
   ASSERT_TRUE(with_bytes.ok()) << with_bytes.status();
   EXPECT_EQ(with_bytes->restored_blocks, kBlocks - 1);
-  auto plan = cache_->PrepareFetch(kModel, longer);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = longer});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->blocks.size(), kBlocks + 1);
   EXPECT_TRUE(Exact(*plan, longer_kv));
@@ -381,7 +382,7 @@ TEST_F(IntegrityTest, NonFiniteKeysStayExactAndSpoilNothingElse) {
   kv_[nan_at] = std::numeric_limits<float>::quiet_NaN();
   AppendAll();
   CompressAll();
-  auto plan = cache_->PrepareFetch(kModel, tokens_, /*accept_lossy=*/true);
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = tokens_, .accept_lossy = true});
   ASSERT_TRUE(plan.ok());
   for (uint32_t b = 1; b <= 2; ++b) {
     absl::StatusOr<FetchBlock> sent = MaterializeForFetch(plan->blocks[b], false);
@@ -468,7 +469,7 @@ TEST_F(IntegrityTest, LeasesAreCappedInNumberAndTokens) {
   EXPECT_THAT(over.status().message(), HasSubstr("max_lease_tokens"));
   // Expired leases give their tokens back.
   clock_.Advance(absl::Minutes(5));
-  cache_->ExpireLeases();
+  CacheAccess::Locked(CacheAccess(cache_.get())).ExpireLeases();
   EXPECT_EQ(cache_->GetStats().lease_tokens, 0u);
   EXPECT_TRUE(cache_->Lookup(kModel, tokens_, {.acquire = true}).ok());
 }

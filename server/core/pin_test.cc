@@ -58,7 +58,7 @@ TEST_F(CacheTest, LeasesAndFetchesPinTheirBlocksUnderTheirReasons) {
   const std::vector<Token> tokens = Seq({1, 2});
   ASSERT_TRUE(Append(*cache_, Small(), tokens).ok());
 
-  auto plan = cache_->PrepareFetch(Small().key, tokens);
+  auto plan = cache_->PrepareFetch(Small().key, {.tokens = tokens});
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(plan->blocks.size(), 2u);
   const BlockRef first = plan->blocks[0].ref();  // unpinned: for the checks only
@@ -71,7 +71,7 @@ TEST_F(CacheTest, LeasesAndFetchesPinTheirBlocksUnderTheirReasons) {
   EXPECT_EQ(first->pins().total(), 2u);
 
   // A fetch under the lease pins for the fetch, not for another lease.
-  auto under_lease = cache_->PrepareFetchLease(Small().key, leased->lease_id);
+  auto under_lease = cache_->PrepareFetch(Small().key, {.lease_id = leased->lease_id});
   ASSERT_TRUE(under_lease.ok());
   EXPECT_EQ(first->pins().of(PinReason::kFetch), 2u);
   EXPECT_EQ(first->pins().of(PinReason::kLease), 1u);

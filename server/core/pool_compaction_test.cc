@@ -49,7 +49,7 @@ class PoolCompactionTest : public CacheTest {
 TEST_F(PoolCompactionTest, MovesBlocksWhileAFetchHoldsTheOldPayload) {
   const Ids kept = FillTwoSparseSpans();
   // A fetch in flight holds block 0 (in A, the span to drain).
-  absl::StatusOr<FetchPlan> in_flight = cache_->PrepareFetch(Small().key, Seq({0}));
+  absl::StatusOr<FetchPlan> in_flight = cache_->PrepareFetch(Small().key, {.tokens = Seq({0})});
   ASSERT_TRUE(in_flight.ok());
   ASSERT_EQ(in_flight->blocks.size(), 1u);
   const BlockPayload* old = in_flight->blocks[0].get();
@@ -66,7 +66,7 @@ TEST_F(PoolCompactionTest, MovesBlocksWhileAFetchHoldsTheOldPayload) {
   // which keeps span A reserved until the reader lets go.
   EXPECT_TRUE(PlanHolds(*in_flight, Small(), Seq({0})));
   EXPECT_EQ(cache_->GetStats().host_pool.reserved_bytes, 2 * kSlab);
-  auto again = cache_->PrepareFetch(Small().key, Seq({0}));
+  auto again = cache_->PrepareFetch(Small().key, {.tokens = Seq({0})});
   ASSERT_TRUE(again.ok());
   EXPECT_NE(again->blocks[0].get(), old);  // the index holds the copy
   EXPECT_TRUE(PlanHolds(*again, Small(), Seq({0})));
@@ -117,7 +117,7 @@ TEST_F(PoolCompactionTest, ABlockChangedDuringTheCopyIsNotSwapped) {
 
 TEST_F(PoolCompactionTest, ABlockThatFailsItsChecksumIsDroppedNotMoved) {
   FillTwoSparseSpans();
-  auto plan = cache_->PrepareFetch(Small().key, Seq({12}));
+  auto plan = cache_->PrepareFetch(Small().key, {.tokens = Seq({12})});
   ASSERT_TRUE(plan.ok());
   const BlockPayload* stored = plan->blocks[0].get();
   // Memory corruption in pool memory: the stored bytes no longer match.
@@ -165,7 +165,7 @@ TEST_F(PoolCompactionTest, ConcurrentWithAppendsFetchesAndEvictions) {
           fail(r.status().ToString());
         }
       } else if (kind < 8) {
-        auto plan = cache_->PrepareFetch(m.key, tokens);
+        auto plan = cache_->PrepareFetch(m.key, {.tokens = tokens});
         if (!plan.ok()) return fail(plan.status().ToString());
         if (auto held = PlanHolds(*plan, m, tokens); !held) fail(held.message());
         fetched += plan->blocks.size();
@@ -196,7 +196,7 @@ TEST_F(PoolCompactionTest, ConcurrentWithAppendsFetchesAndEvictions) {
   EXPECT_LE(stats.host_pool.reserved_bytes, stats.host_pool.capacity_bytes);
   for (const TestModel& m : models) {
     for (uint32_t id = 0; id < 64; ++id) {
-      auto plan = cache_->PrepareFetch(m.key, Seq({id}));
+      auto plan = cache_->PrepareFetch(m.key, {.tokens = Seq({id})});
       ASSERT_TRUE(plan.ok());
       EXPECT_TRUE(PlanHolds(*plan, m, Seq({id})));
     }

@@ -138,7 +138,7 @@ TEST_P(TierLevelsTest, ACorruptFarCopyIsDroppedNeverServed) {
   AppendSequences(0, 24);
   const std::vector<Token> tokens = SequenceOf(0);
   ASSERT_EQ(far_->Corrupt(PrefixKey(tokens, 2), 100), 1);
-  auto plan = cache_->PrepareFetch(Big().key, tokens);
+  auto plan = cache_->PrepareFetch(Big().key, {.tokens = tokens});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 2 * kBt);  // ends before the corrupt block
   EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));

@@ -245,6 +245,10 @@ bool TierManager::HostNeedsMigration() const {
          options_.host_high_watermark * capacity;
 }
 
+Tier* TierManager::lower_tier() const {
+  return access_.lower_levels() == 0 ? nullptr : &access_.lower_tier(0);
+}
+
 MigrationResult TierManager::Migrate() {
   MigrationResult result;
   if (DeviceNeedsMigration()) result.device_drops = MigrateDevice();

@@ -64,6 +64,12 @@ class TierManager {
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
 
+  // Level 0 below host memory (null: the cache has one level), the level
+  // whose copies a checkpoint re-attaches.
+  Tier* lower_tier() const;
+  // The GPU tier above host memory (null: none), for its arenas and kind.
+  DeviceTier* device_tier() const { return access_.device_tier(); }
+
   // One pass of the migrator: each lower level with a level below it that
   // is past lower_high_watermark demotes its coldest blocks to the next one
   // until it is below lower_low_watermark (deepest first, so each makes room

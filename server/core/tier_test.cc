@@ -112,7 +112,8 @@ TEST_P(TierTest, AFetchHoldsAtMostMaxFetchHeapBytesOfReadBackBlocks) {
   EXPECT_EQ(Tiers().lower[0].reads - reads_before, 2u);
   EXPECT_EQ(Tiers().heap_bounded_fetches, 1u);
   // max_blocks cuts the plan before anything is read back.
-  auto one = cache_->PrepareFetch(Big().key, tokens, false, /*max_blocks=*/1);
+  auto one =
+      cache_->PrepareFetch(Big().key, {.tokens = tokens, .accept_lossy = false, .max_blocks = 1});
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->matched_tokens, kBt);
   EXPECT_TRUE(PlanHolds(*one, Big(), tokens));
@@ -355,7 +356,7 @@ TEST_P(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
   ASSERT_TRUE(leased.ok());
   ASSERT_EQ(leased->blocks[2].tier, BlockTier::kLower);
   ASSERT_EQ(lower_->Corrupt(PrefixKey(tokens, 2), 100), 1);
-  auto plan = cache_->PrepareFetch(Big().key, tokens);
+  auto plan = cache_->PrepareFetch(Big().key, {.tokens = tokens});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 2 * kBt);  // ends before the corrupt block
   EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));
@@ -364,7 +365,7 @@ TEST_P(TierTest, ACorruptLowerCopyIsDroppedNeverServed) {
   // The block (and the one below it) left the cache.
   EXPECT_EQ(Matched(Big(), tokens), 2 * kBt);
   // The lease's copy is the same corrupt one: its fetch stops there too.
-  auto lease_plan = cache_->PrepareFetchLease(Big().key, leased->lease_id);
+  auto lease_plan = cache_->PrepareFetch(Big().key, {.lease_id = leased->lease_id});
   ASSERT_TRUE(lease_plan.ok());
   EXPECT_EQ(lease_plan->matched_tokens, 2 * kBt);
   EXPECT_TRUE(PlanHolds(*lease_plan, Big(), tokens));
@@ -433,7 +434,7 @@ TEST_P(TierTest, ALeaseKeepsALowerBlockReadableAfterItLeaves) {
   ASSERT_TRUE(leased.ok());
   ASSERT_TRUE(cache_->EvictPrefix(Big().key, std::span(tokens).first(kBt)).ok());
   EXPECT_EQ(Matched(Big(), tokens), 0u);
-  auto plan = cache_->PrepareFetchLease(Big().key, leased->lease_id);
+  auto plan = cache_->PrepareFetch(Big().key, {.lease_id = leased->lease_id});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 4 * kBt);
   EXPECT_TRUE(PlanHolds(*plan, Big(), tokens));
@@ -479,7 +480,7 @@ TEST_P(TierTest, ConstantMigrationUnderConcurrencyServesOnlyExactBytes) {
             ++bad;
           }
         } else {
-          auto plan = cache_->PrepareFetch(Big().key, tokens);
+          auto plan = cache_->PrepareFetch(Big().key, {.tokens = tokens});
           if (!plan.ok() || !PlanHolds(*plan, Big(), tokens)) ++bad;
           if (plan.ok()) fetched_blocks += plan->blocks.size();
         }

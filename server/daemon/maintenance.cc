@@ -5,6 +5,7 @@
 #include <string>
 
 #include "server/config/calibration_file.h"
+#include "server/core/cache_access.h"
 #include "server/core/compactor.h"
 #include "server/logging/logging.h"
 
@@ -70,7 +71,7 @@ void RunMaintenance(Cache& cache, const v1::ImportanceConfig& config,
   while (!stopping.load()) {
     const absl::Time now = absl::Now();
     if (now >= next_expiry) {
-      cache.ExpireLeases();
+      CacheAccess::Locked(CacheAccess(&cache)).ExpireLeases();
       next_expiry = now + absl::Seconds(1);
     }
     if (now >= next_compaction) {

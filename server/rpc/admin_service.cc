@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
+#include "server/core/cache_inspector.h"
 #include "server/frontdoor/call_log.h"
 #include "server/frontdoor/call_scope.h"
 #include "server/frontdoor/proto_convert.h"
@@ -178,7 +179,7 @@ grpc::ServerUnaryReactor* AdminService::ListModels(grpc::CallbackServerContext* 
       return FinishWith(ctx, "ListModels", start, ns.status());
     }
   }
-  for (const auto& [key, layout] : cache_->ListModels()) {
+  for (const auto& [key, layout] : CacheInspector(cache_).ListModels()) {
     if (!request->namespace_().empty() && request->namespace_() != key.ns) continue;
     if (!caller->MaySee(key.ns)) continue;
     v1::ModelInfo* info = response->add_models();

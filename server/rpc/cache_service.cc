@@ -90,7 +90,7 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
   const ModelRef model{request->namespace_(), request->model_id()};
-  if (request->prefetch() == v1::PREFETCH_WAIT && cache_->lower_tier() != nullptr) {
+  if (request->prefetch() == v1::PREFETCH_WAIT && cache_->tiers().lower_tier() != nullptr) {
     const v1::LookupRequest* const lookups[] = {request};
     return AnswerAfterPrefetches(
         ctx, "Lookup", start, model, lookups, [this, request, response](const Caller& caller) {
@@ -110,7 +110,8 @@ grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext*
   const bool waits =
       std::any_of(request->lookups().begin(), request->lookups().end(),
                   [](const v1::LookupRequest& l) { return l.prefetch() == v1::PREFETCH_WAIT; });
-  if (waits && cache_->lower_tier() != nullptr && request->lookups_size() <= kMaxBatchLookups) {
+  if (waits && cache_->tiers().lower_tier() != nullptr &&
+      request->lookups_size() <= kMaxBatchLookups) {
     std::vector<const v1::LookupRequest*> lookups;
     lookups.reserve(request->lookups_size());
     for (const v1::LookupRequest& l : request->lookups()) lookups.push_back(&l);
@@ -194,7 +195,7 @@ grpc::ServerUnaryReactor* CacheService::GetDeviceArenas(grpc::CallbackServerCont
   const absl::Time start = absl::Now();
   absl::StatusOr<Caller> caller = AdmitCall(options_.access, *ctx, "GetDeviceArenas");
   if (!caller.ok()) return FinishUnary(ctx, "GetDeviceArenas", start, caller.status());
-  if (const std::shared_ptr<DeviceTier>& device = cache_->device_tier(); device != nullptr) {
+  if (DeviceTier* device = cache_->tiers().device_tier(); device != nullptr) {
     response->set_device_kind(std::string(device->device_kind()));
     for (const DeviceArena& a : device->Arenas()) {
       v1::DeviceArena* out = response->add_arenas();

@@ -295,17 +295,14 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
   if (!destination.ok()) return destination.status();
   auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
-  absl::StatusOr<FetchPlan> plan;
-  if (request.lease_id() != 0) {
-    if (!request.tokens().empty()) {
-      return absl::InvalidArgumentError("set either tokens or lease_id, not both");
-    }
-    plan = cache_->PrepareFetchLease(*key, request.lease_id(), request.accept_lossy(),
-                                     request.max_blocks());
-  } else {
-    plan = cache_->PrepareFetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
-                                request.max_blocks());
+  if (request.lease_id() != 0 && !request.tokens().empty()) {
+    return absl::InvalidArgumentError("set either tokens or lease_id, not both");
   }
+  absl::StatusOr<FetchPlan> plan =
+      cache_->PrepareFetch(*key, {.tokens = TokensOf(request.tokens()),
+                                  .lease_id = request.lease_id(),
+                                  .accept_lossy = request.accept_lossy(),
+                                  .max_blocks = request.max_blocks()});
   if (!plan.ok()) return plan.status();
   const uint64_t block_bytes = plan->layout.BlockBytes();
   const uint64_t block_tokens = plan->layout.block_tokens;

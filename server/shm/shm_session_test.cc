@@ -134,7 +134,7 @@ TEST_F(ShmSessionTest, AppendFromAndFetchIntoRoundTripByteExact) {
   v1::ShmResponse appended = AppendFrom(*session_, tokens, id, 4096, 5 * kBlock);
   ASSERT_EQ(appended.code(), 0) << appended.message();
   EXPECT_EQ(appended.append_from().stored_blocks(), 5u);
-  EXPECT_TRUE(PlanHolds(*cache_->PrepareFetch(Mid().key, tokens), Mid(), tokens));
+  EXPECT_TRUE(PlanHolds(*cache_->PrepareFetch(Mid().key, {.tokens = tokens}), Mid(), tokens));
 
   std::memset(region.data() + 65536, 0, 5 * kBlock);
   v1::ShmResponse fetched = FetchInto(*session_, tokens, id, 65536, 8 * kBlock);

@@ -148,7 +148,7 @@ TEST_F(DeviceCacheTest, PlacesTheCachedPrefixAndAWorkerReadsItsSlots) {
   EXPECT_EQ(s.device_store.live_copies, 4u);
   EXPECT_EQ(s.device_store.kind, "gpu");
   // The lease works as a Lookup's does: a fetch by lease serves the bytes.
-  auto plan = cache_->PrepareFetchLease(kModel, p->lease_id);
+  auto plan = cache_->PrepareFetch(kModel, {.lease_id = p->lease_id});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 4 * kBt);
   EXPECT_TRUE(cache_->ReleaseLease(p->lease_id));
@@ -207,7 +207,7 @@ TEST_F(DeviceCacheTest, LeasedCopiesStayPutWhileTheTierMakesRoom) {
   ExpectPlacementHolds(*second, 2);
   EXPECT_EQ(cache_->GetStats().tiers.device_drops_room, 4u);
   // The dropped copies were clean: the blocks are still served from host memory.
-  auto plan = cache_->PrepareFetch(kModel, Sequence(1, 4));
+  auto plan = cache_->PrepareFetch(kModel, {.tokens = Sequence(1, 4)});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 4 * kBt);
 }
@@ -312,7 +312,7 @@ TEST_F(DeviceCacheTest, FetchByAPlacementLeaseReadsBlocksOnlyTheSsdAndTheDeviceH
   ASSERT_EQ(placed->matched_tokens, 8 * kBt);
   ASSERT_EQ(placed->copied_blocks, 0u);
   ASSERT_GT(cache_->GetStats().tiers.lower_only_blocks(), 0u);  // the state this test is about
-  auto plan = cache_->PrepareFetchLease(kModel, placed->lease_id, /*accept_lossy=*/false);
+  auto plan = cache_->PrepareFetch(kModel, {.lease_id = placed->lease_id, .accept_lossy = false});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->matched_tokens, 8 * kBt);
   ASSERT_EQ(plan->blocks.size(), 8u);
