@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -50,6 +51,18 @@ absl::Status SendSome(int fd, const std::string& bytes, size_t* sent) {
   return absl::OkStatus();
 }
 
+// epoll_ctl. Under ThreadSanitizer the call goes around its interceptor,
+// which counts it as an access to `fd` that nothing orders before the close
+// by the worker the event then wakes (epoll is not a hand-over it models);
+// Connection::handovers orders everything else.
+int EpollCtl(int epfd, int op, int fd, epoll_event* event) {
+#if defined(__SANITIZE_THREAD__)
+  return static_cast<int>(::syscall(SYS_epoll_ctl, epfd, op, fd, event));
+#else
+  return ::epoll_ctl(epfd, op, fd, event);
+#endif
+}
+
 // An error answer sent once, without waiting (a refusal, a frame that could
 // not be read): a fresh or idle socket has room for it; a peer that does not
 // read simply misses it.
@@ -77,7 +90,8 @@ struct ShmServer::Connection {
   ucred peer{};
   absl::Time accepted;
   // The rest is touched only by the worker the connection's last event woke
-  // (it is armed one-shot), so it needs no lock.
+  // (it is armed one-shot), or by the thread that answers its request while
+  // it is unarmed (ShmSession::Handle), so it needs no lock.
   std::unique_ptr<ShmSession> session;
   shm::FrameAssembler frame;  // the frame being read
   bool greeted = false;       // a hello was answered OK
@@ -89,6 +103,10 @@ struct ShmServer::Connection {
   // janitor.
   std::atomic<int64_t> deadline_ns{std::numeric_limits<int64_t>::max()};
   std::atomic<Waiting> waiting{Waiting::kHello};
+  // Bumped (release) each time the connection is armed and read (acquire)
+  // by whoever its event wakes: epoll hands the connection over, and this
+  // makes the hand-over one a race detector sees too.
+  std::atomic<uint64_t> handovers{0};
 
   bool writing() const { return out_sent < out.size(); }
   void SetDeadline(Waiting what, absl::Time at) {
@@ -275,7 +293,9 @@ void ShmServer::Admit(UniqueFd fd) {
               .fair = options_.fair},
       budget_.get());
   epoll_event event{.events = EPOLLIN | EPOLLONESHOT, .data = {.ptr = c}};
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c->fd.get(), &event) != 0) {
+  const int socket = c->fd.get();  // read before the hand-over: c is the next owner's after it
+  c->handovers.fetch_add(1, std::memory_order_release);
+  if (EpollCtl(epoll_.get(), EPOLL_CTL_ADD, socket, &event) != 0) {
     spdlog::warn("shm socket: epoll_ctl: {}; closing the connection of pid {}", ErrnoText(errno),
                  peer.pid);
     Close(c);
@@ -283,6 +303,7 @@ void ShmServer::Admit(UniqueFd fd) {
 }
 
 void ShmServer::Step(Connection* c) {
+  (void)c->handovers.load(std::memory_order_acquire);
   if (c->writing()) {
     if (!SendSome(c->fd.get(), c->out, &c->out_sent).ok()) return Close(c);
     if (c->writing()) return Rearm(c);
@@ -308,19 +329,7 @@ void ShmServer::Step(Connection* c) {
     }
     return Rearm(c);
   }
-  Answer(*c);
-  if (c->writing()) {
-    // A stranger's hello deadline stands whatever it leaves unread.
-    if (c->greeted) {
-      c->SetDeadline(Waiting::kAnswerRead, absl::Now() + options_.io_timeout);
-    } else {
-      c->SetDeadline(Waiting::kHello, std::min(absl::Now() + options_.io_timeout,
-                                               c->accepted + options_.hello_timeout));
-    }
-  } else if (c->close_after_answer) {
-    return Close(c);
-  }
-  Rearm(c);
+  Answer(c);
 }
 
 void ShmServer::Rearm(Connection* c) {
@@ -333,7 +342,9 @@ void ShmServer::Rearm(Connection* c) {
   epoll_event event{
       .events = static_cast<uint32_t>((c->writing() ? EPOLLOUT : EPOLLIN) | EPOLLONESHOT),
       .data = {.ptr = c}};
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c->fd.get(), &event) != 0) {
+  const int fd = c->fd.get();  // read before the hand-over: c is the next owner's after it
+  c->handovers.fetch_add(1, std::memory_order_release);
+  if (EpollCtl(epoll_.get(), EPOLL_CTL_MOD, fd, &event) != 0) {
     spdlog::warn("shm socket: epoll_ctl: {}; closing the connection of pid {}", ErrnoText(errno),
                  c->peer.pid);
     Close(c);
@@ -351,35 +362,54 @@ void ShmServer::Close(Connection* c) {
   delete c;            // closes the socket
 }
 
-void ShmServer::Answer(Connection& c) {
+void ShmServer::Answer(Connection* c) {
   std::vector<UniqueFd> fds;
-  for (int f : c.frame.TakeFds()) fds.emplace_back(f);
+  for (int f : c->frame.TakeFds()) fds.emplace_back(f);
   v1::ShmRequest request;
-  v1::ShmResponse response;
-  if (!request.ParseFromString(c.frame.body())) {
-    response.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
-    response.set_message("the request frame is not a kvcache.v1.ShmRequest");
-  } else if (!c.greeted && request.op_case() != v1::ShmRequest::kHello) {
-    response.set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
-    response.set_message(
+  v1::ShmResponse refusal;
+  if (!request.ParseFromString(c->frame.body())) {
+    refusal.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+    refusal.set_message("the request frame is not a kvcache.v1.ShmRequest");
+    return Respond(c, std::move(refusal));
+  }
+  if (!c->greeted && request.op_case() != v1::ShmRequest::kHello) {
+    refusal.set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    refusal.set_message(
         "the first request on a shared-memory connection is a hello (its version, and the "
         "token with authentication on)");
-  } else {
-    response = c.session->Handle(request, std::move(fds));
-    if (!c.greeted && request.op_case() == v1::ShmRequest::kHello && response.code() == 0) {
-      c.greeted = true;
-    }
+    return Respond(c, std::move(refusal));
   }
-  c.frame.Reset(c.greeted ? options_.limits.max_frame_bytes
-                          : std::min(kMaxHelloFrameBytes, options_.limits.max_frame_bytes));
+  // The connection stays unarmed until the answer is sent: whichever
+  // thread the session answers on owns it meanwhile.
+  c->session->Handle(std::move(request), std::move(fds),
+                     [this, c](v1::ShmResponse response) { Respond(c, std::move(response)); });
+}
+
+void ShmServer::Respond(Connection* c, v1::ShmResponse response) {
+  if (!c->greeted && response.has_hello() && response.code() == 0) c->greeted = true;
+  c->frame.Reset(c->greeted ? options_.limits.max_frame_bytes
+                            : std::min(kMaxHelloFrameBytes, options_.limits.max_frame_bytes));
   // A session refused its tenant's connection share is closed once told.
-  c.close_after_answer = c.session->refused();
-  c.out_sent = 0;
-  if (!shm::EncodeFrame(response, &c.out).ok() || !SendSome(c.fd.get(), c.out, &c.out_sent).ok()) {
-    c.out.clear();
-    c.out_sent = 0;
-    c.close_after_answer = true;
+  c->close_after_answer = c->session->refused();
+  c->out_sent = 0;
+  if (!shm::EncodeFrame(response, &c->out).ok() ||
+      !SendSome(c->fd.get(), c->out, &c->out_sent).ok()) {
+    c->out.clear();
+    c->out_sent = 0;
+    c->close_after_answer = true;
   }
+  if (c->writing()) {
+    // A stranger's hello deadline stands whatever it leaves unread.
+    if (c->greeted) {
+      c->SetDeadline(Waiting::kAnswerRead, absl::Now() + options_.io_timeout);
+    } else {
+      c->SetDeadline(Waiting::kHello, std::min(absl::Now() + options_.io_timeout,
+                                               c->accepted + options_.hello_timeout));
+    }
+  } else if (c->close_after_answer) {
+    return Close(c);
+  }
+  Rearm(c);
 }
 
 // ---- the janitor ---------------------------------------------------------------

@@ -16,12 +16,14 @@
 // armed one-shot: the worker woken for a connection owns it until it arms it
 // again, so its session sees one request at a time. That worker reads what
 // the socket has of the next frame without blocking (a frame is assembled as
-// its bytes come, shm::FrameAssembler); once the frame is whole it answers it
-// (ShmSession::Handle, which may wait for a data-path slot, copy, or read the
-// SSD tier) and sends the answer without blocking, then arms the connection
-// for the next frame, or for the rest of an answer the peer was slow to
-// take. A request costs one wakeup, as a thread per connection did, and a
-// peer that does not read its answers, or sends a frame slowly, holds no
+// its bytes come, shm::FrameAssembler); once the frame is whole it hands it
+// to the session (ShmSession::Handle), which answers at once (a lookup, a
+// fetch from host memory, an append) or, when the request must wait for a
+// data-path slot or for reads below host memory, later from the thread that
+// finishes it: no worker waits for either. Whoever has the answer sends it
+// without blocking, then arms the connection for the next frame, or for the
+// rest of an answer the peer was slow to take. A request costs one wakeup, as a thread per
+// connection did, and a peer that does not read its answers, or sends a frame slowly, holds no
 // thread. A janitor thread shuts down the sockets of connections past their
 // deadlines (the owner of the next event closes them).
 //
@@ -146,8 +148,12 @@ class ShmServer {
   // Serves one event of a connection this worker owns: reads, answers,
   // sends, and arms it again (or closes it).
   void Step(Connection* c);
-  // Answers the whole frame the connection read, and starts sending it.
-  void Answer(Connection& c);
+  // Hands the whole frame the connection read to its session, which answers
+  // (Respond) on this thread or, when the request waits, on another.
+  void Answer(Connection* c);
+  // Starts sending an answer, and arms the connection again (or closes it).
+  // Runs on the thread that owns the connection while it is unarmed.
+  void Respond(Connection* c, v1::ShmResponse response);
   // Arms the connection one-shot for its next event (reading, or writing
   // the rest of an answer), with the deadline that goes with it.
   void Rearm(Connection* c);

@@ -82,64 +82,104 @@ ShmSession::ShmSession(const ShmLimits& limits, Cache* cache, CopyEngine* copier
 
 ShmSession::~ShmSession() = default;
 
-v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<UniqueFd> fds) {
-  const absl::Time start = absl::Now();
-  const std::string_view method = MethodName(request.op_case());
-  const std::string request_id = NewRequestId();
+// One request from its arrival to its answer. A request that waits (for a
+// data-path slot, for reads below host memory) travels as one of these to the
+// thread that finishes it.
+struct ShmSession::Call {
+  v1::ShmRequest request;
+  std::vector<UniqueFd> fds;
+  Respond respond;
+  std::string_view method;
+  std::string request_id;
+  absl::Time start;
   InflightCalls::Handle inflight;
-  const bool moves_kv = request.op_case() == v1::ShmRequest::kFetchInto ||
-                        request.op_case() == v1::ShmRequest::kAppendFrom;
-  if (moves_kv && who_.inflight != nullptr) {
-    inflight = who_.inflight->Register(method, request_id, who_.peer);
-  }
+  // Who the request runs as (set once admitted).
+  std::optional<Caller> caller;
+  TenantStreamSlot stream;   // fetch_into and append_from: a tenant stream slot
+  FairScheduler::Slot step;  // ... and a data-path slot
   v1::ShmResponse response;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // KV bytes moved
+};
+
+void ShmSession::Handle(v1::ShmRequest request, std::vector<UniqueFd> fds, Respond respond) {
+  auto call = std::make_unique<Call>();
+  call->start = absl::Now();
+  call->method = MethodName(request.op_case());
+  call->request_id = NewRequestId();
+  call->request = std::move(request);
+  call->fds = std::move(fds);
+  call->respond = std::move(respond);
+  const bool moves_kv = MovesKv(call->request);
+  if (moves_kv && who_.inflight != nullptr) {
+    call->inflight = who_.inflight->Register(call->method, call->request_id, who_.peer);
+  }
+  if (absl::Status admitted = Admit(*call); !admitted.ok()) {
+    return Finish(std::move(call), admitted);
+  }
+  if (!moves_kv || who_.fair == nullptr) return Run(std::move(call));
+  // A data-path slot, shared fairly with the gRPC streams and the other
+  // connections: the step runs here when one is free, else on a kv-fair
+  // thread once granted (this thread goes back to its other connections).
+  const std::string& tenant = call->caller->principal().tenant;
+  if (flow_ == nullptr || flow_tenant_ != tenant) {
+    static std::atomic<uint64_t> connections{0};
+    flow_ = who_.fair->Join(tenant, absl::StrCat(who_.peer, "#", connections.fetch_add(1)),
+                            DataPathKind::kSharedMemory);
+    flow_tenant_ = tenant;
+  }
+  who_.fair->Submit(
+      flow_, [this, call = std::move(call)](absl::StatusOr<FairScheduler::Slot> slot) mutable {
+        if (!slot.ok()) return Finish(std::move(call), slot.status());
+        call->step = *std::move(slot);
+        Run(std::move(call));
+      });
+}
+
+bool ShmSession::MovesKv(const v1::ShmRequest& request) {
+  return request.op_case() == v1::ShmRequest::kFetchInto ||
+         request.op_case() == v1::ShmRequest::kAppendFrom;
+}
+
+absl::Status ShmSession::Admit(Call& call) {
+  const v1::ShmRequest& request = call.request;
+  // A hello's token stands for the rest of the session; every request is
+  // admitted on its own (a reload or a rate limit applies at once).
+  if (request.op_case() == v1::ShmRequest::kHello && !request.hello().token().empty()) {
+    token_ = request.hello().token();
+    principal_ = SessionPrincipal();
+  }
+  absl::StatusOr<Caller> caller = Caller::Anonymous();
+  if (who_.access != nullptr && who_.access->enabled()) {
+    Credentials credentials{.unix_uid = who_.uid};
+    if (!token_.empty()) credentials.bearer_token = token_;
+    caller = who_.access->AdmitSession(credentials, call.method, &principal_);
+  }
+  if (!caller.ok()) return caller.status();
+  KVCACHE_RETURN_IF_ERROR(HoldConnectionSlot(*caller));
+  // A fetch_into or append_from holds one of its tenant's stream slots
+  // while it runs, as a gRPC Fetch or Append stream does
+  // (security.tenant_limits.max_concurrent_streams).
+  if (MovesKv(request) && who_.access != nullptr) {
+    absl::StatusOr<TenantStreamSlot> slot = who_.access->OpenStream(*caller);
+    if (!slot.ok()) {
+      observer_->OnLimitReached(call.method, "tenant max_concurrent_streams");
+      return slot.status();
+    }
+    call.stream = *std::move(slot);
+  }
+  if (request.op_case() != v1::ShmRequest::kAttachRegion && !call.fds.empty()) {
+    return absl::InvalidArgumentError(
+        "file descriptors came with a request that is not attach_region; they were closed");
+  }
+  call.caller = *std::move(caller);
+  return absl::OkStatus();
+}
+
+void ShmSession::Run(std::unique_ptr<Call> call) {
+  const v1::ShmRequest& request = call->request;
+  const Caller& caller = *call->caller;
+  v1::ShmResponse& response = call->response;
   absl::Status status = [&]() -> absl::Status {
-    // A hello's token stands for the rest of the session; every request is
-    // admitted on its own (a reload or a rate limit applies at once).
-    if (request.op_case() == v1::ShmRequest::kHello && !request.hello().token().empty()) {
-      token_ = request.hello().token();
-      principal_ = SessionPrincipal();
-    }
-    absl::StatusOr<Caller> caller = Caller::Anonymous();
-    if (who_.access != nullptr && who_.access->enabled()) {
-      Credentials credentials{.unix_uid = who_.uid};
-      if (!token_.empty()) credentials.bearer_token = token_;
-      caller = who_.access->AdmitSession(credentials, method, &principal_);
-    }
-    if (!caller.ok()) return caller.status();
-    KVCACHE_RETURN_IF_ERROR(HoldConnectionSlot(*caller));
-    // A fetch_into or append_from holds one of its tenant's stream slots
-    // while it runs, as a gRPC Fetch or Append stream does
-    // (security.tenant_limits.max_concurrent_streams).
-    TenantStreamSlot stream;
-    if (moves_kv && who_.access != nullptr) {
-      absl::StatusOr<TenantStreamSlot> slot = who_.access->OpenStream(*caller);
-      if (!slot.ok()) {
-        observer_->OnLimitReached(method, "tenant max_concurrent_streams");
-        return slot.status();
-      }
-      stream = *std::move(slot);
-    }
-    // ... and waits for a data-path slot, so that this thread's turns are
-    // shared fairly with the gRPC streams and the other connections.
-    FairScheduler::Slot step;
-    if (moves_kv && who_.fair != nullptr) {
-      const std::string& tenant = caller->principal().tenant;
-      if (flow_ == nullptr || flow_tenant_ != tenant) {
-        static std::atomic<uint64_t> connections{0};
-        flow_ = who_.fair->Join(tenant, absl::StrCat(who_.peer, "#", connections.fetch_add(1)),
-                                DataPathKind::kSharedMemory);
-        flow_tenant_ = tenant;
-      }
-      absl::StatusOr<FairScheduler::Slot> slot = who_.fair->Acquire(flow_);
-      if (!slot.ok()) return slot.status();
-      step = *std::move(slot);
-    }
-    if (request.op_case() != v1::ShmRequest::kAttachRegion && !fds.empty()) {
-      return absl::InvalidArgumentError(
-          "file descriptors came with a request that is not attach_region; they were closed");
-    }
     switch (request.op_case()) {
       case v1::ShmRequest::kHello: {
         v1::ShmHelloResponse* hello = response.mutable_hello();
@@ -150,7 +190,7 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
         return absl::OkStatus();
       }
       case v1::ShmRequest::kAttachRegion: {
-        auto attached = Attach(*caller, request.attach_region(), fds);
+        auto attached = Attach(caller, request.attach_region(), call->fds);
         if (!attached.ok()) return attached.status();
         *response.mutable_attach_region() = *std::move(attached);
         return absl::OkStatus();
@@ -159,23 +199,19 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
         response.mutable_detach_region();
         return Detach(request.detach_region());
       case v1::ShmRequest::kLookup:
-        return RunLookup(*cache_, *caller, request.lookup(), response.mutable_lookup());
+        return RunLookup(*cache_, caller, request.lookup(), response.mutable_lookup());
       case v1::ShmRequest::kBatchLookup:
-        return RunBatchLookup(*cache_, *caller, request.batch_lookup(),
+        return RunBatchLookup(*cache_, caller, request.batch_lookup(),
                               response.mutable_batch_lookup());
       case v1::ShmRequest::kReleaseLease:
         response.mutable_release_lease()->set_released(
             cache_->ReleaseLease(request.release_lease().lease_id(),
-                                 [&](const ModelKey& model) { return caller->MaySee(model.ns); }));
+                                 [&](const ModelKey& model) { return caller.MaySee(model.ns); }));
         return absl::OkStatus();
-      case v1::ShmRequest::kFetchInto: {
-        auto fetched = FetchInto(*caller, request.fetch_into(), &bytes);
-        if (!fetched.ok()) return fetched.status();
-        *response.mutable_fetch_into() = *std::move(fetched);
-        return absl::OkStatus();
-      }
+      case v1::ShmRequest::kFetchInto:
+        return absl::OkStatus();  // below: it may finish on another thread
       case v1::ShmRequest::kAppendFrom: {
-        auto appended = AppendFrom(*caller, request.append_from(), &bytes);
+        auto appended = AppendFrom(caller, request.append_from(), &call->bytes);
         if (!appended.ok()) return appended.status();
         *response.mutable_append_from() = *std::move(appended);
         return absl::OkStatus();
@@ -185,26 +221,35 @@ v1::ShmResponse ShmSession::Handle(const v1::ShmRequest& request, std::vector<Un
     }
     return absl::InvalidArgumentError("the request names no operation this daemon knows");
   }();
-  inflight.Reset();
-  const absl::Duration latency = absl::Now() - start;
-  std::string model;
+  if (status.ok() && request.op_case() == v1::ShmRequest::kFetchInto) {
+    return StartFetchInto(std::move(call));
+  }
+  Finish(std::move(call), status);
+}
+
+void ShmSession::Finish(std::unique_ptr<Call> call, const absl::Status& status) {
+  call->inflight.Reset();
+  call->step.Release();
+  call->stream = TenantStreamSlot();
+  const absl::Duration latency = absl::Now() - call->start;
   if (ShouldLogCall(status.code())) {
-    model = ModelField(ModelOf(request));
-    LogCallDone({.method = method,
-                 .request_id = request_id,
+    const std::string model = ModelField(ModelOf(call->request));
+    LogCallDone({.method = call->method,
+                 .request_id = call->request_id,
                  .peer = who_.peer,
                  .model = model,
                  .status = status,
                  .latency = latency,
-                 .bytes = bytes});
+                 .bytes = call->bytes});
   }
+  v1::ShmResponse& response = call->response;
   if (!status.ok()) {
     response.clear_result();
     SetStatus(status, &response);
-    response.set_message(absl::StrCat(response.message(), " (request id ", request_id, ")"));
+    response.set_message(absl::StrCat(response.message(), " (request id ", call->request_id, ")"));
   }
-  observer_->OnRpcDone(method, status.code(), latency, bytes);
-  return response;
+  observer_->OnRpcDone(call->method, status.code(), latency, call->bytes);
+  std::move(call->respond)(std::move(response));
 }
 
 absl::StatusOr<v1::AttachRegionResponse> ShmSession::Attach(const Caller& caller,
@@ -287,34 +332,53 @@ absl::Status ShmSession::HoldConnectionSlot(const Caller& caller) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller,
-                                                            const v1::FetchIntoRequest& request,
-                                                            uint64_t* bytes) {
+void ShmSession::StartFetchInto(std::unique_ptr<Call> call) {
+  const Caller& caller = *call->caller;
+  const v1::FetchIntoRequest& request = call->request.fetch_into();
   std::shared_ptr<MappedRegion> region;
   auto destination = Resolve(request.destination(), &region);
-  if (!destination.ok()) return destination.status();
+  if (!destination.ok()) return Finish(std::move(call), destination.status());
   auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
-  if (!key.ok()) return key.status();
+  if (!key.ok()) return Finish(std::move(call), key.status());
   if (request.lease_id() != 0 && !request.tokens().empty()) {
-    return absl::InvalidArgumentError("set either tokens or lease_id, not both");
+    return Finish(std::move(call),
+                  absl::InvalidArgumentError("set either tokens or lease_id, not both"));
   }
-  absl::StatusOr<FetchPlan> plan =
-      cache_->PrepareFetch(*key, {.tokens = TokensOf(request.tokens()),
-                                  .lease_id = request.lease_id(),
-                                  .accept_lossy = request.accept_lossy(),
-                                  .max_blocks = request.max_blocks()});
-  if (!plan.ok()) return plan.status();
-  const uint64_t block_bytes = plan->layout.BlockBytes();
-  const uint64_t block_tokens = plan->layout.block_tokens;
-  if (request.max_blocks() != 0 && plan->blocks.size() > request.max_blocks()) {
-    plan->blocks.resize(request.max_blocks());
-    plan->matched_tokens = plan->blocks.size() * block_tokens;
+  // The query's tokens stay in call->request, which the callback owns.
+  const FetchQuery query{.tokens = TokensOf(request.tokens()),
+                         .lease_id = request.lease_id(),
+                         .accept_lossy = request.accept_lossy(),
+                         .max_blocks = request.max_blocks()};
+  // Blocks below host memory are read on the cache's fetch-read threads,
+  // and the copy and the answer follow there: this thread does not wait.
+  cache_->PrepareFetchAsync(*key, query,
+                            [this, call = std::move(call), region = std::move(region),
+                             destination = *destination](absl::StatusOr<FetchPlan> plan) mutable {
+                              absl::StatusOr<v1::FetchIntoResponse> fetched =
+                                  plan.ok() ? CopyFetched(*std::move(plan),
+                                                          call->request.fetch_into().max_blocks(),
+                                                          destination, &call->bytes)
+                                            : plan.status();
+                              if (fetched.ok())
+                                *call->response.mutable_fetch_into() = *std::move(fetched);
+                              Finish(std::move(call), fetched.status());
+                            });
+}
+
+absl::StatusOr<v1::FetchIntoResponse> ShmSession::CopyFetched(FetchPlan plan, uint32_t max_blocks,
+                                                              std::span<std::byte> destination,
+                                                              uint64_t* bytes) {
+  const uint64_t block_bytes = plan.layout.BlockBytes();
+  const uint64_t block_tokens = plan.layout.block_tokens;
+  if (max_blocks != 0 && plan.blocks.size() > max_blocks) {
+    plan.blocks.resize(max_blocks);
+    plan.matched_tokens = plan.blocks.size() * block_tokens;
   }
-  const uint64_t needed = plan->blocks.size() * block_bytes;
-  if (needed > destination->size()) {
+  const uint64_t needed = plan.blocks.size() * block_bytes;
+  if (needed > destination.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the destination range holds ", destination->size(), " bytes; the ",
-                     plan->blocks.size(), " cached blocks need ", needed, " (", block_bytes,
+        absl::StrCat("the destination range holds ", destination.size(), " bytes; the ",
+                     plan.blocks.size(), " cached blocks need ", needed, " (", block_bytes,
                      " each): give a range of at least that, or set max_blocks"));
   }
   // Raw blocks are copied (by the CopyEngine, all at once); compressed ones
@@ -322,12 +386,12 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
   // the destination, with the checksum recorded for their decoding, which the
   // worker verifies (fetch_block.h).
   std::vector<FetchedMeta> sent;
-  sent.reserve(plan->blocks.size());
+  sent.reserve(plan.blocks.size());
   std::vector<CopyRange> copies;
   bool lossy = false;
-  for (size_t i = 0; i < plan->blocks.size(); ++i) {
-    const BlockPayload& stored = *plan->blocks[i];
-    std::byte* into = destination->data() + i * block_bytes;
+  for (size_t i = 0; i < plan.blocks.size(); ++i) {
+    const BlockPayload& stored = *plan.blocks[i];
+    std::byte* into = destination.data() + i * block_bytes;
     if (!stored.compressed()) {
       copies.push_back({into, stored.data().data(), block_bytes});
       sent.push_back({.checksum = stored.checksum()});
@@ -344,14 +408,14 @@ absl::StatusOr<v1::FetchIntoResponse> ShmSession::FetchInto(const Caller& caller
   copier_->Copy(copies);
   // Compression switched off while copying: lossy KV of a model that is off
   // is not handed out, even if its bytes already landed.
-  if (lossy && !plan->MaySendLossy()) {
+  if (lossy && !plan.MaySendLossy()) {
     return absl::AbortedError(
         "compression was switched off for this model during the fetch; lossy blocks are no "
         "longer sent: retry the fetch");
   }
   v1::FetchIntoResponse response;
-  response.set_matched_tokens(plan->matched_tokens);
-  response.set_withheld_tokens(plan->withheld_tokens);
+  response.set_matched_tokens(plan.matched_tokens);
+  response.set_withheld_tokens(plan.withheld_tokens);
   response.set_block_bytes(block_bytes);
   for (size_t i = 0; i < sent.size(); ++i) {
     v1::FetchedBlock* b = response.add_blocks();

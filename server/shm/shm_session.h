@@ -22,17 +22,20 @@
 //
 // Destroying the session drops its regions (they unmap when no request uses
 // them). Not thread-safe: the server hands a connection's requests to one
-// worker at a time.
+// thread at a time, and the next one only once the last was answered (an
+// answer may come from a kv-fair or fetch-read thread: Handle).
 #ifndef KVCACHE_SERVER_SHM_SHM_SESSION_H_
 #define KVCACHE_SERVER_SHM_SHM_SESSION_H_
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "kvcache/v1/shm.pb.h"
@@ -64,8 +67,8 @@ struct ShmPeer {
   AccessControl* access = nullptr;
   // Admits each fetch_into and append_from as a data-path step
   // (limits.data_path_concurrency), shared with the gRPC Fetch and Append;
-  // the session's thread waits for a slot. Null: no admission. Outlives
-  // the session.
+  // a step that must wait for a slot runs on a kv-fair thread once granted.
+  // Null: no admission. Outlives the session.
   FairScheduler* fair = nullptr;
 };
 
@@ -84,11 +87,22 @@ class ShmSession {
   ShmSession(const ShmSession&) = delete;
   ShmSession& operator=(const ShmSession&) = delete;
 
-  // Answers one request; `fds` are the descriptors that came with it (the
-  // session closes them). Never fails as a whole: errors are in the response.
-  // The plane carries no metadata, so each request gets a request id here: its
-  // log line names it, and an error's message ends with "(request id ID)".
-  v1::ShmResponse Handle(const v1::ShmRequest& request, std::vector<UniqueFd> fds);
+  // Receives the answer to one request.
+  using Respond = absl::AnyInvocable<void(v1::ShmResponse) &&>;
+
+  // Answers one request: `respond` runs once with the answer, on this thread
+  // before Handle returns, or later on another thread when the request has
+  // to wait, so that this thread never does: a fetch_into or append_from
+  // waiting for a data-path slot runs on a kv-fair thread once granted
+  // (FairScheduler::Submit), and a fetch_into whose blocks are read back
+  // from a level below host memory copies and answers on the cache's
+  // fetch-read threads (Cache::PrepareFetchAsync). Until `respond` has run
+  // the session must get no other request and must not be destroyed.
+  // `fds` are the descriptors that came with the request (the session closes
+  // them). Never fails as a whole: errors are in the answer. The plane
+  // carries no metadata, so each request gets a request id here: its log
+  // line names it, and an error's message ends with "(request id ID)".
+  void Handle(v1::ShmRequest request, std::vector<UniqueFd> fds, Respond respond);
 
   size_t regions() const { return regions_.size(); }
   uint64_t mapped_bytes() const { return mapped_bytes_; }
@@ -106,9 +120,21 @@ class ShmSession {
   // OUT_OF_RANGE for bytes outside it. `region` keeps the mapping alive.
   absl::StatusOr<std::span<std::byte>> Resolve(const v1::RegionRange& range,
                                                std::shared_ptr<MappedRegion>* region) const;
-  absl::StatusOr<v1::FetchIntoResponse> FetchInto(const Caller& caller,
-                                                  const v1::FetchIntoRequest& request,
-                                                  uint64_t* bytes);
+  struct Call;
+  static bool MovesKv(const v1::ShmRequest& request);
+  // Who may make `call` (its caller set), and its slots besides the
+  // data-path one; nothing is changed on error.
+  absl::Status Admit(Call& call);
+  // Serves an admitted call; a fetch_into goes on in StartFetchInto.
+  void Run(std::unique_ptr<Call> call);
+  // Logs and counts the call and hands its answer (or `status`) over.
+  void Finish(std::unique_ptr<Call> call, const absl::Status& status);
+  // Matches the fetch and copies (or decodes) its blocks into the
+  // destination once they are readable, then finishes the call.
+  void StartFetchInto(std::unique_ptr<Call> call);
+  absl::StatusOr<v1::FetchIntoResponse> CopyFetched(FetchPlan plan, uint32_t max_blocks,
+                                                    std::span<std::byte> destination,
+                                                    uint64_t* bytes);
   absl::StatusOr<v1::AppendResponse> AppendFrom(const Caller& caller,
                                                 const v1::AppendFromRequest& request,
                                                 uint64_t* bytes);

@@ -2,9 +2,7 @@
 // frames' transport is tested end to end in tests/integration/shm_test.cc).
 #include "server/shm/shm_session.h"
 
-#include <fcntl.h>
 #include <gmock/gmock.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -14,46 +12,12 @@
 
 #include "server/core/cache_test_util.h"
 #include "server/security/access_control.h"
+#include "server/shm/shm_session_test_util.h"
 
 namespace kvcache {
 namespace {
 
 using namespace cache_test;  // NOLINT: the cache tests' models and patterns
-
-constexpr char kRegionName[] = "kvcache-shm-session-test";
-
-// A worker's region: a memfd mapped here too.
-class WorkerRegion {
- public:
-  explicit WorkerRegion(uint64_t bytes, bool seal = true) : bytes_(bytes) {
-    fd_ = ::memfd_create(kRegionName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    EXPECT_GE(fd_, 0);
-    EXPECT_EQ(::ftruncate(fd_, static_cast<off_t>(bytes)), 0);
-    if (seal) {
-      EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-    }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    EXPECT_NE(p, MAP_FAILED);
-    data_ = static_cast<std::byte*>(p);
-  }
-  ~WorkerRegion() {
-    ::munmap(data_, bytes_);
-    ::close(fd_);
-  }
-  std::byte* data() { return data_; }
-  int fd() const { return fd_; }
-  // A duplicate descriptor, as SCM_RIGHTS would deliver it.
-  std::vector<UniqueFd> Passed() const {
-    std::vector<UniqueFd> fds;
-    fds.emplace_back(::dup(fd_));
-    return fds;
-  }
-
- private:
-  uint64_t bytes_;
-  int fd_ = -1;
-  std::byte* data_ = nullptr;
-};
 
 // Mappings of test regions in this process (the daemon's view of "unmapped").
 int MappingsOfTestRegions() {
@@ -80,7 +44,7 @@ class ShmSessionTest : public CacheTest {
   uint64_t Attach(ShmSession& session, WorkerRegion& region, uint64_t bytes) {
     v1::ShmRequest request;
     request.mutable_attach_region()->set_bytes(bytes);
-    v1::ShmResponse response = session.Handle(request, region.Passed());
+    v1::ShmResponse response = Answer(session, request, region.Passed());
     EXPECT_EQ(response.code(), 0) << response.message();
     return response.attach_region().region_id();
   }
@@ -97,7 +61,7 @@ class ShmSessionTest : public CacheTest {
     a->mutable_source()->set_region_id(region);
     a->mutable_source()->set_offset(offset);
     a->mutable_source()->set_length(length);
-    return session.Handle(request, {});
+    return Answer(session, request, {});
   }
 
   v1::ShmResponse FetchInto(ShmSession& session, const std::vector<Token>& tokens, uint64_t region,
@@ -110,7 +74,7 @@ class ShmSessionTest : public CacheTest {
     f->mutable_destination()->set_offset(offset);
     f->mutable_destination()->set_length(length);
     f->set_max_blocks(max_blocks);
-    return session.Handle(request, {});
+    return Answer(session, request, {});
   }
 
   // Writes the KV of `tokens`' blocks at `at` in `region`.
@@ -236,14 +200,14 @@ TEST_F(ShmSessionTest, AttachChecksTheDescriptor) {
   v1::ShmRequest attach;
   attach.mutable_attach_region()->set_bytes(4096);
   // No descriptor, two descriptors.
-  EXPECT_EQ(session_->Handle(attach, {}).code(), static_cast<int>(kInvalidArgument));
+  EXPECT_EQ(Answer(*session_, attach, {}).code(), static_cast<int>(kInvalidArgument));
   WorkerRegion a(4096), b(4096);
   std::vector<UniqueFd> two = a.Passed();
   two.emplace_back(::dup(b.fd()));
-  EXPECT_EQ(session_->Handle(attach, std::move(two)).code(), static_cast<int>(kInvalidArgument));
+  EXPECT_EQ(Answer(*session_, attach, std::move(two)).code(), static_cast<int>(kInvalidArgument));
   // Not sealed against shrinking.
   WorkerRegion unsealed(4096, /*seal=*/false);
-  v1::ShmResponse r = session_->Handle(attach, unsealed.Passed());
+  v1::ShmResponse r = Answer(*session_, attach, unsealed.Passed());
   EXPECT_EQ(r.code(), static_cast<int>(kFailedPrecondition));
   EXPECT_THAT(r.message(), HasSubstr("F_SEAL_SHRINK"));
   // Not a regular file.
@@ -252,15 +216,15 @@ TEST_F(ShmSessionTest, AttachChecksTheDescriptor) {
   std::vector<UniqueFd> pipe;
   pipe.emplace_back(pipe_fds[0]);
   UniqueFd write_end(pipe_fds[1]);
-  EXPECT_EQ(session_->Handle(attach, std::move(pipe)).code(),
+  EXPECT_EQ(Answer(*session_, attach, std::move(pipe)).code(),
             static_cast<int>(kFailedPrecondition));
   // Larger than the file, zero, larger than max_region_bytes.
   attach.mutable_attach_region()->set_bytes(8192);
-  EXPECT_EQ(session_->Handle(attach, a.Passed()).code(), static_cast<int>(kInvalidArgument));
+  EXPECT_EQ(Answer(*session_, attach, a.Passed()).code(), static_cast<int>(kInvalidArgument));
   attach.mutable_attach_region()->set_bytes(0);
-  EXPECT_EQ(session_->Handle(attach, a.Passed()).code(), static_cast<int>(kInvalidArgument));
+  EXPECT_EQ(Answer(*session_, attach, a.Passed()).code(), static_cast<int>(kInvalidArgument));
   attach.mutable_attach_region()->set_bytes(uint64_t{1} << 25);
-  EXPECT_EQ(session_->Handle(attach, a.Passed()).code(), static_cast<int>(kInvalidArgument));
+  EXPECT_EQ(Answer(*session_, attach, a.Passed()).code(), static_cast<int>(kInvalidArgument));
   EXPECT_EQ(session_->regions(), 0u);
 }
 
@@ -268,10 +232,10 @@ TEST_F(ShmSessionTest, DescriptorsOnOtherRequestsAreRefused) {
   WorkerRegion region(4096);
   v1::ShmRequest hello;
   hello.mutable_hello()->set_version(v1::SHM_VERSION_1);
-  v1::ShmResponse r = session_->Handle(hello, region.Passed());
+  v1::ShmResponse r = Answer(*session_, hello, region.Passed());
   EXPECT_EQ(r.code(), static_cast<int>(kInvalidArgument));
-  EXPECT_EQ(session_->Handle(hello, {}).hello().version(), v1::SHM_VERSION_1);
-  EXPECT_EQ(session_->Handle(v1::ShmRequest(), {}).code(), static_cast<int>(kInvalidArgument));
+  EXPECT_EQ(Answer(*session_, hello, {}).hello().version(), v1::SHM_VERSION_1);
+  EXPECT_EQ(Answer(*session_, v1::ShmRequest(), {}).code(), static_cast<int>(kInvalidArgument));
 }
 
 TEST_F(ShmSessionTest, RegionLimitDetachAndEndOfSessionUnmap) {
@@ -283,12 +247,12 @@ TEST_F(ShmSessionTest, RegionLimitDetachAndEndOfSessionUnmap) {
   EXPECT_EQ(MappingsOfTestRegions() - before - worker_mappings, 4);
   v1::ShmRequest attach;
   attach.mutable_attach_region()->set_bytes(4096);
-  EXPECT_EQ(session_->Handle(attach, r5.Passed()).code(), static_cast<int>(kResourceExhausted));
+  EXPECT_EQ(Answer(*session_, attach, r5.Passed()).code(), static_cast<int>(kResourceExhausted));
 
   v1::ShmRequest detach;
   detach.mutable_detach_region()->set_region_id(ids[0]);
-  EXPECT_EQ(session_->Handle(detach, {}).code(), 0);
-  EXPECT_EQ(session_->Handle(detach, {}).code(), static_cast<int>(kNotFound));
+  EXPECT_EQ(Answer(*session_, detach, {}).code(), 0);
+  EXPECT_EQ(Answer(*session_, detach, {}).code(), static_cast<int>(kNotFound));
   EXPECT_EQ(MappingsOfTestRegions() - before - worker_mappings, 3);
   EXPECT_EQ(FetchInto(*session_, Seq({1}), ids[0], 0, 4096).code(), static_cast<int>(kNotFound));
 
@@ -308,7 +272,7 @@ TEST_F(ShmSessionTest, BatchLookupAnswersEachLookup) {
   hit->mutable_tokens()->Add(tokens.begin(), tokens.end());
   v1::LookupRequest* unknown = request.mutable_batch_lookup()->add_lookups();
   unknown->set_model_id("nope");
-  v1::ShmResponse r = session_->Handle(request, {});
+  v1::ShmResponse r = Answer(*session_, request, {});
   ASSERT_EQ(r.code(), 0) << r.message();
   ASSERT_EQ(r.batch_lookup().outcomes_size(), 2);
   EXPECT_EQ(r.batch_lookup().outcomes(0).code(), 0);
@@ -331,7 +295,7 @@ TEST_F(ShmSessionTest, MappingCapsAreSharedByConnectionsAndChargedPerOwner) {
   auto attach = [&](ShmSession& session, uint64_t bytes) {
     v1::ShmRequest request;
     request.mutable_attach_region()->set_bytes(bytes);
-    return session.Handle(request, region.Passed());
+    return Answer(session, request, region.Passed());
   };
   // uid 1001: 2 MiB on one connection, then 2 MiB more on another passes its 3 MiB.
   v1::ShmResponse r = attach(a1, 2 << 20);
@@ -359,7 +323,7 @@ TEST_F(ShmSessionTest, MappingCapsAreSharedByConnectionsAndChargedPerOwner) {
   // Detaching gives the share back at once.
   v1::ShmRequest detach;
   detach.mutable_detach_region()->set_region_id(first);
-  ASSERT_EQ(a1.Handle(detach, {}).code(), 0);
+  ASSERT_EQ(Answer(a1, detach, {}).code(), 0);
   EXPECT_EQ(budget.owner_mapped_bytes("uid 1001"), 1u << 20);
   r = attach(b, 4096);
   EXPECT_EQ(r.code(), 0) << r.message();
@@ -406,12 +370,12 @@ TEST_F(ShmSessionTest, WithAuthenticationMappingsAreChargedToTheTenant) {
   WorkerRegion region(1 << 20);
   v1::ShmRequest attach;
   attach.mutable_attach_region()->set_bytes(4096);
-  v1::ShmResponse r = a1->Handle(attach, region.Passed());
+  v1::ShmResponse r = Answer(*a1, attach, region.Passed());
   ASSERT_EQ(r.code(), 0) << r.message();
-  r = a2->Handle(attach, region.Passed());
+  r = Answer(*a2, attach, region.Passed());
   EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(r.message(), ::testing::HasSubstr("tenant acme"));
-  r = g->Handle(attach, region.Passed());
+  r = Answer(*g, attach, region.Passed());
   EXPECT_EQ(r.code(), 0) << r.message();
   EXPECT_EQ(budget.owner_mappings("tenant acme"), 1u);
   EXPECT_EQ(budget.owner_mappings("tenant globex"), 1u);
@@ -477,11 +441,11 @@ TEST_F(ShmSessionTest, ATenantPastItsShareOfConnectionsIsRefusedAtItsFirstReques
   v1::ShmRequest hello;
   hello.mutable_hello();
   auto first = session();
-  ASSERT_EQ(first->Handle(hello, {}).code(), 0);
-  ASSERT_EQ(first->Handle(hello, {}).code(), 0);  // its slot is taken once
+  ASSERT_EQ(Answer(*first, hello, {}).code(), 0);
+  ASSERT_EQ(Answer(*first, hello, {}).code(), 0);  // its slot is taken once
   EXPECT_FALSE(first->refused());
   auto second = session();
-  v1::ShmResponse refused = second->Handle(hello, {});
+  v1::ShmResponse refused = Answer(*second, hello, {});
   EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(refused.message(),
               HasSubstr("tenant \"default\" has 1 shared-memory connections, its share 1 "
@@ -490,7 +454,7 @@ TEST_F(ShmSessionTest, ATenantPastItsShareOfConnectionsIsRefusedAtItsFirstReques
   second.reset();
   first.reset();  // its slot goes back with it
   auto third = session();
-  EXPECT_EQ(third->Handle(hello, {}).code(), 0);
+  EXPECT_EQ(Answer(*third, hello, {}).code(), 0);
   EXPECT_FALSE(third->refused());
   std::filesystem::remove(path);
 }
