@@ -11,6 +11,7 @@ packages=(
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev prometheus-cpp-dev libcivetweb-dev civetweb libcli11-dev libzstd-dev nlohmann-json3-dev libxxhash-dev liburing-dev
+  libhiredis-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # peers the tests and benchmarks talk to
   python3 python3-grpcio python3-protobuf prometheus redis-server redis-tools memcached

@@ -1,0 +1,206 @@
+// ClusterClient against a real Redis Cluster (three masters of Debian's
+// redis-server on loopback): slots as the cluster computes them, batches
+// spread over the masters, a slot moved behind the client's back (MOVED), a
+// slot caught mid-migration (ASK), and a master killed.
+#include "server/remote/cluster_client.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/remote/key_slot.h"
+#include "server/remote/redis_cluster_fixture.h"
+
+namespace kvcache {
+namespace {
+
+class ClusterClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!RedisClusterFixture::Available()) return;
+    cluster_ = new RedisClusterFixture();
+    start_ = cluster_->Start(3);
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed";
+    ASSERT_TRUE(start_.ok()) << start_;
+    absl::StatusOr<std::unique_ptr<ClusterClient>> client =
+        ClusterClient::Connect({.seeds = {cluster_->Address(1)}});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+
+  // The index of the node serving `slot` (as the cluster says), or -1.
+  static int Owner(uint16_t slot) {
+    for (int i = 0; i < 3; ++i) {
+      auto node = cluster_->Node(i);
+      absl::StatusOr<RespValue> slots = node->Run({"CLUSTER", "SLOTS"});
+      if (!slots.ok()) continue;
+      for (const RespValue& range : slots->elements) {
+        if (range.elements[0].integer <= slot && slot <= range.elements[1].integer &&
+            range.elements[2].elements[1].integer == cluster_->Port(i)) {
+          return i;
+        }
+      }
+    }
+    return -1;
+  }
+  static std::string IdOf(int i) { return cluster_->Node(i)->Run({"CLUSTER", "MYID"})->str; }
+  // Runs `command` on node i, expecting a status or integer reply.
+  static void On(int i, const RedisCommand& command) {
+    absl::StatusOr<RespValue> r = cluster_->Node(i)->Run(command);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(r->is_error()) << absl::StrJoin(command, " ") << ": " << r->str;
+  }
+
+  static inline RedisClusterFixture* cluster_ = nullptr;
+  static inline absl::Status start_;
+  std::unique_ptr<ClusterClient> client_;
+};
+
+TEST_F(ClusterClientTest, KeySlotAgreesWithTheCluster) {
+  auto node = cluster_->Node(0);
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = i % 3 == 0   ? absl::StrCat("kv:", i * 7919)
+                            : i % 3 == 1 ? absl::StrCat("{tenant", i % 17, "}:block:", i)
+                                         : absl::StrCat("x{}{", i, "}");
+    absl::StatusOr<RespValue> slot = node->Run({"CLUSTER", "KEYSLOT", key});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    EXPECT_EQ(KeySlot(key), slot->integer) << key;
+  }
+}
+
+TEST_F(ClusterClientTest, ABatchReachesEveryMasterAndReadsBackWhatItWrote) {
+  EXPECT_EQ(client_->topology().covered_slots(), kClusterSlots);
+  EXPECT_EQ(client_->topology().masters().size(), 3u);
+  std::vector<KeyedCommand> sets, gets;
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = absl::StrCat("batch:", i);
+    sets.push_back({key, {"SET", key, absl::StrCat("value ", i, std::string(i, '\0'))}});
+    gets.push_back({key, {"GET", key}});
+  }
+  for (const absl::StatusOr<RespValue>& r : client_->Run(sets)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->str, "OK");
+  }
+  std::vector<absl::StatusOr<RespValue>> got = client_->Run(gets);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(got[i]->str, absl::StrCat("value ", i, std::string(i, '\0'))) << i;
+  }
+  for (int n = 0; n < 3; ++n) EXPECT_GT(cluster_->Node(n)->Run({"DBSIZE"})->integer, 0) << n;
+  EXPECT_EQ(client_->stats().moved, 0u);
+  EXPECT_EQ(client_->stats().connects, 3u);  // one per master, the seed's reused
+  // A command's own error is its reply, not a failure.
+  absl::StatusOr<RespValue> wrong = client_->Run({"batch:1", {"LPUSH", "batch:1", "x"}});
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  EXPECT_TRUE(wrong->is_error());
+  EXPECT_TRUE(wrong->str.starts_with("WRONGTYPE")) << wrong->str;
+}
+
+TEST_F(ClusterClientTest, ASlotMovedBehindTheClientsBackIsFollowedAndLearnt) {
+  const std::string key = "moved:key";
+  const uint16_t slot = KeySlot(key);
+  ASSERT_TRUE(client_->Run({key, {"SET", key, "before the move"}}).ok());
+  const int from = Owner(slot);
+  ASSERT_GE(from, 0);
+  const int to = (from + 1) % 3;
+  const std::string from_id = IdOf(from), to_id = IdOf(to);
+  On(to, {"CLUSTER", "SETSLOT", absl::StrCat(slot), "IMPORTING", from_id});
+  On(from, {"CLUSTER", "SETSLOT", absl::StrCat(slot), "MIGRATING", to_id});
+  On(from,
+     {"MIGRATE", "127.0.0.1", absl::StrCat(cluster_->Port(to)), "", "0", "5000", "KEYS", key});
+  for (int n = 0; n < 3; ++n) On(n, {"CLUSTER", "SETSLOT", absl::StrCat(slot), "NODE", to_id});
+  ASSERT_EQ(*client_->topology().MasterOf(slot), cluster_->Address(from));  // stale
+
+  absl::StatusOr<RespValue> got = client_->Run({key, {"GET", key}});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->str, "before the move");
+  EXPECT_EQ(client_->stats().moved, 1u);
+  EXPECT_EQ(*client_->topology().MasterOf(slot), cluster_->Address(to));
+  // Learnt: the next command goes straight there.
+  ASSERT_TRUE(client_->Run({key, {"GET", key}}).ok());
+  EXPECT_EQ(client_->stats().moved, 1u);
+}
+
+TEST_F(ClusterClientTest, AKeyThatLeftAMigratingSlotIsAskedOfTheImportingNode) {
+  const std::string gone = "{ask}:gone", stayed = "{ask}:stayed";
+  const uint16_t slot = KeySlot(gone);
+  ASSERT_EQ(slot, KeySlot(stayed));
+  ASSERT_TRUE(client_->Run({gone, {"SET", gone, "moved on"}}).ok());
+  ASSERT_TRUE(client_->Run({stayed, {"SET", stayed, "still here"}}).ok());
+  const int from = Owner(slot);
+  ASSERT_GE(from, 0);
+  const int to = (from + 2) % 3;
+  On(to, {"CLUSTER", "SETSLOT", absl::StrCat(slot), "IMPORTING", IdOf(from)});
+  On(from, {"CLUSTER", "SETSLOT", absl::StrCat(slot), "MIGRATING", IdOf(to)});
+  On(from,
+     {"MIGRATE", "127.0.0.1", absl::StrCat(cluster_->Port(to)), "", "0", "5000", "KEYS", gone});
+
+  std::vector<absl::StatusOr<RespValue>> got =
+      client_->Run(std::vector<KeyedCommand>{{gone, {"GET", gone}}, {stayed, {"GET", stayed}}});
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  ASSERT_TRUE(got[1].ok()) << got[1].status();
+  EXPECT_EQ(got[0]->str, "moved on");
+  EXPECT_EQ(got[1]->str, "still here");
+  EXPECT_EQ(client_->stats().asked, 1u);
+  EXPECT_EQ(client_->stats().moved, 0u);
+  // ASK teaches nothing: the slot is still the migrating node's.
+  EXPECT_EQ(*client_->topology().MasterOf(slot), cluster_->Address(from));
+}
+
+TEST(ClusterClientSeedsTest, NoSeedThatAnswersIsUnavailable) {
+  EXPECT_EQ(ClusterClient::Connect({}).status().code(), absl::StatusCode::kInvalidArgument);
+  // Port 1 on loopback: refused at once.
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
+      ClusterClient::Connect({.seeds = {{.host = "127.0.0.1", .port = 1}}});
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(client.status().message().find("127.0.0.1:1"), std::string::npos) << client.status();
+}
+
+TEST(ClusterClientFailureTest, AKilledMasterFailsOnlyItsSlotsAndInBoundedTime) {
+  if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
+  RedisClusterFixture cluster;
+  ASSERT_TRUE(cluster.Start(3).ok());
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client = ClusterClient::Connect(
+      {.seeds = {cluster.Address(0)},
+       .node = {.connect_timeout = absl::Milliseconds(100), .io_timeout = absl::Milliseconds(200)},
+       .max_redirects = 2});
+  ASSERT_TRUE(client.ok()) << client.status();
+  cluster.KillNode(2);
+  const NodeAddress dead = cluster.Address(2);
+  std::vector<KeyedCommand> sets;
+  for (int i = 0; i < 60; ++i) {
+    const std::string key = absl::StrCat("down:", i);
+    sets.push_back({key, {"SET", key, "v"}});
+  }
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<RespValue>> results = (*client)->Run(sets);
+  const absl::Duration took = absl::Now() - start;
+  int failed = 0;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const NodeAddress* owner = (*client)->topology().MasterOf(KeySlot(sets[i].key));
+    ASSERT_NE(owner, nullptr);
+    if (*owner == dead) {
+      EXPECT_EQ(results[i].status().code(), absl::StatusCode::kUnavailable) << sets[i].key;
+      ++failed;
+    } else {
+      ASSERT_TRUE(results[i].ok()) << sets[i].key << ": " << results[i].status();
+      EXPECT_EQ(results[i]->str, "OK");
+    }
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_LT(failed, 60);
+  EXPECT_GT((*client)->stats().node_failures, 0u);
+  EXPECT_EQ((*client)->stats().unavailable, static_cast<uint64_t>(failed));
+  // Three tries at most of a refused connection and a map re-read each: far
+  // below a second on loopback, and bounded by the timeouts anyway.
+  EXPECT_LT(took, absl::Seconds(3)) << took;
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,126 @@
+// A real Redis Cluster for tests: N masters (no replicas) of Debian's
+// redis-server on loopback, in a temporary folder, created with
+// `redis-cli --cluster create` and torn down with the fixture.
+#ifndef KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
+#define KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "server/remote/redis_node.h"
+
+namespace kvcache {
+
+class RedisClusterFixture {
+ public:
+  // Whether redis-server and redis-cli are installed (deploy/setup-debian.sh).
+  static bool Available() {
+    return std::system("command -v redis-server >/dev/null && command -v redis-cli >/dev/null") ==
+           0;
+  }
+
+  // Starts `masters` nodes on ports from a base derived from the pid, and
+  // joins them into one cluster serving every slot.
+  absl::Status Start(int masters) {
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("kvcache-redis-cluster-", ::getpid(), "-", ++started_);
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    const int base = 21000 + (::getpid() * 7 + started_ * 97) % 9000;
+    std::vector<std::string> endpoints;
+    for (int i = 0; i < masters; ++i) {
+      const int port = base + i;
+      ports_.push_back(port);
+      endpoints.push_back(absl::StrCat("127.0.0.1:", port));
+      const std::string command = absl::StrCat(
+          "redis-server --port ", port, " --bind 127.0.0.1 --cluster-enabled yes",
+          " --cluster-config-file nodes-", port, ".conf --cluster-node-timeout 2000",
+          " --save '' --appendonly no --daemonize yes --dir ", dir_.string(), " --pidfile ",
+          PidFile(port), " --logfile ", (dir_ / absl::StrCat("redis-", port, ".log")).string());
+      if (std::system(command.c_str()) != 0) {
+        return absl::InternalError(absl::StrCat("could not start: ", command));
+      }
+    }
+    for (int port : ports_) {
+      if (!WaitFor(port, [](RedisNode& n) { return n.Run({"PING"}).ok(); })) {
+        return absl::DeadlineExceededError(absl::StrCat("redis on ", port, " did not answer"));
+      }
+    }
+    const std::string create = absl::StrCat(
+        "redis-cli --cluster create ", absl::StrJoin(endpoints, " "),
+        " --cluster-replicas 0 --cluster-yes > ", (dir_ / "create.log").string(), " 2>&1");
+    if (std::system(create.c_str()) != 0) {
+      return absl::InternalError(
+          absl::StrCat("redis-cli --cluster create failed; see ", (dir_ / "create.log").string()));
+    }
+    for (int port : ports_) {
+      if (!WaitFor(port, [](RedisNode& n) {
+            absl::StatusOr<RespValue> info = n.Run({"CLUSTER", "INFO"});
+            return info.ok() && info->str.find("cluster_state:ok") != std::string::npos;
+          })) {
+        return absl::DeadlineExceededError(absl::StrCat("the cluster on ", port, " is not ok"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  ~RedisClusterFixture() {
+    for (int port : ports_) KillPort(port);
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  const std::vector<int>& ports() const { return ports_; }
+  NodeAddress Address(int i) const { return {.host = "127.0.0.1", .port = Port(i)}; }
+  uint16_t Port(int i) const { return static_cast<uint16_t>(ports_[i]); }
+
+  // A plain connection to node i (for the test's own commands).
+  std::unique_ptr<RedisNode> Node(int i) const {
+    absl::StatusOr<std::unique_ptr<RedisNode>> n =
+        RedisNode::Connect(Address(i), {.io_timeout = absl::Seconds(5)});
+    return n.ok() ? *std::move(n) : nullptr;
+  }
+
+  // SIGKILLs node i.
+  void KillNode(int i) { KillPort(ports_[i]); }
+
+ private:
+  std::string PidFile(int port) const {
+    return (dir_ / absl::StrCat("redis-", port, ".pid")).string();
+  }
+  void KillPort(int port) {
+    std::ifstream in(PidFile(port));
+    pid_t pid = 0;
+    if (in >> pid && pid > 0) ::kill(pid, SIGKILL);
+    std::filesystem::remove(PidFile(port));
+  }
+
+  template <typename Ready>
+  static bool WaitFor(int port, Ready ready) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::unique_ptr<RedisNode>> n =
+          RedisNode::Connect({.host = "127.0.0.1", .port = static_cast<uint16_t>(port)}, {});
+      if (n.ok() && ready(**n)) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+  std::filesystem::path dir_;
+  std::vector<int> ports_;
+  static inline int started_ = 0;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
