@@ -1,0 +1,124 @@
+#include "server/remote/value_seal.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+namespace {
+
+struct CipherFree {
+  void operator()(EVP_CIPHER_CTX* c) const { EVP_CIPHER_CTX_free(c); }
+};
+using CipherContext = std::unique_ptr<EVP_CIPHER_CTX, CipherFree>;
+
+// Every value has a key of its own: the nonce may be the same for all.
+constexpr std::array<uint8_t, 12> kNonce{};
+
+std::string AssociatedData(std::string_view ns, std::string_view store_key) {
+  std::string aad = "kvcache-remote-v1";
+  aad.push_back('\0');
+  aad.append(ns);
+  aad.push_back('\0');
+  aad.append(store_key);
+  return aad;
+}
+
+// Feeds `bytes` to an update call in pieces an int can count.
+template <typename Update>
+bool InPieces(std::span<const uint8_t> bytes, Update update) {
+  constexpr size_t kPiece = size_t{1} << 30;
+  for (size_t at = 0; at < bytes.size(); at += kPiece) {
+    const size_t n = std::min(kPiece, bytes.size() - at);
+    if (!update(bytes.data() + at, static_cast<int>(n), at)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+SecretKey ValueSealer::ValueKey(std::string_view ns, std::span<const uint8_t> salt) const {
+  std::string purpose = "remote-seal";
+  purpose.push_back('\0');
+  purpose.append(ns);
+  return HmacSha256(shared_.Derive(purpose), salt);
+}
+
+void ValueSealer::Seal(std::string_view ns, std::string_view store_key,
+                       std::span<const std::byte> plaintext, std::string* out) const {
+  std::array<uint8_t, kSaltBytes> salt;
+  if (RAND_bytes(salt.data(), static_cast<int>(salt.size())) != 1) std::abort();
+  const SecretKey key = ValueKey(ns, salt);
+  const std::string aad = AssociatedData(ns, store_key);
+  const size_t start = out->size();
+  out->resize(start + kOverheadBytes + plaintext.size());
+  auto* dst = reinterpret_cast<uint8_t*>(out->data() + start);
+  dst[0] = kVersion;
+  std::memcpy(dst + 1, salt.data(), salt.size());
+  uint8_t* body = dst + 1 + kSaltBytes;
+  CipherContext ctx(EVP_CIPHER_CTX_new());
+  int n = 0;
+  const bool ok =
+      ctx != nullptr &&
+      EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), kNonce.data()) == 1 &&
+      EVP_EncryptUpdate(ctx.get(), nullptr, &n, reinterpret_cast<const uint8_t*>(aad.data()),
+                        static_cast<int>(aad.size())) == 1 &&
+      InPieces({reinterpret_cast<const uint8_t*>(plaintext.data()), plaintext.size()},
+               [&](const uint8_t* p, int len, size_t at) {
+                 return EVP_EncryptUpdate(ctx.get(), body + at, &n, p, len) == 1;
+               }) &&
+      EVP_EncryptFinal_ex(ctx.get(), body + plaintext.size(), &n) == 1 &&
+      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, body + plaintext.size()) == 1;
+  if (!ok) std::abort();  // AES-256-GCM is in every OpenSSL build kvcached supports
+}
+
+absl::Status ValueSealer::Open(std::string_view ns, std::string_view store_key,
+                               std::string_view sealed, std::span<std::byte> out) const {
+  if (sealed.size() < kOverheadBytes) {
+    return absl::DataLossError(absl::StrCat("the sealed value has ", sealed.size(),
+                                            " bytes, fewer than a seal's ", kOverheadBytes));
+  }
+  if (out.size() != OpenedBytes(sealed.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a sealed value of ", sealed.size(),
+                                                   " bytes opens into ", OpenedBytes(sealed.size()),
+                                                   " bytes, not ", out.size()));
+  }
+  const auto* src = reinterpret_cast<const uint8_t*>(sealed.data());
+  if (src[0] != kVersion) {
+    return absl::DataLossError(
+        absl::StrCat("the sealed value is of version ", int{src[0]}, ", not ", int{kVersion}));
+  }
+  const SecretKey key = ValueKey(ns, {src + 1, kSaltBytes});
+  const std::string aad = AssociatedData(ns, store_key);
+  const uint8_t* body = src + 1 + kSaltBytes;
+  const size_t body_bytes = out.size();
+  std::array<uint8_t, kTagBytes> tag;
+  std::memcpy(tag.data(), body + body_bytes, kTagBytes);
+  auto* dst = reinterpret_cast<uint8_t*>(out.data());
+  CipherContext ctx(EVP_CIPHER_CTX_new());
+  int n = 0;
+  const bool ready =
+      ctx != nullptr &&
+      EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), kNonce.data()) == 1 &&
+      EVP_DecryptUpdate(ctx.get(), nullptr, &n, reinterpret_cast<const uint8_t*>(aad.data()),
+                        static_cast<int>(aad.size())) == 1 &&
+      InPieces({body, body_bytes},
+               [&](const uint8_t* p, int len, size_t at) {
+                 return EVP_DecryptUpdate(ctx.get(), dst + at, &n, p, len) == 1;
+               }) &&
+      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kTagBytes, tag.data()) == 1;
+  if (!ready || EVP_DecryptFinal_ex(ctx.get(), dst + body_bytes, &n) != 1) {
+    return absl::DataLossError(
+        "the sealed value does not open: changed, cut, stored under another key or namespace, "
+        "or sealed with another secret");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvcache
