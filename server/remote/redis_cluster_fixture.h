@@ -4,12 +4,17 @@
 #ifndef KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
 #define KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -29,31 +34,35 @@ class RedisClusterFixture {
            0;
   }
 
-  // Starts `masters` nodes on ports from a base derived from the pid, and
-  // joins them into one cluster serving every slot.
+  // Starts `masters` nodes on free ports of loopback, and joins them into
+  // one cluster serving every slot.
   absl::Status Start(int masters) {
     dir_ = std::filesystem::temp_directory_path() /
            absl::StrCat("kvcache-redis-cluster-", ::getpid(), "-", ++started_);
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    const int base = 21000 + (::getpid() * 7 + started_ * 97) % 9000;
     std::vector<std::string> endpoints;
+    std::vector<int> chosen;
     for (int i = 0; i < masters; ++i) {
-      const int port = base + i;
+      // Ports the kernel says are free, for clients and for the cluster bus
+      // (which would otherwise be port + 10000, perhaps taken).
+      const int port = FreePort(&chosen), bus = FreePort(&chosen);
+      if (port == 0 || bus == 0) return absl::InternalError("no free port on loopback");
       ports_.push_back(port);
       endpoints.push_back(absl::StrCat("127.0.0.1:", port));
       const std::string command = absl::StrCat(
-          "redis-server --port ", port, " --bind 127.0.0.1 --cluster-enabled yes",
-          " --cluster-config-file nodes-", port, ".conf --cluster-node-timeout 2000",
-          " --save '' --appendonly no --daemonize yes --dir ", dir_.string(), " --pidfile ",
-          PidFile(port), " --logfile ", (dir_ / absl::StrCat("redis-", port, ".log")).string());
+          "redis-server --port ", port, " --cluster-port ", bus,
+          " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes-", port,
+          ".conf --cluster-node-timeout 2000 --save '' --appendonly no --daemonize yes --dir ",
+          dir_.string(), " --pidfile ", PidFile(port), " --logfile ", LogFile(port));
       if (std::system(command.c_str()) != 0) {
         return absl::InternalError(absl::StrCat("could not start: ", command));
       }
     }
     for (int port : ports_) {
       if (!WaitFor(port, [](RedisNode& n) { return n.Run({"PING"}).ok(); })) {
-        return absl::DeadlineExceededError(absl::StrCat("redis on ", port, " did not answer"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("redis on ", port, " did not answer; its log: ", LogOf(port)));
       }
     }
     const std::string create = absl::StrCat(
@@ -94,6 +103,41 @@ class RedisClusterFixture {
   void KillNode(int i) { KillPort(ports_[i]); }
 
  private:
+  // A port nothing listens on now and not in `*chosen` (added to it); 0 when
+  // none could be found.
+  static int FreePort(std::vector<int>* chosen) {
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      const int port = AnyFreePort();
+      if (port == 0) return 0;
+      if (std::find(chosen->begin(), chosen->end(), port) == chosen->end()) {
+        chosen->push_back(port);
+        return port;
+      }
+    }
+    return 0;
+  }
+  static int AnyFreePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(addr);
+    int port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+    ::close(fd);
+    return port;
+  }
+  std::string LogFile(int port) const {
+    return (dir_ / absl::StrCat("redis-", port, ".log")).string();
+  }
+  std::string LogOf(int port) const {
+    std::ifstream in(LogFile(port));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
   std::string PidFile(int port) const {
     return (dir_ / absl::StrCat("redis-", port, ".pid")).string();
   }

@@ -1,0 +1,243 @@
+#include "server/remote/remote_store.h"
+
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/core/block.h"
+
+namespace kvcache {
+namespace {
+
+constexpr char kMagic[4] = {'K', 'V', 'R', 'B'};
+constexpr uint8_t kValueVersion = 1;
+constexpr size_t kHeaderBytes = 4 + 1 + 3 + 8;
+
+void PutLittleEndian64(uint64_t v, std::byte* out) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>(v >> (8 * i));
+}
+uint64_t GetLittleEndian64(const std::byte* in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteStore>> RemoteStore::Start(const RemoteStoreOptions& options,
+                                                                const DaemonSecret& shared) {
+  if (options.write_queue_blocks == 0 || options.write_batch_blocks == 0 ||
+      options.breaker_failures == 0 || options.breaker_cooldown <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "remote store: write_queue_blocks, write_batch_blocks and breaker_failures must be at "
+        "least 1, and breaker_cooldown positive");
+  }
+  absl::StatusOr<std::unique_ptr<ClusterClient>> reader = ClusterClient::Connect(options.cluster);
+  if (!reader.ok()) return reader.status();
+  absl::StatusOr<std::unique_ptr<ClusterClient>> writer = ClusterClient::Connect(options.cluster);
+  if (!writer.ok()) return writer.status();
+  return std::unique_ptr<RemoteStore>(
+      new RemoteStore(options, shared, *std::move(reader), *std::move(writer)));
+}
+
+RemoteStore::RemoteStore(const RemoteStoreOptions& options, const DaemonSecret& shared,
+                         std::unique_ptr<ClusterClient> reader,
+                         std::unique_ptr<ClusterClient> writer)
+    : options_(options), sealer_(shared), reader_(std::move(reader)), writer_(std::move(writer)) {
+  writer_thread_ = std::thread([this] { WriteLoop(); });
+}
+
+RemoteStore::~RemoteStore() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  writer_thread_.join();
+}
+
+bool RemoteStore::Put(std::string ns, std::string key, uint64_t checksum,
+                      std::vector<std::byte> bytes) {
+  {
+    MutexLock lock(&mu_);
+    if (stopping_ || queue_.size() >= options_.write_queue_blocks) {
+      ++stats_.writes_dropped_full;
+      return false;
+    }
+    if (absl::Now() < open_until_) {
+      ++stats_.writes_dropped_open;
+      return false;
+    }
+    ++stats_.writes_queued;
+    queue_.push_back({.ns = std::move(ns),
+                      .key = std::move(key),
+                      .checksum = checksum,
+                      .bytes = std::move(bytes)});
+  }
+  changed_.notify_all();
+  return true;
+}
+
+void RemoteStore::Flush() {
+  mu_.Lock();
+  changed_.wait(mu_, [this] {
+    mu_.AssertHeld();
+    return (queue_.empty() && in_flight_ == 0) || stopping_;
+  });
+  mu_.Unlock();
+}
+
+bool RemoteStore::MayTry() const {
+  MutexLock lock(&mu_);
+  return absl::Now() >= open_until_;
+}
+
+void RemoteStore::Reached(bool any) {
+  MutexLock lock(&mu_);
+  if (any) {
+    failures_in_a_row_ = 0;
+    return;
+  }
+  if (++failures_in_a_row_ >= options_.breaker_failures && absl::Now() >= open_until_) {
+    ++stats_.breaker_opens;
+    open_until_ = absl::Now() + options_.breaker_cooldown;
+    failures_in_a_row_ = 0;
+  }
+}
+
+std::string RemoteStore::ValueOf(const Write& w) const {
+  std::vector<std::byte> plain(kHeaderBytes + w.bytes.size());
+  std::memcpy(plain.data(), kMagic, 4);
+  plain[4] = static_cast<std::byte>(kValueVersion);
+  PutLittleEndian64(w.checksum, plain.data() + 8);
+  std::memcpy(plain.data() + kHeaderBytes, w.bytes.data(), w.bytes.size());
+  std::string sealed;
+  sealed.reserve(plain.size() + ValueSealer::kOverheadBytes);
+  sealer_.Seal(w.ns, w.key, plain, &sealed);
+  return sealed;
+}
+
+void RemoteStore::WriteLoop() {
+  for (;;) {
+    std::vector<Write> batch;
+    {
+      mu_.Lock();
+      changed_.wait(mu_, [this] {
+        mu_.AssertHeld();
+        return !queue_.empty() || stopping_;
+      });
+      if (stopping_) {
+        stats_.writes_dropped_full += queue_.size();
+        queue_.clear();
+        mu_.Unlock();
+        changed_.notify_all();
+        return;
+      }
+      while (!queue_.empty() && batch.size() < options_.write_batch_blocks) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      in_flight_ = batch.size();
+      mu_.Unlock();
+    }
+    uint64_t done = 0, failed = 0, dropped = 0, bytes = 0;
+    if (!MayTry()) {
+      dropped = batch.size();
+    } else {
+      std::vector<KeyedCommand> commands;
+      commands.reserve(batch.size());
+      for (const Write& w : batch) {
+        std::string value = ValueOf(w);
+        bytes += value.size();
+        commands.push_back({w.key, {"SET", w.key, std::move(value)}});
+      }
+      bool any = false;
+      for (const absl::StatusOr<RespValue>& r : writer_->Run(commands)) {
+        any = any || r.ok();
+        if (r.ok() && !r->is_error()) {
+          ++done;
+        } else {
+          ++failed;
+        }
+      }
+      Reached(any);
+    }
+    {
+      MutexLock lock(&mu_);
+      stats_.writes_done += done;
+      stats_.writes_failed += failed;
+      stats_.writes_dropped_open += dropped;
+      stats_.written_bytes += failed == 0 ? bytes : 0;
+      in_flight_ = 0;
+    }
+    changed_.notify_all();
+  }
+}
+
+RemoteStore::ReadOutcome RemoteStore::BlockOf(std::string_view ns, const std::string& key,
+                                              const absl::StatusOr<RespValue>& reply,
+                                              std::optional<RemoteBlock>* block) const {
+  if (!reply.ok() || reply->is_error()) return ReadOutcome::kUnavailable;
+  if (reply->is_nil()) return ReadOutcome::kAbsent;
+  const std::string& sealed = reply->str;
+  std::vector<std::byte> plain(ValueSealer::OpenedBytes(sealed.size()));
+  if (reply->type != RespValue::Type::kString || plain.size() < kHeaderBytes ||
+      !sealer_.Open(ns, key, sealed, plain).ok() || std::memcmp(plain.data(), kMagic, 4) != 0 ||
+      plain[4] != static_cast<std::byte>(kValueVersion)) {
+    return ReadOutcome::kUnreadable;
+  }
+  RemoteBlock read{.checksum = GetLittleEndian64(plain.data() + 8),
+                   .bytes = std::vector<std::byte>(plain.begin() + kHeaderBytes, plain.end())};
+  if (Checksum(read.bytes) != read.checksum) return ReadOutcome::kChecksum;
+  *block = std::move(read);
+  return ReadOutcome::kHit;
+}
+
+std::vector<std::optional<RemoteBlock>> RemoteStore::Get(std::string_view ns,
+                                                         std::span<const std::string> keys) {
+  std::vector<std::optional<RemoteBlock>> blocks(keys.size());
+  if (!MayTry()) {
+    MutexLock lock(&mu_);
+    stats_.reads += keys.size();
+    stats_.misses_unavailable += keys.size();
+    return blocks;
+  }
+  std::vector<KeyedCommand> commands;
+  commands.reserve(keys.size());
+  for (const std::string& key : keys) commands.push_back({key, {"GET", key}});
+  std::vector<absl::StatusOr<RespValue>> replies;
+  {
+    MutexLock lock(&read_mu_);
+    replies = reader_->Run(commands);
+  }
+  bool any = keys.empty();
+  std::array<uint64_t, kReadOutcomes> outcomes{};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    any = any || replies[i].ok();
+    ++outcomes[static_cast<int>(BlockOf(ns, keys[i], replies[i], &blocks[i]))];
+  }
+  Reached(any);
+  MutexLock lock(&mu_);
+  stats_.reads += keys.size();
+  stats_.hits += outcomes[static_cast<int>(ReadOutcome::kHit)];
+  stats_.misses_absent += outcomes[static_cast<int>(ReadOutcome::kAbsent)];
+  stats_.misses_unreadable += outcomes[static_cast<int>(ReadOutcome::kUnreadable)];
+  stats_.misses_checksum += outcomes[static_cast<int>(ReadOutcome::kChecksum)];
+  stats_.misses_unavailable += outcomes[static_cast<int>(ReadOutcome::kUnavailable)];
+  for (const std::optional<RemoteBlock>& b : blocks) {
+    if (b.has_value()) stats_.read_bytes += b->bytes.size();
+  }
+  return blocks;
+}
+
+RemoteStore::Stats RemoteStore::stats() const {
+  MutexLock lock(&mu_);
+  Stats s = stats_;
+  s.write_queue = queue_.size() + in_flight_;
+  s.breaker_open = absl::Now() < open_until_;
+  return s;
+}
+
+}  // namespace kvcache
