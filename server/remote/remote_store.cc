@@ -108,14 +108,14 @@ void RemoteStore::Reached(bool any) {
 }
 
 std::string RemoteStore::ValueOf(const Write& w) const {
-  std::vector<std::byte> plain(kHeaderBytes + w.bytes.size());
-  std::memcpy(plain.data(), kMagic, 4);
-  plain[4] = static_cast<std::byte>(kValueVersion);
-  PutLittleEndian64(w.checksum, plain.data() + 8);
-  std::memcpy(plain.data() + kHeaderBytes, w.bytes.data(), w.bytes.size());
+  std::array<std::byte, kHeaderBytes> header{};
+  std::memcpy(header.data(), kMagic, 4);
+  header[4] = static_cast<std::byte>(kValueVersion);
+  PutLittleEndian64(w.checksum, header.data() + 8);
+  const std::span<const std::byte> pieces[] = {header, w.bytes};
   std::string sealed;
-  sealed.reserve(plain.size() + ValueSealer::kOverheadBytes);
-  sealer_.Seal(w.ns, w.key, plain, &sealed);
+  sealed.reserve(kHeaderBytes + w.bytes.size() + ValueSealer::kOverheadBytes);
+  sealer_.Seal(w.ns, w.key, pieces, &sealed);
   return sealed;
 }
 
@@ -182,14 +182,20 @@ RemoteStore::ReadOutcome RemoteStore::BlockOf(std::string_view ns, const std::st
   if (!reply.ok() || reply->is_error()) return ReadOutcome::kUnavailable;
   if (reply->is_nil()) return ReadOutcome::kAbsent;
   const std::string& sealed = reply->str;
-  std::vector<std::byte> plain(ValueSealer::OpenedBytes(sealed.size()));
-  if (reply->type != RespValue::Type::kString || plain.size() < kHeaderBytes ||
-      !sealer_.Open(ns, key, sealed, plain).ok() || std::memcmp(plain.data(), kMagic, 4) != 0 ||
-      plain[4] != static_cast<std::byte>(kValueVersion)) {
+  const size_t opened = ValueSealer::OpenedBytes(sealed.size());
+  if (reply->type != RespValue::Type::kString || opened < kHeaderBytes) {
     return ReadOutcome::kUnreadable;
   }
-  RemoteBlock read{.checksum = GetLittleEndian64(plain.data() + 8),
-                   .bytes = std::vector<std::byte>(plain.begin() + kHeaderBytes, plain.end())};
+  // The header and the bytes open straight into their places.
+  std::array<std::byte, kHeaderBytes> header;
+  RemoteBlock read;
+  read.bytes.resize(opened - kHeaderBytes);
+  const std::span<std::byte> pieces[] = {header, read.bytes};
+  if (!sealer_.Open(ns, key, sealed, pieces).ok() || std::memcmp(header.data(), kMagic, 4) != 0 ||
+      header[4] != static_cast<std::byte>(kValueVersion)) {
+    return ReadOutcome::kUnreadable;
+  }
+  read.checksum = GetLittleEndian64(header.data() + 8);
   if (Checksum(read.bytes) != read.checksum) return ReadOutcome::kChecksum;
   *block = std::move(read);
   return ReadOutcome::kHit;

@@ -41,6 +41,10 @@ class ValueSealer {
   // namespace `ns`, to `*out`.
   void Seal(std::string_view ns, std::string_view store_key, std::span<const std::byte> plaintext,
             std::string* out) const;
+  // The same for the plaintext made of `pieces` one after the other (no
+  // copy to join them).
+  void Seal(std::string_view ns, std::string_view store_key,
+            std::span<const std::span<const std::byte>> pieces, std::string* out) const;
 
   // The plaintext's size in a sealed value of `sealed_bytes` (0 when it is
   // too short to be one).
@@ -55,6 +59,10 @@ class ValueSealer {
   // of the wrong size.
   absl::Status Open(std::string_view ns, std::string_view store_key, std::string_view sealed,
                     std::span<std::byte> out) const;
+  // The same into `pieces` one after the other (sizes adding up to
+  // OpenedBytes()).
+  absl::Status Open(std::string_view ns, std::string_view store_key, std::string_view sealed,
+                    std::span<const std::span<std::byte>> pieces) const;
 
  private:
   SecretKey ValueKey(std::string_view ns, std::span<const uint8_t> salt) const;

@@ -44,6 +44,28 @@ TEST(ValueSealTest, OpensWhatItSealedAndHidesIt) {
   }
 }
 
+TEST(ValueSealTest, PiecesSealAndOpenAsTheirJoinedBytes) {
+  const ValueSealer sealer(Secret(1));
+  const std::vector<std::byte> plain = Bytes(1000, 5);
+  const std::span<const std::byte> whole(plain);
+  const std::span<const std::byte> in[] = {whole.first(16), whole.subspan(16, 0),
+                                           whole.subspan(16)};
+  std::string sealed;
+  sealer.Seal("ns", "k", in, &sealed);
+  // Opens whole, and into pieces of other sizes.
+  std::vector<std::byte> joined(plain.size());
+  ASSERT_TRUE(sealer.Open("ns", "k", sealed, joined).ok());
+  EXPECT_EQ(joined, plain);
+  std::vector<std::byte> a(999), b(1);
+  const std::span<std::byte> out[] = {a, b};
+  ASSERT_TRUE(sealer.Open("ns", "k", sealed, out).ok());
+  a.push_back(b[0]);
+  EXPECT_EQ(a, plain);
+  std::vector<std::byte> small(10);
+  const std::span<std::byte> too_small[] = {small};
+  EXPECT_EQ(sealer.Open("ns", "k", sealed, too_small).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ValueSealTest, TheSameValueSealsDifferentlyEachTime) {
   const ValueSealer sealer(Secret(1));
   const std::vector<std::byte> plain = Bytes(256, 3);
