@@ -127,7 +127,8 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
     bool refresh = false;
     bool pause = false;
     for (auto& [key, group] : by_node) {
-      auto& [address, members] = group;
+      const NodeAddress& address = group.first;
+      std::vector<Pending>& members = group.second;
       const auto retry_all = [&](const std::string& why) {
         for (Pending& p : members) {
           if (++p.hops > options_.max_redirects) {
