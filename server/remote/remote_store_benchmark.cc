@@ -18,8 +18,8 @@
 //   remote_store_benchmark --blocks 256 --block-kib 2048 --runs 5
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
