@@ -55,6 +55,7 @@ class RedisClusterFixture {
           " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes-", port,
           ".conf --cluster-node-timeout 2000 --save '' --appendonly no --daemonize yes --dir ",
           dir_.string(), " --pidfile ", PidFile(port), " --logfile ", LogFile(port));
+      commands_.push_back(command);
       if (std::system(command.c_str()) != 0) {
         return absl::InternalError(absl::StrCat("could not start: ", command));
       }
@@ -72,6 +73,23 @@ class RedisClusterFixture {
       return absl::InternalError(
           absl::StrCat("redis-cli --cluster create failed; see ", (dir_ / "create.log").string()));
     }
+    return WaitUntilOk();
+  }
+
+  // Starts node i again after KillNode(i), on its ports and with its cluster
+  // state (its nodes file); its data is gone (nothing is saved).
+  absl::Status RestartNode(int i) {
+    if (std::system(commands_[i].c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("could not start: ", commands_[i]));
+    }
+    if (!WaitFor(ports_[i], [](RedisNode& n) { return n.Run({"PING"}).ok(); })) {
+      return absl::DeadlineExceededError(absl::StrCat("redis on ", ports_[i], " did not answer"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits until every node says cluster_state:ok.
+  absl::Status WaitUntilOk() {
     for (int port : ports_) {
       if (!WaitFor(port, [](RedisNode& n) {
             absl::StatusOr<RespValue> info = n.Run({"CLUSTER", "INFO"});
@@ -162,6 +180,7 @@ class RedisClusterFixture {
 
   std::filesystem::path dir_;
   std::vector<int> ports_;
+  std::vector<std::string> commands_;  // what started each node
   static inline int started_ = 0;
 };
 

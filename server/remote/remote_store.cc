@@ -34,19 +34,28 @@ absl::StatusOr<std::unique_ptr<RemoteStore>> RemoteStore::Start(const RemoteStor
         "remote store: write_queue_blocks, write_batch_blocks and breaker_failures must be at "
         "least 1, and breaker_cooldown positive");
   }
-  absl::StatusOr<std::unique_ptr<ClusterClient>> reader = ClusterClient::Connect(options.cluster);
-  if (!reader.ok()) return reader.status();
-  absl::StatusOr<std::unique_ptr<ClusterClient>> writer = ClusterClient::Connect(options.cluster);
-  if (!writer.ok()) return writer.status();
-  return std::unique_ptr<RemoteStore>(
-      new RemoteStore(options, shared, *std::move(reader), *std::move(writer)));
+  if (options.cluster.seeds.empty()) {
+    return absl::InvalidArgumentError("remote store: no seed node of the Redis Cluster");
+  }
+  return std::unique_ptr<RemoteStore>(new RemoteStore(options, shared));
 }
 
-RemoteStore::RemoteStore(const RemoteStoreOptions& options, const DaemonSecret& shared,
-                         std::unique_ptr<ClusterClient> reader,
-                         std::unique_ptr<ClusterClient> writer)
-    : options_(options), sealer_(shared), reader_(std::move(reader)), writer_(std::move(writer)) {
+RemoteStore::RemoteStore(const RemoteStoreOptions& options, const DaemonSecret& shared)
+    : options_(options), sealer_(shared) {
   writer_thread_ = std::thread([this] { WriteLoop(); });
+}
+
+absl::Status RemoteStore::Connect() {
+  MutexLock lock(&read_mu_);
+  return ConnectReaderLocked();
+}
+
+absl::Status RemoteStore::ConnectReaderLocked() {
+  if (reader_ != nullptr) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client = ClusterClient::Connect(options_.cluster);
+  if (!client.ok()) return client.status();
+  reader_ = *std::move(client);
+  return absl::OkStatus();
 }
 
 RemoteStore::~RemoteStore() {
@@ -154,12 +163,21 @@ void RemoteStore::WriteLoop() {
         commands.push_back({w.key, {"SET", w.key, std::move(value)}});
       }
       bool any = false;
-      for (const absl::StatusOr<RespValue>& r : writer_->Run(commands)) {
-        any = any || r.ok();
-        if (r.ok() && !r->is_error()) {
-          ++done;
-        } else {
-          ++failed;
+      if (writer_ == nullptr) {
+        absl::StatusOr<std::unique_ptr<ClusterClient>> client =
+            ClusterClient::Connect(options_.cluster);
+        if (client.ok()) writer_ = *std::move(client);
+      }
+      if (writer_ == nullptr) {
+        failed = batch.size();  // the cluster cannot be reached (yet)
+      } else {
+        for (const absl::StatusOr<RespValue>& r : writer_->Run(commands)) {
+          any = any || r.ok();
+          if (r.ok() && !r->is_error()) {
+            ++done;
+          } else {
+            ++failed;
+          }
         }
       }
       Reached(any);
@@ -216,7 +234,12 @@ std::vector<std::optional<RemoteBlock>> RemoteStore::Get(std::string_view ns,
   std::vector<absl::StatusOr<RespValue>> replies;
   {
     MutexLock lock(&read_mu_);
-    replies = reader_->Run(commands);
+    const absl::Status connected = ConnectReaderLocked();
+    if (connected.ok()) {
+      replies = reader_->Run(commands);
+    } else {
+      replies.assign(keys.size(), connected);
+    }
   }
   bool any = keys.empty();
   std::array<uint64_t, kReadOutcomes> outcomes{};

@@ -21,7 +21,8 @@
 // reads miss at once), then lets the next batch try again.
 //
 // Thread-safe: any thread may Put and Get (reads share one connection set
-// under a lock; the writer thread has its own).
+// under a lock; the writer thread has its own). Neither is opened before it
+// is needed, so a daemon starts whether or not the cluster is up.
 #ifndef KVCACHE_SERVER_REMOTE_REMOTE_STORE_H_
 #define KVCACHE_SERVER_REMOTE_REMOTE_STORE_H_
 
@@ -80,11 +81,16 @@ class RemoteStore {
     bool breaker_open = false;  // now
   };
 
-  // Connects to the cluster (ClusterClient::Connect, once for reads and once
-  // for the writer) and starts the writer. UNAVAILABLE when no seed answers;
-  // INVALID_ARGUMENT for options out of range.
+  // Starts the writer. The store connects when it is first used (once for
+  // reads, once for the writer: ClusterClient::Connect), and again after a
+  // failed attempt at each later use the breaker lets through: a cluster
+  // that cannot be reached yet costs misses and dropped writes until it can.
+  // INVALID_ARGUMENT for options out of range or no seed.
   static absl::StatusOr<std::unique_ptr<RemoteStore>> Start(const RemoteStoreOptions& options,
                                                             const DaemonSecret& shared);
+  // Connects for reads now, unless connected; why not when the cluster
+  // cannot be reached (for a start-up log line; the store works on).
+  absl::Status Connect();
   ~RemoteStore();  // the writer stops; blocks still queued are dropped (counted)
   RemoteStore(const RemoteStore&) = delete;
   RemoteStore& operator=(const RemoteStore&) = delete;
@@ -111,8 +117,8 @@ class RemoteStore {
     uint64_t checksum = 0;
     std::vector<std::byte> bytes;
   };
-  RemoteStore(const RemoteStoreOptions& options, const DaemonSecret& shared,
-              std::unique_ptr<ClusterClient> reader, std::unique_ptr<ClusterClient> writer);
+  RemoteStore(const RemoteStoreOptions& options, const DaemonSecret& shared);
+  absl::Status ConnectReaderLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
 
   void WriteLoop();
   // Whether a batch may try Redis now (the breaker closed, or its cool-down
@@ -133,8 +139,8 @@ class RemoteStore {
   const ValueSealer sealer_;
 
   Mutex read_mu_;
-  std::unique_ptr<ClusterClient> reader_ ABSL_GUARDED_BY(read_mu_);
-  std::unique_ptr<ClusterClient> writer_;  // the writer thread's alone
+  std::unique_ptr<ClusterClient> reader_ ABSL_GUARDED_BY(read_mu_);  // null until connected
+  std::unique_ptr<ClusterClient> writer_;  // the writer thread's alone; null until connected
 
   mutable Mutex mu_;
   std::condition_variable_any changed_;  // queue_ or in_flight_ changed, or stopping_

@@ -168,5 +168,43 @@ TEST(RemoteStoreFailureTest, AClusterGoneCostsMissesAndTheBreakerStopsTheTrying)
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+TEST(RemoteStoreFailureTest, AStoreStartedBeforeTheClusterIsUpWorksOnceItIs) {
+  if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
+  RedisClusterFixture cluster;
+  ASSERT_TRUE(cluster.Start(3).ok());
+  for (int i = 0; i < 3; ++i) cluster.KillNode(i);
+  RemoteStoreOptions options{.breaker_failures = 2, .breaker_cooldown = absl::Milliseconds(200)};
+  options.cluster = {
+      .seeds = {cluster.Address(0), cluster.Address(1)},
+      .node = {.connect_timeout = absl::Milliseconds(100), .io_timeout = absl::Milliseconds(300)},
+      .max_redirects = 1};
+  // A daemon starting while the cluster is down starts all the same.
+  absl::StatusOr<std::unique_ptr<RemoteStore>> store = RemoteStore::Start(options, Secret(1));
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Connect().code(), absl::StatusCode::kUnavailable);
+  const std::vector<std::string> keys = {"kvc:late-1"};
+  EXPECT_FALSE((*store)->Get("ns", keys)[0].has_value());
+  EXPECT_TRUE((*store)->Put("ns", keys[0], Checksum(BlockBytes(64, 1)), BlockBytes(64, 1)));
+  (*store)->Flush();
+  RemoteStore::Stats s = (*store)->stats();
+  EXPECT_EQ(s.misses_unavailable, 1u);
+  EXPECT_EQ(s.writes_failed, 1u);
+  EXPECT_EQ(s.breaker_opens, 1u);
+  // The cluster comes up: once the breaker lets a try through, the store
+  // connects and works.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster.RestartNode(i).ok());
+  ASSERT_TRUE(cluster.WaitUntilOk().ok());
+  absl::SleepFor(absl::Milliseconds(250));
+  EXPECT_TRUE((*store)->Put("ns", keys[0], Checksum(BlockBytes(64, 1)), BlockBytes(64, 1)));
+  (*store)->Flush();
+  std::optional<RemoteBlock> got = (*store)->Get("ns", keys)[0];
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->bytes, BlockBytes(64, 1));
+  s = (*store)->stats();
+  EXPECT_EQ(s.writes_done, 1u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_FALSE(s.breaker_open);
+}
+
 }  // namespace
 }  // namespace kvcache
