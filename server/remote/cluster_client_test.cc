@@ -8,26 +8,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/remote/cluster_suite.h"
 #include "server/remote/key_slot.h"
-#include "server/remote/redis_cluster_fixture.h"
 
 namespace kvcache {
 namespace {
 
-class ClusterClientTest : public ::testing::Test {
+class ClusterClientTest : public remote_test::ClusterSuite {
  protected:
-  static void SetUpTestSuite() {
-    if (!RedisClusterFixture::Available()) return;
-    cluster_ = new RedisClusterFixture();
-    start_ = cluster_->Start(3);
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
   void SetUp() override {
-    if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed";
-    ASSERT_TRUE(start_.ok()) << start_;
+    remote_test::ClusterSuite::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     absl::StatusOr<std::unique_ptr<ClusterClient>> client =
         ClusterClient::Connect({.seeds = {cluster_->Address(1)}});
     ASSERT_TRUE(client.ok()) << client.status();
@@ -57,8 +48,6 @@ class ClusterClientTest : public ::testing::Test {
     ASSERT_FALSE(r->is_error()) << absl::StrJoin(command, " ") << ": " << r->str;
   }
 
-  static inline RedisClusterFixture* cluster_ = nullptr;
-  static inline absl::Status start_;
   std::unique_ptr<ClusterClient> client_;
 };
 

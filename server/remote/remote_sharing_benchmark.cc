@@ -34,6 +34,7 @@
 #include "server/core/eviction_policy.h"
 #include "server/remote/redis_cluster_fixture.h"
 #include "server/remote/remote_sharing.h"
+#include "server/remote/remote_test_util.h"
 
 namespace kvcache {
 namespace {
@@ -53,15 +54,7 @@ double Median(std::vector<double> v) {
 }
 
 std::vector<std::byte> BlockBytes(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v[i] = static_cast<std::byte>(x);
-  }
-  return v;
+  return remote_test::SeededBytes(n, seed);
 }
 
 struct Node {
@@ -131,9 +124,7 @@ int Main(int argc, char** argv) {
                            .dtype = DType::kFp16,
                            .block_tokens = static_cast<uint32_t>(f.block_tokens)};
   if (!layout.Validate().ok()) return 2;
-  SecretKey secret;
-  secret.fill(5);
-  const DaemonSecret shared = DaemonSecret::FromBytes(secret);
+  const DaemonSecret shared = remote_test::Secret(5);
   Node a = MakeNode(cluster, model, layout, shared);
   Node b = MakeNode(cluster, model, layout, shared);
   const size_t blocks = f.prefix_tokens / f.block_tokens;

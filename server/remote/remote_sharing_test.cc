@@ -7,19 +7,16 @@
 #include <gtest/gtest.h>
 
 #include "server/core/cache_test_util.h"
-#include "server/remote/redis_cluster_fixture.h"
+#include "server/remote/cluster_suite.h"
 #include "server/remote/remote_key.h"
+#include "server/remote/remote_test_util.h"
 
 namespace kvcache {
 namespace {
 
 using namespace cache_test;  // NOLINT: the cache tests' models and patterns
 
-DaemonSecret Secret(uint8_t fill) {
-  SecretKey bytes;
-  bytes.fill(fill);
-  return DaemonSecret::FromBytes(bytes);
-}
+using remote_test::Secret;
 
 // One daemon's worth: a cache, its store and its sharing.
 struct Node {
@@ -50,20 +47,11 @@ struct Node {
   std::unique_ptr<RemoteSharing> sharing;
 };
 
-class RemoteSharingTest : public ::testing::Test {
+class RemoteSharingTest : public remote_test::ClusterSuite {
  protected:
-  static void SetUpTestSuite() {
-    if (!RedisClusterFixture::Available()) return;
-    cluster_ = new RedisClusterFixture();
-    start_ = cluster_->Start(3);
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
   void SetUp() override {
-    if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed";
-    ASSERT_TRUE(start_.ok()) << start_;
+    remote_test::ClusterSuite::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     a_ = std::make_unique<Node>(*cluster_, &clock_);
     b_ = std::make_unique<Node>(*cluster_, &clock_);
     ASSERT_TRUE(a_->store && b_->store);
@@ -81,8 +69,6 @@ class RemoteSharingTest : public ::testing::Test {
     a_->sharing->Flush();
   }
 
-  static inline RedisClusterFixture* cluster_ = nullptr;
-  static inline absl::Status start_;
   static inline Token next_token_ = 1000;
   ManualClock clock_;
   std::unique_ptr<Node> a_, b_;

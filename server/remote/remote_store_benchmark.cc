@@ -28,6 +28,7 @@
 #include "server/core/block.h"
 #include "server/remote/redis_cluster_fixture.h"
 #include "server/remote/remote_store.h"
+#include "server/remote/remote_test_util.h"
 
 namespace kvcache {
 namespace {
@@ -40,16 +41,8 @@ struct Flags {
   int runs = 5;
 };
 
-std::vector<std::byte> BlockBytes(size_t n, int seed) {
-  std::vector<std::byte> v(n);
-  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(seed + 1);
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v[i] = static_cast<std::byte>(x);
-  }
-  return v;
+std::vector<std::byte> BlockBytes(size_t n, uint64_t seed) {
+  return remote_test::SeededBytes(n, seed);
 }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -151,12 +144,10 @@ int Main(int argc, char** argv) {
       .seeds = {cluster.Address(0)},
       .node = {.connect_timeout = absl::Seconds(1), .io_timeout = absl::Seconds(10)}};
   auto client = ClusterClient::Connect(cluster_options);
-  SecretKey secret;
-  secret.fill(7);
   auto store = RemoteStore::Start({.cluster = cluster_options,
                                    .write_queue_blocks = static_cast<uint32_t>(f.batch) * 4,
                                    .write_batch_blocks = static_cast<uint32_t>(f.batch)},
-                                  DaemonSecret::FromBytes(secret));
+                                  remote_test::Secret(7));
   if (!client.ok() || !store.ok()) {
     std::fprintf(stderr, "remote_store_benchmark: cannot connect\n");
     return 1;

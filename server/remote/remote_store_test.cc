@@ -8,39 +8,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/block.h"
-#include "server/remote/redis_cluster_fixture.h"
+#include "server/remote/cluster_suite.h"
 #include "server/remote/remote_key.h"
+#include "server/remote/remote_test_util.h"
 
 namespace kvcache {
 namespace {
 
-DaemonSecret Secret(uint8_t fill) {
-  SecretKey bytes;
-  bytes.fill(fill);
-  return DaemonSecret::FromBytes(bytes);
-}
+using remote_test::Secret;
 
-std::vector<std::byte> BlockBytes(size_t n, int seed) {
-  std::vector<std::byte> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 2654435761u + seed) >> 7);
-  return v;
-}
+std::vector<std::byte> BlockBytes(size_t n, int seed) { return remote_test::SeededBytes(n, seed); }
 
-class RemoteStoreTest : public ::testing::Test {
+class RemoteStoreTest : public remote_test::ClusterSuite {
  protected:
-  static void SetUpTestSuite() {
-    if (!RedisClusterFixture::Available()) return;
-    cluster_ = new RedisClusterFixture();
-    start_ = cluster_->Start(3);
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  void SetUp() override {
-    if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed";
-    ASSERT_TRUE(start_.ok()) << start_;
-  }
   static std::unique_ptr<RemoteStore> NewStore(uint8_t secret, RemoteStoreOptions options = {}) {
     options.cluster.seeds = {cluster_->Address(0)};
     absl::StatusOr<std::unique_ptr<RemoteStore>> store =
@@ -65,9 +45,6 @@ class RemoteStoreTest : public ::testing::Test {
     store.Flush();
     return keys;
   }
-
-  static inline RedisClusterFixture* cluster_ = nullptr;
-  static inline absl::Status start_;
 };
 
 TEST_F(RemoteStoreTest, WhatOneDaemonWritesAnotherReadsByteForByte) {

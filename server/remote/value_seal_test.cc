@@ -8,15 +8,12 @@
 #include <set>
 
 #include "server/remote/remote_key.h"
+#include "server/remote/remote_test_util.h"
 
 namespace kvcache {
 namespace {
 
-DaemonSecret Secret(uint8_t fill) {
-  SecretKey bytes;
-  bytes.fill(fill);
-  return DaemonSecret::FromBytes(bytes);
-}
+using remote_test::Secret;
 
 std::vector<std::byte> Bytes(size_t n, uint8_t seed) {
   std::vector<std::byte> v(n);
