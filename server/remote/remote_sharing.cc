@@ -13,71 +13,99 @@ namespace kvcache {
 RemoteSharing::RemoteSharing(Cache* cache, RemoteStore* store, const DaemonSecret& shared,
                              const RemoteSharingOptions& options)
     : cache_(cache), store_(store), shared_(shared), options_(options) {
-  thread_ = std::thread([this] { Loop(); });
+  MutexLock lock(&mu_);
+  sharer_.thread = std::thread([this] { Loop(&sharer_, &RemoteSharing::ShareNow); });
+  discoverer_.thread = std::thread([this] { Loop(&discoverer_, &RemoteSharing::DiscoverNow); });
 }
 
 RemoteSharing::~RemoteSharing() {
+  std::thread sharer, discoverer;
   {
     MutexLock lock(&mu_);
     stopping_ = true;
+    sharer = std::move(sharer_.thread);
+    discoverer = std::move(discoverer_.thread);
   }
   changed_.notify_all();
-  thread_.join();
+  sharer.join();
+  discoverer.join();
 }
 
-bool RemoteSharing::Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_block) {
+bool RemoteSharing::Queue(Worker* worker, Job job, uint32_t limit, uint64_t* dropped) {
   {
     MutexLock lock(&mu_);
-    if (stopping_ || queue_.size() >= options_.share_queue) {
-      ++stats_.shares_dropped;
+    if (stopping_ || worker->queue.size() >= limit) {
+      ++*dropped;
       return false;
     }
-    ++stats_.shares_queued;
-    queue_.push_back({.model = model, .tokens = std::move(tokens), .first_block = first_block});
+    worker->queue.push_back(std::move(job));
   }
   changed_.notify_all();
   return true;
+}
+
+bool RemoteSharing::Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_block) {
+  uint64_t dropped = 0;
+  const bool queued =
+      Queue(&sharer_, {.model = model, .tokens = std::move(tokens), .first_block = first_block},
+            options_.share_queue, &dropped);
+  MutexLock lock(&mu_);
+  stats_.shares_dropped += dropped;
+  stats_.shares_queued += queued ? 1 : 0;
+  return queued;
+}
+
+bool RemoteSharing::DiscoverLater(const ModelKey& model, std::vector<Token> tokens) {
+  uint64_t dropped = 0;
+  const bool queued = Queue(&discoverer_, {.model = model, .tokens = std::move(tokens)},
+                            options_.discover_queue, &dropped);
+  MutexLock lock(&mu_);
+  stats_.discoveries_dropped += dropped;
+  return queued;
 }
 
 void RemoteSharing::Flush() {
   mu_.Lock();
   changed_.wait(mu_, [this] {
     mu_.AssertHeld();
-    return (queue_.empty() && !busy_) || stopping_;
+    return (sharer_.queue.empty() && !sharer_.busy && discoverer_.queue.empty() &&
+            !discoverer_.busy) ||
+           stopping_;
   });
   mu_.Unlock();
   store_->Flush();
 }
 
-void RemoteSharing::Loop() {
+void RemoteSharing::Loop(Worker* worker, void (RemoteSharing::*run)(const Job&)) {
   for (;;) {
     Job job;
     {
       mu_.Lock();
-      changed_.wait(mu_, [this] {
+      changed_.wait(mu_, [this, worker] {
         mu_.AssertHeld();
-        return !queue_.empty() || stopping_;
+        return !worker->queue.empty() || stopping_;
       });
       if (stopping_) {
-        stats_.shares_dropped += queue_.size();
-        queue_.clear();
+        worker->queue.clear();
         mu_.Unlock();
         changed_.notify_all();
         return;
       }
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      job = std::move(worker->queue.front());
+      worker->queue.pop_front();
+      worker->busy = true;
       mu_.Unlock();
     }
-    ShareNow(job);
+    (this->*run)(job);
     {
       MutexLock lock(&mu_);
-      busy_ = false;
+      worker->busy = false;
     }
     changed_.notify_all();
   }
 }
+
+void RemoteSharing::DiscoverNow(const Job& job) { (void)Discover(job.model, job.tokens); }
 
 void RemoteSharing::ShareNow(const Job& job) {
   // The cached prefix of the prompt, pinned while its blocks are copied out.

@@ -41,6 +41,7 @@ namespace kvcache {
 struct RemoteSharingOptions {
   uint32_t share_queue = 256;          // prompts waiting to be shared; past it, dropped (counted)
   uint32_t max_discover_blocks = 256;  // blocks one Discover asks the store for
+  uint32_t discover_queue = 64;        // prompts waiting for DiscoverLater; past it, dropped
 };
 
 class RemoteSharing {
@@ -51,6 +52,7 @@ class RemoteSharing {
     uint64_t blocks_put = 0;      // handed to the store
     uint64_t blocks_skipped = 0;  // lossy, or evicted before the thread read them
     uint64_t discoveries = 0;
+    uint64_t discoveries_dropped = 0;  // DiscoverLater's queue was full
     uint64_t blocks_adopted = 0;
     uint64_t adoptions_failed = 0;  // the append refused them (logged)
   };
@@ -66,8 +68,9 @@ class RemoteSharing {
   // Queues blocks [first_block, tokens.size() / block_tokens) of `tokens`
   // of `model` to be shared. False (counted) when the queue is full.
   bool Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_block);
-  // Waits until every prompt queued before the call was shared or dropped,
-  // and the store wrote what it was given (tests).
+  // Waits until every prompt queued before the call (to share or to
+  // discover) was done or dropped, and the store wrote what it was given
+  // (tests).
   void Flush();
 
   // Adopts what the store holds of `tokens` past the cached prefix (at most
@@ -75,6 +78,10 @@ class RemoteSharing {
   // has nothing, or is unreachable). NOT_FOUND for an unknown model; the
   // append's own errors when it refused the blocks (nothing changed).
   absl::StatusOr<uint64_t> Discover(const ModelKey& model, std::span<const Token> tokens);
+  // Discover on a thread of its own, for a caller that must not wait on
+  // Redis (a lookup's front door): a later lookup or fetch finds what it
+  // adopted. False (counted) when its queue (discover_queue) is full.
+  bool DiscoverLater(const ModelKey& model, std::vector<Token> tokens);
 
   Stats stats() const;
 
@@ -84,8 +91,16 @@ class RemoteSharing {
     std::vector<Token> tokens;
     uint64_t first_block = 0;
   };
-  void Loop();
+  // A queue of jobs and the thread that runs them.
+  struct Worker {
+    std::deque<Job> queue;
+    bool busy = false;
+    std::thread thread;
+  };
+  void Loop(Worker* worker, void (RemoteSharing::*run)(const Job&));
+  bool Queue(Worker* worker, Job job, uint32_t limit, uint64_t* dropped);
   void ShareNow(const Job& job);
+  void DiscoverNow(const Job& job);
 
   Cache* const cache_;
   RemoteStore* const store_;
@@ -94,11 +109,10 @@ class RemoteSharing {
 
   mutable Mutex mu_;
   std::condition_variable_any changed_;
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  Worker sharer_ ABSL_GUARDED_BY(mu_);  // its thread is set once, joined at the end
+  Worker discoverer_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
 };
 
 }  // namespace kvcache

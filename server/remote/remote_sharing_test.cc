@@ -92,6 +92,18 @@ TEST_F(RemoteSharingTest, WhatOneNodeAppendedAnotherFetchesByteForByte) {
   EXPECT_EQ(b_->sharing->stats().blocks_adopted, 8u);
 }
 
+TEST_F(RemoteSharingTest, ADiscoveryLaterAdoptsOnItsOwnThread) {
+  const std::vector<Token> tokens = Prompt(4);
+  AppendAndShare(Mid(), tokens);
+  // A lookup's front door hands the prompt over and goes on.
+  ASSERT_TRUE(b_->sharing->DiscoverLater(Mid().key, tokens));
+  b_->sharing->Flush();
+  EXPECT_TRUE(PlanHolds(*b_->cache->PrepareFetch(Mid().key, {.tokens = tokens}), Mid(), tokens));
+  EXPECT_EQ(b_->cache->PrepareFetch(Mid().key, {.tokens = tokens})->matched_tokens, 4 * kBt);
+  EXPECT_EQ(b_->sharing->stats().blocks_adopted, 4u);
+  EXPECT_EQ(b_->sharing->stats().discoveries_dropped, 0u);
+}
+
 TEST_F(RemoteSharingTest, OnlyWhatIsMissingLocallyIsAdopted) {
   const std::vector<Token> tokens = Prompt(6);
   AppendAndShare(Mid(), tokens);

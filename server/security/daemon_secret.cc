@@ -81,29 +81,34 @@ DaemonSecret DaemonSecret::Random() {
 
 absl::StatusOr<DaemonSecret> DaemonSecret::LoadOrCreate(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("security.secret_file is empty");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0 && errno == ENOENT) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
     KVCACHE_RETURN_IF_ERROR(WriteNewSecret(path, Random().bytes_));
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   }
-  if (fd < 0) return ErrnoStatus(errno, "cannot open the daemon secret", path);
+  return Load(path, "the daemon secret");
+}
+
+absl::StatusOr<DaemonSecret> DaemonSecret::Load(const std::string& path, std::string_view what) {
+  const std::string name(what);
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no file named for ", name));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", name), path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    return ErrnoStatus(err, "cannot stat the daemon secret", path);
+    return ErrnoStatus(err, absl::StrCat("cannot stat ", name), path);
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat("the daemon secret ", path, " is not a regular file"));
+    return absl::FailedPreconditionError(absl::StrCat(name, " ", path, " is not a regular file"));
   }
   if ((st.st_mode & 0077) != 0) {
     ::close(fd);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the daemon secret %s has mode %04o: others than its owner may read or write it "
-        "(chmod 600 it, and create a new secret if it may have been read)",
-        path, st.st_mode & 07777));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s %s has mode %04o: others than its owner may read or write it "
+                        "(chmod 600 it, and create a new secret if it may have been read)",
+                        name, path, st.st_mode & 07777));
   }
   char text[80];
   ssize_t n;
@@ -112,15 +117,14 @@ absl::StatusOr<DaemonSecret> DaemonSecret::LoadOrCreate(const std::string& path)
   } while (n < 0 && errno == EINTR);
   const int err = errno;
   ::close(fd);
-  if (n < 0) return ErrnoStatus(err, "cannot read the daemon secret", path);
+  if (n < 0) return ErrnoStatus(err, absl::StrCat("cannot read ", name), path);
   absl::string_view hex(text, static_cast<size_t>(n));
   absl::ConsumeSuffix(&hex, "\n");
-  std::string raw;
   if (hex.size() != 2 * kBytes || !absl::c_all_of(hex, absl::ascii_isxdigit)) {
     return absl::DataLossError(
-        absl::StrCat("the daemon secret ", path, " does not hold 64 hexadecimal digits"));
+        absl::StrCat(name, " ", path, " does not hold 64 hexadecimal digits"));
   }
-  raw = absl::HexStringToBytes(hex);
+  const std::string raw = absl::HexStringToBytes(hex);
   SecretKey bytes;
   std::memcpy(bytes.data(), raw.data(), bytes.size());
   return DaemonSecret(bytes);

@@ -53,6 +53,12 @@ class DaemonSecret {
   // uncreatable one (the errno's code).
   static absl::StatusOr<DaemonSecret> LoadOrCreate(const std::string& path);
 
+  // Reads a secret that must exist already, with the same checks (a secret
+  // that several daemons share, e.g. remote_tier.key_file: one created here
+  // would match no other daemon's). `what` names it in messages ("the
+  // remote tier's key file"). NOT_FOUND when there is no file.
+  static absl::StatusOr<DaemonSecret> Load(const std::string& path, std::string_view what);
+
   // HMAC-SHA256(secret, purpose): independent keys for different purposes
   // (e.g. "checkpoint-mac", "chain-key").
   SecretKey Derive(std::string_view purpose) const;

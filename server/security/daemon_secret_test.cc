@@ -60,6 +60,26 @@ TEST_F(DaemonSecretTest, RefusesTextThatIsNotASecret) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST_F(DaemonSecretTest, LoadReadsASharedSecretButNeverCreatesOne) {
+  auto missing = DaemonSecret::Load(path_, "the remote tier's key file");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("the remote tier's key file"), std::string::npos)
+      << missing.status();
+  EXPECT_FALSE(std::filesystem::exists(path_));
+  // Another daemon's file (the same bytes on every node): read as it is.
+  ASSERT_TRUE(DaemonSecret::LoadOrCreate(path_).ok());
+  auto loaded = DaemonSecret::Load(path_, "the remote tier's key file");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->Derive("x"), DaemonSecret::LoadOrCreate(path_)->Derive("x"));
+  // The same checks: a file others may read is refused, naming it.
+  ASSERT_EQ(::chmod(path_.c_str(), 0604), 0);
+  auto open = DaemonSecret::Load(path_, "the remote tier's key file");
+  EXPECT_EQ(open.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(open.status().message().find("the remote tier's key file"), std::string::npos);
+  EXPECT_EQ(DaemonSecret::Load("", "the remote tier's key file").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(DaemonSecretTest, PurposesGiveIndependentKeys) {
   const DaemonSecret secret = DaemonSecret::FromBytes(SecretKey{1, 2, 3});
   EXPECT_NE(secret.Derive("checkpoint-mac"), secret.Derive("chain-key"));
