@@ -191,5 +191,34 @@ TEST(ClusterClientFailureTest, AKilledMasterFailsOnlyItsSlotsAndInBoundedTime) {
   EXPECT_LT(took, absl::Seconds(3)) << took;
 }
 
+TEST(ClusterClientAuthTest, ThePasswordOpensTheClusterAndNothingElseDoes) {
+  if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
+  RedisClusterFixture cluster;
+  ASSERT_TRUE(cluster.Start(3, "opensesame42").ok());
+  // Without a password, or with another, no slot map: the seed refuses.
+  for (const std::string password : {"", "wrong"}) {
+    absl::StatusOr<std::unique_ptr<ClusterClient>> refused =
+        ClusterClient::Connect({.seeds = {cluster.Address(0)}, .node = {.password = password}});
+    EXPECT_FALSE(refused.ok()) << "password \"" << password << "\"";
+  }
+  absl::StatusOr<std::unique_ptr<RedisNode>> wrong =
+      RedisNode::Connect(cluster.Address(0), {.password = "wrong"});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied) << wrong.status();
+  // With it: every master, each connection authenticated.
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
+      ClusterClient::Connect({.seeds = {cluster.Address(0)}, .node = {.password = "opensesame42"}});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<KeyedCommand> sets;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = absl::StrCat("auth:", i);
+    sets.push_back({key, {"SET", key, "v"}});
+  }
+  for (const auto& r : (*client)->Run(sets)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->str, "OK");
+  }
+  EXPECT_EQ((*client)->stats().connects, 3u);
+}
+
 }  // namespace
 }  // namespace kvcache

@@ -35,8 +35,13 @@ class RedisClusterFixture {
   }
 
   // Starts `masters` nodes on free ports of loopback, and joins them into
-  // one cluster serving every slot.
-  absl::Status Start(int masters) {
+  // one cluster serving every slot; with `password` (letters and digits) the
+  // nodes require it (requirepass).
+  absl::Status Start(int masters, const std::string& password = "") {
+    password_ = password;
+    const std::string auth =
+        password.empty() ? ""
+                         : absl::StrCat(" --requirepass ", password, " --masterauth ", password);
     dir_ = std::filesystem::temp_directory_path() /
            absl::StrCat("kvcache-redis-cluster-", ::getpid(), "-", ++started_);
     std::filesystem::remove_all(dir_);
@@ -54,7 +59,7 @@ class RedisClusterFixture {
           "redis-server --port ", port, " --cluster-port ", bus,
           " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes-", port,
           ".conf --cluster-node-timeout 2000 --save '' --appendonly no --daemonize yes --dir ",
-          dir_.string(), " --pidfile ", PidFile(port), " --logfile ", LogFile(port));
+          dir_.string(), " --pidfile ", PidFile(port), " --logfile ", LogFile(port), auth);
       commands_.push_back(command);
       if (std::system(command.c_str()) != 0) {
         return absl::InternalError(absl::StrCat("could not start: ", command));
@@ -66,9 +71,11 @@ class RedisClusterFixture {
             absl::StrCat("redis on ", port, " did not answer; its log: ", LogOf(port)));
       }
     }
-    const std::string create = absl::StrCat(
-        "redis-cli --cluster create ", absl::StrJoin(endpoints, " "),
-        " --cluster-replicas 0 --cluster-yes > ", (dir_ / "create.log").string(), " 2>&1");
+    const std::string create =
+        absl::StrCat("redis-cli --cluster create ", absl::StrJoin(endpoints, " "),
+                     " --cluster-replicas 0 --cluster-yes",
+                     password.empty() ? "" : absl::StrCat(" -a ", password, " --no-auth-warning"),
+                     " > ", (dir_ / "create.log").string(), " 2>&1");
     if (std::system(create.c_str()) != 0) {
       return absl::InternalError(
           absl::StrCat("redis-cli --cluster create failed; see ", (dir_ / "create.log").string()));
@@ -113,7 +120,7 @@ class RedisClusterFixture {
   // A plain connection to node i (for the test's own commands).
   std::unique_ptr<RedisNode> Node(int i) const {
     absl::StatusOr<std::unique_ptr<RedisNode>> n =
-        RedisNode::Connect(Address(i), {.io_timeout = absl::Seconds(5)});
+        RedisNode::Connect(Address(i), {.io_timeout = absl::Seconds(5), .password = password_});
     return n.ok() ? *std::move(n) : nullptr;
   }
 
@@ -167,11 +174,11 @@ class RedisClusterFixture {
   }
 
   template <typename Ready>
-  static bool WaitFor(int port, Ready ready) {
+  bool WaitFor(int port, Ready ready) const {
     const absl::Time deadline = absl::Now() + absl::Seconds(15);
     while (absl::Now() < deadline) {
-      absl::StatusOr<std::unique_ptr<RedisNode>> n =
-          RedisNode::Connect({.host = "127.0.0.1", .port = static_cast<uint16_t>(port)}, {});
+      absl::StatusOr<std::unique_ptr<RedisNode>> n = RedisNode::Connect(
+          {.host = "127.0.0.1", .port = static_cast<uint16_t>(port)}, {.password = password_});
       if (n.ok() && ready(**n)) return true;
       absl::SleepFor(absl::Milliseconds(50));
     }
@@ -181,6 +188,7 @@ class RedisClusterFixture {
   std::filesystem::path dir_;
   std::vector<int> ports_;
   std::vector<std::string> commands_;  // what started each node
+  std::string password_;               // the nodes require it when set
   static inline int started_ = 0;
 };
 
