@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
                                              absl::StrJoin(reasons, "; ")));
 }
 
-RedisNode* ClusterClient::NodeAt(const NodeAddress& address) {
+absl::StatusOr<RedisNode*> ClusterClient::NodeAt(const NodeAddress& address) {
   const std::string key = address.ToString();
   auto it = nodes_.find(key);
   if (it != nodes_.end() && !it->second->broken()) return it->second.get();
@@ -43,7 +43,7 @@ RedisNode* ClusterClient::NodeAt(const NodeAddress& address) {
   if (!node.ok()) {
     ++stats_.node_failures;
     if (it != nodes_.end()) nodes_.erase(it);
-    return nullptr;
+    return node.status();
   }
   ++stats_.connects;
   RedisNode* raw = node->get();
@@ -57,11 +57,9 @@ void ClusterClient::DropNode(const NodeAddress& address) {
 }
 
 absl::Status ClusterClient::ReadSlotsFrom(const NodeAddress& address) {
-  RedisNode* node = NodeAt(address);
-  if (node == nullptr) {
-    return absl::UnavailableError(absl::StrCat(address.ToString(), " cannot be reached"));
-  }
-  absl::StatusOr<RespValue> reply = node->Run({"CLUSTER", "SLOTS"});
+  absl::StatusOr<RedisNode*> node = NodeAt(address);
+  if (!node.ok()) return node.status();
+  absl::StatusOr<RespValue> reply = (*node)->Run({"CLUSTER", "SLOTS"});
   if (!reply.ok()) {
     DropNode(address);
     return reply.status();
@@ -138,10 +136,10 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
           }
         }
       };
-      RedisNode* node = NodeAt(address);
-      if (node == nullptr) {
+      absl::StatusOr<RedisNode*> node = NodeAt(address);
+      if (!node.ok()) {
         refresh = true;
-        retry_all(absl::StrCat(address.ToString(), " cannot be reached"));
+        retry_all(std::string(node.status().message()));
         continue;
       }
       std::vector<RedisCommand> batch;
@@ -150,7 +148,7 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
         if (p.ask.has_value()) batch.push_back({"ASKING"});
         batch.push_back(commands[p.index].command);
       }
-      absl::StatusOr<std::vector<RespValue>> replies = node->Pipeline(batch);
+      absl::StatusOr<std::vector<RespValue>> replies = (*node)->Pipeline(batch);
       if (!replies.ok()) {
         DropNode(address);
         refresh = true;

@@ -85,9 +85,9 @@ class ClusterClient {
  private:
   explicit ClusterClient(ClusterClientOptions options) : options_(std::move(options)) {}
 
-  // The open connection to `address`, opened if needed; null (counted) when
-  // it cannot be.
-  RedisNode* NodeAt(const NodeAddress& address);
+  // The open connection to `address`, opened if needed; why not (counted)
+  // when it cannot be: unreachable, or AUTH refused.
+  absl::StatusOr<RedisNode*> NodeAt(const NodeAddress& address);
   void DropNode(const NodeAddress& address);
   // The slot map as `address` sees it.
   absl::Status ReadSlotsFrom(const NodeAddress& address);

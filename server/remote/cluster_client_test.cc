@@ -140,6 +140,12 @@ TEST_F(ClusterClientTest, AKeyThatLeftAMigratingSlotIsAskedOfTheImportingNode) {
   EXPECT_EQ(client_->stats().moved, 0u);
   // ASK teaches nothing: the slot is still the migrating node's.
   EXPECT_EQ(*client_->topology().MasterOf(slot), cluster_->Address(from));
+  // A command on both keys, half moved: TRYAGAIN, waited out up to
+  // max_redirects times, then UNAVAILABLE (the migration never ends here).
+  absl::StatusOr<RespValue> both = client_->Run({stayed, {"MGET", gone, stayed}});
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kUnavailable) << both.status();
+  EXPECT_EQ(client_->stats().try_again,
+            static_cast<uint64_t>(ClusterClientOptions{}.max_redirects));
 }
 
 TEST(ClusterClientSeedsTest, NoSeedThatAnswersIsUnavailable) {
@@ -160,6 +166,15 @@ TEST(ClusterClientFailureTest, AKilledMasterFailsOnlyItsSlotsAndInBoundedTime) {
        .node = {.connect_timeout = absl::Milliseconds(100), .io_timeout = absl::Milliseconds(200)},
        .max_redirects = 2});
   ASSERT_TRUE(client.ok()) << client.status();
+  // Connected to every master first, so the dead one's connection breaks
+  // mid-batch (dropped, then refused on the retry).
+  std::vector<KeyedCommand> warm;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = absl::StrCat("warm:", i);
+    warm.push_back({key, {"SET", key, "v"}});
+  }
+  for (const auto& r : (*client)->Run(warm)) ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ((*client)->stats().connects, 3u);
   cluster.KillNode(2);
   const NodeAddress dead = cluster.Address(2);
   std::vector<KeyedCommand> sets;
@@ -204,6 +219,10 @@ TEST(ClusterClientAuthTest, ThePasswordOpensTheClusterAndNothingElseDoes) {
   absl::StatusOr<std::unique_ptr<RedisNode>> wrong =
       RedisNode::Connect(cluster.Address(0), {.password = "wrong"});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied) << wrong.status();
+  // The client says why: the seed refused the password, not "unreachable".
+  absl::StatusOr<std::unique_ptr<ClusterClient>> refused =
+      ClusterClient::Connect({.seeds = {cluster.Address(0)}, .node = {.password = "wrong"}});
+  EXPECT_NE(refused.status().message().find("AUTH refused"), std::string::npos) << refused.status();
   // With it: every master, each connection authenticated.
   absl::StatusOr<std::unique_ptr<ClusterClient>> client =
       ClusterClient::Connect({.seeds = {cluster.Address(0)}, .node = {.password = "opensesame42"}});

@@ -31,13 +31,15 @@ RemoteSharing::~RemoteSharing() {
   discoverer.join();
 }
 
-bool RemoteSharing::Queue(Worker* worker, Job job, uint32_t limit, uint64_t* dropped) {
+bool RemoteSharing::Queue(Worker* worker, Job job, uint32_t limit, uint64_t Stats::*queued,
+                          uint64_t Stats::*dropped) {
   {
     MutexLock lock(&mu_);
     if (stopping_ || worker->queue.size() >= limit) {
-      ++*dropped;
+      ++(stats_.*dropped);
       return false;
     }
+    if (queued != nullptr) ++(stats_.*queued);
     worker->queue.push_back(std::move(job));
   }
   changed_.notify_all();
@@ -45,23 +47,13 @@ bool RemoteSharing::Queue(Worker* worker, Job job, uint32_t limit, uint64_t* dro
 }
 
 bool RemoteSharing::Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_block) {
-  uint64_t dropped = 0;
-  const bool queued =
-      Queue(&sharer_, {.model = model, .tokens = std::move(tokens), .first_block = first_block},
-            options_.share_queue, &dropped);
-  MutexLock lock(&mu_);
-  stats_.shares_dropped += dropped;
-  stats_.shares_queued += queued ? 1 : 0;
-  return queued;
+  return Queue(&sharer_, {.model = model, .tokens = std::move(tokens), .first_block = first_block},
+               options_.share_queue, &Stats::shares_queued, &Stats::shares_dropped);
 }
 
 bool RemoteSharing::DiscoverLater(const ModelKey& model, std::vector<Token> tokens) {
-  uint64_t dropped = 0;
-  const bool queued = Queue(&discoverer_, {.model = model, .tokens = std::move(tokens)},
-                            options_.discover_queue, &dropped);
-  MutexLock lock(&mu_);
-  stats_.discoveries_dropped += dropped;
-  return queued;
+  return Queue(&discoverer_, {.model = model, .tokens = std::move(tokens)}, options_.discover_queue,
+               nullptr, &Stats::discoveries_dropped);
 }
 
 void RemoteSharing::Flush() {

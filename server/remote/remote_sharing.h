@@ -98,7 +98,10 @@ class RemoteSharing {
     std::thread thread;
   };
   void Loop(Worker* worker, void (RemoteSharing::*run)(const Job&));
-  bool Queue(Worker* worker, Job job, uint32_t limit, uint64_t* dropped);
+  // Queues `job` for `worker`, counting it in `queued` (none: null) or, past
+  // `limit`, in `dropped`.
+  bool Queue(Worker* worker, Job job, uint32_t limit, uint64_t Stats::*queued,
+             uint64_t Stats::*dropped);
   void ShareNow(const Job& job);
   void DiscoverNow(const Job& job);
 

@@ -178,7 +178,9 @@ int Main(int argc, char** argv) {
     std::printf("run %d%s: share %.1f ms, local hit %.1f ms, remote (discover %.1f) %.1f ms\n", run,
                 run == 0 ? " (warm-up, not counted)" : "", share_ms.back(), local_ms.back(),
                 discover_ms.back(), remote_ms.back());
-    if (run == 0) share_ms.clear(), local_ms.clear(), discover_ms.clear(), remote_ms.clear();
+    if (run == 0) {
+      for (std::vector<double>* v : {&share_ms, &local_ms, &discover_ms, &remote_ms}) v->clear();
+    }
     // Both caches let the prompt go, so the next run's blocks reuse pool
     // memory already touched, as a daemon's long-lived pool does (a first
     // touch of fresh pages costs more than the copy itself).

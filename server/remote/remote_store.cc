@@ -158,9 +158,7 @@ void RemoteStore::WriteLoop() {
       std::vector<KeyedCommand> commands;
       commands.reserve(batch.size());
       for (const Write& w : batch) {
-        std::string value = ValueOf(w);
-        bytes += value.size();
-        commands.push_back({w.key, {"SET", w.key, std::move(value)}});
+        commands.push_back({w.key, {"SET", w.key, ValueOf(w)}});
       }
       bool any = false;
       if (writer_ == nullptr) {
@@ -171,10 +169,12 @@ void RemoteStore::WriteLoop() {
       if (writer_ == nullptr) {
         failed = batch.size();  // the cluster cannot be reached (yet)
       } else {
-        for (const absl::StatusOr<RespValue>& r : writer_->Run(commands)) {
-          any = any || r.ok();
-          if (r.ok() && !r->is_error()) {
+        const std::vector<absl::StatusOr<RespValue>> replies = writer_->Run(commands);
+        for (size_t i = 0; i < replies.size(); ++i) {
+          any = any || replies[i].ok();
+          if (replies[i].ok() && !replies[i]->is_error()) {
             ++done;
+            bytes += commands[i].command[2].size();  // the sealed value
           } else {
             ++failed;
           }
@@ -187,7 +187,7 @@ void RemoteStore::WriteLoop() {
       stats_.writes_done += done;
       stats_.writes_failed += failed;
       stats_.writes_dropped_open += dropped;
-      stats_.written_bytes += failed == 0 ? bytes : 0;
+      stats_.written_bytes += bytes;
       in_flight_ = 0;
     }
     changed_.notify_all();

@@ -71,7 +71,10 @@ std::pair<double, double> RunRaw(ClusterClient& client, const Flags& f,
             std::string(reinterpret_cast<const char*>(blocks[i].data()), blocks[i].size())}});
     }
     for (const auto& r : client.Run(batch)) {
-      if (!r.ok() || r->is_error()) std::fprintf(stderr, "raw SET failed\n"), std::exit(1);
+      if (!r.ok() || r->is_error()) {
+        std::fprintf(stderr, "raw SET failed\n");
+        std::exit(1);
+      }
     }
   }
   const double write = gb / Seconds(start);
@@ -169,7 +172,10 @@ int Main(int argc, char** argv) {
     auto [sw, sr] = sealed;
     std::printf("run %d: raw write %.2f read %.2f GB/s; sealed write %.2f read %.2f GB/s\n", run,
                 rw, rr, sw, sr);
-    raw_w.push_back(rw), raw_r.push_back(rr), sealed_w.push_back(sw), sealed_r.push_back(sr);
+    raw_w.push_back(rw);
+    raw_r.push_back(rr);
+    sealed_w.push_back(sw);
+    sealed_r.push_back(sr);
     // Each run writes its own keys: drop them so memory stays flat.
     for (int n = 0; n < f.masters; ++n) (void)cluster.Node(n)->Run({"FLUSHALL"});
   }

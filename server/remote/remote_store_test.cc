@@ -99,6 +99,20 @@ TEST_F(RemoteStoreTest, ValuesChangedInsideRedisOrReadAsAnotherTenantAreMisses) 
   EXPECT_EQ(stranger->stats().misses_unreadable, 3u);  // all three keys
 }
 
+TEST_F(RemoteStoreTest, BytesThatDoNotMatchTheirChecksumAreAMiss) {
+  auto store = NewStore(1);
+  ASSERT_TRUE(store);
+  // A writer with the secret that sealed a wrong checksum: the value opens,
+  // its bytes are not the block it claims to be.
+  const std::vector<std::byte> bytes = BlockBytes(4096, 3);
+  ASSERT_TRUE(store->Put("ns", "kvc:wrong-sum", Checksum(bytes) ^ 1, bytes));
+  store->Flush();
+  const std::vector<std::string> keys = {"kvc:wrong-sum"};
+  EXPECT_FALSE(store->Get("ns", keys)[0].has_value());
+  EXPECT_EQ(store->stats().misses_checksum, 1u);
+  EXPECT_EQ(store->stats().hits, 0u);
+}
+
 TEST_F(RemoteStoreTest, AFullQueueDropsWritesAndCountsThem) {
   auto store = NewStore(1, {.write_queue_blocks = 2, .write_batch_blocks = 1});
   ASSERT_TRUE(store);

@@ -176,6 +176,11 @@ absl::Status ShmSession::Admit(Call& call) {
 }
 
 void ShmSession::Run(std::unique_ptr<Call> call) {
+  // A fetch_into may finish on another thread (StartFetchInto); the rest
+  // finish here.
+  if (call->request.op_case() == v1::ShmRequest::kFetchInto) {
+    return StartFetchInto(std::move(call));
+  }
   const v1::ShmRequest& request = call->request;
   const Caller& caller = *call->caller;
   v1::ShmResponse& response = call->response;
@@ -208,8 +213,7 @@ void ShmSession::Run(std::unique_ptr<Call> call) {
             cache_->ReleaseLease(request.release_lease().lease_id(),
                                  [&](const ModelKey& model) { return caller.MaySee(model.ns); }));
         return absl::OkStatus();
-      case v1::ShmRequest::kFetchInto:
-        return absl::OkStatus();  // below: it may finish on another thread
+      case v1::ShmRequest::kFetchInto:  // above
       case v1::ShmRequest::kAppendFrom: {
         auto appended = AppendFrom(caller, request.append_from(), &call->bytes);
         if (!appended.ok()) return appended.status();
@@ -221,9 +225,6 @@ void ShmSession::Run(std::unique_ptr<Call> call) {
     }
     return absl::InvalidArgumentError("the request names no operation this daemon knows");
   }();
-  if (status.ok() && request.op_case() == v1::ShmRequest::kFetchInto) {
-    return StartFetchInto(std::move(call));
-  }
   Finish(std::move(call), status);
 }
 
