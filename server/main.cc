@@ -4,7 +4,8 @@
 // validates and logs it, creates the cache over its tiers (host memory and,
 // when configured, SSD), starts the metrics endpoint, the shared-memory data
 // plane and the gRPC server, runs the periodic work (lease expiry, importance
-// compaction, weight calibration) and the tier migrator, and serves until
+// compaction, weight calibration) and the tier migrator, shares blocks with
+// other daemons through the remote tier when configured, and serves until
 // SIGTERM or SIGINT, which drain in-flight calls (up to
 // drain_timeout_seconds) and exit 0.
 #include <grp.h>
@@ -33,6 +34,7 @@
 #include "server/daemon/daemon_security.h"
 #include "server/daemon/endpoints.h"
 #include "server/daemon/maintenance.h"
+#include "server/daemon/remote_tier.h"
 #include "server/daemon/tiers.h"
 #include "server/frontdoor/fair_scheduler.h"
 #include "server/http/http_server.h"
@@ -229,12 +231,26 @@ int Serve(const v1::ServerConfig& config) {
     }
   }
 
+  // The tier shared with the other daemons of a deployment (remote_tier):
+  // before the metrics that read it and the servers that tell it of appends
+  // and lookups, so that it outlives them.
+  absl::StatusOr<std::unique_ptr<RemoteTier>> remote =
+      RemoteTier::Start(config.remote_tier(), &cache);
+  if (!remote.ok()) {
+    spdlog::error("remote tier: {}", remote.status().ToString());
+    return 2;
+  }
+  SharedTier* const shared = *remote != nullptr ? (*remote)->shared() : nullptr;
+
   auto stats_source = [&cache, &checkpoints] {
     CacheStats stats = cache.GetStats();
     if (checkpoints != nullptr) stats.checkpoint = CheckpointCountersOf(checkpoints->Status());
     return stats;
   };
   std::unique_ptr<Metrics> metrics = Metrics::CreateUnexposed(stats_source);
+  if (const RemoteTier* r = remote->get(); r != nullptr) {
+    metrics->AddCounterSource([r](CounterVisitor& v) { r->sharing().VisitCounters(v); });
+  }
   std::shared_ptr<EventLog> events = AttachEventLog(config.status_page());
   absl::StatusOr<DaemonSecurity> security = DaemonSecurity::Start(config);
   if (!security.ok()) {
@@ -344,7 +360,8 @@ int Serve(const v1::ServerConfig& config) {
                                      .parallel_copy_min_bytes = shm.parallel_copy_min_bytes(),
                                      .inflight = &inflight,
                                      .access = security->access.get(),
-                                     .fair = fair.get()},
+                                     .fair = fair.get(),
+                                     .shared = shared},
                                     &cache, &rpc_tally);
     if (!started.ok()) {
       spdlog::error("{}", started.status().ToString());
@@ -381,6 +398,7 @@ int Serve(const v1::ServerConfig& config) {
   server_options.access = security->access.get();
   server_options.memory = memory_source;
   server_options.cache_service.fair = fair.get();
+  server_options.cache_service.shared = shared;
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());

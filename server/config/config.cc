@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/common/status_macros.h"
@@ -36,6 +37,42 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint.max_write_bytes_per_second is ", c.max_write_bytes_per_second(),
                      "; it must be 0 (no limit) or at least 1048576 (1 MiB/s)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRemoteTier(const v1::RemoteTierConfig& r) {
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.connect_timeout_ms", r.connect_timeout_ms(), 1, 60000));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("remote_tier.io_timeout_ms", r.io_timeout_ms(), 1, 60000));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("remote_tier.max_redirects", r.max_redirects(), 1, 100));
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.write_queue_blocks", r.write_queue_blocks(), 1, 1 << 20));
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.write_batch_blocks", r.write_batch_blocks(), 1, 4096));
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.breaker_failures", r.breaker_failures(), 1, 1000));
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.breaker_cooldown_ms", r.breaker_cooldown_ms(), 10, 600000));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("remote_tier.share_queue", r.share_queue(), 1, 65536));
+  KVCACHE_RETURN_IF_ERROR(CheckRange("remote_tier.discover_queue", r.discover_queue(), 1, 65536));
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.max_discover_blocks", r.max_discover_blocks(), 1, 65536));
+  if (r.seeds().empty()) return absl::OkStatus();
+  for (const std::string& seed : r.seeds()) {
+    const size_t colon = seed.rfind(':');
+    uint32_t port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(absl::string_view(seed).substr(colon + 1), &port) || port == 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote_tier.seeds holds \"", seed, "\"; each must be HOST:PORT"));
+    }
+  }
+  if (r.key_file().empty()) {
+    return absl::InvalidArgumentError(
+        "remote_tier.key_file is empty; with remote_tier.seeds set it must name the secret "
+        "every daemon of the deployment shares");
   }
   return absl::OkStatus();
 }
@@ -358,6 +395,18 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (gpu->on_unavailable().empty()) gpu->set_on_unavailable("refuse");
   if (!gpu->has_pin_host_memory()) gpu->set_pin_host_memory(true);
 
+  v1::RemoteTierConfig* remote = c->mutable_remote_tier();
+  if (remote->connect_timeout_ms() == 0) remote->set_connect_timeout_ms(200);
+  if (remote->io_timeout_ms() == 0) remote->set_io_timeout_ms(500);
+  if (remote->max_redirects() == 0) remote->set_max_redirects(5);
+  if (remote->write_queue_blocks() == 0) remote->set_write_queue_blocks(1024);
+  if (remote->write_batch_blocks() == 0) remote->set_write_batch_blocks(32);
+  if (remote->breaker_failures() == 0) remote->set_breaker_failures(3);
+  if (remote->breaker_cooldown_ms() == 0) remote->set_breaker_cooldown_ms(1000);
+  if (remote->share_queue() == 0) remote->set_share_queue(256);
+  if (remote->discover_queue() == 0) remote->set_discover_queue(64);
+  if (remote->max_discover_blocks() == 0) remote->set_max_discover_blocks(256);
+
   v1::CheckpointConfig* ckpt = c->mutable_checkpoint();
   if (!ckpt->has_interval_seconds()) ckpt->set_interval_seconds(300);
   if (ckpt->keep() == 0) ckpt->set_keep(3);
@@ -604,6 +653,7 @@ absl::Status ValidateConfig(const v1::ServerConfig& c) {
   KVCACHE_RETURN_IF_ERROR(ValidateMemory(c.memory()));
   KVCACHE_RETURN_IF_ERROR(ValidateGpuTier(c.gpu_tier()));
   KVCACHE_RETURN_IF_ERROR(ValidateCheckpoint(c.checkpoint()));
+  KVCACHE_RETURN_IF_ERROR(ValidateRemoteTier(c.remote_tier()));
   KVCACHE_RETURN_IF_ERROR(ValidateStatusPage(c.status_page()));
   const std::string& level = c.logging().level();
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&

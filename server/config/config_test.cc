@@ -561,6 +561,27 @@ TEST(ConfigTest, MemoryDefaultsAndExplicitZeros) {
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
+TEST(ConfigTest, RemoteTierIsOffByDefaultAndNeedsAKeyFileAndHostPortSeeds) {
+  const v1::ServerConfig d = DefaultConfig();
+  EXPECT_TRUE(d.remote_tier().seeds().empty());
+  EXPECT_EQ(d.remote_tier().io_timeout_ms(), 500u);
+  EXPECT_EQ(d.remote_tier().write_queue_blocks(), 1024u);
+  EXPECT_EQ(d.remote_tier().max_discover_blocks(), 256u);
+  auto c = ParseConfigJson(R"({"remote_tier": {"seeds": ["10.0.0.1:6379"]}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(ValidateConfig(*c).message(), HasSubstr("remote_tier.key_file is empty"));
+  c->mutable_remote_tier()->set_key_file("/etc/kvcached/shared.key");
+  EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  for (const char* bad : {"10.0.0.1", ":6379", "host:0", "host:70000", "host:port"}) {
+    c->mutable_remote_tier()->set_seeds(0, bad);
+    EXPECT_THAT(ValidateConfig(*c).message(), HasSubstr("each must be HOST:PORT")) << bad;
+  }
+  c->mutable_remote_tier()->set_seeds(0, "[::1]:7000");
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  c->mutable_remote_tier()->set_io_timeout_ms(60001);
+  EXPECT_THAT(ValidateConfig(*c).message(), HasSubstr("remote_tier.io_timeout_ms"));
+}
+
 TEST(ConfigTest, StatusPageDefaultsAndBounds) {
   const v1::StatusPageConfig d = DefaultConfig().status_page();
   EXPECT_TRUE(d.enabled());

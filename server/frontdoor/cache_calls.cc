@@ -9,8 +9,9 @@
 
 namespace kvcache {
 
-absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupRequest& request,
-                       v1::LookupResponse* response, PrefetchWait wait) {
+absl::Status RunLookup(Cache& cache, SharedTier* shared, const Caller& caller,
+                       const v1::LookupRequest& request, v1::LookupResponse* response,
+                       PrefetchWait wait) {
   auto key = ScopedModelKey(caller, request.namespace_(), request.model_id());
   if (!key.ok()) return key.status();
   LeaseRequest lease{.acquire = request.acquire_lease(),
@@ -20,12 +21,30 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
                                                    request.prefetch_timeout_ms(), "; at most ",
                                                    kMaxPrefetchTimeoutMs));
   }
-  if (request.prefetch() == v1::PREFETCH_WAIT && wait == PrefetchWait::kBlock) {
+  const bool waits = request.prefetch() == v1::PREFETCH_WAIT;
+  if (waits && wait == PrefetchWait::kBlock) {
+    const absl::Time deadline =
+        request.prefetch_timeout_ms() == 0
+            ? absl::InfiniteFuture()
+            : absl::Now() + absl::Milliseconds(request.prefetch_timeout_ms());
     cache.tiers().Prefetch(*key, TokensOf(request.tokens()), request.accept_lossy(),
                            PrefetchMode::kWait, absl::Milliseconds(request.prefetch_timeout_ms()));
+    if (shared != nullptr) {
+      std::shared_ptr<WorkTicket> ticket =
+          shared->Missed(*key, TokensOf(request.tokens()), SharedTier::kUnknownMatch);
+      if (ticket != nullptr) ticket->WaitFor(deadline - absl::Now());
+    }
   }
   auto result = cache.Lookup(*key, TokensOf(request.tokens()), lease, request.accept_lossy());
   if (!result.ok()) return result.status();
+  // A PREFETCH_WAIT lookup looked in the shared tier before (here, or in
+  // StartWaitedPrefetches); any other looks now, for the next lookup.
+  if (shared != nullptr && !waits &&
+      result->matched_tokens + result->withheld_tokens <
+          static_cast<uint64_t>(request.tokens_size())) {
+    shared->Missed(*key, TokensOf(request.tokens()),
+                   result->matched_tokens + result->withheld_tokens);
+  }
   response->set_matched_tokens(result->matched_tokens);
   response->set_withheld_tokens(result->withheld_tokens);
   for (const BlockInfo& b : result->blocks) {
@@ -54,7 +73,7 @@ absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupReque
   return absl::OkStatus();
 }
 
-absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
+absl::Status RunBatchLookup(Cache& cache, SharedTier* shared, const Caller& caller,
                             const v1::BatchLookupRequest& request,
                             v1::BatchLookupResponse* response, PrefetchWait wait) {
   if (request.lookups_size() > kMaxBatchLookups) {
@@ -63,7 +82,8 @@ absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
   }
   for (const v1::LookupRequest& lookup : request.lookups()) {
     v1::LookupOutcome* outcome = response->add_outcomes();
-    absl::Status status = RunLookup(cache, caller, lookup, outcome->mutable_response(), wait);
+    absl::Status status =
+        RunLookup(cache, shared, caller, lookup, outcome->mutable_response(), wait);
     if (!status.ok()) {
       outcome->clear_response();
       outcome->set_code(static_cast<int>(status.code()));
@@ -73,7 +93,7 @@ absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
   return absl::OkStatus();
 }
 
-StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
+StartedPrefetches StartWaitedPrefetches(Cache& cache, SharedTier* shared, const Caller& caller,
                                         std::span<const v1::LookupRequest* const> lookups) {
   StartedPrefetches started;
   bool unbounded = false;
@@ -84,8 +104,14 @@ StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
     if (!key.ok()) continue;
     std::shared_ptr<WorkTicket> ticket =
         cache.tiers().StartPrefetch(*key, TokensOf(lookup->tokens()), lookup->accept_lossy());
-    if (ticket == nullptr) continue;  // no lower tier, or the queue is full: nothing to wait for
-    started.tickets.push_back(std::move(ticket));
+    std::shared_ptr<WorkTicket> searched =
+        shared == nullptr
+            ? nullptr
+            : shared->Missed(*key, TokensOf(lookup->tokens()), SharedTier::kUnknownMatch);
+    // Null: no lower tier, no shared one, or their queues are full: nothing to wait for.
+    if (ticket == nullptr && searched == nullptr) continue;
+    if (ticket != nullptr) started.tickets.push_back(std::move(ticket));
+    if (searched != nullptr) started.tickets.push_back(std::move(searched));
     if (lookup->prefetch_timeout_ms() == 0) unbounded = true;
     started.timeout = std::max(started.timeout, absl::Milliseconds(lookup->prefetch_timeout_ms()));
   }

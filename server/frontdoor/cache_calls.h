@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "kvcache/v1/kvcache.pb.h"
 #include "server/core/cache.h"
+#include "server/frontdoor/shared_tier.h"
 #include "server/security/caller.h"
 
 namespace kvcache {
@@ -23,6 +24,9 @@ inline constexpr uint32_t kMaxPrefetchTimeoutMs = 60000;
 
 // Each call acts for `caller`, in the namespace its request names as the
 // caller may use it (Caller::NamespaceOf): PERMISSION_DENIED otherwise.
+// `shared`, when not null, is the tier shared with other daemons: a lookup
+// whose match is short tells it (SharedTier::Missed), and a PREFETCH_WAIT
+// lookup waits for what it finds before it answers.
 
 // How a lookup's PREFETCH_WAIT is honoured.
 enum class PrefetchWait : uint8_t {
@@ -31,26 +35,28 @@ enum class PrefetchWait : uint8_t {
 };
 
 // Answers `request` as Lookup does.
-absl::Status RunLookup(Cache& cache, const Caller& caller, const v1::LookupRequest& request,
-                       v1::LookupResponse* response, PrefetchWait wait = PrefetchWait::kBlock);
+absl::Status RunLookup(Cache& cache, SharedTier* shared, const Caller& caller,
+                       const v1::LookupRequest& request, v1::LookupResponse* response,
+                       PrefetchWait wait = PrefetchWait::kBlock);
 
 // Answers every lookup of `request`, each with its own outcome.
 // INVALID_ARGUMENT (and nothing looked up) past kMaxBatchLookups.
-absl::Status RunBatchLookup(Cache& cache, const Caller& caller,
+absl::Status RunBatchLookup(Cache& cache, SharedTier* shared, const Caller& caller,
                             const v1::BatchLookupRequest& request,
                             v1::BatchLookupResponse* response,
                             PrefetchWait wait = PrefetchWait::kBlock);
 
 // Starts the read-back each PREFETCH_WAIT lookup of `lookups` asks for
 // (those the caller may make and whose timeout is valid; the others are
-// answered by RunLookup as usual), and returns the tickets to wait on and
+// answered by RunLookup as usual), and the shared tier's search for it, and
+// returns the tickets to wait on and
 // the longest timeout they asked for (zero: one asked to wait without a
 // deadline).
 struct StartedPrefetches {
   std::vector<std::shared_ptr<WorkTicket>> tickets;
   absl::Duration timeout = absl::ZeroDuration();
 };
-StartedPrefetches StartWaitedPrefetches(Cache& cache, const Caller& caller,
+StartedPrefetches StartWaitedPrefetches(Cache& cache, SharedTier* shared, const Caller& caller,
                                         std::span<const v1::LookupRequest* const> lookups);
 
 // Answers `request` as PlaceOnDevice does.

@@ -1,5 +1,5 @@
-// A real Redis Cluster for tests: N masters (no replicas) of Debian's
-// redis-server on loopback, in a temporary folder, created with
+// A real Redis Cluster for tests: N masters (and, when asked, replicas of
+// each) of Debian's redis-server on loopback, in a temporary folder, created with
 // `redis-cli --cluster create` and torn down with the fixture.
 #ifndef KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
 #define KVCACHE_SERVER_REMOTE_REDIS_CLUSTER_FIXTURE_H_
@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "server/common/status_macros.h"
 #include "server/remote/redis_node.h"
 
 namespace kvcache {
@@ -36,8 +37,10 @@ class RedisClusterFixture {
 
   // Starts `masters` nodes on free ports of loopback, and joins them into
   // one cluster serving every slot; with `password` (letters and digits) the
-  // nodes require it (requirepass).
-  absl::Status Start(int masters, const std::string& password = "") {
+  // nodes require it (requirepass); with `replicas`, each master gets that
+  // many replicas. Node i < masters is a master at the start (redis-cli
+  // makes the first nodes masters), the others are replicas.
+  absl::Status Start(int masters, const std::string& password = "", int replicas = 0) {
     password_ = password;
     const std::string auth =
         password.empty() ? ""
@@ -48,18 +51,19 @@ class RedisClusterFixture {
     std::filesystem::create_directories(dir_);
     std::vector<std::string> endpoints;
     std::vector<int> chosen;
-    for (int i = 0; i < masters; ++i) {
+    for (int i = 0; i < masters * (1 + replicas); ++i) {
       // Ports the kernel says are free, for clients and for the cluster bus
       // (which would otherwise be port + 10000, perhaps taken).
       const int port = FreePort(&chosen), bus = FreePort(&chosen);
       if (port == 0 || bus == 0) return absl::InternalError("no free port on loopback");
       ports_.push_back(port);
       endpoints.push_back(absl::StrCat("127.0.0.1:", port));
-      const std::string command = absl::StrCat(
-          "redis-server --port ", port, " --cluster-port ", bus,
-          " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes-", port,
-          ".conf --cluster-node-timeout 2000 --save '' --appendonly no --daemonize yes --dir ",
-          dir_.string(), " --pidfile ", PidFile(port), " --logfile ", LogFile(port), auth);
+      const std::string command =
+          absl::StrCat("redis-server --port ", port, " --cluster-port ", bus,
+                       " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes-", port,
+                       ".conf --cluster-node-timeout 2000 --cluster-replica-validity-factor 0",
+                       " --save '' --appendonly no --daemonize yes --dir ", dir_.string(),
+                       " --pidfile ", PidFile(port), " --logfile ", LogFile(port), auth);
       commands_.push_back(command);
       if (std::system(command.c_str()) != 0) {
         return absl::InternalError(absl::StrCat("could not start: ", command));
@@ -73,14 +77,26 @@ class RedisClusterFixture {
     }
     const std::string create =
         absl::StrCat("redis-cli --cluster create ", absl::StrJoin(endpoints, " "),
-                     " --cluster-replicas 0 --cluster-yes",
+                     " --cluster-replicas ", replicas, " --cluster-yes",
                      password.empty() ? "" : absl::StrCat(" -a ", password, " --no-auth-warning"),
                      " > ", (dir_ / "create.log").string(), " 2>&1");
     if (std::system(create.c_str()) != 0) {
       return absl::InternalError(
           absl::StrCat("redis-cli --cluster create failed; see ", (dir_ / "create.log").string()));
     }
-    return WaitUntilOk();
+    KVCACHE_RETURN_IF_ERROR(WaitUntilOk());
+    // Replicas that have synced with their masters (a replica that never did
+    // cannot take over).
+    for (size_t i = masters; i < ports_.size(); ++i) {
+      if (!WaitFor(ports_[i], [](RedisNode& n) {
+            absl::StatusOr<RespValue> info = n.Run({"INFO", "replication"});
+            return info.ok() && info->str.find("master_link_status:up") != std::string::npos;
+          })) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the replica on ", ports_[i], " did not sync with its master"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Starts node i again after KillNode(i), on its ports and with its cluster
@@ -95,9 +111,11 @@ class RedisClusterFixture {
     return absl::OkStatus();
   }
 
-  // Waits until every node says cluster_state:ok.
-  absl::Status WaitUntilOk() {
+  // Waits until every node (but node `down`, when >= 0) says
+  // cluster_state:ok.
+  absl::Status WaitUntilOk(int down = -1) {
     for (int port : ports_) {
+      if (down >= 0 && port == ports_[down]) continue;
       if (!WaitFor(port, [](RedisNode& n) {
             absl::StatusOr<RespValue> info = n.Run({"CLUSTER", "INFO"});
             return info.ok() && info->str.find("cluster_state:ok") != std::string::npos;

@@ -46,14 +46,42 @@ bool RemoteSharing::Queue(Worker* worker, Job job, uint32_t limit, uint64_t Stat
   return true;
 }
 
-bool RemoteSharing::Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_block) {
-  return Queue(&sharer_, {.model = model, .tokens = std::move(tokens), .first_block = first_block},
+bool RemoteSharing::Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_token) {
+  return Queue(&sharer_, {.model = model, .tokens = std::move(tokens), .first_token = first_token},
                options_.share_queue, &Stats::shares_queued, &Stats::shares_dropped);
 }
 
-bool RemoteSharing::DiscoverLater(const ModelKey& model, std::vector<Token> tokens) {
-  return Queue(&discoverer_, {.model = model, .tokens = std::move(tokens)}, options_.discover_queue,
-               nullptr, &Stats::discoveries_dropped);
+std::shared_ptr<WorkTicket> RemoteSharing::DiscoverLater(const ModelKey& model,
+                                                         std::vector<Token> tokens) {
+  auto ticket = std::make_shared<WorkTicket>();
+  if (!Queue(&discoverer_, {.model = model, .tokens = std::move(tokens), .ticket = ticket},
+             options_.discover_queue, nullptr, &Stats::discoveries_dropped)) {
+    return nullptr;
+  }
+  return ticket;
+}
+
+void RemoteSharing::Stored(const ModelKey& model, std::span<const Token> tokens,
+                           uint64_t start_token) {
+  Share(model, std::vector<Token>(tokens.begin(), tokens.end()), start_token);
+}
+
+std::shared_ptr<WorkTicket> RemoteSharing::Missed(const ModelKey& model,
+                                                  std::span<const Token> tokens,
+                                                  uint64_t matched_tokens) {
+  if (matched_tokens != kUnknownMatch) {
+    MutexLock lock(&mu_);
+    auto it = block_tokens_.find(model);
+    if (it != block_tokens_.end() && matched_tokens >= tokens.size() / it->second * it->second) {
+      return nullptr;  // the match covers every whole block
+    }
+  }
+  return DiscoverLater(model, std::vector<Token>(tokens.begin(), tokens.end()));
+}
+
+void RemoteSharing::NoteLayout(const ModelKey& model, const ModelLayout& layout) {
+  MutexLock lock(&mu_);
+  block_tokens_[model] = layout.block_tokens;
 }
 
 void RemoteSharing::Flush() {
@@ -78,9 +106,13 @@ void RemoteSharing::Loop(Worker* worker, void (RemoteSharing::*run)(const Job&))
         return !worker->queue.empty() || stopping_;
       });
       if (stopping_) {
+        std::deque<Job> dropped = std::move(worker->queue);
         worker->queue.clear();
         mu_.Unlock();
         changed_.notify_all();
+        for (Job& j : dropped) {
+          if (j.ticket != nullptr) j.ticket->Notify();
+        }
         return;
       }
       job = std::move(worker->queue.front());
@@ -89,6 +121,7 @@ void RemoteSharing::Loop(Worker* worker, void (RemoteSharing::*run)(const Job&))
       mu_.Unlock();
     }
     (this->*run)(job);
+    if (job.ticket != nullptr) job.ticket->Notify();
     {
       MutexLock lock(&mu_);
       worker->busy = false;
@@ -103,6 +136,7 @@ void RemoteSharing::ShareNow(const Job& job) {
   // The cached prefix of the prompt, pinned while its blocks are copied out.
   absl::StatusOr<FetchPlan> plan = cache_->PrepareFetch(job.model, {.tokens = job.tokens});
   if (!plan.ok()) return;
+  NoteLayout(job.model, plan->layout);
   const uint64_t blocks = job.tokens.size() / plan->layout.block_tokens;
   const std::vector<std::string> keys =
       RemoteKeyChain(shared_, job.model, plan->layout)
@@ -110,7 +144,7 @@ void RemoteSharing::ShareNow(const Job& job) {
                       .first(std::min<uint64_t>(blocks, plan->blocks.size()) *
                              plan->layout.block_tokens));
   uint64_t put = 0, skipped = 0;
-  for (uint64_t b = job.first_block; b < blocks; ++b) {
+  for (uint64_t b = job.first_token / plan->layout.block_tokens; b < blocks; ++b) {
     if (b >= plan->blocks.size() || plan->blocks[b]->compressed()) {
       ++skipped;  // evicted meanwhile, or lossy: not shared
       continue;
@@ -131,10 +165,16 @@ void RemoteSharing::ShareNow(const Job& job) {
 
 absl::StatusOr<uint64_t> RemoteSharing::Discover(const ModelKey& model,
                                                  std::span<const Token> tokens) {
-  {
-    MutexLock lock(&mu_);
-    ++stats_.discoveries;
-  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<uint64_t> adopted = DiscoverUncounted(model, tokens);
+  MutexLock lock(&mu_);
+  ++stats_.discoveries;
+  stats_.discover_time += absl::Now() - start;
+  return adopted;
+}
+
+absl::StatusOr<uint64_t> RemoteSharing::DiscoverUncounted(const ModelKey& model,
+                                                          std::span<const Token> tokens) {
   // What is cached here already, and the model's layout.
   ModelLayout layout;
   uint64_t local = 0;
@@ -142,6 +182,7 @@ absl::StatusOr<uint64_t> RemoteSharing::Discover(const ModelKey& model,
     absl::StatusOr<FetchPlan> plan = cache_->PrepareFetch(model, {.tokens = tokens});
     if (!plan.ok()) return plan.status();
     layout = plan->layout;
+    NoteLayout(model, layout);
     local = plan->blocks.size();
   }
   const uint64_t bt = layout.block_tokens;
@@ -182,6 +223,70 @@ absl::StatusOr<uint64_t> RemoteSharing::Discover(const ModelKey& model,
 RemoteSharing::Stats RemoteSharing::stats() const {
   MutexLock lock(&mu_);
   return stats_;
+}
+
+void RemoteSharing::VisitCounters(CounterVisitor& visitor) const {
+  const Stats s = stats();
+  const RemoteStore::Stats st = store_->stats();
+  auto count = [](uint64_t n) { return static_cast<double>(n); };
+  static constexpr CounterFamily kShares{
+      "kvcached_remote_shares_total",
+      "Appends that stored blocks, handed to the remote tier to share (dropped: its queue was "
+      "full)"};
+  visitor.Visit(kShares, {{"outcome", "queued"}}, count(s.shares_queued));
+  visitor.Visit(kShares, {{"outcome", "dropped"}}, count(s.shares_dropped));
+  static constexpr CounterFamily kShared{
+      "kvcached_remote_shared_blocks_total",
+      "Blocks of shared appends: put (handed to the store), skipped (lossy, evicted first, or "
+      "dropped by the store)"};
+  visitor.Visit(kShared, {{"outcome", "put"}}, count(s.blocks_put));
+  visitor.Visit(kShared, {{"outcome", "skipped"}}, count(s.blocks_skipped));
+  static constexpr CounterFamily kDiscoveries{
+      "kvcached_remote_discoveries_total",
+      "Short lookups that searched the remote tier for the rest of their prefix (dropped: its "
+      "queue was full)"};
+  visitor.Visit(kDiscoveries, {{"outcome", "searched"}}, count(s.discoveries));
+  visitor.Visit(kDiscoveries, {{"outcome", "dropped"}}, count(s.discoveries_dropped));
+  visitor.Visit({"kvcached_remote_discover_seconds_total",
+                 "Seconds spent searching the remote tier and adopting what it held, summed"},
+                {}, absl::ToDoubleSeconds(s.discover_time));
+  static constexpr CounterFamily kAdopted{
+      "kvcached_remote_adopted_blocks_total",
+      "Blocks found in the remote tier and cached here (failed: the append refused them)"};
+  visitor.Visit(kAdopted, {{"outcome", "adopted"}}, count(s.blocks_adopted));
+  visitor.Visit(kAdopted, {{"outcome", "failed"}}, count(s.adoptions_failed));
+  static constexpr CounterFamily kWrites{
+      "kvcached_remote_writes_total",
+      "Block writes to the cluster by outcome: done (acknowledged), dropped_full (queue full), "
+      "dropped_open (breaker open), failed (refused or unreachable)"};
+  visitor.Visit(kWrites, {{"outcome", "done"}}, count(st.writes_done));
+  visitor.Visit(kWrites, {{"outcome", "dropped_full"}}, count(st.writes_dropped_full));
+  visitor.Visit(kWrites, {{"outcome", "dropped_open"}}, count(st.writes_dropped_open));
+  visitor.Visit(kWrites, {{"outcome", "failed"}}, count(st.writes_failed));
+  visitor.Visit({"kvcached_remote_written_bytes_total", "Bytes of sealed values written"}, {},
+                count(st.written_bytes));
+  static constexpr CounterFamily kReads{
+      "kvcached_remote_reads_total",
+      "Blocks read from the cluster by outcome: hit, or a miss: absent, unreadable (did not "
+      "open: altered, or sealed with another key), checksum, unavailable (unreachable or breaker "
+      "open)"};
+  visitor.Visit(kReads, {{"outcome", "hit"}}, count(st.hits));
+  visitor.Visit(kReads, {{"outcome", "absent"}}, count(st.misses_absent));
+  visitor.Visit(kReads, {{"outcome", "unreadable"}}, count(st.misses_unreadable));
+  visitor.Visit(kReads, {{"outcome", "checksum"}}, count(st.misses_checksum));
+  visitor.Visit(kReads, {{"outcome", "unavailable"}}, count(st.misses_unavailable));
+  visitor.Visit({"kvcached_remote_read_bytes_total", "Bytes of blocks read back (hits)"}, {},
+                count(st.read_bytes));
+  visitor.Visit({"kvcached_remote_breaker_opens_total",
+                 "Times the circuit breaker opened (batches in a row reached no node)"},
+                {}, count(st.breaker_opens));
+  visitor.Visit(
+      {"kvcached_remote_breaker_open",
+       "1 while the breaker is open (the cluster is skipped), else 0", CounterType::kGauge},
+      {}, st.breaker_open ? 1 : 0);
+  visitor.Visit({"kvcached_remote_write_queue_blocks", "Blocks waiting to be written now",
+                 CounterType::kGauge},
+                {}, count(st.write_queue));
 }
 
 }  // namespace kvcache

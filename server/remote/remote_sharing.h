@@ -1,7 +1,8 @@
 // RemoteSharing: a cache's blocks shared with every daemon of a deployment
 // through a RemoteStore, using nothing but the cache's request contract.
 //
-//   Share     after an append stored blocks of a prompt, queues them; a
+//   Share     after an append stored blocks of a prompt (SharedTier::Stored
+//             from a front door), queues them; a
 //             thread of its own fetches them from the cache (pinned, as a
 //             worker's fetch would), and puts each exact block (a lossy
 //             form stays local) into the store under its RemoteKeyChain
@@ -12,6 +13,8 @@
 //             checksum: the same checks as a worker's append, so a block
 //             that does not match its checksum (or is the wrong size) is
 //             not adopted, and nothing already cached changes.
+//             A front door's short lookup (SharedTier::Missed) queues one
+//             for a thread of its own (DiscoverLater).
 //
 // Why through the contract and not as a level of the cache: a level's copy
 // is addressed by the block's chain key, which every daemon keys with its
@@ -31,9 +34,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "server/common/counter_visitor.h"
 #include "server/common/mutex.h"
 #include "server/core/cache.h"
+#include "server/frontdoor/shared_tier.h"
 #include "server/remote/remote_store.h"
 
 namespace kvcache {
@@ -44,7 +50,7 @@ struct RemoteSharingOptions {
   uint32_t discover_queue = 64;        // prompts waiting for DiscoverLater; past it, dropped
 };
 
-class RemoteSharing {
+class RemoteSharing final : public SharedTier {
  public:
   struct Stats {
     uint64_t shares_queued = 0;
@@ -55,19 +61,20 @@ class RemoteSharing {
     uint64_t discoveries_dropped = 0;  // DiscoverLater's queue was full
     uint64_t blocks_adopted = 0;
     uint64_t adoptions_failed = 0;  // the append refused them (logged)
+    absl::Duration discover_time;   // spent in Discover, summed
   };
 
   // REQUIRES: `cache` and `store` outlive this. `shared`: the secret every
   // daemon of the deployment holds (the store keys' and the seals').
   RemoteSharing(Cache* cache, RemoteStore* store, const DaemonSecret& shared,
                 const RemoteSharingOptions& options = {});
-  ~RemoteSharing();  // the thread stops; prompts still queued are dropped
+  ~RemoteSharing() override;  // the threads stop; prompts still queued are dropped
   RemoteSharing(const RemoteSharing&) = delete;
   RemoteSharing& operator=(const RemoteSharing&) = delete;
 
-  // Queues blocks [first_block, tokens.size() / block_tokens) of `tokens`
-  // of `model` to be shared. False (counted) when the queue is full.
-  bool Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_block);
+  // Queues the whole blocks of `tokens` of `model` from the one that holds
+  // `first_token` on to be shared. False (counted) when the queue is full.
+  bool Share(const ModelKey& model, std::vector<Token> tokens, uint64_t first_token);
   // Waits until every prompt queued before the call (to share or to
   // discover) was done or dropped, and the store wrote what it was given
   // (tests).
@@ -80,16 +87,26 @@ class RemoteSharing {
   absl::StatusOr<uint64_t> Discover(const ModelKey& model, std::span<const Token> tokens);
   // Discover on a thread of its own, for a caller that must not wait on
   // Redis (a lookup's front door): a later lookup or fetch finds what it
-  // adopted. False (counted) when its queue (discover_queue) is full.
-  bool DiscoverLater(const ModelKey& model, std::vector<Token> tokens);
+  // adopted. Returns the ticket done once it ran, or null (counted) when its
+  // queue (discover_queue) is full.
+  std::shared_ptr<WorkTicket> DiscoverLater(const ModelKey& model, std::vector<Token> tokens);
+
+  // SharedTier: Share, and DiscoverLater unless the match already covers the
+  // prompt's whole blocks (of the model's block size when known here).
+  void Stored(const ModelKey& model, std::span<const Token> tokens, uint64_t start_token) override;
+  std::shared_ptr<WorkTicket> Missed(const ModelKey& model, std::span<const Token> tokens,
+                                     uint64_t matched_tokens) override;
 
   Stats stats() const;
+  // kvcached_remote_* samples of these and of the store's stats.
+  void VisitCounters(CounterVisitor& visitor) const;
 
  private:
   struct Job {
     ModelKey model;
     std::vector<Token> tokens;
-    uint64_t first_block = 0;
+    uint64_t first_token = 0;
+    std::shared_ptr<WorkTicket> ticket;  // notified once it ran or was dropped; may be null
   };
   // A queue of jobs and the thread that runs them.
   struct Worker {
@@ -104,6 +121,10 @@ class RemoteSharing {
              uint64_t Stats::*dropped);
   void ShareNow(const Job& job);
   void DiscoverNow(const Job& job);
+  // Discover, untimed and uncounted.
+  absl::StatusOr<uint64_t> DiscoverUncounted(const ModelKey& model, std::span<const Token> tokens);
+  // Remembers `model`'s block size, for Missed.
+  void NoteLayout(const ModelKey& model, const ModelLayout& layout);
 
   Cache* const cache_;
   RemoteStore* const store_;
@@ -116,6 +137,9 @@ class RemoteSharing {
   Worker discoverer_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // The block size of each model seen here: a hint (a model registered again
+  // with another layout is learnt again on its next share or discovery).
+  absl::flat_hash_map<ModelKey, uint32_t> block_tokens_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvcache

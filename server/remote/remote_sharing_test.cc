@@ -95,9 +95,11 @@ TEST_F(RemoteSharingTest, WhatOneNodeAppendedAnotherFetchesByteForByte) {
 TEST_F(RemoteSharingTest, ADiscoveryLaterAdoptsOnItsOwnThread) {
   const std::vector<Token> tokens = Prompt(4);
   AppendAndShare(Mid(), tokens);
-  // A lookup's front door hands the prompt over and goes on.
-  ASSERT_TRUE(b_->sharing->DiscoverLater(Mid().key, tokens));
-  b_->sharing->Flush();
+  // A lookup's front door hands the prompt over and goes on; its ticket
+  // says when the blocks are cached.
+  std::shared_ptr<WorkTicket> ticket = b_->sharing->DiscoverLater(Mid().key, tokens);
+  ASSERT_NE(ticket, nullptr);
+  ASSERT_TRUE(ticket->WaitFor(absl::Seconds(30)));
   EXPECT_TRUE(PlanHolds(*b_->cache->PrepareFetch(Mid().key, {.tokens = tokens}), Mid(), tokens));
   EXPECT_EQ(b_->cache->PrepareFetch(Mid().key, {.tokens = tokens})->matched_tokens, 4 * kBt);
   EXPECT_EQ(b_->sharing->stats().blocks_adopted, 4u);

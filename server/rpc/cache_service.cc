@@ -90,15 +90,16 @@ grpc::ServerUnaryReactor* CacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                v1::LookupResponse* response) {
   const absl::Time start = absl::Now();
   const ModelRef model{request->namespace_(), request->model_id()};
-  if (request->prefetch() == v1::PREFETCH_WAIT && cache_->tiers().lower_tier() != nullptr) {
+  if (request->prefetch() == v1::PREFETCH_WAIT && MayPrefetch()) {
     const v1::LookupRequest* const lookups[] = {request};
-    return AnswerAfterPrefetches(
-        ctx, "Lookup", start, model, lookups, [this, request, response](const Caller& caller) {
-          return RunLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
-        });
+    return AnswerAfterPrefetches(ctx, "Lookup", start, model, lookups,
+                                 [this, request, response](const Caller& caller) {
+                                   return RunLookup(*cache_, options_.shared, caller, *request,
+                                                    response, PrefetchWait::kStarted);
+                                 });
   }
   absl::Status status = RunLimited(*ctx, "Lookup", [&](const Caller& caller) -> absl::Status {
-    return RunLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
+    return RunLookup(*cache_, options_.shared, caller, *request, response, PrefetchWait::kStarted);
   });
   return FinishUnary(ctx, "Lookup", start, status, model);
 }
@@ -110,18 +111,19 @@ grpc::ServerUnaryReactor* CacheService::BatchLookup(grpc::CallbackServerContext*
   const bool waits =
       std::any_of(request->lookups().begin(), request->lookups().end(),
                   [](const v1::LookupRequest& l) { return l.prefetch() == v1::PREFETCH_WAIT; });
-  if (waits && cache_->tiers().lower_tier() != nullptr &&
-      request->lookups_size() <= kMaxBatchLookups) {
+  if (waits && MayPrefetch() && request->lookups_size() <= kMaxBatchLookups) {
     std::vector<const v1::LookupRequest*> lookups;
     lookups.reserve(request->lookups_size());
     for (const v1::LookupRequest& l : request->lookups()) lookups.push_back(&l);
-    return AnswerAfterPrefetches(
-        ctx, "BatchLookup", start, {}, lookups, [this, request, response](const Caller& caller) {
-          return RunBatchLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
-        });
+    return AnswerAfterPrefetches(ctx, "BatchLookup", start, {}, lookups,
+                                 [this, request, response](const Caller& caller) {
+                                   return RunBatchLookup(*cache_, options_.shared, caller, *request,
+                                                         response, PrefetchWait::kStarted);
+                                 });
   }
   absl::Status status = RunLimited(*ctx, "BatchLookup", [&](const Caller& caller) -> absl::Status {
-    return RunBatchLookup(*cache_, caller, *request, response, PrefetchWait::kStarted);
+    return RunBatchLookup(*cache_, options_.shared, caller, *request, response,
+                          PrefetchWait::kStarted);
   });
   return FinishUnary(ctx, "BatchLookup", start, status);
 }
@@ -149,7 +151,7 @@ grpc::ServerUnaryReactor* CacheService::AnswerAfterPrefetches(
     return FinishUnary(ctx, method, start, tenant_slot.status(), model);
   }
   auto held = std::make_shared<TenantStreamSlot>(*std::move(tenant_slot));
-  StartedPrefetches started = StartWaitedPrefetches(*cache_, *caller, lookups);
+  StartedPrefetches started = StartWaitedPrefetches(*cache_, options_.shared, *caller, lookups);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   // The model's strings live in the request, which outlives the reactor's Finish.
   AwaitPrefetches(prefetch_timer_, std::move(started.tickets), started.timeout,

@@ -35,6 +35,7 @@
 #include "server/frontdoor/fair_scheduler.h"
 #include "server/frontdoor/inflight_calls.h"
 #include "server/frontdoor/rpc_observer.h"
+#include "server/frontdoor/shared_tier.h"
 #include "server/rpc/call_limits.h"
 #include "server/rpc/deadline_timer.h"
 #include "server/rpc/stream_watchdog.h"
@@ -56,6 +57,9 @@ struct CacheServiceOptions {
   // (limits.data_path_concurrency), shared with the shared-memory plane;
   // null: no admission. Outlives the service.
   FairScheduler* fair = nullptr;
+  // The tier shared with other daemons, told of appends and short lookups
+  // (SharedTier); null: none. Outlives the service.
+  SharedTier* shared = nullptr;
 };
 
 using CacheServiceBase =
@@ -128,6 +132,11 @@ class CacheService final : public CacheServiceBase {
       grpc::CallbackServerContext* ctx, std::string_view method, absl::Time start,
       const ModelRef& model, std::span<const v1::LookupRequest* const> lookups,
       std::function<absl::Status(const Caller&)> answer);
+  // Whether a PREFETCH_WAIT lookup has anything to wait for: a level below
+  // host memory, or a shared tier.
+  bool MayPrefetch() const {
+    return cache_->tiers().lower_tier() != nullptr || options_.shared != nullptr;
+  }
 
   const CacheServiceOptions options_;
   Cache* const cache_;

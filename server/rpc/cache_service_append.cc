@@ -2,6 +2,7 @@
 // each message's slices (AppendDecoder), copies kv_chunk bytes into the
 // cache's AppendSession and commits when the client closes its side.
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -102,6 +103,9 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (!key.ok()) return key.status();
     std::vector<Token> tokens(h.tokens().begin(), h.tokens().end());
     std::vector<uint64_t> checksums(h.block_checksums().begin(), h.block_checksums().end());
+    if (service_->options_.shared != nullptr) {
+      shared_ = SharedAppend{.model = *key, .tokens = tokens, .start_token = h.start_token()};
+    }
     auto session = service_->cache_->BeginAppend(*key, std::move(tokens), h.start_token(),
                                                  FromProto(h.hints()), std::move(checksums));
     if (!session.ok()) return session.status();
@@ -112,6 +116,9 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Commit() {
     auto result = session_->Commit();
     if (!result.ok()) return Done(result.status());
+    if (shared_.has_value() && result->stored_blocks > 0) {
+      service_->options_.shared->Stored(shared_->model, shared_->tokens, shared_->start_token);
+    }
     v1::AppendResponse response = ToProto(*result);
     bool own_buffer;
     grpc::Status s =
@@ -133,6 +140,13 @@ class AppendReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   const absl::Time start_ = absl::Now();
   grpc::ByteBuffer request_;
   std::unique_ptr<AppendSession> session_;
+  // What the shared tier is told once the append stored blocks; only with one.
+  struct SharedAppend {
+    ModelKey model;
+    std::vector<Token> tokens;
+    uint64_t start_token = 0;
+  };
+  std::optional<SharedAppend> shared_;
   StreamLifecycle lifecycle_;
   const std::string request_id_;
   std::string model_;  // once the header arrived

@@ -290,7 +290,8 @@ void ShmServer::Admit(UniqueFd fd) {
               .inflight = options_.inflight,
               .uid = peer.uid,
               .access = options_.access,
-              .fair = options_.fair},
+              .fair = options_.fair,
+              .shared = options_.shared},
       budget_.get());
   epoll_event event{.events = EPOLLIN | EPOLLONESHOT, .data = {.ptr = c}};
   const int socket = c->fd.get();  // read before the hand-over: c is the next owner's after it

@@ -104,6 +104,9 @@ struct ShmServerOptions {
   // Admission of fetch_into and append_from (ShmPeer::fair); null: none.
   // Outlives the server.
   FairScheduler* fair = nullptr;
+  // The tier shared with other daemons (ShmPeer::shared); null: none.
+  // Outlives the server.
+  SharedTier* shared = nullptr;
 };
 
 class ShmServer {

@@ -204,9 +204,9 @@ void ShmSession::Run(std::unique_ptr<Call> call) {
         response.mutable_detach_region();
         return Detach(request.detach_region());
       case v1::ShmRequest::kLookup:
-        return RunLookup(*cache_, caller, request.lookup(), response.mutable_lookup());
+        return RunLookup(*cache_, who_.shared, caller, request.lookup(), response.mutable_lookup());
       case v1::ShmRequest::kBatchLookup:
-        return RunBatchLookup(*cache_, caller, request.batch_lookup(),
+        return RunBatchLookup(*cache_, who_.shared, caller, request.batch_lookup(),
                               response.mutable_batch_lookup());
       case v1::ShmRequest::kReleaseLease:
         response.mutable_release_lease()->set_released(
@@ -454,6 +454,9 @@ absl::StatusOr<v1::AppendResponse> ShmSession::AppendFrom(const Caller& caller,
   }
   auto result = (*session)->Commit();
   if (!result.ok()) return result.status();
+  if (who_.shared != nullptr && result->stored_blocks > 0) {
+    who_.shared->Stored(*key, TokensOf(h.tokens()), h.start_token());
+  }
   *bytes = source->size();
   return ToProto(*result);
 }

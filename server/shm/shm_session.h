@@ -43,6 +43,7 @@
 #include "server/frontdoor/fair_scheduler.h"
 #include "server/frontdoor/inflight_calls.h"
 #include "server/frontdoor/rpc_observer.h"
+#include "server/frontdoor/shared_tier.h"
 #include "server/frontdoor/unix_socket.h"
 #include "server/security/access_control.h"
 #include "server/shm/copy_engine.h"
@@ -70,6 +71,9 @@ struct ShmPeer {
   // a step that must wait for a slot runs on a kv-fair thread once granted.
   // Null: no admission. Outlives the session.
   FairScheduler* fair = nullptr;
+  // The tier shared with other daemons, told of appends and short lookups;
+  // null: none. Outlives the session.
+  SharedTier* shared = nullptr;
 };
 
 class ShmSession {

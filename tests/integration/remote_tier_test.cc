@@ -1,0 +1,291 @@
+// The remote tier through real daemons: two kvcached processes share one
+// real Redis Cluster (3 masters, each with a replica) and one key file. KV
+// appended through daemon A is found and fetched byte for byte through
+// daemon B; a value altered inside Redis is a miss; a master killed mid-run
+// fails over with nothing served wrong; a daemon whose cluster is down
+// serves its own hits; a misconfigured remote tier stops the start with a
+// clear message. Every test skips when redis-server is not installed.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/remote/redis_cluster_fixture.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/kv_pattern.h"
+
+namespace kvcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kBt = 16;
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!RedisClusterFixture::Available()) return;
+    cluster_ = new RedisClusterFixture();
+    start_ = cluster_->Start(3, "", /*replicas=*/1);
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (cluster_ == nullptr) GTEST_SKIP() << "redis-server is not installed";
+    ASSERT_TRUE(start_.ok()) << start_;
+    ASSERT_TRUE(cluster_->WaitUntilOk().ok());
+    // A clean cluster for each test: FLUSHALL on every node (the masters
+    // take it, and their replicas follow; a replica refuses it).
+    for (size_t i = 0; i < cluster_->ports().size(); ++i) {
+      if (auto node = cluster_->Node(i); node != nullptr) (void)node->Run({"FLUSHALL"});
+    }
+  }
+  void TearDown() override {
+    for (auto& d : daemons_) {
+      if (d != nullptr && d->Running()) {
+        EXPECT_EQ(d->Stop(), 0) << "kvcached did not drain cleanly; log " << d->log_path();
+      }
+    }
+  }
+
+  // The key file every daemon of the deployment shares.
+  static std::string KeyFile(const std::string& dir, char digit) {
+    const std::string path = dir + "/shared.key";
+    std::ofstream(path) << std::string(64, digit) << "\n";
+    ::chmod(path.c_str(), 0600);
+    return path;
+  }
+
+  // A daemon whose remote tier uses `seeds`, keyed by a key file of `digit`s.
+  DaemonProcess* StartDaemon(const std::vector<std::string>& seeds, char digit = 'a') {
+    // The config lives beside the test's daemons: a folder of its own.
+    const std::string dir =
+        absl::StrCat(::testing::TempDir(), "/remote-tier-", ::getpid(), "-", daemons_.size());
+    std::filesystem::create_directories(dir);
+    const std::string config = dir + "/config.json";
+    std::ofstream(config) << "{\"remote_tier\": {\"seeds\": [\"" << absl::StrJoin(seeds, "\", \"")
+                          << "\"], \"key_file\": \"" << KeyFile(dir, digit)
+                          << "\", \"io_timeout_ms\": 300}}";
+    auto d = DaemonProcess::Start({.metrics = true, .extra_flags = {"--config", config}});
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return nullptr;
+    daemons_.push_back(*std::move(d));
+    return daemons_.back().get();
+  }
+  static std::vector<std::string> Seeds() {
+    return {absl::StrCat("127.0.0.1:", cluster_->Port(0)),
+            absl::StrCat("127.0.0.1:", cluster_->Port(1))};
+  }
+
+  // A client of `d` with the test model registered.
+  static std::unique_ptr<Client> ClientOf(const DaemonProcess& d, const std::string& ns = "") {
+    std::unique_ptr<Client> client = d.NewClient(ns);
+    EXPECT_NE(client, nullptr);
+    auto r = client->RegisterModel("m", Layout());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return client;
+  }
+  static v1::ModelLayout Layout() { return MakeLayout(2, 2, 32, v1::DTYPE_FP16, kBt); }
+  static uint64_t BlockBytes() { return 2 * 2 * 2 * 32 * 2 * kBt; }
+
+  // Appends the KV of the whole blocks of `tokens` through `client`.
+  static void Append(Client& client, const std::vector<uint32_t>& tokens) {
+    const size_t blocks = tokens.size() / kBt;
+    auto appended = client.Append("m", tokens, MakeKv(tokens, kBt, BlockBytes(), 0, blocks));
+    ASSERT_TRUE(appended.ok()) << appended.status();
+    ASSERT_EQ(appended->stored_blocks, blocks);
+  }
+
+  // Looks `tokens` up through `client` with PREFETCH_WAIT until `want`
+  // tokens match or `patience` passes; the last match.
+  static uint64_t MatchWithin(Client& client, const std::vector<uint32_t>& tokens, uint64_t want,
+                              absl::Duration patience) {
+    const absl::Time deadline = absl::Now() + patience;
+    uint64_t matched = 0;
+    do {
+      auto found = client.Lookup(
+          "m", tokens, {.prefetch = v1::PREFETCH_WAIT, .prefetch_timeout = absl::Seconds(5)});
+      EXPECT_TRUE(found.ok()) << found.status();
+      matched = found.ok() ? found->matched_tokens : 0;
+      if (matched >= want) return matched;
+      absl::SleepFor(absl::Milliseconds(50));
+    } while (absl::Now() < deadline);
+    return matched;
+  }
+
+  // Fetches `tokens` through `client`: the whole blocks' KV must be the
+  // pattern's, byte for byte.
+  static void ExpectExact(Client& client, const std::vector<uint32_t>& tokens) {
+    const size_t blocks = tokens.size() / kBt;
+    std::vector<std::byte> out(blocks * BlockBytes());
+    auto fetched = client.Fetch("m", tokens, out);
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    ASSERT_EQ(fetched->matched_tokens, blocks * kBt);
+    EXPECT_TRUE(out == MakeKv(tokens, kBt, BlockBytes(), 0, blocks)) << "fetched bytes differ";
+  }
+
+  // The sum of the samples of `family` with `label` (e.g. outcome="hit")
+  // in `d`'s metrics.
+  static double Metric(const DaemonProcess& d, const std::string& family,
+                       const std::string& label) {
+    CommandResult r =
+        RunCommand(absl::StrCat("curl -sf http://127.0.0.1:", d.metrics_port(), "/metrics"));
+    double sum = 0;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(family, 0) != 0 || line.find(label) == std::string::npos) continue;
+      sum += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return sum;
+  }
+
+  static inline RedisClusterFixture* cluster_ = nullptr;
+  static inline absl::Status start_;
+  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
+};
+
+TEST_F(RemoteTierTest, KvAppendedOnOneDaemonIsFetchedByteExactFromAnother) {
+  DaemonProcess* a = StartDaemon(Seeds());
+  DaemonProcess* b = StartDaemon(Seeds());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  const std::vector<uint32_t> tokens = MakeTokens(11, 6 * kBt + kBt / 2);
+  Append(*on_a, tokens);
+  // Daemon B never saw the prompt: a lookup that waits finds it in the
+  // cluster (once A's write-back is done) and B serves it.
+  EXPECT_EQ(MatchWithin(*on_b, tokens, 6 * kBt, absl::Seconds(20)), 6 * kBt);
+  ExpectExact(*on_b, tokens);
+  EXPECT_GE(Metric(*b, "kvcached_remote_adopted_blocks_total", "outcome=\"adopted\""), 6);
+  EXPECT_GE(Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\""), 6);
+  // The blocks B adopted are not written back again by B.
+  EXPECT_EQ(Metric(*b, "kvcached_remote_writes_total", "outcome=\"done\""), 0);
+  // Another namespace addresses other keys: nothing of A's prompt.
+  auto stranger = ClientOf(*b, "other");
+  EXPECT_EQ(MatchWithin(*stranger, tokens, 1, absl::Milliseconds(300)), 0u);
+}
+
+TEST_F(RemoteTierTest, AValueAlteredInsideRedisIsAMissNeverWrongKv) {
+  DaemonProcess* a = StartDaemon(Seeds());
+  DaemonProcess* b = StartDaemon(Seeds());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  const std::vector<uint32_t> tokens = MakeTokens(12, 4 * kBt);
+  Append(*on_a, tokens);
+  // Wait for A's four writes, then flip a byte inside every value.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\"") < 4 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  int altered = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::unique_ptr<RedisNode> node = cluster_->Node(i);
+    ASSERT_NE(node, nullptr);
+    absl::StatusOr<RespValue> keys = node->Run({"KEYS", "kvc:*"});
+    ASSERT_TRUE(keys.ok()) << keys.status();
+    for (const RespValue& key : keys->elements) {
+      absl::StatusOr<RespValue> byte = node->Run({"GETRANGE", key.str, "100", "100"});
+      ASSERT_TRUE(byte.ok() && byte->str.size() == 1);
+      const std::string flipped(1, static_cast<char>(byte->str[0] ^ 0x20));
+      ASSERT_TRUE(node->Run({"SETRANGE", key.str, "100", flipped}).ok());
+      ++altered;
+    }
+  }
+  ASSERT_EQ(altered, 4);
+  EXPECT_EQ(MatchWithin(*on_b, tokens, 1, absl::Milliseconds(500)), 0u);
+  EXPECT_GE(Metric(*b, "kvcached_remote_reads_total", "outcome=\"unreadable\""), 1);
+  EXPECT_EQ(Metric(*b, "kvcached_remote_adopted_blocks_total", "outcome=\"adopted\""), 0);
+}
+
+TEST_F(RemoteTierTest, ADaemonKeyedDifferentlyFindsNothing) {
+  DaemonProcess* a = StartDaemon(Seeds(), 'a');
+  DaemonProcess* b = StartDaemon(Seeds(), 'b');
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  const std::vector<uint32_t> tokens = MakeTokens(13, 3 * kBt);
+  Append(*on_a, tokens);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\"") < 3 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(MatchWithin(*on_b, tokens, 1, absl::Milliseconds(300)), 0u);
+  EXPECT_GE(Metric(*b, "kvcached_remote_reads_total", "outcome=\"absent\""), 1);
+}
+
+TEST_F(RemoteTierTest, AMasterKilledMidRunFailsOverAndNothingServedIsWrong) {
+  DaemonProcess* a = StartDaemon(Seeds());
+  DaemonProcess* b = StartDaemon(Seeds());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  // Prompts appended through A before, during and after the failover; B
+  // looks each up and fetches what it matched. Whatever B serves must be the
+  // appended bytes; after the failover the cluster serves again.
+  cluster_->KillNode(0);
+  // The old master comes back (as a replica of its successor) whatever happens here.
+  struct Restart {
+    ~Restart() { EXPECT_TRUE(cluster_->RestartNode(0).ok()); }
+  } restart;
+  for (int p = 0; p < 12; ++p) {
+    const std::vector<uint32_t> tokens = MakeTokens(100 + p, 4 * kBt);
+    Append(*on_a, tokens);
+    const uint64_t matched = MatchWithin(*on_b, tokens, 4 * kBt, absl::Milliseconds(400));
+    if (matched > 0) {
+      std::vector<uint32_t> prefix(tokens.begin(), tokens.begin() + matched);
+      ExpectExact(*on_b, prefix);
+    }
+  }
+  ASSERT_TRUE(cluster_->WaitUntilOk(/*down=*/0).ok());
+  const std::vector<uint32_t> after = MakeTokens(200, 4 * kBt);
+  Append(*on_a, after);
+  EXPECT_EQ(MatchWithin(*on_b, after, 4 * kBt, absl::Seconds(20)), 4 * kBt);
+  ExpectExact(*on_b, after);
+}
+
+TEST_F(RemoteTierTest, ADaemonWhoseClusterIsDownServesItsOwnHits) {
+  // Nothing listens on the seed: the daemon starts, and serves locally.
+  DaemonProcess* c = StartDaemon({"127.0.0.1:1"});
+  ASSERT_NE(c, nullptr);
+  auto client = ClientOf(*c);
+  const std::vector<uint32_t> tokens = MakeTokens(14, 3 * kBt);
+  Append(*client, tokens);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(MatchWithin(*client, tokens, 3 * kBt, absl::Seconds(5)), 3 * kBt);
+  ExpectExact(*client, tokens);
+  // A prompt it does not hold: a miss, answered within the node timeouts.
+  const std::vector<uint32_t> unknown = MakeTokens(15, 3 * kBt);
+  EXPECT_EQ(MatchWithin(*client, unknown, 1, absl::ZeroDuration()), 0u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_GE(Metric(*c, "kvcached_remote_reads_total", "outcome=\"unavailable\""), 1);
+}
+
+TEST_F(RemoteTierTest, AMisconfiguredRemoteTierStopsTheStartWithAClearMessage) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/remote-tier-bad-", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string no_key = dir + "/no-key.json", missing = dir + "/missing-key.json";
+  std::ofstream(no_key) << R"({"remote_tier": {"seeds": ["127.0.0.1:7000"]}})";
+  std::ofstream(missing) << R"({"remote_tier": {"seeds": ["127.0.0.1:7000"], "key_file": ")" << dir
+                         << R"(/absent.key"}})";
+  CommandResult r = RunCommand(absl::StrCat(KvcachedPath(), " --config ", no_key));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("remote_tier.key_file is empty"));
+  r = RunCommand(absl::StrCat(KvcachedPath(), " --unix-socket ", dir, "/k.sock --listen none",
+                              " --metrics-address none --config ", missing));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("remote_tier.key_file"));
+}
+
+}  // namespace
+}  // namespace kvcache::testing
