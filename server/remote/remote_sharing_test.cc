@@ -156,5 +156,39 @@ TEST_F(RemoteSharingTest, AnUnknownModelIsNotFound) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(RemoteSharingTest, AsASharedTierItSharesStoredAppendsAndSearchesOnlyShortMatches) {
+  SharedTier& a = *a_->sharing;
+  SharedTier& b = *b_->sharing;
+  const std::vector<Token> tokens = Prompt(4);
+  // Told that an append stored the blocks from token 2 * kBt on (an append
+  // that started there): only blocks 2 and 3 are shared.
+  ASSERT_TRUE(Append(*a_->cache, Mid(), tokens).ok());
+  a.Stored(Mid().key, tokens, 2 * kBt);
+  a_->sharing->Flush();
+  EXPECT_EQ(a_->sharing->stats().blocks_put, 2u);
+  // B's lookup matched nothing of a model whose block size B has not seen:
+  // it searches, adopts nothing (blocks 0 and 1 are not in the store, and
+  // the run must start at B's own prefix), and learns the block size.
+  std::shared_ptr<WorkTicket> searched = b.Missed(Mid().key, tokens, SharedTier::kUnknownMatch);
+  ASSERT_NE(searched, nullptr);
+  ASSERT_TRUE(searched->WaitFor(absl::Seconds(30)));
+  EXPECT_EQ(b_->sharing->stats().blocks_adopted, 0u);
+  // With the first two blocks cached on B, a search adopts the other two.
+  ASSERT_TRUE(
+      Append(*b_->cache, Mid(), std::vector<Token>(tokens.begin(), tokens.begin() + 2 * kBt)).ok());
+  searched = b.Missed(Mid().key, tokens, 2 * kBt);
+  ASSERT_NE(searched, nullptr);
+  ASSERT_TRUE(searched->WaitFor(absl::Seconds(30)));
+  EXPECT_EQ(b_->sharing->stats().blocks_adopted, 2u);
+  EXPECT_TRUE(PlanHolds(*b_->cache->PrepareFetch(Mid().key, {.tokens = tokens}), Mid(), tokens));
+  // A match that covers every whole block (a partial one past it) searches
+  // nothing.
+  std::vector<Token> longer = tokens;
+  longer.push_back(1);
+  const uint64_t discoveries = b_->sharing->stats().discoveries;
+  EXPECT_EQ(b.Missed(Mid().key, longer, 4 * kBt), nullptr);
+  EXPECT_EQ(b_->sharing->stats().discoveries, discoveries);
+}
+
 }  // namespace
 }  // namespace kvcache
