@@ -58,6 +58,8 @@ absl::Status ValidateRemoteTier(const v1::RemoteTierConfig& r) {
   KVCACHE_RETURN_IF_ERROR(CheckRange("remote_tier.discover_queue", r.discover_queue(), 1, 65536));
   KVCACHE_RETURN_IF_ERROR(
       CheckRange("remote_tier.max_discover_blocks", r.max_discover_blocks(), 1, 65536));
+  KVCACHE_RETURN_IF_ERROR(
+      CheckRange("remote_tier.batch_deadline_ms", r.batch_deadline_ms(), 10, 60000));
   if (r.seeds().empty()) return absl::OkStatus();
   for (const std::string& seed : r.seeds()) {
     const size_t colon = seed.rfind(':');
@@ -406,6 +408,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   if (remote->share_queue() == 0) remote->set_share_queue(256);
   if (remote->discover_queue() == 0) remote->set_discover_queue(64);
   if (remote->max_discover_blocks() == 0) remote->set_max_discover_blocks(256);
+  if (remote->batch_deadline_ms() == 0) remote->set_batch_deadline_ms(1000);
 
   v1::CheckpointConfig* ckpt = c->mutable_checkpoint();
   if (!ckpt->has_interval_seconds()) ckpt->set_interval_seconds(300);

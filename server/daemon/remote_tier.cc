@@ -44,7 +44,8 @@ absl::StatusOr<RemoteStoreOptions> RemoteStoreOptionsFromConfig(
       .write_queue_blocks = config.write_queue_blocks(),
       .write_batch_blocks = config.write_batch_blocks(),
       .breaker_failures = config.breaker_failures(),
-      .breaker_cooldown = absl::Milliseconds(config.breaker_cooldown_ms())};
+      .breaker_cooldown = absl::Milliseconds(config.breaker_cooldown_ms()),
+      .batch_deadline = absl::Milliseconds(config.batch_deadline_ms())};
   for (const std::string& seed : config.seeds()) {
     absl::StatusOr<NodeAddress> address = ParseNodeAddress(seed);
     if (!address.ok()) {

@@ -1,5 +1,6 @@
 #include "server/remote/cluster_client.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -79,22 +80,31 @@ absl::Status ClusterClient::ReadSlotsFrom(const NodeAddress& address) {
   return absl::OkStatus();
 }
 
-absl::Status ClusterClient::Refresh() {
+absl::Status ClusterClient::Refresh(absl::Time deadline) {
   std::vector<NodeAddress> candidates = topology_.masters();
-  candidates.insert(candidates.end(), options_.seeds.begin(), options_.seeds.end());
+  for (const NodeAddress& seed : options_.seeds) {
+    if (std::find(candidates.begin(), candidates.end(), seed) == candidates.end()) {
+      candidates.push_back(seed);
+    }
+  }
   absl::Status last = absl::UnavailableError("no node to ask for the slot map");
   for (const NodeAddress& node : candidates) {
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("the deadline passed reading the slot map; last: ", last.message()));
+    }
     last = ReadSlotsFrom(node);
     if (last.ok()) return last;
   }
   return last;
 }
 
-absl::StatusOr<RespValue> ClusterClient::Run(const KeyedCommand& command) {
-  return std::move(Run(std::span<const KeyedCommand>(&command, 1)).front());
+absl::StatusOr<RespValue> ClusterClient::Run(const KeyedCommand& command, absl::Time deadline) {
+  return std::move(Run(std::span<const KeyedCommand>(&command, 1), deadline).front());
 }
 
-std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedCommand> commands) {
+std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedCommand> commands,
+                                                          absl::Time deadline) {
   stats_.commands += commands.size();
   std::vector<absl::StatusOr<RespValue>> results(commands.size(),
                                                  absl::UnavailableError("not sent"));
@@ -107,6 +117,10 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
         absl::StrCat("redis cluster: ", why, " (key slot ", KeySlot(commands[p.index].key), ")"));
   };
   while (!pending.empty()) {
+    if (absl::Now() >= deadline) {
+      for (const Pending& p : pending) give_up(p, "the deadline passed");
+      break;
+    }
     // One pipeline per node: the commands whose slot it serves, and those
     // an ASK sent to it.
     absl::flat_hash_map<std::string, std::pair<NodeAddress, std::vector<Pending>>> by_node;
@@ -127,6 +141,10 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
     for (auto& [key, group] : by_node) {
       const NodeAddress& address = group.first;
       std::vector<Pending>& members = group.second;
+      if (absl::Now() >= deadline) {
+        for (const Pending& p : members) give_up(p, "the deadline passed");
+        continue;
+      }
       const auto retry_all = [&](const std::string& why) {
         for (Pending& p : members) {
           if (++p.hops > options_.max_redirects) {
@@ -188,7 +206,7 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
         again.push_back(std::move(p));
       }
     }
-    if (refresh) (void)Refresh();  // best effort: MOVED already taught the map
+    if (refresh) (void)Refresh(deadline);  // best effort: MOVED already taught the map
     if (pause) absl::SleepFor(options_.try_again_pause);
     pending = std::move(again);
   }

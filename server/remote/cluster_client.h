@@ -71,13 +71,19 @@ class ClusterClient {
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Connect(ClusterClientOptions options);
 
   // Runs `commands`, pipelined per master; result i is commands[i]'s reply
-  // (an error reply of the command itself is a value) or UNAVAILABLE.
-  std::vector<absl::StatusOr<RespValue>> Run(std::span<const KeyedCommand> commands);
-  absl::StatusOr<RespValue> Run(const KeyedCommand& command);
+  // (an error reply of the command itself is a value) or UNAVAILABLE. No
+  // new step (a pipeline, a connection, a slot map read) starts after
+  // `deadline`: what is left then is UNAVAILABLE, so the whole call takes
+  // at most about `deadline` plus one step's timeouts.
+  std::vector<absl::StatusOr<RespValue>> Run(std::span<const KeyedCommand> commands,
+                                             absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<RespValue> Run(const KeyedCommand& command,
+                                absl::Time deadline = absl::InfiniteFuture());
 
-  // Reads the slot map again, from the known masters first, then the seeds.
-  // UNAVAILABLE when none answers (the old map is kept).
-  absl::Status Refresh();
+  // Reads the slot map again, from the known masters first, then the seeds
+  // (each node once), asking none after `deadline`. UNAVAILABLE when none
+  // answers (the old map is kept).
+  absl::Status Refresh(absl::Time deadline = absl::InfiniteFuture());
 
   const ClusterTopology& topology() const { return topology_; }
   const Stats& stats() const { return stats_; }

@@ -206,6 +206,38 @@ TEST(ClusterClientFailureTest, AKilledMasterFailsOnlyItsSlotsAndInBoundedTime) {
   EXPECT_LT(took, absl::Seconds(3)) << took;
 }
 
+TEST(ClusterClientFailureTest, MastersThatStopAnsweringCostNoMoreThanTheDeadline) {
+  if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
+  RedisClusterFixture cluster;
+  ASSERT_TRUE(cluster.Start(3).ok());
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client = ClusterClient::Connect(
+      {.seeds = {cluster.Address(0), cluster.Address(1), cluster.Address(2)},
+       .node = {.connect_timeout = absl::Milliseconds(100), .io_timeout = absl::Milliseconds(200)},
+       .max_redirects = 5});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<KeyedCommand> gets;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = absl::StrCat("hung:", i);
+    gets.push_back({key, {"GET", key}});
+  }
+  for (const auto& r : (*client)->Run(gets)) ASSERT_TRUE(r.ok()) << r.status();
+  // Every master silent, its connections open: without a deadline each of
+  // five retries would wait out its timeouts on every node, and re-read the
+  // slot map from each of them.
+  for (int i = 0; i < 3; ++i) cluster.PauseNode(i, true);
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<RespValue>> results =
+      (*client)->Run(gets, absl::Now() + absl::Milliseconds(300));
+  const absl::Duration took = absl::Now() - start;
+  for (int i = 0; i < 3; ++i) cluster.PauseNode(i, false);
+  for (const auto& r : results) EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  // The deadline, and at most the step under way when it passed (a read's
+  // timeout, a connect's and a slot-map read's).
+  EXPECT_LT(took, absl::Milliseconds(300 + 200 + 100 + 200 + 200)) << took;
+  // Answering again: the same client serves.
+  for (const auto& r : (*client)->Run(gets)) EXPECT_TRUE(r.ok()) << r.status();
+}
+
 TEST(ClusterClientAuthTest, ThePasswordOpensTheClusterAndNothingElseDoes) {
   if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
   RedisClusterFixture cluster;

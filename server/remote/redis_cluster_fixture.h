@@ -39,9 +39,13 @@ class RedisClusterFixture {
   // one cluster serving every slot; with `password` (letters and digits) the
   // nodes require it (requirepass); with `replicas`, each master gets that
   // many replicas. Node i < masters is a master at the start (redis-cli
-  // makes the first nodes masters), the others are replicas.
-  absl::Status Start(int masters, const std::string& password = "", int replicas = 0) {
+  // makes the first nodes masters), the others are replicas. The nodes
+  // listen on `host` (an address of this host other network namespaces may
+  // reach, for tests of daemons on separate hosts) and announce it.
+  absl::Status Start(int masters, const std::string& password = "", int replicas = 0,
+                     const std::string& host = "127.0.0.1") {
     password_ = password;
+    host_ = host;
     const std::string auth =
         password.empty() ? ""
                          : absl::StrCat(" --requirepass ", password, " --masterauth ", password);
@@ -57,13 +61,13 @@ class RedisClusterFixture {
       const int port = FreePort(&chosen), bus = FreePort(&chosen);
       if (port == 0 || bus == 0) return absl::InternalError("no free port on loopback");
       ports_.push_back(port);
-      endpoints.push_back(absl::StrCat("127.0.0.1:", port));
-      const std::string command =
-          absl::StrCat("redis-server --port ", port, " --cluster-port ", bus,
-                       " --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes-", port,
-                       ".conf --cluster-node-timeout 2000 --cluster-replica-validity-factor 0",
-                       " --save '' --appendonly no --daemonize yes --dir ", dir_.string(),
-                       " --pidfile ", PidFile(port), " --logfile ", LogFile(port), auth);
+      endpoints.push_back(absl::StrCat(host_, ":", port));
+      const std::string command = absl::StrCat(
+          "redis-server --port ", port, " --cluster-port ", bus, " --bind ", host_,
+          " --protected-mode no --cluster-enabled yes --cluster-config-file nodes-", port,
+          ".conf --cluster-node-timeout 2000 --cluster-replica-validity-factor 0",
+          " --save '' --appendonly no --daemonize yes --dir ", dir_.string(), " --pidfile ",
+          PidFile(port), " --logfile ", LogFile(port), auth);
       commands_.push_back(command);
       if (std::system(command.c_str()) != 0) {
         return absl::InternalError(absl::StrCat("could not start: ", command));
@@ -132,7 +136,7 @@ class RedisClusterFixture {
   }
 
   const std::vector<int>& ports() const { return ports_; }
-  NodeAddress Address(int i) const { return {.host = "127.0.0.1", .port = Port(i)}; }
+  NodeAddress Address(int i) const { return {.host = host_, .port = Port(i)}; }
   uint16_t Port(int i) const { return static_cast<uint16_t>(ports_[i]); }
 
   // A plain connection to node i (for the test's own commands).
@@ -144,6 +148,9 @@ class RedisClusterFixture {
 
   // SIGKILLs node i.
   void KillNode(int i) { KillPort(ports_[i]); }
+  // Stops node i without closing anything (SIGSTOP: its connections stay
+  // open and go silent, as a hung or cut-off host's do), or lets it go on.
+  void PauseNode(int i, bool paused) { SignalPort(ports_[i], paused ? SIGSTOP : SIGCONT); }
 
  private:
   // A port nothing listens on now and not in `*chosen` (added to it); 0 when
@@ -185,10 +192,14 @@ class RedisClusterFixture {
     return (dir_ / absl::StrCat("redis-", port, ".pid")).string();
   }
   void KillPort(int port) {
+    SignalPort(port, SIGCONT);  // a paused node dies too
+    SignalPort(port, SIGKILL);
+    std::filesystem::remove(PidFile(port));
+  }
+  void SignalPort(int port, int signal) {
     std::ifstream in(PidFile(port));
     pid_t pid = 0;
-    if (in >> pid && pid > 0) ::kill(pid, SIGKILL);
-    std::filesystem::remove(PidFile(port));
+    if (in >> pid && pid > 0) ::kill(pid, signal);
   }
 
   template <typename Ready>
@@ -196,7 +207,7 @@ class RedisClusterFixture {
     const absl::Time deadline = absl::Now() + absl::Seconds(15);
     while (absl::Now() < deadline) {
       absl::StatusOr<std::unique_ptr<RedisNode>> n = RedisNode::Connect(
-          {.host = "127.0.0.1", .port = static_cast<uint16_t>(port)}, {.password = password_});
+          {.host = host_, .port = static_cast<uint16_t>(port)}, {.password = password_});
       if (n.ok() && ready(**n)) return true;
       absl::SleepFor(absl::Milliseconds(50));
     }
@@ -207,6 +218,7 @@ class RedisClusterFixture {
   std::vector<int> ports_;
   std::vector<std::string> commands_;  // what started each node
   std::string password_;               // the nodes require it when set
+  std::string host_ = "127.0.0.1";     // the nodes listen there
   static inline int started_ = 0;
 };
 

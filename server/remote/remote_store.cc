@@ -29,10 +29,11 @@ uint64_t GetLittleEndian64(const std::byte* in) {
 absl::StatusOr<std::unique_ptr<RemoteStore>> RemoteStore::Start(const RemoteStoreOptions& options,
                                                                 const DaemonSecret& shared) {
   if (options.write_queue_blocks == 0 || options.write_batch_blocks == 0 ||
-      options.breaker_failures == 0 || options.breaker_cooldown <= absl::ZeroDuration()) {
+      options.breaker_failures == 0 || options.breaker_cooldown <= absl::ZeroDuration() ||
+      options.batch_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "remote store: write_queue_blocks, write_batch_blocks and breaker_failures must be at "
-        "least 1, and breaker_cooldown positive");
+        "least 1, and breaker_cooldown and batch_deadline positive");
   }
   if (options.cluster.seeds.empty()) {
     return absl::InvalidArgumentError("remote store: no seed node of the Redis Cluster");
@@ -169,7 +170,8 @@ void RemoteStore::WriteLoop() {
       if (writer_ == nullptr) {
         failed = batch.size();  // the cluster cannot be reached (yet)
       } else {
-        const std::vector<absl::StatusOr<RespValue>> replies = writer_->Run(commands);
+        const std::vector<absl::StatusOr<RespValue>> replies =
+            writer_->Run(commands, absl::Now() + options_.batch_deadline);
         for (size_t i = 0; i < replies.size(); ++i) {
           any = any || replies[i].ok();
           if (replies[i].ok() && !replies[i]->is_error()) {
@@ -236,7 +238,7 @@ std::vector<std::optional<RemoteBlock>> RemoteStore::Get(std::string_view ns,
     MutexLock lock(&read_mu_);
     const absl::Status connected = ConnectReaderLocked();
     if (connected.ok()) {
-      replies = reader_->Run(commands);
+      replies = reader_->Run(commands, absl::Now() + options_.batch_deadline);
     } else {
       replies.assign(keys.size(), connected);
     }

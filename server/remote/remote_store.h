@@ -18,7 +18,8 @@
 //
 // A circuit breaker: after breaker_failures batches in a row that reached no
 // node, the store stops trying for breaker_cooldown (writes are dropped,
-// reads miss at once), then lets the next batch try again.
+// reads miss at once), then lets the next batch try again. And a batch that
+// meets failure after failure stops at its deadline (batch_deadline).
 //
 // Thread-safe: any thread may Put and Get (reads share one connection set
 // under a lock; the writer thread has its own). Neither is opened before it
@@ -51,6 +52,10 @@ struct RemoteStoreOptions {
   uint32_t write_batch_blocks = 32;    // values per pipelined batch, >= 1
   uint32_t breaker_failures = 3;       // >= 1
   absl::Duration breaker_cooldown = absl::Seconds(1);
+  // How long one batch (a Get, or a batch of writes) may take in all, its
+  // redirects, reconnections and slot-map reads included: past it, no new
+  // step starts and what is left misses (ClusterClient::Run). Positive.
+  absl::Duration batch_deadline = absl::Seconds(1);
 };
 
 // One block read back: its bytes, verified against the checksum stored

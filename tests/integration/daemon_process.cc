@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -42,6 +43,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
   d->socket_path_ = options.unix_socket.empty() ? d->dir_ + "/kvcached.sock" : options.unix_socket;
   d->log_path_ = d->dir_ + "/kvcached.log";
   d->token_ = options.token;
+  d->network_namespace_ = options.network_namespace;
 
   std::vector<std::string> args = {KvcachedPath(), "--unix-socket", d->socket_path_,
                                    "--capacity-bytes", std::to_string(options.capacity_bytes)};
@@ -77,6 +79,14 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Daemon
     if (log != nullptr) {
       ::dup2(::fileno(log), STDOUT_FILENO);
       ::dup2(::fileno(log), STDERR_FILENO);
+    }
+    if (!options.network_namespace.empty()) {
+      const int ns = ::open(("/var/run/netns/" + options.network_namespace).c_str(), O_RDONLY);
+      if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) {
+        std::perror("entering the daemon's network namespace");
+        ::_exit(126);
+      }
+      ::close(ns);
     }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());

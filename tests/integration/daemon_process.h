@@ -29,6 +29,11 @@ struct DaemonOptions {
   // An SSD tier of this many bytes in the daemon's directory (ssd_path()); 0: none.
   uint64_t ssd_bytes = 0;
   std::vector<std::string> extra_flags;
+  // The network namespace (a name under /var/run/netns, as `ip netns add`
+  // makes) the daemon runs in, a separate host of its own for tests of
+  // several daemons; empty: the test's own. Its Unix sockets stay reachable
+  // (they live in the file system).
+  std::string network_namespace;
   // The bearer token the start-up probe and NewClient() send (for a daemon
   // started with --principals-file); empty: none.
   std::string token;
@@ -69,6 +74,8 @@ class DaemonProcess {
   std::unique_ptr<Client> NewClient(const std::string& ns, DataPath path,
                                     const std::string& token) const;
   pid_t pid() const { return pid_; }
+  // DaemonOptions::network_namespace.
+  const std::string& network_namespace() const { return network_namespace_; }
 
  private:
   DaemonProcess() = default;
@@ -76,6 +83,7 @@ class DaemonProcess {
   std::string dir_;
   std::string socket_path_;
   std::string log_path_;
+  std::string network_namespace_;
   int tcp_port_ = 0;
   int metrics_port_ = 0;
   std::string token_;

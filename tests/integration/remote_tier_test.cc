@@ -17,18 +17,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/remote/redis_cluster_fixture.h"
-#include "tests/integration/daemon_process.h"
-#include "tests/integration/kv_pattern.h"
+#include "tests/integration/remote_tier_harness.h"
 
 namespace kvcache::testing {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint32_t kBt = 16;
-
 class RemoteTierTest : public ::testing::Test {
  protected:
+  using H = RemoteTierHarness;
+  static constexpr uint32_t kBt = H::kBt;
+
   static void SetUpTestSuite() {
     if (!RedisClusterFixture::Available()) return;
     cluster_ = new RedisClusterFixture();
@@ -48,108 +48,19 @@ class RemoteTierTest : public ::testing::Test {
       if (auto node = cluster_->Node(i); node != nullptr) (void)node->Run({"FLUSHALL"});
     }
   }
-  void TearDown() override {
-    for (auto& d : daemons_) {
-      if (d != nullptr && d->Running()) {
-        EXPECT_EQ(d->Stop(), 0) << "kvcached did not drain cleanly; log " << d->log_path();
-      }
-    }
-  }
+  void TearDown() override { harness_.StopAll(); }
 
-  // The key file every daemon of the deployment shares.
-  static std::string KeyFile(const std::string& dir, char digit) {
-    const std::string path = dir + "/shared.key";
-    std::ofstream(path) << std::string(64, digit) << "\n";
-    ::chmod(path.c_str(), 0600);
-    return path;
-  }
-
-  // A daemon whose remote tier uses `seeds`, keyed by a key file of `digit`s.
   DaemonProcess* StartDaemon(const std::vector<std::string>& seeds, char digit = 'a') {
-    // The config lives beside the test's daemons: a folder of its own.
-    const std::string dir =
-        absl::StrCat(::testing::TempDir(), "/remote-tier-", ::getpid(), "-", daemons_.size());
-    std::filesystem::create_directories(dir);
-    const std::string config = dir + "/config.json";
-    std::ofstream(config) << "{\"remote_tier\": {\"seeds\": [\"" << absl::StrJoin(seeds, "\", \"")
-                          << "\"], \"key_file\": \"" << KeyFile(dir, digit)
-                          << "\", \"io_timeout_ms\": 300}}";
-    auto d = DaemonProcess::Start({.metrics = true, .extra_flags = {"--config", config}});
-    EXPECT_TRUE(d.ok()) << d.status();
-    if (!d.ok()) return nullptr;
-    daemons_.push_back(*std::move(d));
-    return daemons_.back().get();
+    return harness_.StartDaemon(seeds, digit);
   }
   static std::vector<std::string> Seeds() {
     return {absl::StrCat("127.0.0.1:", cluster_->Port(0)),
             absl::StrCat("127.0.0.1:", cluster_->Port(1))};
   }
 
-  // A client of `d` with the test model registered.
-  static std::unique_ptr<Client> ClientOf(const DaemonProcess& d, const std::string& ns = "") {
-    std::unique_ptr<Client> client = d.NewClient(ns);
-    EXPECT_NE(client, nullptr);
-    auto r = client->RegisterModel("m", Layout());
-    EXPECT_TRUE(r.ok()) << r.status();
-    return client;
-  }
-  static v1::ModelLayout Layout() { return MakeLayout(2, 2, 32, v1::DTYPE_FP16, kBt); }
-  static uint64_t BlockBytes() { return 2 * 2 * 2 * 32 * 2 * kBt; }
-
-  // Appends the KV of the whole blocks of `tokens` through `client`.
-  static void Append(Client& client, const std::vector<uint32_t>& tokens) {
-    const size_t blocks = tokens.size() / kBt;
-    auto appended = client.Append("m", tokens, MakeKv(tokens, kBt, BlockBytes(), 0, blocks));
-    ASSERT_TRUE(appended.ok()) << appended.status();
-    ASSERT_EQ(appended->stored_blocks, blocks);
-  }
-
-  // Looks `tokens` up through `client` with PREFETCH_WAIT until `want`
-  // tokens match or `patience` passes; the last match.
-  static uint64_t MatchWithin(Client& client, const std::vector<uint32_t>& tokens, uint64_t want,
-                              absl::Duration patience) {
-    const absl::Time deadline = absl::Now() + patience;
-    uint64_t matched = 0;
-    do {
-      auto found = client.Lookup(
-          "m", tokens, {.prefetch = v1::PREFETCH_WAIT, .prefetch_timeout = absl::Seconds(5)});
-      EXPECT_TRUE(found.ok()) << found.status();
-      matched = found.ok() ? found->matched_tokens : 0;
-      if (matched >= want) return matched;
-      absl::SleepFor(absl::Milliseconds(50));
-    } while (absl::Now() < deadline);
-    return matched;
-  }
-
-  // Fetches `tokens` through `client`: the whole blocks' KV must be the
-  // pattern's, byte for byte.
-  static void ExpectExact(Client& client, const std::vector<uint32_t>& tokens) {
-    const size_t blocks = tokens.size() / kBt;
-    std::vector<std::byte> out(blocks * BlockBytes());
-    auto fetched = client.Fetch("m", tokens, out);
-    ASSERT_TRUE(fetched.ok()) << fetched.status();
-    ASSERT_EQ(fetched->matched_tokens, blocks * kBt);
-    EXPECT_TRUE(out == MakeKv(tokens, kBt, BlockBytes(), 0, blocks)) << "fetched bytes differ";
-  }
-
-  // The sum of the samples of `family` with `label` (e.g. outcome="hit")
-  // in `d`'s metrics.
-  static double Metric(const DaemonProcess& d, const std::string& family,
-                       const std::string& label) {
-    CommandResult r =
-        RunCommand(absl::StrCat("curl -sf http://127.0.0.1:", d.metrics_port(), "/metrics"));
-    double sum = 0;
-    std::istringstream lines(r.output);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind(family, 0) != 0 || line.find(label) == std::string::npos) continue;
-      sum += std::stod(line.substr(line.rfind(' ') + 1));
-    }
-    return sum;
-  }
-
   static inline RedisClusterFixture* cluster_ = nullptr;
   static inline absl::Status start_;
-  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
+  RemoteTierHarness harness_;
 };
 
 TEST_F(RemoteTierTest, KvAppendedOnOneDaemonIsFetchedByteExactFromAnother) {
@@ -157,20 +68,20 @@ TEST_F(RemoteTierTest, KvAppendedOnOneDaemonIsFetchedByteExactFromAnother) {
   DaemonProcess* b = StartDaemon(Seeds());
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  auto on_a = H::ClientOf(*a), on_b = H::ClientOf(*b);
   const std::vector<uint32_t> tokens = MakeTokens(11, 6 * kBt + kBt / 2);
-  Append(*on_a, tokens);
+  H::Append(*on_a, tokens);
   // Daemon B never saw the prompt: a lookup that waits finds it in the
   // cluster (once A's write-back is done) and B serves it.
-  EXPECT_EQ(MatchWithin(*on_b, tokens, 6 * kBt, absl::Seconds(20)), 6 * kBt);
-  ExpectExact(*on_b, tokens);
-  EXPECT_GE(Metric(*b, "kvcached_remote_adopted_blocks_total", "outcome=\"adopted\""), 6);
-  EXPECT_GE(Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\""), 6);
+  EXPECT_EQ(H::MatchWithin(*on_b, tokens, 6 * kBt, absl::Seconds(20)), 6 * kBt);
+  H::ExpectExact(*on_b, tokens);
+  EXPECT_GE(H::Metric(*b, "kvcached_remote_adopted_blocks_total", "outcome=\"adopted\""), 6);
+  EXPECT_GE(H::Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\""), 6);
   // The blocks B adopted are not written back again by B.
-  EXPECT_EQ(Metric(*b, "kvcached_remote_writes_total", "outcome=\"done\""), 0);
+  EXPECT_EQ(H::Metric(*b, "kvcached_remote_writes_total", "outcome=\"done\""), 0);
   // Another namespace addresses other keys: nothing of A's prompt.
-  auto stranger = ClientOf(*b, "other");
-  EXPECT_EQ(MatchWithin(*stranger, tokens, 1, absl::Milliseconds(300)), 0u);
+  auto stranger = H::ClientOf(*b, "other");
+  EXPECT_EQ(H::MatchWithin(*stranger, tokens, 1, absl::Milliseconds(300)), 0u);
 }
 
 TEST_F(RemoteTierTest, AValueAlteredInsideRedisIsAMissNeverWrongKv) {
@@ -178,15 +89,11 @@ TEST_F(RemoteTierTest, AValueAlteredInsideRedisIsAMissNeverWrongKv) {
   DaemonProcess* b = StartDaemon(Seeds());
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  auto on_a = H::ClientOf(*a), on_b = H::ClientOf(*b);
   const std::vector<uint32_t> tokens = MakeTokens(12, 4 * kBt);
-  Append(*on_a, tokens);
+  H::Append(*on_a, tokens);
   // Wait for A's four writes, then flip a byte inside every value.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\"") < 4 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  H::AwaitWrites(*a, 4);
   int altered = 0;
   for (int i = 0; i < 3; ++i) {
     std::unique_ptr<RedisNode> node = cluster_->Node(i);
@@ -202,9 +109,9 @@ TEST_F(RemoteTierTest, AValueAlteredInsideRedisIsAMissNeverWrongKv) {
     }
   }
   ASSERT_EQ(altered, 4);
-  EXPECT_EQ(MatchWithin(*on_b, tokens, 1, absl::Milliseconds(500)), 0u);
-  EXPECT_GE(Metric(*b, "kvcached_remote_reads_total", "outcome=\"unreadable\""), 1);
-  EXPECT_EQ(Metric(*b, "kvcached_remote_adopted_blocks_total", "outcome=\"adopted\""), 0);
+  EXPECT_EQ(H::MatchWithin(*on_b, tokens, 1, absl::Milliseconds(500)), 0u);
+  EXPECT_GE(H::Metric(*b, "kvcached_remote_reads_total", "outcome=\"unreadable\""), 1);
+  EXPECT_EQ(H::Metric(*b, "kvcached_remote_adopted_blocks_total", "outcome=\"adopted\""), 0);
 }
 
 TEST_F(RemoteTierTest, ADaemonKeyedDifferentlyFindsNothing) {
@@ -212,16 +119,12 @@ TEST_F(RemoteTierTest, ADaemonKeyedDifferentlyFindsNothing) {
   DaemonProcess* b = StartDaemon(Seeds(), 'b');
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  auto on_a = H::ClientOf(*a), on_b = H::ClientOf(*b);
   const std::vector<uint32_t> tokens = MakeTokens(13, 3 * kBt);
-  Append(*on_a, tokens);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\"") < 3 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_EQ(MatchWithin(*on_b, tokens, 1, absl::Milliseconds(300)), 0u);
-  EXPECT_GE(Metric(*b, "kvcached_remote_reads_total", "outcome=\"absent\""), 1);
+  H::Append(*on_a, tokens);
+  H::AwaitWrites(*a, 3);
+  EXPECT_EQ(H::MatchWithin(*on_b, tokens, 1, absl::Milliseconds(300)), 0u);
+  EXPECT_GE(H::Metric(*b, "kvcached_remote_reads_total", "outcome=\"absent\""), 1);
 }
 
 TEST_F(RemoteTierTest, AMasterKilledMidRunFailsOverAndNothingServedIsWrong) {
@@ -229,7 +132,7 @@ TEST_F(RemoteTierTest, AMasterKilledMidRunFailsOverAndNothingServedIsWrong) {
   DaemonProcess* b = StartDaemon(Seeds());
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  auto on_a = ClientOf(*a), on_b = ClientOf(*b);
+  auto on_a = H::ClientOf(*a), on_b = H::ClientOf(*b);
   // Prompts appended through A before, during and after the failover; B
   // looks each up and fetches what it matched. Whatever B serves must be the
   // appended bytes; after the failover the cluster serves again.
@@ -240,35 +143,35 @@ TEST_F(RemoteTierTest, AMasterKilledMidRunFailsOverAndNothingServedIsWrong) {
   } restart;
   for (int p = 0; p < 12; ++p) {
     const std::vector<uint32_t> tokens = MakeTokens(100 + p, 4 * kBt);
-    Append(*on_a, tokens);
-    const uint64_t matched = MatchWithin(*on_b, tokens, 4 * kBt, absl::Milliseconds(400));
+    H::Append(*on_a, tokens);
+    const uint64_t matched = H::MatchWithin(*on_b, tokens, 4 * kBt, absl::Milliseconds(400));
     if (matched > 0) {
       std::vector<uint32_t> prefix(tokens.begin(), tokens.begin() + matched);
-      ExpectExact(*on_b, prefix);
+      H::ExpectExact(*on_b, prefix);
     }
   }
   ASSERT_TRUE(cluster_->WaitUntilOk(/*down=*/0).ok());
   const std::vector<uint32_t> after = MakeTokens(200, 4 * kBt);
-  Append(*on_a, after);
-  EXPECT_EQ(MatchWithin(*on_b, after, 4 * kBt, absl::Seconds(20)), 4 * kBt);
-  ExpectExact(*on_b, after);
+  H::Append(*on_a, after);
+  EXPECT_EQ(H::MatchWithin(*on_b, after, 4 * kBt, absl::Seconds(20)), 4 * kBt);
+  H::ExpectExact(*on_b, after);
 }
 
 TEST_F(RemoteTierTest, ADaemonWhoseClusterIsDownServesItsOwnHits) {
   // Nothing listens on the seed: the daemon starts, and serves locally.
   DaemonProcess* c = StartDaemon({"127.0.0.1:1"});
   ASSERT_NE(c, nullptr);
-  auto client = ClientOf(*c);
+  auto client = H::ClientOf(*c);
   const std::vector<uint32_t> tokens = MakeTokens(14, 3 * kBt);
-  Append(*client, tokens);
+  H::Append(*client, tokens);
   const absl::Time start = absl::Now();
-  EXPECT_EQ(MatchWithin(*client, tokens, 3 * kBt, absl::Seconds(5)), 3 * kBt);
-  ExpectExact(*client, tokens);
+  EXPECT_EQ(H::MatchWithin(*client, tokens, 3 * kBt, absl::Seconds(5)), 3 * kBt);
+  H::ExpectExact(*client, tokens);
   // A prompt it does not hold: a miss, answered within the node timeouts.
   const std::vector<uint32_t> unknown = MakeTokens(15, 3 * kBt);
-  EXPECT_EQ(MatchWithin(*client, unknown, 1, absl::ZeroDuration()), 0u);
+  EXPECT_EQ(H::MatchWithin(*client, unknown, 1, absl::ZeroDuration()), 0u);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_GE(Metric(*c, "kvcached_remote_reads_total", "outcome=\"unavailable\""), 1);
+  EXPECT_GE(H::Metric(*c, "kvcached_remote_reads_total", "outcome=\"unavailable\""), 1);
 }
 
 TEST_F(RemoteTierTest, AMisconfiguredRemoteTierStopsTheStartWithAClearMessage) {
