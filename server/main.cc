@@ -297,6 +297,9 @@ int Serve(const v1::ServerConfig& config) {
   auto status_source = std::make_shared<CacheStatusSource>(
       &cache, StatusIdentityOf(config.listen()), ConfigToJson(config), events, stats_source);
   status_source->SetMemorySource(memory_source);
+  if (const RemoteTier* r = remote->get(); r != nullptr) {
+    status_source->SetRemoteTierSource([r] { return r->Status(); });
+  }
   auto http = StartHttpEndpoint(config, *metrics, security->access.get(), status_source);
   if (!http.ok()) {
     spdlog::error("{}", http.status().ToString());
@@ -397,6 +400,9 @@ int Serve(const v1::ServerConfig& config) {
   server_options.tls = security->ServedTls();
   server_options.access = security->access.get();
   server_options.memory = memory_source;
+  if (const RemoteTier* r = remote->get(); r != nullptr) {
+    server_options.remote_tier = [r] { return r->Status(); };
+  }
   server_options.cache_service.fair = fair.get();
   server_options.cache_service.shared = shared;
   auto server = GrpcServer::Start(server_options, &cache, &rpc_tally);

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -189,7 +190,27 @@ int RunStatus(const Context& ctx) {
   out << '\n'
       << "shm socket:   " << (info->shm_socket().empty() ? "-" : info->shm_socket()) << '\n';
   PrintCheckpointStatus(info->checkpoint(), out);
+  PrintRemoteTierStatus(info->remote_tier(), out);
   return code;
+}
+
+void PrintRemoteTierStatus(const v1::RemoteTierStatus& r, std::ostream& out) {
+  if (!r.enabled()) {
+    out << "remote tier:  off (remote_tier.seeds is not set)\n";
+    return;
+  }
+  const uint64_t misses =
+      r.read_misses_absent() + r.read_misses_unreadable() + r.read_misses_unavailable();
+  out << "remote tier:  " << absl::StrJoin(r.seeds(), ", ") << "; breaker "
+      << (r.breaker_open() ? "OPEN (the cluster is skipped for now)" : "closed") << '\n'
+      << "  writes:     " << r.blocks_written() << " blocks written, " << r.write_queue_blocks()
+      << " queued, " << r.writes_dropped() << " dropped, " << r.writes_failed() << " failed\n"
+      << "  reads:      " << r.read_hits() << " hits of " << r.blocks_read() << " blocks asked; "
+      << misses << " misses (" << r.read_misses_absent() << " absent, "
+      << r.read_misses_unreadable() << " unreadable, " << r.read_misses_unavailable()
+      << " unavailable)\n"
+      << "  searches:   " << r.searches() << " (" << r.searches_dropped() << " dropped), "
+      << r.blocks_adopted() << " blocks adopted\n";
 }
 
 namespace {

@@ -94,6 +94,8 @@ std::string ToJson(const google::protobuf::Message& msg);
 int RunCheckpoint(const Context& ctx, std::string_view action, uint64_t sequence);
 // The checkpoint lines `status` and `checkpoint list` print.
 void PrintCheckpointStatus(const v1::CheckpointStatus& status, std::ostream& out);
+// The remote tier's lines of `status`.
+void PrintRemoteTierStatus(const v1::RemoteTierStatus& status, std::ostream& out);
 
 // kvcachectl verify (ctl_inspect.cc): reads stored blocks back in the daemon
 // and checks them; a progress line on a terminal; bad blocks as a table.

@@ -86,7 +86,31 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Start(const v1::RemoteTi
       RemoteSharingOptions{.share_queue = config.share_queue(),
                            .max_discover_blocks = config.max_discover_blocks(),
                            .discover_queue = config.discover_queue()});
-  return std::unique_ptr<RemoteTier>(new RemoteTier(*std::move(store), std::move(sharing)));
+  return std::unique_ptr<RemoteTier>(
+      new RemoteTier(std::vector<std::string>(config.seeds().begin(), config.seeds().end()),
+                     *std::move(store), std::move(sharing)));
+}
+
+v1::RemoteTierStatus RemoteTier::Status() const {
+  const RemoteSharing::Stats s = sharing_->stats();
+  const RemoteStore::Stats st = store_->stats();
+  v1::RemoteTierStatus out;
+  out.set_enabled(true);
+  for (const std::string& seed : seeds_) out.add_seeds(seed);
+  out.set_breaker_open(st.breaker_open);
+  out.set_write_queue_blocks(st.write_queue);
+  out.set_blocks_written(st.writes_done);
+  out.set_writes_dropped(st.writes_dropped_full + st.writes_dropped_open);
+  out.set_writes_failed(st.writes_failed);
+  out.set_blocks_read(st.reads);
+  out.set_read_hits(st.hits);
+  out.set_read_misses_absent(st.misses_absent);
+  out.set_read_misses_unreadable(st.misses_unreadable + st.misses_checksum);
+  out.set_read_misses_unavailable(st.misses_unavailable);
+  out.set_searches(s.discoveries);
+  out.set_searches_dropped(s.discoveries_dropped);
+  out.set_blocks_adopted(s.blocks_adopted);
+  return out;
 }
 
 }  // namespace kvcache

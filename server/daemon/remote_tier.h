@@ -11,8 +11,11 @@
 #define KVCACHE_SERVER_DAEMON_REMOTE_TIER_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvcache/v1/admin.pb.h"
 #include "kvcache/v1/config.pb.h"
 #include "server/core/cache.h"
 #include "server/remote/remote_sharing.h"
@@ -30,11 +33,15 @@ class RemoteTier {
   // What the front doors tell of appends and short lookups.
   SharedTier* shared() { return sharing_.get(); }
   const RemoteSharing& sharing() const { return *sharing_; }
+  // What GetServerInfo and the status page show of it.
+  v1::RemoteTierStatus Status() const;
 
  private:
-  RemoteTier(std::unique_ptr<RemoteStore> store, std::unique_ptr<RemoteSharing> sharing)
-      : store_(std::move(store)), sharing_(std::move(sharing)) {}
+  RemoteTier(std::vector<std::string> seeds, std::unique_ptr<RemoteStore> store,
+             std::unique_ptr<RemoteSharing> sharing)
+      : seeds_(std::move(seeds)), store_(std::move(store)), sharing_(std::move(sharing)) {}
 
+  const std::vector<std::string> seeds_;
   std::unique_ptr<RemoteStore> store_;
   std::unique_ptr<RemoteSharing> sharing_;  // uses store_: declared after it, destroyed first
 };

@@ -164,6 +164,7 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContex
   response->set_cuda_built(identity_.cuda_built);
   response->set_shm_socket(identity_.shm_socket);
   if (checkpoints_ != nullptr) FillCheckpointStatus(*checkpoints_, response->mutable_checkpoint());
+  if (remote_tier_) *response->mutable_remote_tier() = remote_tier_();
   return Finish(ctx, "GetServerInfo", start);
 }
 

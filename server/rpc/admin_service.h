@@ -50,6 +50,8 @@ struct AdminSources {
   const InflightCalls* inflight = nullptr;               // DumpMemory's calls (FillInflightCalls)
   AccessControl* access = nullptr;  // who may call what; null: everyone, everywhere
   MemorySource memory;              // GetStats' memory; empty: not reported
+  // GetServerInfo's remote_tier; empty: the remote tier is off.
+  std::function<v1::RemoteTierStatus()> remote_tier;
 };
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -63,7 +65,8 @@ class AdminService final : public v1::Admin::CallbackService {
         rpc_tally_(sources.rpc_tally),
         inflight_(sources.inflight),
         access_(sources.access),
-        memory_(std::move(sources.memory)) {}
+        memory_(std::move(sources.memory)),
+        remote_tier_(std::move(sources.remote_tier)) {}
 
   grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx,
                                    const v1::WhoAmIRequest* request,
@@ -123,6 +126,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const InflightCalls* const inflight_;
   AccessControl* const access_;
   const MemorySource memory_;
+  const std::function<v1::RemoteTierStatus()> remote_tier_;
   // Block verifications running now (each on a thread of its own).
   std::atomic<int> verifications_{0};
 };

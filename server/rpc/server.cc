@@ -169,7 +169,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
                                                   .rpc_tally = options.rpc_tally,
                                                   .inflight = options.inflight,
                                                   .access = options.access,
-                                                  .memory = options.memory});
+                                                  .memory = options.memory,
+                                                  .remote_tier = options.remote_tier});
   builder.RegisterService(server->cache_service_.get());
   builder.RegisterService(server->admin_service_.get());
   server->server_ = builder.BuildAndStart();

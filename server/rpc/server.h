@@ -64,6 +64,8 @@ struct GrpcServerOptions {
   AccessControl* access = nullptr;
   // GetStats' memory breakdown; empty: not reported.
   MemorySource memory;
+  // GetServerInfo's remote tier; empty: the remote tier is off.
+  std::function<v1::RemoteTierStatus()> remote_tier;
 };
 
 class GrpcServer {

@@ -42,11 +42,20 @@ class CacheStatusSource final : public StatusSource {
   // Where Memory() reads the daemon's memory breakdown; unset: no Memory
   // section. REQUIRES: called before the source is shared with a server.
   void SetMemorySource(std::function<MemoryBreakdown()> memory) { memory_ = std::move(memory); }
+  // Where RemoteTier() reads the remote tier's status; unset: no section.
+  // REQUIRES: called before the source is shared with a server.
+  void SetRemoteTierSource(std::function<v1::RemoteTierStatus()> remote) {
+    remote_tier_ = std::move(remote);
+  }
 
   StatusIdentity Identity() const override { return identity_; }
   std::string ConfigJson() const override { return config_json_; }
   CacheStats Stats() const override;
   std::optional<MemoryBreakdown> Memory() const override;
+  std::optional<v1::RemoteTierStatus> RemoteTier() const override {
+    if (!remote_tier_) return std::nullopt;
+    return remote_tier_();
+  }
   std::vector<PrefixSummary> TopPrefixes(size_t limit) const override;
   std::vector<LoggedMessage> RecentErrors() const override;
   std::vector<LoggedMove> RecentMoves() const override;
@@ -61,6 +70,7 @@ class CacheStatusSource final : public StatusSource {
   const std::shared_ptr<const EventLog> events_;
   const std::function<CacheStats()> stats_;
   std::function<MemoryBreakdown()> memory_;
+  std::function<v1::RemoteTierStatus()> remote_tier_;
   Clock* const clock_;
   const absl::Duration costly_walk_;
   // The last costly TopPrefixes walk: when, for how many, and its answer.

@@ -372,6 +372,26 @@ void AppendMemory(const MemoryBreakdown& m, std::string* out) {
   out->append("</table></section>\n");
 }
 
+// The tier shared with other daemons: where it is, whether it is usable, and
+// how its blocks went.
+void AppendRemoteTier(const v1::RemoteTierStatus& r, std::string* out) {
+  const uint64_t misses =
+      r.read_misses_absent() + r.read_misses_unreadable() + r.read_misses_unavailable();
+  absl::StrAppend(
+      out, "<section id=\"remote-tier\"><h2>Remote tier</h2><dl><dt>cluster</dt><dd>",
+      HtmlEscape(absl::StrJoin(r.seeds(), ", ")), "</dd><dt>breaker</dt><dd>",
+      r.breaker_open() ? "<strong>open</strong> (the cluster is skipped for now)" : "closed",
+      "</dd><dt>writes</dt><dd>", r.blocks_written(), " blocks written, ", r.write_queue_blocks(),
+      " queued, ", r.writes_dropped(), " dropped, ", r.writes_failed(),
+      " failed</dd><dt>reads</dt><dd>", r.read_hits(), " hits of ", r.blocks_read(),
+      " blocks asked (",
+      Percent(r.blocks_read() > 0 ? static_cast<double>(r.read_hits()) / r.blocks_read() : 0),
+      "); misses: ", misses, " (", r.read_misses_absent(), " absent, ", r.read_misses_unreadable(),
+      " unreadable, ", r.read_misses_unavailable(), " unavailable)</dd><dt>searches</dt><dd>",
+      r.searches(), " searches, ", r.searches_dropped(), " dropped; ", r.blocks_adopted(),
+      " blocks adopted</dd></dl></section>\n");
+}
+
 std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions& options,
                              absl::Time now) {
   const CacheStats stats = source.Stats();
@@ -379,11 +399,14 @@ std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions
       options.tenant_detail
           ? source.TopPrefixes(std::max(options.ranked_prefixes, options.top_prefixes))
           : std::vector<PrefixSummary>{};
+  const std::optional<v1::RemoteTierStatus> remote = source.RemoteTier();
   std::string out = Head("kvcached status");
-  out.append(
+  absl::StrAppend(
+      &out,
       "<nav id=\"sections\"><a href=\"#version\">version</a><a href=\"#tiers\">tiers</a><a "
-      "href=\"#memory\">memory</a><a href=\"#models\">models</a><a href=\"#top-prefixes\">top "
-      "prefixes</a><a "
+      "href=\"#memory\">memory</a>",
+      remote.has_value() ? "<a href=\"#remote-tier\">remote tier</a>" : "",
+      "<a href=\"#models\">models</a><a href=\"#top-prefixes\">top prefixes</a><a "
       "href=\"#attention\">attention</a><a href=\"#recent-errors\">errors</a><a "
       "href=\"#recent-migrations\">tier moves</a><a href=\"#config\">config</a></nav>\n");
   AppendVersion(source.Identity(), now, &out);
@@ -391,6 +414,7 @@ std::string RenderStatusPage(const StatusSource& source, const StatusPageOptions
   if (const std::optional<MemoryBreakdown> memory = source.Memory(); memory.has_value()) {
     AppendMemory(*memory, &out);
   }
+  if (remote.has_value()) AppendRemoteTier(*remote, &out);
   if (options.tenant_detail) {
     AppendModels(stats, &out);
     AppendTopPrefixes(top, options, now, &out);

@@ -45,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvcache/v1/admin.pb.h"
 #include "server/core/cache_inspection.h"
 #include "server/core/cache_stats.h"
 #include "server/core/layout.h"
@@ -74,6 +75,9 @@ class StatusSource {
   virtual CacheStats Stats() const = 0;
   // The daemon's memory, part by part (the "Memory" section); nullopt: none.
   virtual std::optional<MemoryBreakdown> Memory() const { return std::nullopt; }
+  // The tier shared with other daemons (the "Remote tier" section);
+  // nullopt: it is off.
+  virtual std::optional<v1::RemoteTierStatus> RemoteTier() const { return std::nullopt; }
   // The `limit` prefixes used most (ties: more bytes first).
   virtual std::vector<PrefixSummary> TopPrefixes(size_t limit) const = 0;
   // Newest first.

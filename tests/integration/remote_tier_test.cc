@@ -79,6 +79,16 @@ TEST_F(RemoteTierTest, KvAppendedOnOneDaemonIsFetchedByteExactFromAnother) {
   EXPECT_GE(H::Metric(*a, "kvcached_remote_writes_total", "outcome=\"done\""), 6);
   // The blocks B adopted are not written back again by B.
   EXPECT_EQ(H::Metric(*b, "kvcached_remote_writes_total", "outcome=\"done\""), 0);
+  // The operator sees the tier: kvcachectl status and the status page.
+  CommandResult status =
+      RunCommand(absl::StrCat(KVCACHECTL_BINARY, " --target ", b->unix_target(), " status"));
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("breaker closed"));
+  EXPECT_THAT(status.output, HasSubstr("6 blocks adopted"));
+  CommandResult page =
+      RunCommand(absl::StrCat("curl -sf http://127.0.0.1:", b->metrics_port(), "/status"));
+  EXPECT_THAT(page.output, HasSubstr("<h2>Remote tier</h2>"));
+  EXPECT_THAT(page.output, HasSubstr("6 blocks adopted"));
   // Another namespace addresses other keys: nothing of A's prompt.
   auto stranger = H::ClientOf(*b, "other");
   EXPECT_EQ(H::MatchWithin(*stranger, tokens, 1, absl::Milliseconds(300)), 0u);
