@@ -9,7 +9,11 @@
 #     moved to free ports / a temp dir and a 64 MiB tier), and every kvcached_*
 #     metric, label and label value that the dashboard and alerts use appears in
 #     a real scrape, after a small workload through the unix socket makes every
-#     metric family carry samples;
+#     metric family carry samples. The copy also has the remote tier on, with a
+#     one-node Redis Cluster on a free port (kvcached_remote_* exist only then),
+#     and the workload's blocks are written to it and searched there; without
+#     redis-server those families are only looked up in the source, and the
+#     test says so;
 #   - kvcached exits 0 on SIGTERM;
 #   - kvcached.service agrees with kvcached.json and passes `systemd-analyze
 #     verify` where systemd-analyze works.
@@ -185,8 +189,20 @@ check "kvcached.service, kvcached.json and prometheus.yml agree"
 free_ports 2
 tcp_port=${ports[0]} metrics_port=${ports[1]}
 write_deploy_config "$work/kvcached.json" "$tcp_port" "$metrics_port"
+# The remote tier's metrics exist only with it on: a one-node Redis Cluster for it.
+remote=0 remote_note=""
+if has_redis; then
+  start_redis_cluster
+  check "a one-node Redis Cluster on 127.0.0.1:$redis_port (cluster_state:ok) for the remote tier"
+  add_remote_tier "$work/kvcached.json" "127.0.0.1:$redis_port"
+  remote=1 remote_note=", the remote tier on it"
+else
+  echo "skip: the remote tier's metrics (kvcached_remote_*) in a real scrape: redis-server is not" \
+    "installed (deploy/setup-debian.sh installs it); they are looked up in" \
+    "server/remote/remote_sharing.cc instead"
+fi
 check "kvcached accepts a copy of deploy/kvcached.json (TCP :$tcp_port, metrics :$metrics_port," \
-  "socket in a temp dir, 64 MiB host and SSD tiers)"
+  "socket in a temp dir, 64 MiB host and SSD tiers$remote_note)"
 metrics_url=http://127.0.0.1:$metrics_port/metrics
 start_kvcached "$work/kvcached.json" "$metrics_url" "$work/kvcached.sock"
 
@@ -235,6 +251,22 @@ else
     "from the scrape will be looked up in server/metrics/metrics.cc instead"
 fi
 
+# The remote tier writes and searches on threads of its own: wait until the workload's two
+# blocks are written to Redis and its short lookup has searched there (and found nothing).
+remote_worked() {
+  curl -fsS "$metrics_url" >"$work/scrape.txt" 2>/dev/null &&
+    grep -Eq '^kvcached_remote_writes_total\{[^}]*outcome="done"[^}]*\} ([2-9]|[1-9][0-9]+)$' \
+      "$work/scrape.txt" &&
+    grep -Eq '^kvcached_remote_discoveries_total\{[^}]*outcome="searched"[^}]*\} [1-9]' \
+      "$work/scrape.txt" &&
+    grep -Eq '^kvcached_remote_reads_total\{[^}]*outcome="absent"[^}]*\} [1-9]' "$work/scrape.txt"
+}
+if ((remote && exercised)); then
+  check "the remote tier wrote the workload's 2 blocks to Redis and searched it for the third"
+  poll 10 "kvcached_remote_* did not show the writes and the search within 10 s" remote_worked
+  echo "  $(redis-cli -h 127.0.0.1 -p "$redis_port" dbsize) keys in Redis"
+fi
+
 check "scrape $metrics_url"
 curl -fsS "$metrics_url" >"$work/scrape.txt" || fail "curl $metrics_url"
 grep -q '^kvcached_tier_capacity_bytes{tier="host"} 67108864$' "$work/scrape.txt" ||
@@ -243,8 +275,9 @@ grep -q '^kvcached_tier_capacity_bytes{tier="host"} 67108864$' "$work/scrape.txt
 cat >"$work/names.py" <<'EOF'
 import json, re, sys
 
-exprs_path, scrape_path, source_path, exercised = sys.argv[1:5]
+exprs_path, scrape_path, source_path, remote_source_path, exercised, remote = sys.argv[1:7]
 exercised = exercised == "1"
+remote = remote == "1"
 exprs = json.load(open(exprs_path))
 types, samples = {}, {}  # family -> type; metric name -> [labels]
 for line in open(scrape_path):
@@ -257,6 +290,11 @@ for line in open(scrape_path):
         labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
         samples.setdefault(m.group(1), []).append(labels)
 source = open(source_path).read()
+remote_source = open(remote_source_path).read()
+
+def skipped_remote(name):
+    """A kvcached_remote_* name while the remote tier is off (no redis-server)."""
+    return name.startswith("kvcached_remote_") and not remote
 
 def family(name):
     """The scraped family a name in an expression belongs to, or None."""
@@ -275,7 +313,7 @@ for where, expr in exprs:
     # name{label op "value", ...}: each label (and each exact value) must occur.
     for name, body in re.findall(r"\b(kvcached_\w+)\{([^}]*)\}", expr):
         for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', body):
-            if label in ("instance", "job") or not exercised:
+            if label in ("instance", "job") or not exercised or skipped_remote(name):
                 continue  # added by Prometheus; or no samples to look at
             seen = samples.get(name, [])
             if not any(label in s for s in seen):
@@ -289,7 +327,13 @@ def has_samples(fam):
 for name in sorted(names):
     fam = family(name)
     suffix = f" (histogram {fam})" if fam and fam != name else ""
-    if fam is None:
+    if fam is None and skipped_remote(name):
+        if f'"{name}"' in remote_source:
+            how = "SKIPPED in the scrape (no redis-server): in server/remote/remote_sharing.cc"
+        else:
+            how = "MISSING"
+            problems.append(f"{name} (used by {', '.join(sorted(names[name]))}) is not exported")
+    elif fam is None:
         if not exercised and f'"{re.sub(r"_(bucket|sum|count)$", "", name)}"' in source:
             how = "in server/metrics/metrics.cc (not in the scrape: no workload ran)"
         else:
@@ -324,7 +368,7 @@ sys.exit(1 if problems else 0)
 EOF
 check "every kvcached_* metric (and matched label) in the dashboard and alerts is exported"
 "$py" "$work/names.py" "$work/exprs.json" "$work/scrape.txt" "$root/server/metrics/metrics.cc" \
-  "$exercised" || fail "metric names"
+  "$root/server/remote/remote_sharing.cc" "$exercised" "$remote" || fail "metric names"
 
 check "SIGTERM stops kvcached with exit status 0"
 stop_kvcached

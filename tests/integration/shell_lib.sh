@@ -75,6 +75,18 @@
 # stop_kvcached
 #   Sends kvcached SIGTERM; fails unless it exits within 15 s with status 0.
 #   daemon_pid is "" afterwards.
+# has_redis
+#   Succeeds when redis-server and redis-cli are installed.
+# start_redis_cluster
+#   Starts Debian's redis-server as a one-node Redis Cluster on free ports of
+#   127.0.0.1 (every slot on it, nothing saved; files in $work/redis, log
+#   $work/redis.log, added to fail_logs) and waits up to 10 s for
+#   cluster_state:ok. Sets redis_port (and overwrites `ports`). The EXIT trap
+#   stops it.
+# add_remote_tier CONFIG SEED
+#   Turns the remote tier on in the JSON config CONFIG: remote_tier.seeds
+#   [SEED] and remote_tier.key_file $work/remote.key, made (64 random hex
+#   digits, mode 0600) if missing.
 # gen_stubs
 #   Generates the kvcache.v1 Python stubs into $work/gen, beside cache_rpc.py:
 #     import sys; sys.path.insert(0, GEN)
@@ -89,7 +101,7 @@
 #   Fails if protoc does.
 
 py=/usr/bin/python3 # Debian's interpreter: python3-grpcio, python3-protobuf
-kvcached="" root="" deploy="" work="" daemon_pid="" ports=()
+kvcached="" root="" deploy="" work="" daemon_pid="" ports=() redis_port=""
 fail_logs=(kvcached.log)
 _spawned_pids=()
 
@@ -241,6 +253,46 @@ stop_kvcached() {
   forget "$daemon_pid"
   daemon_pid=""
   ((status == 0)) || fail "kvcached exited $status after SIGTERM"
+}
+
+has_redis() { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; }
+
+_redis_answers() {
+  [[ $(redis-cli -h 127.0.0.1 -p "$redis_port" ping 2>/dev/null) == PONG ]]
+}
+
+_redis_cluster_ok() {
+  [[ $(redis-cli -h 127.0.0.1 -p "$redis_port" cluster info 2>/dev/null) == *cluster_state:ok* ]]
+}
+
+start_redis_cluster() {
+  free_ports 2
+  redis_port=${ports[0]}
+  mkdir -p "$work/redis" || fail "mkdir $work/redis"
+  fail_logs+=(redis.log)
+  spawn "$work/redis.log" redis-server --port "$redis_port" --cluster-port "${ports[1]}" \
+    --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$work/redis/nodes.conf" \
+    --save "" --appendonly no --dir "$work/redis"
+  poll 10 "redis-server did not answer on 127.0.0.1:$redis_port within 10 s" _redis_answers
+  redis-cli -h 127.0.0.1 -p "$redis_port" cluster addslotsrange 0 16383 >/dev/null ||
+    fail "redis-cli cluster addslotsrange 0 16383 failed"
+  poll 10 "the Redis Cluster on 127.0.0.1:$redis_port did not reach cluster_state:ok within 10 s" \
+    _redis_cluster_ok
+}
+
+add_remote_tier() {
+  "$py" - "$1" "$2" "$work/remote.key" <<'EOF' ||
+import json, os, secrets, sys
+config, seed, key = sys.argv[1:4]
+if not os.path.exists(key):
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, (secrets.token_hex(32) + "\n").encode())
+    os.close(fd)
+c = json.load(open(config))
+c["remote_tier"] = {"seeds": [seed], "key_file": key}
+json.dump(c, open(config, "w"), indent=2)
+EOF
+    fail "cannot turn the remote tier on in $1"
 }
 
 gen_stubs() {
