@@ -16,26 +16,41 @@ timeval TimevalOf(absl::Duration d) {
                  .tv_usec = static_cast<suseconds_t>(us % 1000000)};
 }
 
-RespValue ValueOf(const redisReply& r) {
-  switch (r.type) {
-    case REDIS_REPLY_STRING:
-      return RespValue::String(std::string(r.str, r.len));
-    case REDIS_REPLY_STATUS:
-      return RespValue::Status(std::string(r.str, r.len));
+// hiredis's reader builds RespValues itself (no redisReply in between), so a
+// value's bytes are copied once, from the read buffer into its string. A
+// reply's top-level value is allocated here and freed by the caller (or by
+// FreeValue when hiredis drops it); each element lives in its array, sized
+// when the array's header is read.
+void* Place(const redisReadTask* task, RespValue value) {
+  if (task->parent != nullptr) {
+    RespValue& slot = static_cast<RespValue*>(task->parent->obj)->elements[task->idx];
+    slot = std::move(value);
+    return &slot;
+  }
+  return new RespValue(std::move(value));
+}
+void* CreateString(const redisReadTask* task, char* str, size_t len) {
+  std::string text(str, len);
+  switch (task->type) {
     case REDIS_REPLY_ERROR:
-      return RespValue::Error(std::string(r.str, r.len));
-    case REDIS_REPLY_INTEGER:
-      return RespValue::Integer(r.integer);
-    case REDIS_REPLY_ARRAY: {
-      std::vector<RespValue> elements;
-      elements.reserve(r.elements);
-      for (size_t i = 0; i < r.elements; ++i) elements.push_back(ValueOf(*r.element[i]));
-      return RespValue::Array(std::move(elements));
-    }
+      return Place(task, RespValue::Error(std::move(text)));
+    case REDIS_REPLY_STATUS:
+      return Place(task, RespValue::Status(std::move(text)));
     default:
-      return RespValue::Nil();
+      return Place(task, RespValue::String(std::move(text)));
   }
 }
+void* CreateArray(const redisReadTask* task, int elements) {
+  return Place(task, RespValue::Array(std::vector<RespValue>(static_cast<size_t>(elements))));
+}
+void* CreateInteger(const redisReadTask* task, long long value) {  // NOLINT: hiredis's type
+  return Place(task, RespValue::Integer(value));
+}
+void* CreateNil(const redisReadTask* task) { return Place(task, RespValue::Nil()); }
+void FreeValue(void* value) { delete static_cast<RespValue*>(value); }
+
+redisReplyObjectFunctions kRespValueFunctions = {CreateString, CreateArray, CreateInteger,
+                                                 CreateNil, FreeValue};
 
 }  // namespace
 
@@ -53,6 +68,10 @@ absl::StatusOr<std::unique_ptr<RedisNode>> RedisNode::Connect(const NodeAddress&
     redisFree(context);
     return status;
   }
+  context->reader->fn = &kRespValueFunctions;
+  // Keep the read buffer between replies: values of hundreds of KiB would
+  // otherwise grow a fresh one, page by page, for each.
+  context->reader->maxbuf = 0;
   if (redisSetTimeout(context, TimevalOf(options.io_timeout)) != REDIS_OK) {
     redisFree(context);
     return absl::UnavailableError(
@@ -111,9 +130,8 @@ absl::StatusOr<std::vector<RespValue>> RedisNode::Pipeline(std::span<const Redis
     if (redisGetReply(context_, &raw) != REDIS_OK || raw == nullptr) {
       return Broke("no reply");
     }
-    auto* reply = static_cast<redisReply*>(raw);
-    replies.push_back(ValueOf(*reply));
-    freeReplyObject(reply);
+    std::unique_ptr<RespValue> reply(static_cast<RespValue*>(raw));
+    replies.push_back(std::move(*reply));
   }
   return replies;
 }

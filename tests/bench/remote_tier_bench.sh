@@ -22,7 +22,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 PREFIX=${PREFIX:-2016}
 if [[ ${SMOKE:-0} == 1 ]]; then RUNS=1 ROUNDS=1 DURATION=1 PREFIX=256; fi
-KVCACHED=$BUILD/server/kvcached
+KVCACHED=${KVCACHED:-$BUILD/server/kvcached}  # another build of the daemon, for A/B runs
 FETCH=$BUILD/tests/bench/kvcache-remote-fetch
 BENCH=$BUILD/tests/bench/kvcache-bench
 for b in "$KVCACHED" "$FETCH" "$BENCH"; do
