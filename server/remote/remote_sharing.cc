@@ -192,32 +192,55 @@ absl::StatusOr<uint64_t> RemoteSharing::DiscoverUncounted(const ModelKey& model,
   std::vector<std::string> keys =
       RemoteKeyChain(shared_, model, layout).KeysOf(tokens.first((local + asked) * bt));
   keys.erase(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(local));
-  std::vector<std::optional<RemoteBlock>> found = store_->Get(model.ns, keys);
-  // The run of blocks found from the first on, of the model's block size.
-  uint64_t run = 0;
-  while (run < found.size() && found[run].has_value() &&
-         found[run]->bytes.size() == layout.BlockBytes()) {
-    ++run;
-  }
-  if (run == 0) return 0;
+  const RemoteStore::SealedBlocks sealed = store_->ReadSealed(model.ns, keys);
+  // The run of values found from the first on, of the model's block size,
+  // with the checksums their headers claim (the append checks each block
+  // against its own, as a worker's).
   std::vector<uint64_t> checksums;
-  for (uint64_t i = 0; i < run; ++i) checksums.push_back(found[i]->checksum);
-  absl::StatusOr<std::unique_ptr<AppendSession>> session = cache_->BeginAppend(
-      model, std::vector<Token>(tokens.begin(), tokens.begin() + (local + run) * bt), local * bt,
-      AppendHints{}, std::move(checksums));
-  absl::Status status = session.status();
-  for (uint64_t i = 0; status.ok() && i < run; ++i) status = (*session)->Write(found[i]->bytes);
-  absl::StatusOr<AppendResult> committed =
-      status.ok() ? (*session)->Commit() : absl::StatusOr<AppendResult>(status);
-  MutexLock lock(&mu_);
-  if (!committed.ok()) {
-    ++stats_.adoptions_failed;
-    spdlog::warn("remote tier: blocks found for {} were not adopted: {}", model.ToString(),
-                 committed.status().ToString());
-    return committed.status();
+  while (checksums.size() < sealed.size() && sealed.Holds(checksums.size(), layout.BlockBytes())) {
+    const std::optional<uint64_t> claimed = store_->PeekChecksum(sealed, checksums.size());
+    if (!claimed.has_value()) break;
+    checksums.push_back(*claimed);
   }
-  stats_.blocks_adopted += run;
-  return run * bt;
+  uint64_t run = checksums.size();
+  // Adopted by an append, each block opened (and so authenticated) into one
+  // buffer, reused (no fresh memory per block), just before the append
+  // copies it. A block that does not open, or not to the checksum it
+  // claimed, ends the run there: the append is begun again for the blocks
+  // before it (nothing of the first one was committed).
+  std::vector<std::byte> buffer;
+  buffer.reserve(layout.BlockBytes());
+  bool first_pass = true;
+  while (run > 0) {
+    absl::StatusOr<std::unique_ptr<AppendSession>> session = cache_->BeginAppend(
+        model, std::vector<Token>(tokens.begin(), tokens.begin() + (local + run) * bt), local * bt,
+        AppendHints{}, std::vector<uint64_t>(checksums.begin(), checksums.begin() + run));
+    absl::Status status = session.status();
+    uint64_t opened = 0;
+    for (; status.ok() && opened < run; ++opened) {
+      const std::optional<uint64_t> checksum =
+          store_->Open(sealed, opened, &buffer, /*count=*/first_pass);
+      if (checksum != checksums[opened]) break;
+      status = (*session)->Write(buffer);
+    }
+    if (status.ok() && opened < run) {  // block `opened` did not open
+      run = opened;
+      first_pass = false;
+      continue;
+    }
+    absl::StatusOr<AppendResult> committed =
+        status.ok() ? (*session)->Commit() : absl::StatusOr<AppendResult>(status);
+    MutexLock lock(&mu_);
+    if (!committed.ok()) {
+      ++stats_.adoptions_failed;
+      spdlog::warn("remote tier: blocks found for {} were not adopted: {}", model.ToString(),
+                   committed.status().ToString());
+      return committed.status();
+    }
+    stats_.blocks_adopted += run;
+    return run * bt;
+  }
+  return 0;
 }
 
 RemoteSharing::Stats RemoteSharing::stats() const {

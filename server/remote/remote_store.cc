@@ -196,9 +196,16 @@ void RemoteStore::WriteLoop() {
   }
 }
 
-RemoteStore::ReadOutcome RemoteStore::BlockOf(std::string_view ns, const std::string& key,
-                                              const absl::StatusOr<RespValue>& reply,
-                                              std::optional<RemoteBlock>* block) const {
+bool RemoteStore::SealedBlocks::Holds(size_t i, uint64_t block_bytes) const {
+  const absl::StatusOr<RespValue>& reply = replies_[i];
+  return reply.ok() && reply->type == RespValue::Type::kString &&
+         ValueSealer::OpenedBytes(reply->str.size()) == kHeaderBytes + block_bytes;
+}
+
+RemoteStore::ReadOutcome RemoteStore::OpenValue(const SealedBlocks& blocks, size_t i,
+                                                std::vector<std::byte>* bytes,
+                                                uint64_t* checksum) const {
+  const absl::StatusOr<RespValue>& reply = blocks.replies_[i];
   if (!reply.ok() || reply->is_error()) return ReadOutcome::kUnavailable;
   if (reply->is_nil()) return ReadOutcome::kAbsent;
   const std::string& sealed = reply->str;
@@ -208,57 +215,107 @@ RemoteStore::ReadOutcome RemoteStore::BlockOf(std::string_view ns, const std::st
   }
   // The header and the bytes open straight into their places.
   std::array<std::byte, kHeaderBytes> header;
-  RemoteBlock read;
-  read.bytes.resize(opened - kHeaderBytes);
-  const std::span<std::byte> pieces[] = {header, read.bytes};
-  if (!sealer_.Open(ns, key, sealed, pieces).ok() || std::memcmp(header.data(), kMagic, 4) != 0 ||
+  bytes->resize(opened - kHeaderBytes);
+  const std::span<std::byte> pieces[] = {header, *bytes};
+  if (!sealer_.Open(blocks.ns_, blocks.keys_[i], sealed, pieces).ok() ||
+      std::memcmp(header.data(), kMagic, 4) != 0 ||
       header[4] != static_cast<std::byte>(kValueVersion)) {
     return ReadOutcome::kUnreadable;
   }
-  read.checksum = GetLittleEndian64(header.data() + 8);
-  if (Checksum(read.bytes) != read.checksum) return ReadOutcome::kChecksum;
-  *block = std::move(read);
+  *checksum = GetLittleEndian64(header.data() + 8);
+  if (Checksum(*bytes) != *checksum) return ReadOutcome::kChecksum;
   return ReadOutcome::kHit;
+}
+
+void RemoteStore::Count(ReadOutcome outcome, uint64_t bytes) {
+  MutexLock lock(&mu_);
+  switch (outcome) {
+    case ReadOutcome::kHit:
+      ++stats_.hits;
+      stats_.read_bytes += bytes;
+      break;
+    case ReadOutcome::kAbsent:
+      ++stats_.misses_absent;
+      break;
+    case ReadOutcome::kUnreadable:
+      ++stats_.misses_unreadable;
+      break;
+    case ReadOutcome::kChecksum:
+      ++stats_.misses_checksum;
+      break;
+    case ReadOutcome::kUnavailable:
+      ++stats_.misses_unavailable;
+      break;
+  }
+}
+
+RemoteStore::SealedBlocks RemoteStore::ReadSealed(std::string_view ns,
+                                                  std::span<const std::string> keys) {
+  SealedBlocks blocks;
+  blocks.ns_ = std::string(ns);
+  blocks.keys_.assign(keys.begin(), keys.end());
+  if (!MayTry()) {
+    blocks.replies_.assign(keys.size(), absl::UnavailableError("the breaker is open"));
+  } else {
+    std::vector<KeyedCommand> commands;
+    commands.reserve(keys.size());
+    for (const std::string& key : keys) commands.push_back({key, {"GET", key}});
+    MutexLock lock(&read_mu_);
+    const absl::Status connected = ConnectReaderLocked();
+    if (connected.ok()) {
+      blocks.replies_ = reader_->Run(commands, absl::Now() + options_.batch_deadline);
+    } else {
+      blocks.replies_.assign(keys.size(), connected);
+    }
+    bool any = keys.empty();
+    for (const absl::StatusOr<RespValue>& reply : blocks.replies_) any = any || reply.ok();
+    Reached(any);
+  }
+  MutexLock lock(&mu_);
+  stats_.reads += keys.size();
+  for (const absl::StatusOr<RespValue>& reply : blocks.replies_) {
+    if (!reply.ok() || reply->is_error()) {
+      ++stats_.misses_unavailable;
+    } else if (reply->is_nil()) {
+      ++stats_.misses_absent;
+    }
+  }
+  return blocks;
+}
+
+std::optional<uint64_t> RemoteStore::Open(const SealedBlocks& blocks, size_t i,
+                                          std::vector<std::byte>* bytes, bool count) {
+  uint64_t checksum = 0;
+  const ReadOutcome outcome = OpenValue(blocks, i, bytes, &checksum);
+  // ReadSealed counted the misses that needed no opening.
+  const bool counted = outcome == ReadOutcome::kUnavailable || outcome == ReadOutcome::kAbsent;
+  if (count && !counted) Count(outcome, bytes->size());
+  if (outcome != ReadOutcome::kHit) return std::nullopt;
+  return checksum;
+}
+
+std::optional<uint64_t> RemoteStore::PeekChecksum(const SealedBlocks& blocks, size_t i) const {
+  const absl::StatusOr<RespValue>& reply = blocks.replies_[i];
+  if (!reply.ok() || reply->type != RespValue::Type::kString) return std::nullopt;
+  std::array<std::byte, kHeaderBytes> header;
+  if (!sealer_.Peek(blocks.ns_, blocks.keys_[i], reply->str, header).ok() ||
+      std::memcmp(header.data(), kMagic, 4) != 0 ||
+      header[4] != static_cast<std::byte>(kValueVersion)) {
+    return std::nullopt;
+  }
+  return GetLittleEndian64(header.data() + 8);
 }
 
 std::vector<std::optional<RemoteBlock>> RemoteStore::Get(std::string_view ns,
                                                          std::span<const std::string> keys) {
+  const SealedBlocks sealed = ReadSealed(ns, keys);
   std::vector<std::optional<RemoteBlock>> blocks(keys.size());
-  if (!MayTry()) {
-    MutexLock lock(&mu_);
-    stats_.reads += keys.size();
-    stats_.misses_unavailable += keys.size();
-    return blocks;
-  }
-  std::vector<KeyedCommand> commands;
-  commands.reserve(keys.size());
-  for (const std::string& key : keys) commands.push_back({key, {"GET", key}});
-  std::vector<absl::StatusOr<RespValue>> replies;
-  {
-    MutexLock lock(&read_mu_);
-    const absl::Status connected = ConnectReaderLocked();
-    if (connected.ok()) {
-      replies = reader_->Run(commands, absl::Now() + options_.batch_deadline);
-    } else {
-      replies.assign(keys.size(), connected);
-    }
-  }
-  bool any = keys.empty();
-  std::array<uint64_t, kReadOutcomes> outcomes{};
   for (size_t i = 0; i < keys.size(); ++i) {
-    any = any || replies[i].ok();
-    ++outcomes[static_cast<int>(BlockOf(ns, keys[i], replies[i], &blocks[i]))];
-  }
-  Reached(any);
-  MutexLock lock(&mu_);
-  stats_.reads += keys.size();
-  stats_.hits += outcomes[static_cast<int>(ReadOutcome::kHit)];
-  stats_.misses_absent += outcomes[static_cast<int>(ReadOutcome::kAbsent)];
-  stats_.misses_unreadable += outcomes[static_cast<int>(ReadOutcome::kUnreadable)];
-  stats_.misses_checksum += outcomes[static_cast<int>(ReadOutcome::kChecksum)];
-  stats_.misses_unavailable += outcomes[static_cast<int>(ReadOutcome::kUnavailable)];
-  for (const std::optional<RemoteBlock>& b : blocks) {
-    if (b.has_value()) stats_.read_bytes += b->bytes.size();
+    RemoteBlock block;
+    if (std::optional<uint64_t> checksum = Open(sealed, i, &block.bytes); checksum.has_value()) {
+      block.checksum = *checksum;
+      blocks[i] = std::move(block);
+    }
   }
   return blocks;
 }

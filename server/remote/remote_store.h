@@ -113,6 +113,36 @@ class RemoteStore {
   std::vector<std::optional<RemoteBlock>> Get(std::string_view ns,
                                               std::span<const std::string> keys);
 
+  // The same read in two steps, for a caller that takes the blocks one at a
+  // time and need not hold them all opened at once: ReadSealed reads the
+  // batch (pipelined, as Get) and leaves each value sealed; Open opens one.
+  class SealedBlocks {
+   public:
+    size_t size() const { return replies_.size(); }
+    // Whether value i came back with the size a block of `block_bytes`
+    // seals to (whether it opens is Open's to say).
+    bool Holds(size_t i, uint64_t block_bytes) const;
+
+   private:
+    friend class RemoteStore;
+    std::string ns_;
+    std::vector<std::string> keys_;
+    std::vector<absl::StatusOr<RespValue>> replies_;
+  };
+  // Counts the reads, and the misses known without opening (absent,
+  // unavailable).
+  SealedBlocks ReadSealed(std::string_view ns, std::span<const std::string> keys);
+  // Opens value i of `blocks` into `*bytes` (resized to the block, its
+  // capacity reused) and checks it: the block's checksum, or nullopt for a
+  // miss. Counts the hit or the miss unless `count` is false (a block opened
+  // again).
+  std::optional<uint64_t> Open(const SealedBlocks& blocks, size_t i, std::vector<std::byte>* bytes,
+                               bool count = true);
+  // The checksum value i of `blocks` claims, before it is opened (NOT
+  // authenticated: ValueSealer::Peek; Open confirms it or misses), or
+  // nullopt when it is not a block value of this store. Counts nothing.
+  std::optional<uint64_t> PeekChecksum(const SealedBlocks& blocks, size_t i) const;
+
   Stats stats() const;
 
  private:
@@ -133,12 +163,11 @@ class RemoteStore {
   void Reached(bool any);
   // The value of `w`, sealed.
   std::string ValueOf(const Write& w) const;
-  // What one read found; sets `*block` on a hit.
+  // What one read found; on a hit, `*bytes` and `*checksum` are the block's.
   enum class ReadOutcome : uint8_t { kHit, kAbsent, kUnreadable, kChecksum, kUnavailable };
-  static constexpr int kReadOutcomes = 5;
-  ReadOutcome BlockOf(std::string_view ns, const std::string& key,
-                      const absl::StatusOr<RespValue>& reply,
-                      std::optional<RemoteBlock>* block) const;
+  ReadOutcome OpenValue(const SealedBlocks& blocks, size_t i, std::vector<std::byte>* bytes,
+                        uint64_t* checksum) const;
+  void Count(ReadOutcome outcome, uint64_t bytes);
 
   const RemoteStoreOptions options_;
   const ValueSealer sealer_;

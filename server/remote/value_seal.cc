@@ -91,6 +91,32 @@ void ValueSealer::Seal(std::string_view ns, std::string_view store_key,
   if (!ok) std::abort();  // AES-256-GCM is in every OpenSSL build kvcached supports
 }
 
+absl::Status ValueSealer::Peek(std::string_view ns, std::string_view store_key,
+                               std::string_view sealed, std::span<std::byte> out) const {
+  if (sealed.size() < kOverheadBytes || out.size() > OpenedBytes(sealed.size())) {
+    return absl::DataLossError(absl::StrCat("a sealed value of ", sealed.size(), " bytes holds no ",
+                                            out.size(), "-byte header"));
+  }
+  const auto* src = reinterpret_cast<const uint8_t*>(sealed.data());
+  if (src[0] != kVersion) {
+    return absl::DataLossError(
+        absl::StrCat("the sealed value is of version ", int{src[0]}, ", not ", int{kVersion}));
+  }
+  const SecretKey key = ValueKey(ns, {src + 1, kSaltBytes});
+  const std::string aad = AssociatedData(ns, store_key);
+  CipherContext ctx(EVP_CIPHER_CTX_new());
+  int n = 0;
+  const bool ok =
+      ctx != nullptr &&
+      EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), kNonce.data()) == 1 &&
+      EVP_DecryptUpdate(ctx.get(), nullptr, &n, reinterpret_cast<const uint8_t*>(aad.data()),
+                        static_cast<int>(aad.size())) == 1 &&
+      EVP_DecryptUpdate(ctx.get(), reinterpret_cast<uint8_t*>(out.data()), &n, src + 1 + kSaltBytes,
+                        static_cast<int>(out.size())) == 1;
+  if (!ok) return absl::InternalError("AES-256-GCM could not start");
+  return absl::OkStatus();
+}
+
 absl::Status ValueSealer::Open(std::string_view ns, std::string_view store_key,
                                std::string_view sealed, std::span<std::byte> out) const {
   const std::span<std::byte> pieces[] = {out};

@@ -64,6 +64,14 @@ class ValueSealer {
   absl::Status Open(std::string_view ns, std::string_view store_key, std::string_view sealed,
                     std::span<const std::span<std::byte>> pieces) const;
 
+  // The first out.size() bytes of the plaintext of `sealed`, NOT
+  // authenticated: what they would be if `sealed` is genuine, for a caller
+  // that needs a value's header before it opens the value (an Open of the
+  // whole value confirms it, or refuses it). DATA_LOSS when `sealed` is too
+  // short or of another version.
+  absl::Status Peek(std::string_view ns, std::string_view store_key, std::string_view sealed,
+                    std::span<std::byte> out) const;
+
  private:
   SecretKey ValueKey(std::string_view ns, std::span<const uint8_t> salt) const;
 
