@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "server/remote/remote_key.h"
@@ -39,6 +40,28 @@ TEST(ValueSealTest, OpensWhatItSealedAndHidesIt) {
     ASSERT_TRUE(sealer.Open("tenant-a", "kvc:00", value, opened).ok()) << n;
     EXPECT_EQ(opened, plain);
   }
+}
+
+TEST(ValueSealTest, PeekGivesThePlaintextsFirstBytesAndOpenStillJudges) {
+  const ValueSealer sealer(Secret(1));
+  const std::vector<std::byte> plain = Bytes(4096, 9);
+  std::string sealed;
+  sealer.Seal("tenant-a", "kvc:01", plain, &sealed);
+  std::vector<std::byte> head(16);
+  ASSERT_TRUE(sealer.Peek("tenant-a", "kvc:01", sealed, head).ok());
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), plain.begin()));
+  // A byte changed past the header: Peek cannot tell (it authenticates
+  // nothing); Open refuses the value.
+  sealed[sealed.size() / 2] ^= 1;
+  ASSERT_TRUE(sealer.Peek("tenant-a", "kvc:01", sealed, head).ok());
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), plain.begin()));
+  std::vector<std::byte> opened(plain.size());
+  EXPECT_EQ(sealer.Open("tenant-a", "kvc:01", sealed, opened).code(), absl::StatusCode::kDataLoss);
+  // Too short for the header asked, or of another version: refused.
+  EXPECT_EQ(sealer.Peek("tenant-a", "kvc:01", sealed.substr(0, 40), head).code(),
+            absl::StatusCode::kDataLoss);
+  sealed[0] ^= 0x7f;
+  EXPECT_EQ(sealer.Peek("tenant-a", "kvc:01", sealed, head).code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(ValueSealTest, PiecesSealAndOpenAsTheirJoinedBytes) {
