@@ -66,20 +66,22 @@ chmod 600 "$DIR/shared.key"
 cat > "$DIR/remote.json" << EOF
 {"remote_tier": {"seeds": ["${NODES[0]}", "${NODES[1]}"], "key_file": "$DIR/shared.key"}}
 EOF
-start_daemon() {  # NAME [CONFIG]: the daemon's metrics port on stdout
+start_daemon() {  # NAME [CONFIG]: its metrics port in $DIR/NAME.metrics (not a $(...):
+  # a daemon started in a subshell would escape the cleanup's PIDS)
   local name=$1 config=${2:-} metrics
   metrics=$(free_port)
+  echo "$metrics" > "$DIR/$name.metrics"
   "$KVCACHED" --unix-socket "$DIR/$name.sock" --listen none --metrics-address "127.0.0.1:$metrics" \
     --capacity-bytes $((4 << 30)) ${config:+--config "$config"} > "$DIR/$name.log" 2>&1 &
   PIDS+=($!)
   until [[ -S $DIR/$name.sock ]] && curl -sf "http://127.0.0.1:$metrics/metrics" > /dev/null; do
     sleep 0.05
   done
-  echo "$metrics"
 }
-A_METRICS=$(start_daemon a "$DIR/remote.json")
-start_daemon b "$DIR/remote.json" > /dev/null
-start_daemon c > /dev/null
+start_daemon a "$DIR/remote.json"
+start_daemon b "$DIR/remote.json"
+start_daemon c
+A_METRICS=$(cat "$DIR/a.metrics")
 
 echo "# $(date -Is) $(uname -r) $(nproc) cpus; redis $(redis-server --version | awk '{print $3}')"
 echo "# load before: $(uptime)"
