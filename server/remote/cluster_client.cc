@@ -46,6 +46,15 @@ absl::StatusOr<RedisNode*> ClusterClient::NodeAt(const NodeAddress& address) {
     if (it != nodes_.end()) nodes_.erase(it);
     return node.status();
   }
+  if (options_.read_from_replicas) {
+    // Lets a replica answer reads of its slots (a master ignores it).
+    absl::StatusOr<RespValue> readonly = (*node)->Run({"READONLY"});
+    if (!readonly.ok()) {
+      ++stats_.node_failures;
+      if (it != nodes_.end()) nodes_.erase(it);
+      return readonly.status();
+    }
+  }
   ++stats_.connects;
   RedisNode* raw = node->get();
   nodes_[key] = *std::move(node);
@@ -77,6 +86,7 @@ absl::Status ClusterClient::ReadSlotsFrom(const NodeAddress& address) {
   }
   topology_ = *std::move(topology);
   ++stats_.refreshes;
+  refreshed_at_ = absl::Now();
   return absl::OkStatus();
 }
 
@@ -106,6 +116,7 @@ absl::StatusOr<RespValue> ClusterClient::Run(const KeyedCommand& command, absl::
 std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedCommand> commands,
                                                           absl::Time deadline) {
   stats_.commands += commands.size();
+  if (absl::Now() - refreshed_at_ >= options_.refresh_interval) (void)Refresh(deadline);
   std::vector<absl::StatusOr<RespValue>> results(commands.size(),
                                                  absl::UnavailableError("not sent"));
   std::vector<Pending> pending;
@@ -125,8 +136,17 @@ std::vector<absl::StatusOr<RespValue>> ClusterClient::Run(std::span<const KeyedC
     // an ASK sent to it.
     absl::flat_hash_map<std::string, std::pair<NodeAddress, std::vector<Pending>>> by_node;
     for (Pending& p : pending) {
-      const NodeAddress* to =
-          p.ask.has_value() ? &*p.ask : topology_.MasterOf(KeySlot(commands[p.index].key));
+      const uint16_t slot = KeySlot(commands[p.index].key);
+      const NodeAddress* to = p.ask.has_value() ? &*p.ask : topology_.MasterOf(slot);
+      // A read's first try goes to a replica, when asked for and there is one.
+      if (!p.ask.has_value() && p.hops == 0 && options_.read_from_replicas &&
+          commands[p.index].read_only) {
+        const std::span<const NodeAddress> replicas = topology_.ReplicasOf(slot);
+        if (!replicas.empty()) {
+          to = &replicas[next_replica_++ % replicas.size()];
+          ++stats_.replica_reads;
+        }
+      }
       if (to == nullptr) {
         give_up(p, "no node serves the slot");
         continue;

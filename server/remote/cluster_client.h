@@ -44,12 +44,23 @@ struct ClusterClientOptions {
   // Redirects (or failed nodes) a command may meet before it fails.
   int max_redirects = 5;
   absl::Duration try_again_pause = absl::Milliseconds(10);
+  // Read-only commands (KeyedCommand::read_only) go to a replica of their
+  // slot, in turn, when it has one (every connection sends READONLY); a
+  // redirect or a failed replica sends them on to the master. A replica may
+  // lag its master: a read there can miss what was just written.
+  bool read_from_replicas = false;
+  // The slot map is read again at the first Run this long after the last
+  // read, besides after each MOVED or failed node: learns what changes
+  // without a redirect (replicas added, or listed once they have replicated
+  // something: Redis leaves a replica that has not out of CLUSTER SLOTS).
+  absl::Duration refresh_interval = absl::Seconds(10);
 };
 
 // A command and the key that decides its slot (a word of the command).
 struct KeyedCommand {
   std::string key;
   RedisCommand command;
+  bool read_only = false;  // a replica may answer it (read_from_replicas)
 };
 
 class ClusterClient {
@@ -64,6 +75,7 @@ class ClusterClient {
     uint64_t connects = 0;       // connections opened
     uint64_t node_failures = 0;  // connections that failed or could not open
     uint64_t unavailable = 0;    // commands answered UNAVAILABLE
+    uint64_t replica_reads = 0;  // commands sent to a replica
   };
 
   // INVALID_ARGUMENT without seeds; UNAVAILABLE (with each seed's reason)
@@ -100,6 +112,8 @@ class ClusterClient {
 
   const ClusterClientOptions options_;
   ClusterTopology topology_;
+  uint64_t next_replica_ = 0;  // read_from_replicas: which replica the next read asks
+  absl::Time refreshed_at_ = absl::InfinitePast();                      // the last slot map read
   absl::flat_hash_map<std::string, std::unique_ptr<RedisNode>> nodes_;  // by "host:port"
   Stats stats_;
 };

@@ -238,6 +238,55 @@ TEST(ClusterClientFailureTest, MastersThatStopAnsweringCostNoMoreThanTheDeadline
   for (const auto& r : (*client)->Run(gets)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
+TEST(ClusterClientReplicaTest, ReadsGoToReplicasAndOutliveTheirMaster) {
+  if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
+  RedisClusterFixture cluster;
+  ASSERT_TRUE(cluster.Start(3, "", /*replicas=*/1).ok());
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client = ClusterClient::Connect(
+      {.seeds = {cluster.Address(0)},
+       .node = {.connect_timeout = absl::Milliseconds(100), .io_timeout = absl::Milliseconds(300)},
+       .max_redirects = 3,
+       .read_from_replicas = true});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<KeyedCommand> sets, gets;
+  for (int i = 0; i < 60; ++i) {
+    const std::string key = absl::StrCat("replicated:", i);
+    sets.push_back({key, {"SET", key, absl::StrCat("v", i)}});
+    gets.push_back({.key = key, .command = {"GET", key}, .read_only = true});
+  }
+  for (const auto& r : (*client)->Run(sets)) ASSERT_TRUE(r.ok() && r->str == "OK");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster.Node(i)->Run({"WAIT", "1", "2000"}).ok());
+  // Redis lists a replica in CLUSTER SLOTS once it has replicated something
+  // (and the masters have heard so): the map, read again, has them.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int with_replicas = 0;
+  while (with_replicas < 3 && absl::Now() < deadline) {
+    ASSERT_TRUE((*client)->Refresh().ok());
+    with_replicas = 0;
+    for (uint16_t slot : {0, 8000, 16000}) {
+      with_replicas += (*client)->topology().ReplicasOf(slot).empty() ? 0 : 1;
+    }
+    if (with_replicas < 3) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(with_replicas, 3) << "the masters did not list their replicas";
+  // Every read went to a replica, and found what the masters took.
+  const uint64_t before = (*client)->stats().replica_reads;
+  std::vector<absl::StatusOr<RespValue>> got = (*client)->Run(gets);
+  EXPECT_EQ((*client)->stats().replica_reads - before, 60u);
+  for (int i = 0; i < 60; ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(got[i]->str, absl::StrCat("v", i));
+  }
+  // A master killed: before any failover, its slots' reads are still
+  // answered by its replica.
+  cluster.KillNode(0);
+  got = (*client)->Run(gets);
+  for (int i = 0; i < 60; ++i) {
+    ASSERT_TRUE(got[i].ok()) << gets[i].key << ": " << got[i].status();
+    EXPECT_EQ(got[i]->str, absl::StrCat("v", i));
+  }
+}
+
 TEST(ClusterClientAuthTest, ThePasswordOpensTheClusterAndNothingElseDoes) {
   if (!RedisClusterFixture::Available()) GTEST_SKIP() << "redis-server is not installed";
   RedisClusterFixture cluster;

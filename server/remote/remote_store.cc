@@ -259,7 +259,9 @@ RemoteStore::SealedBlocks RemoteStore::ReadSealed(std::string_view ns,
   } else {
     std::vector<KeyedCommand> commands;
     commands.reserve(keys.size());
-    for (const std::string& key : keys) commands.push_back({key, {"GET", key}});
+    for (const std::string& key : keys) {
+      commands.push_back({.key = key, .command = {"GET", key}, .read_only = true});
+    }
     MutexLock lock(&read_mu_);
     const absl::Status connected = ConnectReaderLocked();
     if (connected.ok()) {

@@ -50,8 +50,9 @@ class RemoteTierTest : public ::testing::Test {
   }
   void TearDown() override { harness_.StopAll(); }
 
-  DaemonProcess* StartDaemon(const std::vector<std::string>& seeds, char digit = 'a') {
-    return harness_.StartDaemon(seeds, digit);
+  DaemonProcess* StartDaemon(const std::vector<std::string>& seeds, char digit = 'a',
+                             const std::string& extra = "") {
+    return harness_.StartDaemon(seeds, digit, {}, extra);
   }
   static std::vector<std::string> Seeds() {
     return {absl::StrCat("127.0.0.1:", cluster_->Port(0)),
@@ -139,14 +140,24 @@ TEST_F(RemoteTierTest, ADaemonKeyedDifferentlyFindsNothing) {
 
 TEST_F(RemoteTierTest, AMasterKilledMidRunFailsOverAndNothingServedIsWrong) {
   DaemonProcess* a = StartDaemon(Seeds());
-  DaemonProcess* b = StartDaemon(Seeds());
+  // B reads from replicas: what was written before the kill stays readable
+  // while the dead master's slots wait for their failover.
+  DaemonProcess* b = StartDaemon(Seeds(), 'a', ", \"read_from_replicas\": true");
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   auto on_a = H::ClientOf(*a), on_b = H::ClientOf(*b);
-  // Prompts appended through A before, during and after the failover; B
-  // looks each up and fetches what it matched. Whatever B serves must be the
-  // appended bytes; after the failover the cluster serves again.
+  const std::vector<uint32_t> before = MakeTokens(99, 8 * kBt);  // blocks on every master
+  H::Append(*on_a, before);
+  H::AwaitWrites(*a, 8);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster_->Node(i)->Run({"WAIT", "1", "2000"}).ok());
+  // Prompts appended through A during and after the failover; B looks each
+  // up and fetches what it matched. Whatever B serves must be the appended
+  // bytes; after the failover the cluster serves again.
   cluster_->KillNode(0);
+  const absl::Time killed = absl::Now();
+  EXPECT_EQ(H::MatchWithin(*on_b, before, 8 * kBt, absl::Seconds(1)), 8 * kBt);
+  H::ExpectExact(*on_b, before);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2)) << "served only once failed over";
   // The old master comes back (as a replica of its successor) whatever happens here.
   struct Restart {
     ~Restart() { EXPECT_TRUE(cluster_->RestartNode(0).ok()); }
