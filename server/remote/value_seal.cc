@@ -41,6 +41,20 @@ bool InPieces(const uint8_t* bytes, size_t size, size_t offset, Update update) {
   return true;
 }
 
+// A decryption of a value sealed under `key`, its associated data `aad`
+// taken in; null when OpenSSL cannot start one.
+CipherContext StartDecrypting(const SecretKey& key, std::string_view aad) {
+  CipherContext ctx(EVP_CIPHER_CTX_new());
+  int n = 0;
+  if (ctx == nullptr ||
+      EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), kNonce.data()) != 1 ||
+      EVP_DecryptUpdate(ctx.get(), nullptr, &n, reinterpret_cast<const uint8_t*>(aad.data()),
+                        static_cast<int>(aad.size())) != 1) {
+    return nullptr;
+  }
+  return ctx;
+}
+
 }  // namespace
 
 SecretKey ValueSealer::ValueKey(std::string_view ns, std::span<const uint8_t> salt) const {
@@ -102,18 +116,14 @@ absl::Status ValueSealer::Peek(std::string_view ns, std::string_view store_key,
     return absl::DataLossError(
         absl::StrCat("the sealed value is of version ", int{src[0]}, ", not ", int{kVersion}));
   }
-  const SecretKey key = ValueKey(ns, {src + 1, kSaltBytes});
-  const std::string aad = AssociatedData(ns, store_key);
-  CipherContext ctx(EVP_CIPHER_CTX_new());
+  CipherContext ctx =
+      StartDecrypting(ValueKey(ns, {src + 1, kSaltBytes}), AssociatedData(ns, store_key));
   int n = 0;
-  const bool ok =
-      ctx != nullptr &&
-      EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), kNonce.data()) == 1 &&
-      EVP_DecryptUpdate(ctx.get(), nullptr, &n, reinterpret_cast<const uint8_t*>(aad.data()),
-                        static_cast<int>(aad.size())) == 1 &&
+  if (ctx == nullptr ||
       EVP_DecryptUpdate(ctx.get(), reinterpret_cast<uint8_t*>(out.data()), &n, src + 1 + kSaltBytes,
-                        static_cast<int>(out.size())) == 1;
-  if (!ok) return absl::InternalError("AES-256-GCM could not start");
+                        static_cast<int>(out.size())) != 1) {
+    return absl::InternalError("AES-256-GCM could not start");
+  }
   return absl::OkStatus();
 }
 
@@ -142,18 +152,13 @@ absl::Status ValueSealer::Open(std::string_view ns, std::string_view store_key,
     return absl::DataLossError(
         absl::StrCat("the sealed value is of version ", int{src[0]}, ", not ", int{kVersion}));
   }
-  const SecretKey key = ValueKey(ns, {src + 1, kSaltBytes});
-  const std::string aad = AssociatedData(ns, store_key);
   const uint8_t* body = src + 1 + kSaltBytes;
   std::array<uint8_t, kTagBytes> tag;
   std::memcpy(tag.data(), body + out_bytes, kTagBytes);
-  CipherContext ctx(EVP_CIPHER_CTX_new());
+  CipherContext ctx =
+      StartDecrypting(ValueKey(ns, {src + 1, kSaltBytes}), AssociatedData(ns, store_key));
   int n = 0;
-  bool ok =
-      ctx != nullptr &&
-      EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), kNonce.data()) == 1 &&
-      EVP_DecryptUpdate(ctx.get(), nullptr, &n, reinterpret_cast<const uint8_t*>(aad.data()),
-                        static_cast<int>(aad.size())) == 1;
+  bool ok = ctx != nullptr;
   size_t at = 0;
   for (const auto& piece : out) {
     ok = ok && InPieces(body + at, piece.size(), 0, [&](const uint8_t* p, int len, size_t offset) {
