@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "server/core/memory_breakdown.h"
 #include "server/frontdoor/fair_scheduler.h"
+#include "server/remote/remote_sharing.h"
 #include "server/shm/mapping_budget.h"
 
 namespace kvcache {
@@ -325,7 +326,13 @@ TEST(MetricsTest, ExposesEveryDocumentedFamilyWithItsLabels) {
   });
   auto fair = std::make_shared<FairScheduler>(FairSchedulerOptions{.slots = 3});
   metrics->AddCounterSource([fair](CounterVisitor& v) { fair->VisitCounters(v); });
+  metrics->AddCounterSource([](CounterVisitor& v) {
+    RemoteSharing::VisitCounters({.blocks_adopted = 7}, {.hits = 5, .breaker_open = true}, v);
+  });
   const std::string text = metrics->Render();
+  EXPECT_THAT(text, HasSubstr("kvcached_remote_adopted_blocks_total{outcome=\"adopted\"} 7\n"));
+  EXPECT_THAT(text, HasSubstr("kvcached_remote_reads_total{outcome=\"hit\"} 5\n"));
+  EXPECT_THAT(text, HasSubstr("kvcached_remote_breaker_open 1\n"));
   EXPECT_THAT(text, HasSubstr("kvcached_data_path_slots 3\n"));
   EXPECT_THAT(text,
               HasSubstr("kvcached_data_path_waits_total{path=\"grpc\",max_seconds=\"+Inf\"} 0\n"));

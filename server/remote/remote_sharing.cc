@@ -249,8 +249,11 @@ RemoteSharing::Stats RemoteSharing::stats() const {
 }
 
 void RemoteSharing::VisitCounters(CounterVisitor& visitor) const {
-  const Stats s = stats();
-  const RemoteStore::Stats st = store_->stats();
+  VisitCounters(stats(), store_->stats(), visitor);
+}
+
+void RemoteSharing::VisitCounters(const Stats& s, const RemoteStore::Stats& st,
+                                  CounterVisitor& visitor) {
   auto count = [](uint64_t n) { return static_cast<double>(n); };
   static constexpr CounterFamily kShares{
       "kvcached_remote_shares_total",

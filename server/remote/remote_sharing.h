@@ -100,6 +100,8 @@ class RemoteSharing final : public SharedTier {
   Stats stats() const;
   // kvcached_remote_* samples of these and of the store's stats.
   void VisitCounters(CounterVisitor& visitor) const;
+  static void VisitCounters(const Stats& sharing, const RemoteStore::Stats& store,
+                            CounterVisitor& visitor);
 
  private:
   struct Job {
