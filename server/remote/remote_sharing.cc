@@ -166,15 +166,18 @@ void RemoteSharing::ShareNow(const Job& job) {
 absl::StatusOr<uint64_t> RemoteSharing::Discover(const ModelKey& model,
                                                  std::span<const Token> tokens) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<uint64_t> adopted = DiscoverUncounted(model, tokens);
-  MutexLock lock(&mu_);
-  ++stats_.discoveries;
-  stats_.discover_time += absl::Now() - start;
+  bool searched = false;
+  absl::StatusOr<uint64_t> adopted = Search(model, tokens, &searched);
+  if (searched) {
+    MutexLock lock(&mu_);
+    ++stats_.discoveries;
+    stats_.discover_time += absl::Now() - start;
+  }
   return adopted;
 }
 
-absl::StatusOr<uint64_t> RemoteSharing::DiscoverUncounted(const ModelKey& model,
-                                                          std::span<const Token> tokens) {
+absl::StatusOr<uint64_t> RemoteSharing::Search(const ModelKey& model, std::span<const Token> tokens,
+                                               bool* searched) {
   // What is cached here already, and the model's layout.
   ModelLayout layout;
   uint64_t local = 0;
@@ -192,6 +195,7 @@ absl::StatusOr<uint64_t> RemoteSharing::DiscoverUncounted(const ModelKey& model,
   std::vector<std::string> keys =
       RemoteKeyChain(shared_, model, layout).KeysOf(tokens.first((local + asked) * bt));
   keys.erase(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(local));
+  *searched = true;
   const RemoteStore::SealedBlocks sealed = store_->ReadSealed(model.ns, keys);
   // The run of values found from the first on, of the model's block size,
   // with the checksums their headers claim (the append checks each block

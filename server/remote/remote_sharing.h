@@ -57,7 +57,7 @@ class RemoteSharing final : public SharedTier {
     uint64_t shares_dropped = 0;  // the queue was full
     uint64_t blocks_put = 0;      // handed to the store
     uint64_t blocks_skipped = 0;  // lossy, or evicted before the thread read them
-    uint64_t discoveries = 0;
+    uint64_t discoveries = 0;     // Discovers that asked the store (some block not cached here)
     uint64_t discoveries_dropped = 0;  // DiscoverLater's queue was full
     uint64_t blocks_adopted = 0;
     uint64_t adoptions_failed = 0;  // the append refused them (logged)
@@ -123,8 +123,10 @@ class RemoteSharing final : public SharedTier {
              uint64_t Stats::*dropped);
   void ShareNow(const Job& job);
   void DiscoverNow(const Job& job);
-  // Discover, untimed and uncounted.
-  absl::StatusOr<uint64_t> DiscoverUncounted(const ModelKey& model, std::span<const Token> tokens);
+  // Discover, untimed and uncounted; `*searched`: whether it asked the store
+  // (not when every whole block is cached here).
+  absl::StatusOr<uint64_t> Search(const ModelKey& model, std::span<const Token> tokens,
+                                  bool* searched);
   // Remembers `model`'s block size, for Missed.
   void NoteLayout(const ModelKey& model, const ModelLayout& layout);
 

@@ -188,6 +188,12 @@ TEST_F(RemoteSharingTest, AsASharedTierItSharesStoredAppendsAndSearchesOnlyShort
   const uint64_t discoveries = b_->sharing->stats().discoveries;
   EXPECT_EQ(b.Missed(Mid().key, longer, 4 * kBt), nullptr);
   EXPECT_EQ(b_->sharing->stats().discoveries, discoveries);
+  // A PREFETCH_WAIT lookup tells before it matched: the search finds every
+  // whole block cached here and asks the store nothing (not counted).
+  searched = b.Missed(Mid().key, longer, SharedTier::kUnknownMatch);
+  ASSERT_NE(searched, nullptr);
+  ASSERT_TRUE(searched->WaitFor(absl::Seconds(30)));
+  EXPECT_EQ(b_->sharing->stats().discoveries, discoveries);
 }
 
 }  // namespace
