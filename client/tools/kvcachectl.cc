@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
                "one object per frame");
 
   CLI::App* status = app.add_subcommand(
-      "status", "server version, uptime, addresses, CUDA support and grpc.health.v1 status");
+      "status",
+      "server version, uptime, addresses, CUDA support, grpc.health.v1 status, checkpoints "
+      "and the remote tier (docs/scale-out.md)");
   CLI::App* stats = app.add_subcommand(
       "stats", "per-tier capacity/usage and per-model blocks, bytes, hits, appends, evictions");
   CLI::App* tiers = app.add_subcommand(
