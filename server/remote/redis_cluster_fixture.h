@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,35 @@ class RedisClusterFixture {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Waits until master `i` (killed or paused) has failed over: every other
+  // node marks it failed and serves the whole slot space again. Until the
+  // others agree it failed (cluster-node-timeout and then a vote) they still
+  // say cluster_state:ok, so WaitUntilOk(i) alone may return before the
+  // failover starts.
+  absl::Status WaitForFailover(int i) {
+    const std::string address = absl::StrCat(host_, ":", ports_[i]);
+    for (int port : ports_) {
+      if (port == ports_[i]) continue;
+      if (!WaitFor(port, [&](RedisNode& n) {
+            absl::StatusOr<RespValue> nodes = n.Run({"CLUSTER", "NODES"});
+            if (!nodes.ok()) return false;
+            std::istringstream lines(nodes->str);
+            for (std::string line; std::getline(lines, line);) {
+              // "<id> <host:port@bus> <flags,...> ...": failed, not merely suspected.
+              if (line.find(" " + address + "@") == std::string::npos) continue;
+              return line.find(",fail ") != std::string::npos ||
+                     line.find(" fail ") != std::string::npos ||
+                     line.find(",fail,") != std::string::npos;
+            }
+            return false;
+          })) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the node on ", port, " did not mark ", address, " failed"));
+      }
+    }
+    return WaitUntilOk(i);
   }
 
   ~RedisClusterFixture() {
