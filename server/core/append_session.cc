@@ -310,7 +310,7 @@ std::optional<absl::StatusOr<AppendResult>> AppendSession::CommitShared(
     node = path[i];
   }
   node = AddNewBlocks(m, node, cached_end, expires, nullptr, &path, storing, &result);
-  cache_->TouchCommittedPath(path, now);  // the path up to `node`
+  cache_->TouchCommittedPath(m, path, now);  // the path up to `node`
   ReleaseClaimsAndStaging();
   new_blocks_.clear();
   return Committed(m, node, std::move(result));

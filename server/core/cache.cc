@@ -132,7 +132,11 @@ absl::StatusOr<RegisterResult> Cache::RegisterModel(const ModelKey& model, Model
     state->policy.params.beta = w->second.beta;
     state->policy.params.gamma = w->second.gamma;
   }
+  state->host_policy = policy_->NewSibling();
+  state->index.set_host_policy(state->host_policy.get());
+  EvictionPolicy* host_policy = state->host_policy.get();
   if (auto added = models_.Add(std::move(state)); !added.ok()) return added.status();
+  host_policies_.push_back(host_policy);
   return RegisterResult{.created = true, .layout = layout};
 }
 
@@ -427,6 +431,7 @@ absl::StatusOr<UnregisterResult> Cache::UnregisterModel(const ModelKey& model) {
   const EvictResult evicted = ClearModelLocked(**state, &dropped);
   const size_t released_leases = leases_.RemoveModel(model, &released);
   removed = models_.Remove(model);
+  std::erase(host_policies_, removed->host_policy.get());
   return UnregisterResult{.evicted_blocks = evicted.evicted_blocks,
                           .evicted_bytes = evicted.evicted_bytes,
                           .released_leases = released_leases};
@@ -447,12 +452,8 @@ absl::Status Cache::MakeRoomInNamespace(const std::string& ns, uint64_t incoming
   WriteLock lock(this);
   uint64_t used = NamespaceBytesLocked(ns);
   while (used + incoming > quota) {
-    IndexNode* victim = policy_->PickVictim([&](const IndexNode& n) {
-      mu_.AssertHeld();  // the policy calls this under the lock
-      if (!n.is_leaf() || n.payload->pins().pinned()) return false;
-      const ModelState* owner = models_.OfIndex(n.index);
-      return owner != nullptr && owner->key.ns == ns;
-    });
+    IndexNode* victim = PickHostVictimLocked(
+        [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); }, &ns);
     if (victim == nullptr) {
       ++rejected_appends_;
       return absl::ResourceExhaustedError(absl::StrCat(

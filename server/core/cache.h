@@ -1,7 +1,8 @@
 // Cache: the host-memory KV cache shared by every worker of the daemon.
 //
-// It owns the model registry, one PrefixIndex per (namespace, model), the
-// SlabPool that holds block payloads, the eviction policy and the leases.
+// It owns the model registry, one PrefixIndex and one host eviction policy
+// per (namespace, model), the SlabPool that holds block payloads, the lower
+// levels' policies and the leases.
 // The values its methods take and return are in cache_types.h.
 // Operations:
 //   RegisterModel  a model id and its KV layout (idempotent for equal layouts)
@@ -28,9 +29,10 @@
 // owned by the cache, reached by tiers()).
 //
 // Capacity is the pool's hard limit. When an append needs memory the cache
-// evicts blocks the policy picks among evictable ones: leaves of their tree
-// that nothing but the index references (not leased, not being fetched, not
-// the prefix of an append in flight). When nothing is evictable the append
+// evicts the coldest evictable block of all the models (CapacityArbiter: the
+// coldest of each model's policy's own victim): leaves of their tree that
+// nothing but the index references (not leased, not being fetched, not the
+// prefix of an append in flight). When nothing is evictable the append
 // fails with RESOURCE_EXHAUSTED and what was stored stays as it was.
 //
 // Tiers (docs/tiers.md). With levels below host memory (Tiers, in order:
@@ -63,12 +65,14 @@
 // if the block did not change meanwhile.
 //
 // Thread-safety: every method is thread-safe. One reader-writer lock guards
-// the metadata (registry, indexes, policy, leases); it is never held while
+// the metadata (registry, indexes, policies, leases); it is never held while
 // payload bytes are copied or hashed, nor during I/O. Hits share it: a
 // Lookup without a lease and the matching half of a fetch only read the
-// index and pin copies (atomic counts), and leave their blocks' touches in
-// a TouchBuffer that the next exclusive section applies before anything
-// else (touch_buffer.h), so hits of any models proceed side by side.
+// index and pin copies (atomic counts), and apply their blocks' touches to
+// their model's policy in that model's turn, or leave them in a TouchBuffer
+// that the next exclusive section applies before anything else
+// (touch_buffer.h), so hits of any models proceed side by side and hits of
+// different models never wait for each other's touches.
 // Appends share it too: beginning one, and committing one that adds only
 // new blocks, take their model's own lock (ModelState::index_lock) beside
 // it, shared to read the model's index and exclusively to add to it; a
@@ -274,17 +278,19 @@ class Cache {
   // Applies the touches hits recorded under the shared lock, in order.
   void ApplyTouchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TouchLocked for touches_ (TouchBuffer::Use) to call with mu_ held
-  // shared and the buffer's turn held. The analysis cannot express why that
-  // may change the policies (guarded by mu_) with mu_ shared: the buffer
-  // lets one reader at a time apply touches, every other reader leaves the
-  // policies and the nodes' recency alone, and a writer, who does not,
-  // holds mu_ exclusively and so never runs beside it.
+  // shared and the node's model's turn held (ModelState::touch_turn); a
+  // lower-only node's touch also takes lower_touches_, since the lower
+  // levels' policies are every model's. The analysis cannot express why
+  // that may change the policies and the nodes' recency (guarded by mu_)
+  // with mu_ shared: one reader at a time holds a model's turn, every other
+  // reader leaves that model's policy and nodes' recency alone, and a
+  // writer, who does not, holds mu_ exclusively and so never runs beside it.
   void ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // An append's commit with mu_ shared (and its model's index_lock held
   // exclusively): touches `path`, from the first block to the new leaf, as
   // a hit does (TouchBuffer::Use: applied now or recorded); the first touch
   // of each block it added inserts that block into the policy (TouchLocked).
-  void TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at)
+  void TouchCommittedPath(const ModelState& state, std::span<IndexNode* const> path, absl::Time at)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<ModelState*> FindModelLocked(const ModelKey& model) const
@@ -412,9 +418,15 @@ class Cache {
   // The policy that ranks `node`: the host's while it has a host copy, else
   // that of the level of its top copy.
   EvictionPolicy* PolicyFor(const IndexNode& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return node.payload != nullptr ? policy_.get()
+    return node.payload != nullptr ? node.index->host_policy()
                                    : lower_policies_[static_cast<size_t>(node.lower.top())].get();
   }
+  // The coldest block in host memory that `evictable` accepts, of every
+  // model (`ns` empty) or of namespace `ns`'s: the coldest of the models'
+  // own victims (CapacityArbiter). nullptr when there is none.
+  IndexNode* PickHostVictimLocked(absl::FunctionRef<bool(const IndexNode&)> evictable,
+                                  const std::string* ns = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A use of `node` at `now`: its place in its policy, last access and use
   // count. Inserts it into the host policy when it is not tracked yet (a
   // block a commit added with mu_ shared, IndexNode::in_policy).
@@ -537,7 +549,13 @@ class Cache {
   // Touches of hits made under the shared lock; not guarded by mu_ (see
   // touch_buffer.h for its rules).
   mutable TouchBuffer touches_;
-  std::unique_ptr<EvictionPolicy> policy_ ABSL_GUARDED_BY(mu_);  // host-resident blocks
+  // The configured host policy: each model's is a sibling of it
+  // (ModelState::host_policy); it tracks no block itself.
+  const std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<EvictionPolicy*> host_policies_ ABSL_GUARDED_BY(mu_);  // every model's
+  // Touches of the lower levels' policies made by readers in their model's
+  // turn (readers of different models apply side by side). After a turn.
+  mutable Mutex lower_touches_;
   // By level: the blocks with no host copy whose top copy is there.
   std::vector<std::unique_ptr<EvictionPolicy>> lower_policies_ ABSL_GUARDED_BY(mu_);
   ModelRegistry models_ ABSL_GUARDED_BY(mu_);

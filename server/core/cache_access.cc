@@ -146,7 +146,7 @@ void CacheAccess::Held::ExpireLeases() const {
 
 IndexNode* CacheAccess::Held::ColdestHostBlock() const {
   cache_->mu_.AssertHeld();
-  return cache_->policy_->PickVictim(
+  return cache_->PickHostVictimLocked(
       [](const IndexNode& n) { return !n.payload->pins().pinned(); });
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/cache.h"
+#include "server/core/capacity_arbiter.h"
 
 namespace kvcache {
 
@@ -18,10 +19,20 @@ bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
   return EvictHostLeafLocked(dropped);
 }
 
+IndexNode* Cache::PickHostVictimLocked(absl::FunctionRef<bool(const IndexNode&)> evictable,
+                                       const std::string* ns) {
+  if (ns == nullptr) return CapacityArbiter::PickVictim(host_policies_, evictable);
+  std::vector<EvictionPolicy*> of_namespace;
+  for (const auto& [key, m] : models_) {
+    if (key.ns == *ns) of_namespace.push_back(m->host_policy.get());
+  }
+  return CapacityArbiter::PickVictim(of_namespace, evictable);
+}
+
 bool Cache::EvictHostLeafLocked(std::vector<BlockRef>* dropped) {
   // Evictable: a leaf nothing pins (exact here: pins are only taken under
   // mu_).
-  IndexNode* victim = policy_->PickVictim(
+  IndexNode* victim = PickHostVictimLocked(
       [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); });
   if (victim == nullptr) return false;
   tiers_->LogMove(*victim, "host", "none", "evicted", victim->payload->size());

@@ -27,8 +27,8 @@ bool Cache::EvictNamespaceBlockLocked(const std::string& ns, const char* reason,
   };
   // The lower levels' blocks are colder than the host's: they go first.
   if (EvictLowerLeafLocked(owned, reason, dropped)) return true;
-  IndexNode* victim = policy_->PickVictim(
-      [&](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned() && owned(n); });
+  IndexNode* victim = PickHostVictimLocked(
+      [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); }, &ns);
   if (victim == nullptr) return false;
   tiers_->LogMove(*victim, "host", "none", reason, victim->payload->size());
   RemoveSubtreeLocked(*models_.OfIndex(victim->index), victim, dropped);

@@ -26,10 +26,18 @@ void Cache::ApplyTouchesLocked() {
 }
 
 void Cache::ApplyTouchShared(IndexNode* node, absl::Time at) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const_cast<Cache*>(this)->TouchLocked(node, at);  // see the declaration
+  // See the declaration. A node's copies change only under the exclusive
+  // lock, so whether it is in host memory holds while mu_ is shared.
+  if (node->payload == nullptr) {
+    MutexLock lock(&lower_touches_);
+    const_cast<Cache*>(this)->TouchLocked(node, at);
+    return;
+  }
+  const_cast<Cache*>(this)->TouchLocked(node, at);
 }
 
-void Cache::TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at) {
+void Cache::TouchCommittedPath(const ModelState& state, std::span<IndexNode* const> path,
+                               absl::Time at) {
   auto apply = [this](IndexNode* node, absl::Time when) {
     mu_.AssertReaderHeld();  // the lambda runs under the lock
     ApplyTouchShared(node, when);
@@ -39,8 +47,8 @@ void Cache::TouchCommittedPath(std::span<IndexNode* const> path, absl::Time at) 
   // an exclusive section reads the order or removes a block, so no parent is
   // ever found colder than its new child and no block leaves the index
   // untracked. Only a path longer than a stripe waits for the turn.
-  if (!touches_.Use(path, at, apply)) {
-    touches_.InTurn(apply, [&] {
+  if (!touches_.Use(path, at, state.touch_turn, apply)) {
+    TouchBuffer::InTurn(state.touch_turn, [&] {
       mu_.AssertReaderHeld();  // the lambda runs under the lock
       for (auto it = path.rbegin(); it != path.rend(); ++it) ApplyTouchShared(*it, at);
     });
@@ -73,7 +81,8 @@ bool Cache::MatchSharedLocked(const ModelState& state, std::span<const Token> to
   state.index.Match(tokens, hashes, path);
   const absl::Time now = clock_->Now();
   const bool expired = FirstExpired(*path, now) != path->end();
-  if (expired || !touches_.Use(*path, now, [this](IndexNode* node, absl::Time at) {
+  if (expired ||
+      !touches_.Use(*path, now, state.touch_turn, [this](IndexNode* node, absl::Time at) {
         mu_.AssertReaderHeld();  // the lambda runs under the lock
         ApplyTouchShared(node, at);
       })) {
@@ -90,7 +99,7 @@ void Cache::TouchLocked(IndexNode* node, absl::Time now) {
     // A new block's first touch is its insertion (it is in host memory):
     // a commit that shares the lock leaves it to its path's touches, which
     // may be recorded and applied later, even after a reader's touch.
-    policy_->Insert(node);
+    node->index->host_policy()->Insert(node);
     node->in_policy = true;
   }
   // A touch recorded by a reader may be applied after a later one.

@@ -9,8 +9,13 @@
 // fetched), then erases it itself. The Cache touches a path leaf-first, so a
 // parent is always at least as recent as its children.
 //
-// Implementations are not thread-safe; the Cache serialises calls. Every
-// policy passes eviction_policy_test.cc's behaviour suite. Two exist:
+// The Cache keeps one host policy per model, each made from the configured
+// one by NewSibling, and evicts the coldest of their victims (OrderOf
+// compares blocks of siblings). A policy is not thread-safe: the Cache
+// serialises the calls to each (a model's touches take that model's turn).
+// Siblings may be used by different threads at once: what they share (the
+// order's sequence numbers, LRU-K's retained histories) is thread-safe.
+// Every policy passes eviction_policy_test.cc's behaviour suite. Two exist:
 //   lru    least recently used first (lru_policy.cc);
 //   lru_k  LRU-K with K by workload, a correlated-reference period, history
 //          kept for evicted blocks, and the append's priority and the
@@ -20,6 +25,7 @@
 #define KVCACHE_SERVER_CORE_EVICTION_POLICY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -30,6 +36,16 @@
 #include "server/core/prefix_index.h"
 
 namespace kvcache {
+
+// Where a tracked block stands in its policy's eviction order, comparable
+// across siblings (EvictionPolicy::NewSibling): the smaller goes first.
+struct EvictionOrder {
+  int64_t rank = 0;
+  uint64_t seq = 0;
+  friend bool operator<(const EvictionOrder& a, const EvictionOrder& b) {
+    return a.rank != b.rank ? a.rank < b.rank : a.seq < b.seq;
+  }
+};
 
 class EvictionPolicy {
  public:
@@ -56,6 +72,17 @@ class EvictionPolicy {
   virtual void SetImportance(IndexNode* node, float importance) {
     node->set_importance(importance);
   }
+
+  // A new, empty policy with this one's settings, sharing its order: the
+  // OrderOf of a block it tracks compares with this one's blocks (and with
+  // every other sibling's). How the cache keeps a policy per model.
+  virtual std::unique_ptr<EvictionPolicy> NewSibling() const = 0;
+  // Where a tracked block stands: among siblings, the block with the
+  // smallest order is the one to evict first, as PickVictim would pick it
+  // had one policy tracked them all (exactly for LRU; for LRU-K up to the
+  // probation segments, which each sibling keeps for its own blocks).
+  // REQUIRES: `node` is tracked.
+  virtual EvictionOrder OrderOf(const IndexNode& node) const = 0;
 
   virtual size_t size() const = 0;
   virtual std::string_view name() const = 0;

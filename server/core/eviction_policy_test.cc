@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/common/clock.h"
 #include "server/core/block_test_util.h"
+#include "server/core/capacity_arbiter.h"
 #include "server/core/prefix_index.h"
 
 namespace kvcache {
@@ -204,6 +205,66 @@ TYPED_TEST(EvictionPolicyTest, LeafOnlyPredicateTrimsAChainFromTheLeaf) {
     this->index_.RemoveSubtree(victim, [](IndexNode*) {});
   }
   EXPECT_EQ(this->policy_->size(), 0u);
+}
+
+TYPED_TEST(EvictionPolicyTest, ASiblingStartsEmptyWithTheSameSettings) {
+  this->AddRoots(3);
+  std::unique_ptr<EvictionPolicy> sibling = this->policy_->NewSibling();
+  ASSERT_NE(sibling, nullptr);
+  EXPECT_EQ(sibling->size(), 0u);
+  EXPECT_EQ(sibling->PickVictim(All()), nullptr);
+  EXPECT_EQ(sibling->name(), this->policy_->name());
+  PrefixIndex other(kBt);
+  IndexNode* mine = other.AddChild(nullptr, Block(9), this->payload_);
+  sibling->Insert(mine);
+  EXPECT_EQ(sibling->size(), 1u);
+  EXPECT_EQ(this->policy_->size(), 3u);  // each tracks its own blocks
+  EXPECT_EQ(sibling->PickVictim(All()), mine);
+  sibling->Erase(mine);
+}
+
+// The cache keeps a policy per model and evicts the coldest of their
+// victims (CapacityArbiter): for the policies without probation segments
+// that is exactly the order one policy tracking every block would give.
+template <typename Factory>
+class SiblingOrderTest : public ::testing::Test {};
+using UnsegmentedFactories = ::testing::Types<LruFactory, LruKFactory>;
+TYPED_TEST_SUITE(SiblingOrderTest, UnsegmentedFactories, FactoryName);
+
+TYPED_TEST(SiblingOrderTest, SiblingsEvictInTheOrderOfOnePolicy) {
+  constexpr uint32_t kBlocks = 24;
+  const BlockRef payload = SealedHeapBlock(std::vector<std::byte>(64));
+  PrefixIndex one_index(kBt), split_index(kBt);
+  std::unique_ptr<EvictionPolicy> one = TypeParam::Make();
+  std::unique_ptr<EvictionPolicy> first = TypeParam::Make();
+  std::unique_ptr<EvictionPolicy> second = first->NewSibling();
+  // Block i is tracked by `one`, and by `first` or `second` (by parity).
+  std::vector<IndexNode*> in_one, in_split;
+  auto owner = [&](uint32_t i) { return i % 2 == 0 ? first.get() : second.get(); };
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    in_one.push_back(one_index.AddChild(nullptr, Block(i + 1), payload));
+    in_split.push_back(split_index.AddChild(nullptr, Block(i + 1), payload));
+    one->Insert(in_one[i]);
+    owner(i)->Insert(in_split[i]);
+  }
+  std::mt19937 rng(11);
+  for (int t = 0; t < 60; ++t) {
+    const uint32_t i = rng() % kBlocks;
+    one->Touch(in_one[i]);
+    owner(i)->Touch(in_split[i]);
+  }
+  EvictionPolicy* const both[] = {first.get(), second.get()};
+  for (uint32_t n = 0; n < kBlocks; ++n) {
+    IndexNode* expected = one->PickVictim(All());
+    IndexNode* picked = CapacityArbiter::PickVictim(both, All());
+    ASSERT_NE(expected, nullptr);
+    ASSERT_NE(picked, nullptr);
+    ASSERT_EQ(picked->tokens()[0], expected->tokens()[0]) << "eviction " << n;
+    one->Erase(expected);
+    const uint32_t i = picked->tokens()[0] / 1024 - 1;
+    owner(i)->Erase(picked);
+  }
+  EXPECT_EQ(CapacityArbiter::PickVictim(both, All()), nullptr);
 }
 
 // ---- LRU only ---------------------------------------------------------------

@@ -89,6 +89,9 @@ std::unique_ptr<EvictionPolicy> NewLruKPolicy(const LruKOptions& options, Clock*
 }
 
 LruKPolicy::LruKPolicy(const LruKOptions& options, Clock* clock)
+    : LruKPolicy(options, clock, std::make_shared<Shared>()) {}
+
+LruKPolicy::LruKPolicy(const LruKOptions& options, Clock* clock, std::shared_ptr<Shared> shared)
     : options_(options),
       clock_(clock),
       correlated_ms_(absl::ToInt64Milliseconds(options.correlated_period)),
@@ -96,7 +99,17 @@ LruKPolicy::LruKPolicy(const LruKOptions& options, Clock* clock)
       importance_step_ms_(absl::ToInt64Milliseconds(options.importance_step)),
       penalty_ms_(options.fewer_than_k_penalty == absl::InfiniteDuration()
                       ? kInfinitePenaltyMs
-                      : absl::ToInt64Milliseconds(options.fewer_than_k_penalty)) {}
+                      : absl::ToInt64Milliseconds(options.fewer_than_k_penalty)),
+      shared_(std::move(shared)) {}
+
+std::unique_ptr<EvictionPolicy> LruKPolicy::NewSibling() const {
+  return std::unique_ptr<EvictionPolicy>(new LruKPolicy(options_, clock_, shared_));
+}
+
+EvictionOrder LruKPolicy::OrderOf(const IndexNode& node) const {
+  const IndexNode::PolicyHook::Order& o = node.policy_hook.order;
+  return {.rank = o.rank, .seq = o.seq & ~kMainBit};
+}
 
 int64_t LruKPolicy::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
 
@@ -136,7 +149,9 @@ bool LruKPolicy::Hinted(const IndexNode& node) const {
 void LruKPolicy::Place(IndexNode* node, bool used, bool main) {
   IndexNode::PolicyHook& hook = node->policy_hook;
   main = main || options_.probation_share == 0 || Hinted(*node);
-  const uint64_t seq = (used ? ++next_seq_ : hook.order.seq & ~kMainBit) | (main ? kMainBit : 0);
+  const uint64_t seq = (used ? shared_->next_seq.fetch_add(1, std::memory_order_relaxed) + 1
+                             : hook.order.seq & ~kMainBit) |
+                       (main ? kMainBit : 0);
   hook.order = {.rank = Rank(*node), .seq = seq};
   (main ? order_ : probation_).insert(node);
 }
@@ -158,13 +173,17 @@ void LruKPolicy::Insert(IndexNode* node) {
   IndexNode::PolicyHook& hook = node->policy_hook;
   hook.last_ms = 0;
   std::fill(std::begin(hook.history_age_ms), std::end(hook.history_age_ms), kNoReference);
-  if (auto it = retained_by_key_.find(RetainedKey{node->index, node->key});
-      it != retained_by_key_.end()) {
-    hook.last_ms = it->second->last_ms;
-    std::copy(std::begin(it->second->history_age_ms), std::end(it->second->history_age_ms),
-              hook.history_age_ms);
-    retained_.erase(it->second);
-    retained_by_key_.erase(it);
+  if (options_.retained_history != 0) {
+    Shared& shared = *shared_;
+    MutexLock lock(&shared.mu);
+    if (auto it = shared.by_key.find(RetainedKey{node->index, node->key});
+        it != shared.by_key.end()) {
+      hook.last_ms = it->second->last_ms;
+      std::copy(std::begin(it->second->history_age_ms), std::end(it->second->history_age_ms),
+                hook.history_age_ms);
+      shared.retained.erase(it->second);
+      shared.by_key.erase(it);
+    }
   }
   Reference(hook, NowMs());
   Place(node, /*used=*/true, /*main=*/References(*node) >= 2);
@@ -260,13 +279,15 @@ void LruKPolicy::Retain(const IndexNode& node) {
   const RetainedKey key{node.index, node.key};
   Retained entry{.key = key, .last_ms = hook.last_ms, .history_age_ms = {}};
   std::copy(std::begin(hook.history_age_ms), std::end(hook.history_age_ms), entry.history_age_ms);
-  auto [it, inserted] = retained_by_key_.try_emplace(key);
-  if (!inserted) retained_.erase(it->second);  // another block with this key left before
-  retained_.push_front(entry);
-  it->second = retained_.begin();
-  if (retained_.size() > options_.retained_history) {
-    retained_by_key_.erase(retained_.back().key);
-    retained_.pop_back();
+  Shared& shared = *shared_;
+  MutexLock lock(&shared.mu);
+  auto [it, inserted] = shared.by_key.try_emplace(key);
+  if (!inserted) shared.retained.erase(it->second);  // another block with this key left before
+  shared.retained.push_front(entry);
+  it->second = shared.retained.begin();
+  if (shared.retained.size() > options_.retained_history) {
+    shared.by_key.erase(shared.retained.back().key);
+    shared.retained.pop_back();
   }
 }
 
@@ -280,8 +301,14 @@ bool LruKPolicy::SeenAtLeast(const IndexNode& node, int n) const {
 
 bool LruKPolicy::SeenAtLeast(const PrefixIndex* index, uint64_t key, int n) const {
   if (n <= 0) return true;
-  auto it = retained_by_key_.find(RetainedKey{index, key});
-  return it != retained_by_key_.end() && CountReferences(it->second->history_age_ms) >= n;
+  MutexLock lock(&shared_->mu);
+  auto it = shared_->by_key.find(RetainedKey{index, key});
+  return it != shared_->by_key.end() && CountReferences(it->second->history_age_ms) >= n;
+}
+
+size_t LruKPolicy::retained_size() const {
+  MutexLock lock(&shared_->mu);
+  return shared_->retained.size();
 }
 
 }  // namespace kvcache

@@ -74,12 +74,20 @@
 // evictable, like LRU). Retained entries take about 96 bytes each (the key
 // names the index too).
 //
-// Not thread-safe, like every EvictionPolicy: the Cache serialises calls.
+// Siblings (NewSibling: the cache's policy per model) share the retained
+// histories (under a lock of their own, taken by Insert and Erase) and the
+// last-use sequence, so OrderOf, (rank, seq), compares blocks of different
+// siblings. Each sibling keeps its own segments.
+//
+// Not thread-safe, like every EvictionPolicy: the Cache serialises calls
+// to each; siblings may be used at once.
 #ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
 #define KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -87,6 +95,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "server/common/clock.h"
+#include "server/common/mutex.h"
 #include "server/core/eviction_policy.h"
 #include "server/core/prefix_index.h"
 
@@ -109,6 +118,8 @@ class LruKPolicy final : public EvictionPolicy {
   void Adopt(IndexNode* node) override;
   IndexNode* PickVictim(absl::FunctionRef<bool(const IndexNode&)> evictable) override;
   void SetImportance(IndexNode* node, float importance) override;
+  std::unique_ptr<EvictionPolicy> NewSibling() const override;
+  EvictionOrder OrderOf(const IndexNode& node) const override;
   size_t size() const override { return order_.size() + probation_.size(); }
   std::string_view name() const override { return "lru_k"; }
 
@@ -123,8 +134,9 @@ class LruKPolicy final : public EvictionPolicy {
   // is always true; n > kMaxK always false (no more is remembered).
   bool SeenAtLeast(const IndexNode& node, int n) const;
   bool SeenAtLeast(const PrefixIndex* index, uint64_t key, int n) const;
-  // Histories of erased blocks held now (<= options.retained_history).
-  size_t retained_size() const { return retained_.size(); }
+  // Histories of erased blocks held now by this policy and its siblings
+  // (<= options.retained_history).
+  size_t retained_size() const;
   // Tracked blocks on probation now (0 when options.probation_share is 0).
   size_t probation_size() const { return probation_.size(); }
 
@@ -146,6 +158,16 @@ class LruKPolicy final : public EvictionPolicy {
   };
 
   using Order = absl::btree_set<IndexNode*, ByRank>;
+
+  // What siblings share: the last-use sequence and the retained histories,
+  // most recently erased first, and by (index, key).
+  struct Shared {
+    std::atomic<uint64_t> next_seq{0};
+    Mutex mu;
+    std::list<Retained> retained ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<RetainedKey, std::list<Retained>::iterator> by_key ABSL_GUARDED_BY(mu);
+  };
+  LruKPolicy(const LruKOptions& options, Clock* clock, std::shared_ptr<Shared> shared);
 
   int64_t NowMs() const;
   // The main segment's mark in PolicyHook::Order::seq (constant within a
@@ -177,13 +199,10 @@ class LruKPolicy final : public EvictionPolicy {
   const int64_t priority_step_ms_;
   const int64_t importance_step_ms_;
   const int64_t penalty_ms_;  // what a block with fewer than K references loses
-  uint64_t next_seq_ = 0;
+  const std::shared_ptr<Shared> shared_;
   Order order_;                      // the main segment (everything when probation is off)
   Order probation_;                  // blocks on probation
   std::vector<IndexNode*> blocked_;  // PickVictim's scratch
-  // Erased blocks' histories, most recently erased first, and by (index, key).
-  std::list<Retained> retained_;
-  absl::flat_hash_map<RetainedKey, std::list<Retained>::iterator> retained_by_key_;
 };
 
 }  // namespace kvcache

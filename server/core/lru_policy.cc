@@ -1,7 +1,13 @@
 // LRU over all tracked blocks: an intrusive list in recency order (head:
 // coldest), threaded through the nodes' policy hooks, so a touch is a few
 // pointer writes to nodes the caller has just read, with no allocation and
-// no look-up.
+// no look-up. Each use also takes a number from a counter the policy's
+// siblings share (kept in the hook's last_ms, which LRU has no other use
+// for): the order across siblings.
+#include <atomic>
+#include <memory>
+#include <utility>
+
 #include "server/core/eviction_policy.h"
 
 namespace kvcache {
@@ -9,13 +15,19 @@ namespace {
 
 class LruPolicy final : public EvictionPolicy {
  public:
+  LruPolicy() : uses_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+  explicit LruPolicy(std::shared_ptr<std::atomic<uint64_t>> uses) : uses_(std::move(uses)) {}
+
   void Insert(IndexNode* node) override {
     PushBack(node);
     ++size_;
   }
 
   void Touch(IndexNode* node) override {
-    if (node == tail_) return;
+    if (node == tail_) {
+      Number(node);
+      return;
+    }
     Unlink(node);
     PushBack(node);
   }
@@ -32,11 +44,24 @@ class LruPolicy final : public EvictionPolicy {
     return nullptr;
   }
 
+  std::unique_ptr<EvictionPolicy> NewSibling() const override {
+    return std::make_unique<LruPolicy>(uses_);
+  }
+  EvictionOrder OrderOf(const IndexNode& node) const override {
+    return {.rank = 0, .seq = static_cast<uint64_t>(node.policy_hook.last_ms)};
+  }
+
   size_t size() const override { return size_; }
   std::string_view name() const override { return "lru"; }
 
  private:
+  void Number(IndexNode* node) {
+    node->policy_hook.last_ms =
+        static_cast<int64_t>(uses_->fetch_add(1, std::memory_order_relaxed));
+  }
+
   void PushBack(IndexNode* node) {
+    Number(node);
     node->policy_hook.list = {.prev = tail_, .next = nullptr};
     if (tail_ != nullptr) {
       tail_->policy_hook.list.next = node;
@@ -53,8 +78,9 @@ class LruPolicy final : public EvictionPolicy {
     h.prev = h.next = nullptr;
   }
 
-  IndexNode* head_ = nullptr;  // coldest
-  IndexNode* tail_ = nullptr;  // most recent
+  const std::shared_ptr<std::atomic<uint64_t>> uses_;  // shared with the siblings
+  IndexNode* head_ = nullptr;                          // coldest
+  IndexNode* tail_ = nullptr;                          // most recent
   size_t size_ = 0;
 };
 

@@ -23,7 +23,9 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "server/common/mutex.h"
 #include "server/common/shared_mutex.h"
+#include "server/core/eviction_policy.h"
 #include "server/core/importance_policy.h"
 #include "server/core/layout.h"
 #include "server/core/prefix_index.h"
@@ -54,8 +56,16 @@ struct ModelState {
   // blocks; it also writes `bytes`, `metadata_bytes` and
   // `appended_blocks`). So appends of different models store side by side,
   // and a reader of a model never sees its index change under it. Order:
-  // the cache's lock, then this one, then the cache's touch buffer's turn.
+  // the cache's lock, then this one, then `touch_turn`.
   mutable SharedMutex index_lock;
+  // The policy that ranks the model's blocks in host memory (a sibling of
+  // the cache's configured one; `index` points to it), and the turn a
+  // section holding the cache's lock shared takes to change it (the
+  // touches of its hits and the insertions of its commits: TouchBuffer).
+  // A section holding the cache's lock exclusively needs no turn. Declared
+  // before `index`, so the index's nodes go first.
+  std::unique_ptr<EvictionPolicy> host_policy;
+  mutable Mutex touch_turn;
   PrefixIndex index;
   uint64_t bytes = 0;
   uint64_t metadata_bytes = 0;  // its index nodes' metadata (Cache::NodeMetadataBytes)

@@ -47,6 +47,7 @@
 namespace kvcache {
 
 class PrefixIndex;
+class EvictionPolicy;
 
 // The lookup hashes of the whole blocks of a token sequence, for an index of
 // `block_tokens`-token blocks hashing with `hasher`: hashes[i] covers
@@ -95,7 +96,8 @@ struct IndexNode {
     };
     // LRU-K reference history, in milliseconds: the last use, and how long
     // before it the 1st..4th most recent uncorrelated references were
-    // (kNoReference: fewer references).
+    // (kNoReference: fewer references). LRU keeps the number of the
+    // block's last use in last_ms (its order across sibling policies).
     int64_t last_ms = 0;
     uint32_t history_age_ms[4] = {};
     static constexpr uint32_t kNoReference = ~uint32_t{0};
@@ -178,6 +180,10 @@ class PrefixIndex {
   // The hasher of this index's lookup hashes and chain keys (immutable:
   // callers may keep it and hash without the owner's lock).
   const std::shared_ptr<const BlockHasher>& hasher() const { return hasher_; }
+  // The policy that ranks this index's blocks while they are in host memory
+  // (its model's: Cache::PolicyFor), set by the owner; not owned.
+  EvictionPolicy* host_policy() const { return host_policy_; }
+  void set_host_policy(EvictionPolicy* policy) { host_policy_ = policy; }
 
   // Appends to `path` the nodes of the longest cached prefix of `tokens`
   // (whole blocks only), from the first block on. `hashes` are
@@ -284,6 +290,7 @@ class PrefixIndex {
 
   const uint32_t block_tokens_;
   const std::shared_ptr<const BlockHasher> hasher_;
+  EvictionPolicy* host_policy_ = nullptr;
   // Holds the first blocks as its children; no block of its own.
   IndexNode root_;
   // Every node, by lookup hash. The index owns the nodes.

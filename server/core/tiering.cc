@@ -12,7 +12,7 @@
 namespace kvcache {
 void Cache::DropHostCopyLocked(IndexNode* node, std::vector<BlockRef>* dropped) {
   const size_t top = static_cast<size_t>(node->lower.top());
-  policy_->Release(node);
+  node->index->host_policy()->Release(node);
   payload_bytes_ -= node->payload->size();
   dropped->push_back(std::move(node->payload));
   lower_policies_[top]->Adopt(node);
@@ -25,7 +25,7 @@ void Cache::SetHostCopyLocked(IndexNode* node, BlockRef payload) {
   --tier_.lower[top].only_blocks;
   payload_bytes_ += payload->size();
   node->payload = std::move(payload);
-  policy_->Adopt(node);
+  node->index->host_policy()->Adopt(node);
 }
 
 void Cache::AddLowerCopyLocked(IndexNode* node, size_t level, StoredRef copy) {

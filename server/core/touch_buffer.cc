@@ -26,28 +26,26 @@ bool TouchBuffer::Record(std::span<IndexNode* const> path, absl::Time at) {
   return true;
 }
 
-bool TouchBuffer::Use(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
+bool TouchBuffer::Use(std::span<IndexNode* const> path, absl::Time at, Mutex& turn, Apply apply) {
   if (path.empty()) return true;  // a miss touches nothing
   if (path.size() > kStripeCapacity) return false;
-  if (turn_.TryLock()) {
-    ApplyInTurn(path, at, apply);
-    turn_.Unlock();
+  if (turn.TryLock()) {
+    ApplyPath(path, at, apply);
+    turn.Unlock();
     return true;
   }
   if (Record(path, at)) return true;
-  MutexLock my_turn(&turn_);  // the stripe is full: wait for the turn
-  ApplyInTurn(path, at, apply);
+  MutexLock my_turn(&turn);  // the stripe is full: wait for the turn
+  ApplyPath(path, at, apply);
   return true;
 }
 
-void TouchBuffer::InTurn(Apply apply, absl::FunctionRef<void()> change) {
-  MutexLock my_turn(&turn_);
-  DrainStripeOfThisThread(apply);
+void TouchBuffer::InTurn(Mutex& turn, absl::FunctionRef<void()> change) {
+  MutexLock my_turn(&turn);
   change();
 }
 
-void TouchBuffer::ApplyInTurn(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
-  DrainStripeOfThisThread(apply);  // this thread's earlier uses first
+void TouchBuffer::ApplyPath(std::span<IndexNode* const> path, absl::Time at, Apply apply) {
   for (auto it = path.rbegin(); it != path.rend(); ++it) apply(*it, at);
 }
 
@@ -60,14 +58,6 @@ void TouchBuffer::DrainLocked(Stripe& s, Apply apply) {
     apply(s.touches[i].node, absl::FromUnixNanos(s.touches[i].at_unix_nanos));
   }
   s.used.store(0, std::memory_order_relaxed);
-}
-
-void TouchBuffer::DrainStripeOfThisThread(Apply apply) {
-  Stripe& s = stripes_[StripeOfThisThread()];
-  // This thread sees its own records: an empty stripe holds none of them.
-  if (s.used.load(std::memory_order_relaxed) == 0) return;
-  MutexLock lock(&s.mu);
-  DrainLocked(s, apply);
 }
 
 void TouchBuffer::Drain(Apply apply) {

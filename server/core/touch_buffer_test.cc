@@ -1,7 +1,8 @@
 // TouchBuffer: touches come back leaf first and in the order recorded, a
 // stripe with no room refuses a path whole, a use applies at once when no
-// one else is applying and is recorded otherwise (waiting its turn only when
-// its stripe is full), and no use by many readers at once is lost.
+// one else is applying its model's touches and is recorded otherwise
+// (waiting for the turn only when its stripe is full), uses of different
+// models apply side by side, and no use by many readers at once is lost.
 #include "server/core/touch_buffer.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "gmock/gmock.h"
+#include "server/common/mutex.h"
 #include "server/common/shared_mutex.h"
 
 namespace kvcache {
@@ -66,8 +69,9 @@ TEST(TouchBufferTest, AFullStripeRefusesAPathWholeUntilDrained) {
   EXPECT_TRUE(buffer.empty());
 }
 
-TEST(TouchBufferTest, UseAppliesAtOnceAfterTheThreadsOwnRecordedTouches) {
+TEST(TouchBufferTest, UseAppliesAtOnceWhenItsModelsTurnIsFree) {
   TouchBuffer buffer;
+  Mutex turn;
   const absl::Time t1 = absl::FromUnixSeconds(1);
   const absl::Time t2 = absl::FromUnixSeconds(2);
   // Two threads that record for the first time get stripes of their own.
@@ -78,61 +82,92 @@ TEST(TouchBufferTest, UseAppliesAtOnceAfterTheThreadsOwnRecordedTouches) {
   std::vector<std::pair<IndexNode*, absl::Time>> applied;
   std::thread([&] {
     ASSERT_TRUE(buffer.Record(mine_before, t1));
-    // No one else is applying: its stripe, then the path, leaf first.
-    ASSERT_TRUE(
-        buffer.Use(mine, t2, [&](IndexNode* n, absl::Time at) { applied.emplace_back(n, at); }));
+    // No one else holds the turn: the path, leaf first. Its stripe may hold
+    // other models' touches: it waits for an exclusive drain.
+    ASSERT_TRUE(buffer.Use(mine, t2, turn,
+                           [&](IndexNode* n, absl::Time at) { applied.emplace_back(n, at); }));
   }).join();
-  EXPECT_EQ(applied, (std::vector<std::pair<IndexNode*, absl::Time>>{
-                         {Node(2), t1}, {Node(4), t2}, {Node(3), t2}}));
-  // The other thread's stripe waits for an exclusive drain.
-  EXPECT_EQ(DrainAll(buffer), (std::vector<std::pair<IndexNode*, absl::Time>>{{Node(1), t1}}));
+  EXPECT_EQ(applied,
+            (std::vector<std::pair<IndexNode*, absl::Time>>{{Node(4), t2}, {Node(3), t2}}));
+  EXPECT_THAT(DrainAll(buffer), ::testing::UnorderedElementsAre(std::make_pair(Node(1), t1),
+                                                                std::make_pair(Node(2), t1)));
   std::vector<IndexNode*> too_long(TouchBuffer::kStripeCapacity + 1, Node(5));
-  EXPECT_FALSE(buffer.Use(too_long, t1, [&](IndexNode*, absl::Time) { ADD_FAILURE(); }));
+  EXPECT_FALSE(buffer.Use(too_long, t1, turn, [&](IndexNode*, absl::Time) { ADD_FAILURE(); }));
 }
 
-// While one reader applies (holds the turn), another records; once its
-// stripe is full it waits for the turn, then applies its stripe and its use.
+// A reader holding `turn` inside its apply until released.
+class TurnHolder {
+ public:
+  TurnHolder(TouchBuffer& buffer, Mutex& turn) {
+    thread_ = std::thread([&] {
+      std::vector<IndexNode*> one = {Node(1)};
+      buffer.Use(one, absl::FromUnixSeconds(1), turn, [&](IndexNode*, absl::Time) {
+        std::unique_lock<std::mutex> lock(mu_);
+        holding_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return release_; });
+      });
+    });
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return holding_; });
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      release_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool holding_ = false, release_ = false;
+  std::thread thread_;
+};
+
+// While one reader applies (holds the turn), another of the same model
+// records; once its stripe is full it waits for the turn, then applies its
+// use (the full stripe waits for an exclusive drain).
 TEST(TouchBufferTest, UseRecordsWhileAnotherAppliesAndWaitsItsTurnWhenFull) {
   TouchBuffer buffer;
+  Mutex turn;
   const absl::Time t = absl::FromUnixSeconds(1);
-  std::mutex gate_mu;
-  std::condition_variable gate_cv;
-  bool holding = false, release = false;
-  std::thread holder([&] {
-    std::vector<IndexNode*> one = {Node(1)};
-    buffer.Use(one, t, [&](IndexNode*, absl::Time) {
-      std::unique_lock<std::mutex> lock(gate_mu);
-      holding = true;
-      gate_cv.notify_all();
-      gate_cv.wait(lock, [&] { return release; });
-    });
-  });
-  {
-    std::unique_lock<std::mutex> lock(gate_mu);
-    gate_cv.wait(lock, [&] { return holding; });
-  }
+  TurnHolder holder(buffer, turn);
   std::atomic<size_t> applied{0};
   std::atomic<bool> done{false};
   std::thread user([&] {
     std::vector<IndexNode*> path = {Node(2), Node(3)};
     // Fills its stripe (recorded, nothing applied), then one more use.
     for (size_t i = 0; i <= TouchBuffer::kStripeCapacity / 2; ++i) {
-      buffer.Use(path, t, [&](IndexNode*, absl::Time) { ++applied; });
+      buffer.Use(path, t, turn, [&](IndexNode*, absl::Time) { ++applied; });
     }
     done = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(applied.load(), 0u);  // all recorded while the turn was taken
   EXPECT_FALSE(done.load());      // the use past a full stripe waits its turn
-  {
-    std::lock_guard<std::mutex> lock(gate_mu);
-    release = true;
-  }
-  gate_cv.notify_all();
-  holder.join();
+  holder.Release();
   user.join();
-  // The full stripe, then the use that found it full, applied by the user.
-  EXPECT_EQ(applied.load(), TouchBuffer::kStripeCapacity + 2);
+  EXPECT_EQ(applied.load(), 2u);  // the use that found the stripe full
+  EXPECT_EQ(DrainAll(buffer).size(), TouchBuffer::kStripeCapacity);
+}
+
+// Models have turns of their own: while a reader of one applies, a reader
+// of another applies at once too.
+TEST(TouchBufferTest, UsesOfDifferentModelsApplySideBySide) {
+  TouchBuffer buffer;
+  Mutex turn_a, turn_b;
+  TurnHolder holder(buffer, turn_a);
+  std::vector<IndexNode*> path = {Node(2), Node(3)};
+  size_t applied = 0;
+  std::thread([&] {
+    EXPECT_TRUE(buffer.Use(path, absl::FromUnixSeconds(2), turn_b,
+                           [&](IndexNode*, absl::Time) { ++applied; }));
+  }).join();
+  EXPECT_EQ(applied, 2u);  // not recorded: model b's turn was free
+  holder.Release();
   EXPECT_TRUE(DrainAll(buffer).empty());
 }
 
@@ -142,23 +177,27 @@ TEST(TouchBufferTest, UseRecordsWhileAnotherAppliesAndWaitsItsTurnWhenFull) {
 TEST(TouchBufferTest, ConcurrentReadersLoseNoTouch) {
   TouchBuffer buffer;
   SharedMutex mu;
+  // Readers of two models: reader r's paths are model r % 2's.
+  Mutex turns[2];
   constexpr int kReaders = 6;
   constexpr int kPathsPerReader = 4000;
   std::vector<std::vector<IndexNode*>> paths(kReaders);
   for (int r = 0; r < kReaders; ++r) {
     for (int d = 0; d < 5; ++d) paths[r].push_back(Node(1 + r * 10 + d));
   }
-  // What the applies change (the policy, in the cache): only one reader
-  // holds the turn at a time, and the drainer holds the lock exclusively.
-  absl::flat_hash_map<IndexNode*, int> applied;
-  auto count = [&](IndexNode* n, absl::Time) { ++applied[n]; };
+  // What the applies change (a model's policy, in the cache): only one
+  // reader holds a model's turn at a time, and the drainer holds the lock
+  // exclusively.
+  absl::flat_hash_map<IndexNode*, int> applied[2];
+  auto model_of = [](IndexNode* n) { return (reinterpret_cast<uintptr_t>(n) / 64 - 1) / 10 % 2; };
+  auto count = [&](IndexNode* n, absl::Time) { ++applied[model_of(n)][n]; };
   std::atomic<int> done{0};
   std::vector<std::thread> readers;
   for (int r = 0; r < kReaders; ++r) {
     readers.emplace_back([&, r] {
       for (int i = 0; i < kPathsPerReader; ++i) {
         ReaderMutexLock lock(&mu);
-        EXPECT_TRUE(buffer.Use(paths[r], absl::Now(), count));
+        EXPECT_TRUE(buffer.Use(paths[r], absl::Now(), turns[r % 2], count));
       }
       ++done;
     });
@@ -174,7 +213,7 @@ TEST(TouchBufferTest, ConcurrentReadersLoseNoTouch) {
   WriterMutexLock lock(&mu);
   buffer.Drain(count);
   for (int r = 0; r < kReaders; ++r) {
-    for (IndexNode* n : paths[r]) EXPECT_EQ(applied[n], kPathsPerReader);
+    for (IndexNode* n : paths[r]) EXPECT_EQ(applied[r % 2][n], kPathsPerReader);
   }
 }
 

@@ -129,7 +129,8 @@ enum class Oracle { kBelady, kOneHit, kFrequency };
 
 class BeladyPolicy final : public EvictionPolicy {
  public:
-  explicit BeladyPolicy(Oracle oracle = Oracle::kBelady) : oracle_(oracle) {}
+  explicit BeladyPolicy(Oracle oracle = Oracle::kBelady)
+      : oracle_(oracle), placed_(std::make_shared<uint64_t>(0)) {}
   void set_next_use(uint64_t next, uint64_t total_uses) {
     next_ = next;
     total_uses_ = total_uses;
@@ -146,6 +147,16 @@ class BeladyPolicy final : public EvictionPolicy {
     }
     return nullptr;
   }
+  // Siblings share the placement counter (the simulator is one thread);
+  // each is told next uses through its own set_next_use.
+  std::unique_ptr<EvictionPolicy> NewSibling() const override {
+    auto sibling = std::make_unique<BeladyPolicy>(oracle_);
+    sibling->placed_ = placed_;
+    return sibling;
+  }
+  EvictionOrder OrderOf(const IndexNode& node) const override {
+    return {.rank = node.policy_hook.order.rank, .seq = node.policy_hook.order.seq};
+  }
   size_t size() const override { return order_.size(); }
   std::string_view name() const override { return "belady"; }
 
@@ -161,19 +172,19 @@ class BeladyPolicy final : public EvictionPolicy {
     if (oracle_ != Oracle::kBelady) {
       const int64_t rank = oracle_ == Oracle::kOneHit ? (next_ == kNever ? 0 : 1)
                                                       : static_cast<int64_t>(total_uses_);
-      node->policy_hook.order = {.rank = rank, .seq = ++placed_};
+      node->policy_hook.order = {.rank = rank, .seq = ++*placed_};
       order_.insert(node);
       return;
     }
     const uint64_t depth_first = uint64_t{0xFFFFFF - std::min<uint32_t>(node->depth, 0xFFFFFF)};
     node->policy_hook.order = {.rank = -static_cast<int64_t>(next_),
-                               .seq = (depth_first << 40) | ++placed_};
+                               .seq = (depth_first << 40) | ++*placed_};
     order_.insert(node);
   }
   const Oracle oracle_;
   uint64_t next_ = kNever;
   uint64_t total_uses_ = 0;
-  uint64_t placed_ = 0;
+  std::shared_ptr<uint64_t> placed_;
   absl::btree_set<IndexNode*, ByNextUse> order_;
 };
 
