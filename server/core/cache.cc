@@ -218,6 +218,7 @@ void Cache::DropNodeLocked(ModelState& state, IndexNode* n, std::vector<BlockRef
 EvictResult Cache::RemoveSubtreeLocked(ModelState& state, IndexNode* node,
                                        std::vector<BlockRef>* dropped) {
   EvictResult result;
+  if (eviction_round_ != nullptr) eviction_round_->Forget(state.host_policy.get());
   state.index.RemoveSubtree(node, [&](IndexNode* n) {
     mu_.AssertHeld();  // the lambda runs under the lock
     DropNodeLocked(state, n, dropped, &result);

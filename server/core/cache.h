@@ -112,6 +112,7 @@
 #include "server/core/cache_inspection.h"
 #include "server/core/cache_stats.h"
 #include "server/core/cache_types.h"
+#include "server/core/capacity_arbiter.h"
 #include "server/core/claim_table.h"
 #include "server/core/device_copies.h"
 #include "server/core/device_tier.h"
@@ -553,6 +554,10 @@ class Cache {
   // (ModelState::host_policy); it tracks no block itself.
   const std::unique_ptr<EvictionPolicy> policy_;
   std::vector<EvictionPolicy*> host_policies_ ABSL_GUARDED_BY(mu_);  // every model's
+  // The models' victims kept for the evictions of the exclusive section
+  // that set it (EnforceBudgetsLocked, MakeRoomForSpace), else null; a
+  // model whose tree changes is forgotten (RemoveSubtreeLocked).
+  CapacityArbiter::Round* eviction_round_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Touches of the lower levels' policies made by readers in their model's
   // turn (readers of different models apply side by side). After a turn.
   mutable Mutex lower_touches_;

@@ -10,6 +10,22 @@
 #include "server/core/capacity_arbiter.h"
 
 namespace kvcache {
+namespace {
+
+// Sets `slot` to a round of its own for its scope (Cache::eviction_round_).
+class RoundScope {
+ public:
+  explicit RoundScope(CapacityArbiter::Round*& slot) : slot_(slot) { slot_ = &round_; }
+  ~RoundScope() { slot_ = nullptr; }
+  RoundScope(const RoundScope&) = delete;
+  RoundScope& operator=(const RoundScope&) = delete;
+
+ private:
+  CapacityArbiter::Round*& slot_;
+  CapacityArbiter::Round round_;
+};
+
+}  // namespace
 
 bool Cache::EvictOneLocked(std::vector<BlockRef>* dropped) {
   // The lower levels' blocks are colder than the host's: they go first.
@@ -32,8 +48,9 @@ IndexNode* Cache::PickHostVictimLocked(absl::FunctionRef<bool(const IndexNode&)>
 bool Cache::EvictHostLeafLocked(std::vector<BlockRef>* dropped) {
   // Evictable: a leaf nothing pins (exact here: pins are only taken under
   // mu_).
-  IndexNode* victim = PickHostVictimLocked(
-      [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); });
+  auto evictable = [](const IndexNode& n) { return n.is_leaf() && !n.payload->pins().pinned(); };
+  IndexNode* victim = eviction_round_ != nullptr ? eviction_round_->Pick(host_policies_, evictable)
+                                                 : PickHostVictimLocked(evictable);
   if (victim == nullptr) return false;
   tiers_->LogMove(*victim, "host", "none", "evicted", victim->payload->size());
   ModelState& state = *models_.OfIndex(victim->index);
@@ -72,6 +89,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
   if (meta_cap != 0 && options_.namespace_share < 1.0) {
     evicted += EnforceNamespaceMetadataLocked(dropped);
   }
+  RoundScope round(eviction_round_);
   while (true) {
     // With a lower tier, room is made by demotion (Migrate, MakeRoomForSpace).
     bool for_space = false;
@@ -100,6 +118,7 @@ bool Cache::MakeRoomForSpace() {
   std::vector<BlockRef> dropped;  // freed after the lock is released
   WriteLock lock(this);
   ExpireLeasesLocked(clock_->Now());
+  RoundScope round(eviction_round_);
   if (!EvictOneLocked(&dropped)) return false;
   ++capacity_evictions_;
   // Room for the appends that come next too, so that a full cache takes

@@ -60,6 +60,58 @@ TEST_F(CapacityTest, EvictsLeastRecentlyUsedLeavesFirst) {
   EXPECT_EQ(Fetched(Big(), NewSeq(200, 5)), 5 * kBt);
 }
 
+// Each model's blocks have a policy of their own; the cache evicts the
+// coldest block of all the models (CapacityArbiter), also within one batch
+// of evictions.
+TEST_F(CacheTest, EvictsTheColdestBlocksOfAllTheModelsInOrder) {
+  MakeCache(2);  // 16 blocks of 8 KiB
+  const TestModel other{{"default", "big2"}, Big().layout, 44};
+  Register(Big());
+  Register(other);
+  // Eight sequences of two blocks, alternating between the models; then
+  // used again in another order: 1, 3 (other), 0, 2 (big) are the coldest.
+  std::vector<std::vector<Token>> seqs;
+  for (uint32_t s = 0; s < 8; ++s) {
+    seqs.push_back(Seq({10 * s + 1, 10 * s + 2}));
+    ASSERT_TRUE(Append(*cache_, s % 2 == 0 ? Big() : other, seqs.back()).ok());
+  }
+  auto model_of = [&](int s) { return s % 2 == 0 ? Big() : other; };
+  for (int s : {1, 3, 0, 2, 5, 4, 7, 6}) Matched(model_of(s), seqs[s]);
+  // Six new blocks: the leaves and parents of seqs 1, 3 and 0, in that order.
+  ASSERT_TRUE(Append(*cache_, Big(), Seq({901, 902, 903, 904, 905, 906})).ok());
+  for (int s : {1, 3, 0}) EXPECT_EQ(Matched(model_of(s), seqs[s]), 0u) << "seq " << s;
+  for (int s : {2, 4, 5, 6, 7}) EXPECT_EQ(Fetched(model_of(s), seqs[s]), 2 * kBt) << "seq " << s;
+  EXPECT_EQ(StatsOf(Big()).evicted_blocks, 2u);
+  EXPECT_EQ(StatsOf(other).evicted_blocks, 4u);
+}
+
+// Evictions in batches (several blocks per exclusive section, the
+// arbiter keeping each model's victim between picks) still take the
+// coldest of all: what is left of sequences appended in turn to two models
+// is always the newest ones.
+TEST_F(CacheTest, BatchesOfEvictionsAcrossModelsKeepTheNewestBlocks) {
+  pool_thread_cache_bytes_ = 0;
+  MakeCache(16);  // 2,048 blocks of 512 B; a batch frees up to 4 KiB (8 blocks)
+  const TestModel other{{"default", "small2"}, Small().layout, 55};
+  Register(Small());
+  Register(other);
+  constexpr uint32_t kSeqs = 3000;
+  auto model_of = [&](uint32_t s) { return s % 2 == 0 ? Small() : other; };
+  for (uint32_t s = 0; s < kSeqs; ++s) {
+    ASSERT_TRUE(Append(*cache_, model_of(s), Seq({s + 1})).ok()) << s;
+  }
+  EXPECT_GE(cache_->GetStats().capacity_evictions, kSeqs - 2048);
+  uint32_t first_kept = kSeqs;
+  for (uint32_t s = 0; s < kSeqs; ++s) {
+    const bool kept = Matched(model_of(s), Seq({s + 1})) == kBt;
+    if (kept && first_kept == kSeqs) first_kept = s;
+    if (first_kept != kSeqs)
+      ASSERT_TRUE(kept) << "seq " << s << " evicted, " << first_kept << " kept";
+  }
+  EXPECT_GT(first_kept, kSeqs - 2048 - 1);
+  EXPECT_LT(first_kept, kSeqs - 1024);
+}
+
 // The same cache with LRU-K (K = 2, the defaults): a sequence used again a
 // minute after its append outlives newer sequences used once, where LRU
 // would evict it first.

@@ -149,9 +149,8 @@ bool LruKPolicy::Hinted(const IndexNode& node) const {
 void LruKPolicy::Place(IndexNode* node, bool used, bool main) {
   IndexNode::PolicyHook& hook = node->policy_hook;
   main = main || options_.probation_share == 0 || Hinted(*node);
-  const uint64_t seq = (used ? shared_->next_seq.fetch_add(1, std::memory_order_relaxed) + 1
-                             : hook.order.seq & ~kMainBit) |
-                       (main ? kMainBit : 0);
+  const uint64_t seq =
+      (used ? shared_->seq.Next(&last_seq_) : hook.order.seq & ~kMainBit) | (main ? kMainBit : 0);
   hook.order = {.rank = Rank(*node), .seq = seq};
   (main ? order_ : probation_).insert(node);
 }

@@ -162,7 +162,7 @@ class LruKPolicy final : public EvictionPolicy {
   // What siblings share: the last-use sequence and the retained histories,
   // most recently erased first, and by (index, key).
   struct Shared {
-    std::atomic<uint64_t> next_seq{0};
+    OrderSequence seq;
     Mutex mu;
     std::list<Retained> retained ABSL_GUARDED_BY(mu);
     absl::flat_hash_map<RetainedKey, std::list<Retained>::iterator> by_key ABSL_GUARDED_BY(mu);
@@ -200,6 +200,7 @@ class LruKPolicy final : public EvictionPolicy {
   const int64_t importance_step_ms_;
   const int64_t penalty_ms_;  // what a block with fewer than K references loses
   const std::shared_ptr<Shared> shared_;
+  uint64_t last_seq_ = 0;            // this policy's last number from shared_->seq
   Order order_;                      // the main segment (everything when probation is off)
   Order probation_;                  // blocks on probation
   std::vector<IndexNode*> blocked_;  // PickVictim's scratch

@@ -4,7 +4,6 @@
 // no look-up. Each use also takes a number from a counter the policy's
 // siblings share (kept in the hook's last_ms, which LRU has no other use
 // for): the order across siblings.
-#include <atomic>
 #include <memory>
 #include <utility>
 
@@ -15,8 +14,8 @@ namespace {
 
 class LruPolicy final : public EvictionPolicy {
  public:
-  LruPolicy() : uses_(std::make_shared<std::atomic<uint64_t>>(0)) {}
-  explicit LruPolicy(std::shared_ptr<std::atomic<uint64_t>> uses) : uses_(std::move(uses)) {}
+  LruPolicy() : uses_(std::make_shared<OrderSequence>()) {}
+  explicit LruPolicy(std::shared_ptr<OrderSequence> uses) : uses_(std::move(uses)) {}
 
   void Insert(IndexNode* node) override {
     PushBack(node);
@@ -56,8 +55,7 @@ class LruPolicy final : public EvictionPolicy {
 
  private:
   void Number(IndexNode* node) {
-    node->policy_hook.last_ms =
-        static_cast<int64_t>(uses_->fetch_add(1, std::memory_order_relaxed));
+    node->policy_hook.last_ms = static_cast<int64_t>(uses_->Next(&last_use_));
   }
 
   void PushBack(IndexNode* node) {
@@ -78,9 +76,10 @@ class LruPolicy final : public EvictionPolicy {
     h.prev = h.next = nullptr;
   }
 
-  const std::shared_ptr<std::atomic<uint64_t>> uses_;  // shared with the siblings
-  IndexNode* head_ = nullptr;                          // coldest
-  IndexNode* tail_ = nullptr;                          // most recent
+  const std::shared_ptr<OrderSequence> uses_;  // shared with the siblings
+  uint64_t last_use_ = 0;                      // this policy's last number
+  IndexNode* head_ = nullptr;                  // coldest
+  IndexNode* tail_ = nullptr;                  // most recent
   size_t size_ = 0;
 };
 
