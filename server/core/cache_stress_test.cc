@@ -372,59 +372,63 @@ TEST_F(CacheTest, ConcurrentAppendsStoreEachBlockOnceAndCountEveryBlock) {
 // also fetches another model's prompt and checks its bytes. Every stored
 // block is counted once in its model's totals, and the pool holds exactly
 // what the indexes hold; under TSan (the core suites' pass) this is also
-// the race check of the shared storing commit.
+// the race check of the shared storing commit and of the models' policies
+// (LRU and LRU-K, whose siblings share order numbers and retained
+// histories: evicted blocks come back as turns repeat their prefixes).
 TEST_F(CacheTest, AppendsOfManyModelsStoreSideBySideAndCountEveryByte) {
-  for (const uint64_t staging : {uint64_t{0}, kSlab}) {
-    SCOPED_TRACE(staging);
-    MakeCache(4, {.append_staging_bytes = staging});  // 512 blocks of 512 B
-    constexpr int kModels = 4;
-    constexpr uint32_t kTurns = 400;
-    std::vector<TestModel> models;
-    for (int i = 0; i < kModels; ++i) {
-      models.push_back(
-          {{"default", absl::StrCat("model-", i)}, Layout(8, DType::kFp16), uint64_t{100} + i});
-      Register(models.back());
-    }
-    auto turn = [](int model, uint32_t i) {
-      const uint32_t base = 10'000 * (model + 1);
-      return Seq({base, base + 1, base + 2, base + 3 + i});
-    };
-    std::atomic<uint64_t> stored{0};
-    std::atomic<int> failures{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kModels; ++t) {
-      threads.emplace_back([&, t] {
-        for (uint32_t i = 0; i < kTurns; ++i) {
-          const std::vector<Token> mine = turn(t, i);
-          auto r = Append(*cache_, models[t], mine);
-          if (r.ok()) {
-            stored += r->stored_blocks;
-            if (r->cached_tokens != mine.size() || r->pending_blocks != 0) ++failures;
-          } else if (!absl::IsAborted(r.status())) {  // the prefix evicted mid-stream
-            ++failures;
+  for (const bool lru_k : {false, true})
+    for (const uint64_t staging : {uint64_t{0}, kSlab}) {
+      SCOPED_TRACE(absl::StrCat(lru_k ? "lru_k" : "lru", ", staging ", staging));
+      MakeCache(4, {.append_staging_bytes = staging},  // 512 blocks of 512 B
+                lru_k ? NewLruKPolicy({}, &clock_) : NewLruPolicy());
+      constexpr int kModels = 4;
+      constexpr uint32_t kTurns = 400;
+      std::vector<TestModel> models;
+      for (int i = 0; i < kModels; ++i) {
+        models.push_back(
+            {{"default", absl::StrCat("model-", i)}, Layout(8, DType::kFp16), uint64_t{100} + i});
+        Register(models.back());
+      }
+      auto turn = [](int model, uint32_t i) {
+        const uint32_t base = 10'000 * (model + 1);
+        return Seq({base, base + 1, base + 2, base + 3 + i});
+      };
+      std::atomic<uint64_t> stored{0};
+      std::atomic<int> failures{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kModels; ++t) {
+        threads.emplace_back([&, t] {
+          for (uint32_t i = 0; i < kTurns; ++i) {
+            const std::vector<Token> mine = turn(t, i);
+            auto r = Append(*cache_, models[t], mine);
+            if (r.ok()) {
+              stored += r->stored_blocks;
+              if (r->cached_tokens != mine.size() || r->pending_blocks != 0) ++failures;
+            } else if (!absl::IsAborted(r.status())) {  // the prefix evicted mid-stream
+              ++failures;
+            }
+            const int other = (t + 1) % kModels;
+            const std::vector<Token> seq = turn(other, i);
+            auto plan = cache_->PrepareFetch(models[other].key, {.tokens = seq});
+            if (!plan.ok() || !PlanHolds(*plan, models[other], seq)) ++failures;
           }
-          const int other = (t + 1) % kModels;
-          const std::vector<Token> seq = turn(other, i);
-          auto plan = cache_->PrepareFetch(models[other].key, {.tokens = seq});
-          if (!plan.ok() || !PlanHolds(*plan, models[other], seq)) ++failures;
-        }
-      });
+        });
+      }
+      for (auto& t : threads) t.join();
+      EXPECT_EQ(failures.load(), 0);
+      const CacheStats stats = cache_->GetStats();
+      uint64_t appended = 0;
+      for (const ModelStats& m : stats.models) appended += m.appended_blocks;
+      EXPECT_EQ(appended, stored.load());
+      EXPECT_GT(stats.capacity_evictions, 0u);
+      EXPECT_EQ(stats.payload_bytes, stats.blocks * models[0].layout.BlockBytes());
+      EXPECT_EQ(stats.host_pool.allocated_bytes, stats.payload_bytes);
+      EXPECT_EQ(stats.host_pool.live_allocations, stats.blocks);
+      // The staging stays free (within the last commit's batch) when it is set.
+      if (staging != 0) {
+        EXPECT_LE(stats.host_pool.allocated_bytes, stats.host_pool.capacity_bytes - staging);
+      }
     }
-    for (auto& t : threads) t.join();
-    EXPECT_EQ(failures.load(), 0);
-    const CacheStats stats = cache_->GetStats();
-    uint64_t appended = 0;
-    for (const ModelStats& m : stats.models) appended += m.appended_blocks;
-    EXPECT_EQ(appended, stored.load());
-    EXPECT_GT(stats.capacity_evictions, 0u);
-    EXPECT_EQ(stats.payload_bytes, stats.blocks * models[0].layout.BlockBytes());
-    EXPECT_EQ(stats.host_pool.allocated_bytes, stats.payload_bytes);
-    EXPECT_EQ(stats.host_pool.live_allocations, stats.blocks);
-    // The staging stays free (within the last commit's batch) when it is set.
-    if (staging != 0) {
-      EXPECT_LE(stats.host_pool.allocated_bytes, stats.host_pool.capacity_bytes - staging);
-    }
-  }
 }
 
 }  // namespace
