@@ -105,8 +105,9 @@ TEST_F(CacheTest, BatchesOfEvictionsAcrossModelsKeepTheNewestBlocks) {
   for (uint32_t s = 0; s < kSeqs; ++s) {
     const bool kept = Matched(model_of(s), Seq({s + 1})) == kBt;
     if (kept && first_kept == kSeqs) first_kept = s;
-    if (first_kept != kSeqs)
+    if (first_kept != kSeqs) {
       ASSERT_TRUE(kept) << "seq " << s << " evicted, " << first_kept << " kept";
+    }
   }
   EXPECT_GT(first_kept, kSeqs - 2048 - 1);
   EXPECT_LT(first_kept, kSeqs - 1024);
