@@ -421,7 +421,7 @@ TEST_F(TlsTest, AClientCertificateNamesItsPrincipalAndOnlyTheCaItTrustsIsAccepte
   // A certificate the CA signed that names no principal, an expired one, one
   // from another CA, none at all.
   EXPECT_EQ(Over(**d, "stranger")->WhoAmI().status().code(), absl::StatusCode::kUnauthenticated);
-  for (const std::string& refused : {"expired", "rogue", ""}) {
+  for (const std::string refused : {"expired", "rogue", ""}) {
     EXPECT_EQ(Over(**d, refused)->WhoAmI().status().code(), absl::StatusCode::kUnavailable)
         << refused;
   }
