@@ -423,7 +423,7 @@ class Cache {
                                    : lower_policies_[static_cast<size_t>(node.lower.top())].get();
   }
   // The coldest block in host memory that `evictable` accepts, of every
-  // model (`ns` empty) or of namespace `ns`'s: the coldest of the models'
+  // model (`ns` null) or of namespace `*ns`'s: the coldest of the models'
   // own victims (CapacityArbiter). nullptr when there is none.
   IndexNode* PickHostVictimLocked(absl::FunctionRef<bool(const IndexNode&)> evictable,
                                   const std::string* ns = nullptr)

@@ -84,7 +84,6 @@
 #ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
 #define KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
 
-#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
