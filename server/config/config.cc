@@ -287,6 +287,9 @@ absl::Status ValidateSecurity(const v1::SecurityConfig& s) {
   return absl::OkStatus();
 }
 
+// LruKOptions::fewer_than_k_penalty's upper bound.
+constexpr uint64_t kTenYearsMs = uint64_t{10} * 365 * 24 * 3600 * 1000;
+
 absl::Status ValidateCache(const v1::CacheConfig& c) {
   if (c.eviction_policy() != "lru" && c.eviction_policy() != "lru_k") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -294,6 +297,11 @@ absl::Status ValidateCache(const v1::CacheConfig& c) {
   }
   if (auto s = CheckRange("cache.lru_k.correlated_period_ms", c.lru_k().correlated_period_ms(), 0,
                           86400000);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("cache.lru_k.fewer_than_k_penalty_ms",
+                          c.lru_k().fewer_than_k_penalty_ms(), 0, kTenYearsMs);
       !s.ok()) {
     return s;
   }
@@ -453,6 +461,7 @@ void ApplyDefaults(v1::ServerConfig* c) {
   v1::LruKConfig* lru_k = cache->mutable_lru_k();
   if (!lru_k->has_correlated_period_ms()) lru_k->set_correlated_period_ms(1000);
   if (!lru_k->has_retained_history()) lru_k->set_retained_history(65536);
+  if (!lru_k->has_fewer_than_k_penalty_ms()) lru_k->set_fewer_than_k_penalty_ms(600000);
 
   if (c->logging().level().empty()) c->mutable_logging()->set_level("info");
   if (c->logging().format().empty()) c->mutable_logging()->set_format("text");

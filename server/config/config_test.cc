@@ -313,6 +313,11 @@ TEST(ConfigTest, EachOutOfRangeValueNamesItsField) {
       {"correlated period above a day",
        [](auto& c) { c.mutable_cache()->mutable_lru_k()->set_correlated_period_ms(90000000); },
        "cache.lru_k.correlated_period_ms"},
+      {"fewer-than-K penalty above ten years",
+       [](auto& c) {
+         c.mutable_cache()->mutable_lru_k()->set_fewer_than_k_penalty_ms(uint64_t{1} << 40);
+       },
+       "cache.lru_k.fewer_than_k_penalty_ms"},
       {"unknown gpu kind", [](auto& c) { c.mutable_gpu_tier()->set_kind("tpu"); }, "gpu_tier.kind"},
       {"gpu slab not power of two",
        [](auto& c) {
@@ -518,14 +523,17 @@ TEST(ConfigTest, EvictionPolicyDefaultsAndExplicitZeros) {
   EXPECT_EQ(d.eviction_policy(), "lru_k");
   EXPECT_EQ(d.lru_k().correlated_period_ms(), 1000u);
   EXPECT_EQ(d.lru_k().retained_history(), 65536u);
+  EXPECT_EQ(d.lru_k().fewer_than_k_penalty_ms(), 600000u);
   // 0 is a setting here (every use counts; keep no history), not "default".
   auto c = ParseConfigJson(R"({"cache": {"eviction_policy": "lru",
                                          "lru_k": {"correlated_period_ms": 0,
-                                                   "retained_history": "0"}}})");
+                                                   "retained_history": "0",
+                                                   "fewer_than_k_penalty_ms": "0"}}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cache().eviction_policy(), "lru");
   EXPECT_EQ(c->cache().lru_k().correlated_period_ms(), 0u);
   EXPECT_EQ(c->cache().lru_k().retained_history(), 0u);
+  EXPECT_EQ(c->cache().lru_k().fewer_than_k_penalty_ms(), 0u);
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 

@@ -40,6 +40,7 @@ std::unique_ptr<EvictionPolicy> EvictionPolicyFromConfig(const v1::CacheConfig& 
   LruKOptions o;
   o.correlated_period = absl::Milliseconds(c.lru_k().correlated_period_ms());
   o.retained_history = c.lru_k().retained_history();
+  o.fewer_than_k_penalty = absl::Milliseconds(c.lru_k().fewer_than_k_penalty_ms());
   return NewLruKPolicy(o, clock);
 }
 

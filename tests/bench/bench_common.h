@@ -58,6 +58,9 @@ struct BenchOptions {
   uint32_t bytes_per_token = 16;
   bool fetch_hits = false;
   bool keep_cache = false;  // trace: do not evict the model's cache first
+  // trace: issue each request at its timestamp divided by this (0: as fast
+  // as possible, timestamps ignored).
+  double speedup = 0;
 };
 
 absl::StatusOr<v1::DType> ParseDType(const std::string& name);

@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
                  "trace: KV bytes per token (a multiple of 4); a block is 512x this")
       ->capture_default_str();
   app.add_flag("--fetch-hits", o.fetch_hits, "trace: fetch and verify every hit prefix");
+  app.add_option("--speedup", o.speedup,
+                 "trace: issue each request at its timestamp / N, N times faster than recorded "
+                 "(0: as fast as possible); a policy's time constants should be N times smaller")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--keep-cache", o.keep_cache,
                "trace: keep what the model has cached instead of evicting it first");
   try {

@@ -12,13 +12,16 @@
 //  - treats every hash id as a whole 512-token block, the last (partial) one
 //    included: block counts match SOURCES.md's "total blocks", and a request's
 //    token hit count is min(matched tokens, input_length);
-//  - per request, in trace order and as fast as it can (timestamps are not
-//    honoured): Lookup the sequence, optionally Fetch the hit (--fetch-hits,
-//    verifying every byte), then Append the missing blocks from the first miss
-//    (start_token = matched) with a payload derived from each block's hash id.
+//  - per request, in trace order, as fast as it can or (--speedup N) at its
+//    timestamp / N from the first request's, so that a policy whose time
+//    constants are N times smaller sees the trace's own timing; the report
+//    says how late requests started (the client is one thread): Lookup the sequence, optionally
+//    Fetch the hit (--fetch-hits, verifying every byte), then Append the missing blocks from the
+//    first miss (start_token = matched) with a payload derived from each block's hash id.
 // The cache capacity is the daemon's (--capacity-bytes on its command line),
 // so a hit ratio at a capacity is measured by starting the daemon with it. The
 // report also gives the ideal hit ratio of an unbounded cache for comparison.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -122,8 +125,18 @@ int RunTrace(const BenchOptions& opts) {
   std::vector<uint32_t> tokens;
   std::vector<std::byte> buf;
   const absl::Time t0 = absl::Now();
+  const uint64_t first_ms = trace->empty() ? 0 : trace->front().timestamp_ms;
+  std::vector<double> late_ms;  // --speedup: how late each request started
   const size_t progress_every = std::max<size_t>(trace->size() / 10, 1);
   for (const TraceRequest& req : *trace) {
+    if (opts.speedup > 0) {
+      const absl::Time due = t0 + absl::Milliseconds((static_cast<double>(req.timestamp_ms) -
+                                                      static_cast<double>(first_ms)) /
+                                                     opts.speedup);
+      const absl::Time now = absl::Now();
+      if (due > now) absl::SleepFor(due - now);
+      late_ms.push_back(std::max(0.0, absl::ToDoubleMilliseconds(now - due)));
+    }
     const size_t nblocks = req.hash_ids.size();
     tokens.resize(nblocks * kTraceBlockTokens);
     for (size_t b = 0; b < nblocks; ++b) {
@@ -212,6 +225,12 @@ int RunTrace(const BenchOptions& opts) {
   auto ratio = [](uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / b : 0.0; };
   std::printf("requests=%llu elapsed=%.2fs (%.1f req/s)\n",
               static_cast<unsigned long long>(n.requests), seconds, n.requests / seconds);
+  if (!late_ms.empty()) {
+    std::sort(late_ms.begin(), late_ms.end());
+    std::printf("pacing: speedup=%g late p50=%.1fms p99=%.1fms max=%.1fms (trace time: x%g)\n",
+                opts.speedup, late_ms[late_ms.size() / 2], late_ms[late_ms.size() * 99 / 100],
+                late_ms.back(), opts.speedup);
+  }
   std::printf("blocks: total=%llu hit=%llu hit_ratio=%.4f (unbounded cache: %.4f)\n",
               static_cast<unsigned long long>(n.blocks),
               static_cast<unsigned long long>(n.hit_blocks), ratio(n.hit_blocks, n.blocks),
