@@ -23,6 +23,12 @@
 #   TRACES="conversation synthetic"   names under TRACES_DIR (NAME_trace.jsonl)
 #   TRACES_DIR             default ../shared/traces beside the repository
 #   SPEEDUP=40             replay speed of the paced runs
+#   BYTES_PER_TOKEN=256    KV bytes per token (blocks of 128 KiB). The index's
+#                          metadata per block (its 512 token ids, about 2.3 KiB)
+#                          counts against host_tier.metadata_fraction (0.125 of
+#                          the tier): below about 40 bytes per token it, not the
+#                          tier, bounds the default run's blocks (a real model
+#                          has thousands of bytes per token)
 #   LIMIT=0                replay only the first LIMIT requests (0: all); SMOKE=1
 #                          sets LIMIT=300, PERCENTS=5 and TRACES=synthetic
 set -euo pipefail
@@ -36,6 +42,7 @@ TRACES_DIR=${TRACES_DIR:-$ROOT/../shared/traces}
 PERCENTS=${PERCENTS:-"5 10"}
 TRACES=${TRACES:-"conversation synthetic"}
 SPEEDUP=${SPEEDUP:-40}
+BYTES_PER_TOKEN=${BYTES_PER_TOKEN:-256}
 LIMIT=${LIMIT:-0}
 if [[ ${SMOKE:-0} == 1 ]]; then LIMIT=300 PERCENTS=5 TRACES=synthetic; fi
 for f in "$KVCACHED" "$BENCH" "$SIM" "$CTL"; do
@@ -51,7 +58,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvcache-policy-trace-XXXXXX")
 KV_PID=""
 trap 'kill $KV_PID 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-BLOCK=8192  # kvcache-bench trace: 16 bytes/token x 512 tokens
+BLOCK=$((BYTES_PER_TOKEN * 512))
 SOCK=$WORK/kvcached.sock
 period=$((1000 / SPEEDUP))       # the defaults: 1 s and 10 minutes
 penalty=$((600000 / SPEEDUP))
@@ -83,7 +90,8 @@ replay() {  # replay CONFIG HOST_BYTES TRACE LOG [bench flags...]: prints the to
   local config=$1 host=$2 trace=$3 log=$4
   shift 4
   start "$config" "$host"
-  "$BENCH" trace --target "unix://$SOCK" --trace "$trace" --limit "$LIMIT" "$@" >"$log" 2>&1 ||
+  "$BENCH" trace --target "unix://$SOCK" --trace "$trace" --limit "$LIMIT" \
+    --bytes-per-token "$BYTES_PER_TOKEN" "$@" >"$log" 2>&1 ||
     { echo "policy_trace.sh: kvcache-bench failed:" >&2; tail -5 "$log" >&2; exit 1; }
   stop
   sed -n 's/^tokens: .* hit_ratio=\([0-9.]*\) .*/\1/p' "$log" | head -1
@@ -94,7 +102,7 @@ sim() {  # sim JSON POLICY: the simulator's token hit of POLICY
 gap() { awk -v x="$1" -v l="$2" -v b="$3" 'BEGIN { printf (b - l > 1e-9 ? "%.2f" : "n/a"), (x - l) / (b - l) }'; }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); speedup $SPEEDUP (lru_k: correlated" \
-  "period ${period} ms, fewer-than-K penalty ${penalty} ms)"
+  "period ${period} ms, fewer-than-K penalty ${penalty} ms); ${BYTES_PER_TOKEN} bytes per token"
 printf '| trace | capacity | blocks | sim LRU | sim LRU-K2 | sim Belady | daemon lru | daemon lru_k | daemon default | gap lru_k | gap default | late p99 |\n'
 printf '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 ok=1

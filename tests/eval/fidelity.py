@@ -242,6 +242,9 @@ def main():
     parser.add_argument("--out", required=True, help="results JSON")
     parser.add_argument("--svg", help="plot of agreement against bytes per workload")
     parser.add_argument("--workloads", default=",".join(wl.WORKLOADS))
+    parser.add_argument("--prompt-set", default="main", choices=sorted(wl.PROMPT_SETS),
+                        help="main: the evaluation's own prompts; heldout: a disjoint set, "
+                        "fixed before tuning (workloads.py)")
     parser.add_argument("--per-workload", type=int, default=4)
     parser.add_argument("--from-prompt", type=int, default=0,
                         help="skip each workload's first prompts (to add prompts to a run)")
@@ -272,7 +275,7 @@ def main():
     tokenizer = smollm_tokenizer.load(args.model)
     prompts = wl.build(lambda t: smollm_tokenizer.encode(tokenizer, t),
                        args.workloads.split(","), args.per_workload, args.prefix,
-                       args.continuation)
+                       args.continuation, args.prompt_set)
     seen = {}
     kept = []
     for p in prompts:

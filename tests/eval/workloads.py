@@ -62,7 +62,51 @@ SUMMARIZATION = [
     "/usr/share/common-licenses/GFDL-1.3",
 ]
 
+# The held-out set: other packages and questions, source files and licences, fixed before any
+# tuning of the rule on it (--prompt-set heldout), to check that what was tuned on the set
+# above carries over.
+HELDOUT_CHAT = [
+    (("openssh-client", "curl", "git"),
+     "I want to clone a private repository from a server and download a release archive. "
+     "Which of these do I use for each step, and how does each one authenticate?"),
+    (("patch", "less", "perl"),
+     "Someone mailed me a fix as a diff. How do I review it, apply it, and undo it if it "
+     "breaks something?"),
+    (("procps", "iproute2", "systemd"),
+     "A service on my machine is slow to answer. How would I use these packages to find out "
+     "what it is doing?"),
+    (("apt", "dpkg", "gnupg"),
+     "How does Debian make sure that a package I install was not tampered with on the way?"),
+    (("ca-certificates", "openssl", "curl"),
+     "Why do HTTPS downloads fail in a fresh container, and how do these packages fix it?"),
+    (("python3", "perl", "mawk"),
+     "Which of these is best for a one-line text transformation, and which for a larger "
+     "program? Give an example of each."),
+]
+
+HELDOUT_CODE = [
+    "/usr/lib/python3.11/argparse.py",
+    "/usr/lib/python3.11/difflib.py",
+    "/usr/lib/python3.11/pprint.py",
+    "/usr/lib/python3.11/fractions.py",
+    "/usr/include/stdio.h",
+    "/usr/include/unistd.h",
+]
+
+HELDOUT_SUMMARIZATION = [
+    "/usr/share/common-licenses/GPL-2",
+    "/usr/share/common-licenses/LGPL-3",
+    "/usr/share/common-licenses/MPL-1.1",
+    "/usr/share/common-licenses/GFDL-1.2",
+    "/usr/share/common-licenses/CC0-1.0",
+    "/usr/share/common-licenses/GPL-1",
+]
+
 WORKLOADS = ("chat", "code", "summarization")
+PROMPT_SETS = {
+    "main": (CHAT, CODE, SUMMARIZATION),
+    "heldout": (HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_SUMMARIZATION),
+}
 
 
 @dataclass
@@ -104,18 +148,23 @@ def chat_template(user):
             "<|im_start|>assistant\n")
 
 
-def build(encode, workloads, per_workload, prefix_tokens, continuation_tokens):
-    """The prompts of `workloads` (names from WORKLOADS), at most `per_workload` each.
-    `encode` maps text to token ids. Generated continuations are left empty."""
+def build(encode, workloads, per_workload, prefix_tokens, continuation_tokens,
+          prompt_set="main"):
+    """The prompts of `workloads` (names from WORKLOADS), at most `per_workload` each, from
+    `prompt_set` (a key of PROMPT_SETS). `encode` maps text to token ids. Generated
+    continuations are left empty."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {prompt_set!r}; known: {', '.join(PROMPT_SETS)}")
+    chat, code, summarization = PROMPT_SETS[prompt_set]
     prompts = []
     for workload in workloads:
         if workload == "chat":
-            for packages, question in CHAT[:per_workload]:
+            for packages, question in chat[:per_workload]:
                 user = "\n\n".join(_descriptions(packages)) + "\n\n" + question
                 prompts.append(Prompt("chat", "+".join(packages), "/var/lib/dpkg/status",
                                       encode(chat_template(user)), [], True))
         elif workload == "code":
-            for path in CODE[:per_workload]:
+            for path in code[:per_workload]:
                 ids = encode(_read(path))
                 need = prefix_tokens + continuation_tokens
                 if len(ids) < need:
@@ -123,7 +172,7 @@ def build(encode, workloads, per_workload, prefix_tokens, continuation_tokens):
                 prompts.append(Prompt("code", os.path.basename(path), path, ids[:prefix_tokens],
                                       ids[prefix_tokens:need], False))
         elif workload == "summarization":
-            for path in SUMMARIZATION[:per_workload]:
+            for path in summarization[:per_workload]:
                 head = encode(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
                               "Summarize the following document.\n\n")
                 tail = encode("\n\nSummarize the document above in a few paragraphs.<|im_end|>\n"
