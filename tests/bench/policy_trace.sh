@@ -20,7 +20,8 @@
 #
 #   bash tests/bench/policy_trace.sh [BUILD_DIR]
 #   PERCENTS="5 10"        host capacities, % of the trace's unique blocks
-#   TRACES="conversation synthetic"   names under TRACES_DIR (NAME_trace.jsonl)
+#   TRACES="conversation synthetic"   names under TRACES_DIR (NAME_trace.jsonl), or paths
+#                          of any Mooncake-format trace (an entry ending in .jsonl)
 #   TRACES_DIR             default ../shared/traces beside the repository
 #   SPEEDUP=40             replay speed of the paced runs
 #   BYTES_PER_TOKEN=256    KV bytes per token (blocks of 128 KiB). The index's
@@ -48,9 +49,12 @@ if [[ ${SMOKE:-0} == 1 ]]; then LIMIT=300 PERCENTS=5 TRACES=synthetic; fi
 for f in "$KVCACHED" "$BENCH" "$SIM" "$CTL"; do
   [[ -x $f ]] || { echo "policy_trace.sh: $f is not built" >&2; exit 2; }
 done
+trace_path() {  # trace_path NAME_OR_PATH
+  if [[ $1 == *.jsonl ]]; then echo "$1"; else echo "$TRACES_DIR/${1}_trace.jsonl"; fi
+}
 for t in $TRACES; do
-  if [[ ! -f $TRACES_DIR/${t}_trace.jsonl ]]; then
-    echo "policy_trace.sh: $TRACES_DIR/${t}_trace.jsonl not found (set TRACES_DIR)" >&2
+  if [[ ! -f $(trace_path "$t") ]]; then
+    echo "policy_trace.sh: $(trace_path "$t") not found (set TRACES_DIR)" >&2
     exit 77
   fi
 done
@@ -107,7 +111,8 @@ printf '| trace | capacity | blocks | sim LRU | sim LRU-K2 | sim Belady | daemon
 printf '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 ok=1
 for t in $TRACES; do
-  trace=$TRACES_DIR/${t}_trace.jsonl
+  trace=$(trace_path "$t")
+  t=$(basename "$t" .jsonl)
   if ((LIMIT > 0)); then
     head -n "$LIMIT" "$trace" >"$WORK/trace.jsonl"
     trace=$WORK/trace.jsonl
