@@ -72,32 +72,15 @@ echo '{'"$whole"', "cache": {"evictionPolicy": "lru"}}' >"$WORK/lru.json"
 echo '{'"$whole"', "cache": {"evictionPolicy": "lru_k", '"$lru_k"'}}' >"$WORK/lru_k.json"
 echo '{"cache": {'"$lru_k"'}}' >"$WORK/default.json"
 
-start() {  # start CONFIG HOST_BYTES
-  rm -f "$SOCK"
-  "$KVCACHED" --listen none --unix-socket "$SOCK" --metrics-address none --log-level warn \
-    --capacity-bytes "$2" --slab-bytes 65536 --config "$1" >>"$WORK/kvcached.log" 2>&1 &
-  KV_PID=$!
-  for _ in $(seq 200); do
-    "$CTL" -t "unix://$SOCK" --timeout 1 status >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "policy_trace.sh: kvcached did not start:" >&2
-  tail -5 "$WORK/kvcached.log" >&2
-  exit 1
-}
-stop() {
-  kill -TERM "$KV_PID" 2>/dev/null || true
-  wait "$KV_PID" 2>/dev/null || true
-  KV_PID=""
-}
+source "$ROOT/tests/bench/trace_daemon.sh"
 replay() {  # replay CONFIG HOST_BYTES TRACE LOG [bench flags...]: prints the token hit ratio
   local config=$1 host=$2 trace=$3 log=$4
   shift 4
-  start "$config" "$host"
+  trace_daemon_start "$config" "$host"
   "$BENCH" trace --target "unix://$SOCK" --trace "$trace" --limit "$LIMIT" \
     --bytes-per-token "$BYTES_PER_TOKEN" "$@" >"$log" 2>&1 ||
     { echo "policy_trace.sh: kvcache-bench failed:" >&2; tail -5 "$log" >&2; exit 1; }
-  stop
+  trace_daemon_stop
   sed -n 's/^tokens: .* hit_ratio=\([0-9.]*\) .*/\1/p' "$log" | head -1
 }
 sim() {  # sim JSON POLICY: the simulator's token hit of POLICY

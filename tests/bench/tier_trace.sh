@@ -44,26 +44,12 @@ KV_PID=""
 echo '{"hostTier": {"metadataFraction": 0, "appendStagingFraction": 0},
       "cache": {"evictionPolicy": "'"$POLICY"'"}}' >"$WORK/config.json"
 
+source "$ROOT/tests/bench/trace_daemon.sh"
 start() {  # start HOST_BYTES [flags...]
-  local cap=$1
-  shift
-  rm -f "$SOCK"
-  "$KVCACHED" --listen none --unix-socket "$SOCK" --metrics-address none --log-level warn \
-    --capacity-bytes "$cap" --slab-bytes 65536 --config "$WORK/config.json" "$@" \
-    >>"$WORK/kvcached.log" 2>&1 &
-  KV_PID=$!
-  for _ in $(seq 200); do
-    "$CTL" -t "unix://$SOCK" --timeout 1 status >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "tier_trace.sh: kvcached did not start:" >&2
-  tail -5 "$WORK/kvcached.log" >&2
-  exit 1
+  trace_daemon_start "$WORK/config.json" "$@"
 }
 stop() {
-  kill -TERM "$KV_PID" 2>/dev/null || true
-  wait "$KV_PID" 2>/dev/null || true
-  KV_PID=""
+  trace_daemon_stop
   rm -f "$WORK/ssd.bin"
 }
 field() {  # field LOG REGEX: the first capture of REGEX in LOG
