@@ -360,10 +360,9 @@ class Cache {
   // Bookkeeping for a node leaving its index (policy, compaction, stats).
   void ForgetNodeLocked(ModelState& state, IndexNode* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Index metadata, lease token copies and what the host policies share
-  // (LRU-K's retained histories): what max_metadata_bytes bounds.
+  // Index metadata and lease token copies: what max_metadata_bytes bounds.
   uint64_t MetadataBytesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return metadata_bytes_ + leases_.metadata_bytes() + policy_->SharedMetadataBytes();
+    return metadata_bytes_ + leases_.metadata_bytes();
   }
   // Undoes a compressed block's share of its model's compression stats.
   void ForgetCompressionLocked(ModelState& state, IndexNode* node)

@@ -100,14 +100,7 @@ uint64_t Cache::EnforceBudgetsLocked(std::vector<BlockRef>* dropped) {
       for_space = held > target ||
                   (batch > 0 && batch < kEvictionBatchBlocks && held >= batch_target + last);
     }
-    bool for_metadata = meta_cap != 0 && MetadataBytesLocked() > meta_cap;
-    if (for_metadata && !for_space) {
-      // What the policies keep of gone blocks yields before a live block.
-      const uint64_t over = MetadataBytesLocked() - meta_cap;
-      const uint64_t shared = policy_->SharedMetadataBytes();
-      policy_->TrimSharedMetadata(shared - std::min(shared, over));
-      for_metadata = MetadataBytesLocked() > meta_cap;
-    }
+    const bool for_metadata = meta_cap != 0 && MetadataBytesLocked() > meta_cap;
     if (!(for_space || for_metadata) || !EvictOneLocked(dropped)) break;
     ++evicted;
     if (for_space) ++batch;

@@ -236,33 +236,6 @@ TEST_F(CacheTest, ANamespacePastItsMetadataShareEvictsOnlyItsOwnBlocks) {
   EXPECT_EQ(Fetched(b, theirs), 3 * kBt);  // untouched, though they were the coldest
 }
 
-TEST_F(CacheTest, RetainedHistoriesCountAsMetadataAndYieldBeforeBlocks) {
-  const TestModel m{{"default", "big"}, Big().layout, 33};
-  // What one block's metadata costs, measured on a cache without budgets.
-  MakeCache(16);
-  Register(m);
-  ASSERT_TRUE(Append(*cache_, m, Seq({1})).ok());
-  const uint64_t per_block = cache_->GetStats().metadata_bytes;
-  const uint64_t cap = 8 * per_block + per_block / 2;
-  MakeCache(16, {.max_metadata_bytes = cap}, NewLruKPolicy(LruKOptions{}, &clock_));
-  Register(m);
-  for (uint32_t id = 1; id <= 8; ++id) ASSERT_TRUE(Append(*cache_, m, Seq({id})).ok());
-  ASSERT_EQ(cache_->GetStats().metadata_bytes, 8 * per_block);
-  // The eight blocks leave; LRU-K keeps their histories, which count.
-  ASSERT_TRUE(cache_->EvictModel(m.key).ok());
-  const uint64_t histories = cache_->GetStats().metadata_bytes;
-  EXPECT_GT(histories, 0u);
-  ASSERT_GT(8 * per_block + histories, cap);  // eight new blocks and the histories do not fit
-  for (uint32_t id = 11; id <= 18; ++id) ASSERT_TRUE(Append(*cache_, m, Seq({id})).ok());
-  // The histories made room: every new block stays, none was evicted.
-  const CacheStats stats = cache_->GetStats();
-  EXPECT_EQ(StatsOf(m).blocks, 8u);
-  EXPECT_EQ(stats.metadata_evictions, 0u);
-  EXPECT_LE(stats.metadata_bytes, cap);
-  EXPECT_GE(stats.metadata_bytes, 8 * per_block);
-  EXPECT_EQ(Matched(m, Seq({11})), kBt);
-}
-
 TEST_F(CacheTest, RegistrationsAndLeasesPastANamespacesShareAreRefused) {
   MakeCache(16, {.max_models = 4, .max_leases = 4, .namespace_share = 0.5});
   const TestModel a1{{"tenant-a", "1"}, Big().layout, 33};

@@ -210,7 +210,7 @@ struct CacheStats {
   PoolCompactionCounters pool_compaction;
   uint64_t conflicting_appends = 0;  // appends that carried a conflicting block
   uint64_t metadata_evictions = 0;   // evictions to keep metadata within its budget
-  uint64_t metadata_bytes = 0;       // Cache::MetadataBytesLocked: index, leases, policy
+  uint64_t metadata_bytes = 0;       // index nodes, tokens, importance state, lease tokens
   uint64_t staged_bytes = 0;         // pool memory of appends in flight
   uint64_t lease_tokens = 0;         // tokens held by live leases
   // The levels below host memory, in order (level 0 first); empty: none.

@@ -106,18 +106,6 @@ class EvictionPolicy {
   // REQUIRES: `node` is tracked.
   virtual EvictionOrder OrderOf(const IndexNode& node) const = 0;
 
-  // Metadata this policy shares with its siblings beyond the blocks' hooks
-  // (LRU-K's retained histories of evicted blocks): the same figure from
-  // every sibling, which the cache counts once against its metadata budget.
-  // Thread-safe.
-  virtual uint64_t SharedMetadataBytes() const { return 0; }
-  // Drops shared state that only informs future ranks (LRU-K: the least
-  // recently retained histories first) until SharedMetadataBytes() <=
-  // `bytes`. The cache calls it before it evicts a block for the metadata
-  // budget, so histories of gone blocks yield before live blocks do.
-  // Thread-safe.
-  virtual void TrimSharedMetadata(uint64_t bytes) { (void)bytes; }
-
   virtual size_t size() const = 0;
   virtual std::string_view name() const = 0;
 };

@@ -182,7 +182,6 @@ void LruKPolicy::Insert(IndexNode* node) {
                 hook.history_age_ms);
       shared.retained.erase(it->second);
       shared.by_key.erase(it);
-      shared.retained_count.store(shared.retained.size(), std::memory_order_relaxed);
     }
   }
   Reference(hook, NowMs());
@@ -289,22 +288,6 @@ void LruKPolicy::Retain(const IndexNode& node) {
     shared.by_key.erase(shared.retained.back().key);
     shared.retained.pop_back();
   }
-  shared.retained_count.store(shared.retained.size(), std::memory_order_relaxed);
-}
-
-uint64_t LruKPolicy::SharedMetadataBytes() const {
-  return shared_->retained_count.load(std::memory_order_relaxed) * kRetainedEntryBytes;
-}
-
-void LruKPolicy::TrimSharedMetadata(uint64_t bytes) {
-  Shared& shared = *shared_;
-  MutexLock lock(&shared.mu);
-  const size_t keep = static_cast<size_t>(bytes / kRetainedEntryBytes);
-  while (shared.retained.size() > keep) {
-    shared.by_key.erase(shared.retained.back().key);
-    shared.retained.pop_back();
-  }
-  shared.retained_count.store(shared.retained.size(), std::memory_order_relaxed);
 }
 
 int LruKPolicy::References(const IndexNode& node) const {

@@ -71,10 +71,8 @@
 // pointers per segment (about 12 bytes per block); Insert, Touch, Erase
 // and SetImportance are O(log n); PickVictim is O(log n) amortised when the
 // blocks it rejects are blocks with children (and O(n) when nothing is
-// evictable, like LRU). Retained entries take about 80 bytes each (the key
-// names the index too): SharedMetadataBytes, which the cache counts against
-// its metadata budget, and TrimSharedMetadata drops the oldest first when
-// that budget is short, before a live block is evicted for it.
+// evictable, like LRU). Retained entries take about 96 bytes each (the key
+// names the index too).
 //
 // Siblings (NewSibling: the cache's policy per model) share the retained
 // histories (under a lock of their own, taken by Insert and Erase) and the
@@ -86,7 +84,6 @@
 #ifndef KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
 #define KVCACHE_SERVER_CORE_LRU_K_POLICY_H_
 
-#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -122,8 +119,6 @@ class LruKPolicy final : public EvictionPolicy {
   void SetImportance(IndexNode* node, float importance) override;
   std::unique_ptr<EvictionPolicy> NewSibling() const override;
   EvictionOrder OrderOf(const IndexNode& node) const override;
-  uint64_t SharedMetadataBytes() const override;
-  void TrimSharedMetadata(uint64_t bytes) override;
   size_t size() const override { return order_.size() + probation_.size(); }
   std::string_view name() const override { return "lru_k"; }
 
@@ -170,14 +165,7 @@ class LruKPolicy final : public EvictionPolicy {
     Mutex mu;
     std::list<Retained> retained ABSL_GUARDED_BY(mu);
     absl::flat_hash_map<RetainedKey, std::list<Retained>::iterator> by_key ABSL_GUARDED_BY(mu);
-    // retained.size(), for SharedMetadataBytes without the lock.
-    std::atomic<size_t> retained_count{0};
   };
-  // One retained history's memory: the entry in its list node (two links),
-  // its by_key slot and the slot's control byte.
-  static constexpr uint64_t kRetainedEntryBytes =
-      sizeof(Retained) + 2 * sizeof(void*) +
-      sizeof(std::pair<const RetainedKey, std::list<Retained>::iterator>) + 1;
   LruKPolicy(const LruKOptions& options, Clock* clock, std::shared_ptr<Shared> shared);
 
   int64_t NowMs() const;

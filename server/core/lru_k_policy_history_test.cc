@@ -86,33 +86,6 @@ TEST_F(LruKPolicyTest, RetainedHistoryIsBoundedLeastRecentlyErasedFirst) {
   EXPECT_TRUE(policy_->SeenAtLeast(&index_, n[2]->key, 1));
 }
 
-// Retained histories are metadata the cache counts (SharedMetadataBytes, the
-// same from every sibling) and can take back, oldest first.
-TEST_F(LruKPolicyTest, RetainedHistoriesAreSharedMetadataTrimmedOldestFirst) {
-  std::unique_ptr<EvictionPolicy> sibling = policy_->NewSibling();
-  EXPECT_EQ(policy_->SharedMetadataBytes(), 0u);
-  std::vector<IndexNode*> n = {Add(1), Add(2), Add(3)};
-  for (IndexNode* node : n) policy_->Erase(node);
-  const uint64_t three = policy_->SharedMetadataBytes();
-  EXPECT_GT(three, 0u);
-  EXPECT_EQ(three % 3, 0u);
-  EXPECT_EQ(sibling->SharedMetadataBytes(), three);
-  const uint64_t one = three / 3;
-  // Room for two and a half: the least recently erased goes.
-  sibling->TrimSharedMetadata(2 * one + one / 2);
-  EXPECT_EQ(policy_->retained_size(), 2u);
-  EXPECT_EQ(policy_->SharedMetadataBytes(), 2 * one);
-  EXPECT_FALSE(policy_->SeenAtLeast(&index_, n[0]->key, 1));
-  EXPECT_TRUE(policy_->SeenAtLeast(&index_, n[1]->key, 1));
-  EXPECT_TRUE(policy_->SeenAtLeast(&index_, n[2]->key, 1));
-  // A block that comes back takes its history out of the count.
-  policy_->Insert(n[2]);
-  EXPECT_EQ(policy_->SharedMetadataBytes(), one);
-  policy_->TrimSharedMetadata(0);
-  EXPECT_EQ(policy_->SharedMetadataBytes(), 0u);
-  EXPECT_EQ(policy_->retained_size(), 0u);
-}
-
 // Probation (LruKOptions::probation_share): blocks with one reference wait
 // in their own segment, which gives the victim while it holds more than its
 // share.

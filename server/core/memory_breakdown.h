@@ -30,7 +30,7 @@ struct MemoryInputs {
   uint64_t malloc_trims = 0;
   uint64_t capacity_bytes = 0;       // host_tier.capacity_bytes
   uint64_t pool_reserved_bytes = 0;  // the host pool's mapped spans (block payloads)
-  uint64_t metadata_bytes = 0;       // index, lease tokens, policy (counted by the cache)
+  uint64_t metadata_bytes = 0;       // index metadata and lease tokens (counted by the cache)
   uint64_t ssd_staging_bytes = 0;    // the SSD tier's bounce buffers
   uint64_t checkpoint_writer_bytes = 0;
   uint64_t shm_connections = 0;  // shared-memory connections open now
