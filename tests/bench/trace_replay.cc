@@ -13,11 +13,12 @@
 //    included: block counts match SOURCES.md's "total blocks", and a request's
 //    token hit count is min(matched tokens, input_length);
 //  - per request, in trace order, as fast as it can or (--speedup N) at its
-//    timestamp / N from the first request's, so that a policy whose time
-//    constants are N times smaller sees the trace's own timing; the report
-//    says how late requests started (the client is one thread): Lookup the sequence, optionally
-//    Fetch the hit (--fetch-hits, verifying every byte), then Append the missing blocks from the
-//    first miss (start_token = matched) with a payload derived from each block's hash id.
+//    timestamp / N after the first request's, so that a policy whose time
+//    constants are N times smaller sees the trace's own timing (the report
+//    says how late requests started: the client is one thread): Lookup the
+//    sequence, optionally Fetch the hit (--fetch-hits, verifying every byte),
+//    then Append the missing blocks from the first miss (start_token =
+//    matched) with a payload derived from each block's hash id.
 // The cache capacity is the daemon's (--capacity-bytes on its command line),
 // so a hit ratio at a capacity is measured by starting the daemon with it. The
 // report also gives the ideal hit ratio of an unbounded cache for comparison.
@@ -227,9 +228,8 @@ int RunTrace(const BenchOptions& opts) {
               static_cast<unsigned long long>(n.requests), seconds, n.requests / seconds);
   if (!late_ms.empty()) {
     std::sort(late_ms.begin(), late_ms.end());
-    std::printf("pacing: speedup=%g late p50=%.1fms p99=%.1fms max=%.1fms (trace time: x%g)\n",
-                opts.speedup, late_ms[late_ms.size() / 2], late_ms[late_ms.size() * 99 / 100],
-                late_ms.back(), opts.speedup);
+    std::printf("pacing: speedup=%g late p50=%.1fms p99=%.1fms max=%.1fms\n", opts.speedup,
+                late_ms[late_ms.size() / 2], late_ms[late_ms.size() * 99 / 100], late_ms.back());
   }
   std::printf("blocks: total=%llu hit=%llu hit_ratio=%.4f (unbounded cache: %.4f)\n",
               static_cast<unsigned long long>(n.blocks),
