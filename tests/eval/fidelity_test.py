@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of the fidelity evaluation's parts: the quantizers and byte counts (kv_quant.py), the
-policies' budgets (kv_policies.py), and one short prompt end to end through fidelity.py on the
-real model. Run by ctest (fidelity_test, label eval) through fidelity_test.sh.
+policies' budgets (kv_policies.py), the prompt sets (workloads.py), and one short prompt end to end
+through fidelity.py on the real model. Run by ctest (fidelity_test, label eval) through
+fidelity_test.sh.
 
 Usage: fidelity_test.py MODEL.gguf
 """
@@ -121,6 +122,20 @@ class PolicyBudgetTest(unittest.TestCase):
         served = kp.h2o(cache, self.layout, 0.5, signals)
         kept = [m.sum(axis=1) for m in served.cache.mask]
         self.assertTrue(all(np.all(k == kept[0][0]) for k in kept))
+
+
+class PromptSetTest(unittest.TestCase):
+    def test_every_source_of_both_sets_is_here_and_the_sets_are_disjoint(self):
+        def build(prompt_set):  # a character per token: every source is long enough
+            return workloads.build(lambda t: [0] * len(t), list(workloads.WORKLOADS), 6, 1024,
+                                   256, prompt_set)
+        main, heldout = build("main"), build("heldout")
+        self.assertEqual(len(main), 18)
+        self.assertEqual(len(heldout), 18)
+        self.assertFalse({p.name for p in main} & {p.name for p in heldout})
+        self.assertFalse({c[0] for c in workloads.CHAT} & {c[0] for c in workloads.HELDOUT_CHAT})
+        with self.assertRaisesRegex(ValueError, "unknown prompt set 'other'"):
+            build("other")
 
 
 class EndToEndTest(unittest.TestCase):

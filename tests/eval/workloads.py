@@ -65,23 +65,24 @@ SUMMARIZATION = [
 # The held-out set: other packages and questions, source files and licences, fixed before any
 # tuning of the rule on it (--prompt-set heldout), to check that what was tuned on the set
 # above carries over.
-HELDOUT_CHAT = [
-    (("openssh-client", "curl", "git"),
-     "I want to clone a private repository from a server and download a release archive. "
-     "Which of these do I use for each step, and how does each one authenticate?"),
-    (("patch", "less", "perl"),
+HELDOUT_CHAT = [  # packages deploy/setup-debian.sh installs, or that a Debian base system has
+    (("git", "patch", "perl"),
      "Someone mailed me a fix as a diff. How do I review it, apply it, and undo it if it "
      "breaks something?"),
-    (("procps", "iproute2", "systemd"),
-     "A service on my machine is slow to answer. How would I use these packages to find out "
-     "what it is doing?"),
-    (("apt", "dpkg", "gnupg"),
+    (("curl", "openssl", "python3"),
+     "Why do HTTPS downloads fail in a fresh container, and how would I check a server's "
+     "certificate with these tools?"),
+    (("apt", "dpkg", "gpgv"),
      "How does Debian make sure that a package I install was not tampered with on the way?"),
-    (("ca-certificates", "openssl", "curl"),
-     "Why do HTTPS downloads fail in a fresh container, and how do these packages fix it?"),
-    (("python3", "perl", "mawk"),
-     "Which of these is best for a one-line text transformation, and which for a larger "
-     "program? Give an example of each."),
+    (("gcc", "binutils", "pkg-config"),
+     "My C program fails to link against a library I installed. How do these tools help me "
+     "find out why?"),
+    (("memcached", "redis-tools", "python3-venv"),
+     "I need a cache in front of a slow Python service. Compare the options here and say how "
+     "I would set up the Python side."),
+    (("libc-bin", "ncurses-bin", "passwd"),
+     "A new user cannot log in and their terminal shows garbage when they do. Which of these "
+     "packages are involved, and what would I check?"),
 ]
 
 HELDOUT_CODE = [
